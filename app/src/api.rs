@@ -1,0 +1,143 @@
+//! The serde types the browser and the node exchange.
+//!
+//! Everything here crosses the wire: it is plain data, with no behaviour and
+//! nothing that only one side could build. The node fills these from its
+//! engine; the pages render them.
+
+use serde::{Deserialize, Serialize};
+
+/// What a signed-in person may do. Viewers read; operators act.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Hash)]
+#[serde(rename_all = "lowercase")]
+pub enum PersonRole {
+    Viewer,
+    Operator,
+}
+
+impl PersonRole {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PersonRole::Viewer => "viewer",
+            PersonRole::Operator => "operator",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<PersonRole> {
+        match s {
+            "viewer" => Some(PersonRole::Viewer),
+            "operator" => Some(PersonRole::Operator),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for PersonRole {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The identity a request acts under: a signed-in person, or an API token
+/// (whose `name` is the token's name from the company file).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Person {
+    pub name: String,
+    pub role: PersonRole,
+    /// True when the identity came from a bearer token rather than a session.
+    #[serde(default)]
+    pub via_token: bool,
+}
+
+impl Person {
+    pub fn is_operator(&self) -> bool {
+        self.role == PersonRole::Operator
+    }
+}
+
+/// A node's standing in the fleet, as Settings › Nodes shows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NodeStatus {
+    Serving,
+    Draining,
+    Withdrawn,
+    Behind,
+    /// The roster could not be read: the page declines to guess.
+    Unknown,
+}
+
+impl NodeStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NodeStatus::Serving => "serving",
+            NodeStatus::Draining => "draining",
+            NodeStatus::Withdrawn => "withdrawn",
+            NodeStatus::Behind => "behind",
+            NodeStatus::Unknown => "unknown",
+        }
+    }
+}
+
+/// One seat a node holds.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeldSeatView {
+    pub handle: String,
+    pub epoch: u64,
+    /// RFC 3339 timestamp of the tenure's start (the lease's `acquired_at`).
+    pub since: String,
+}
+
+/// One live node of the fleet.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeView {
+    pub node_id: String,
+    pub incarnation: String,
+    pub version: String,
+    pub protocol: u32,
+    pub status: NodeStatus,
+    pub roles: Vec<String>,
+    pub labels: Vec<String>,
+    /// RFC 3339 presence expiry; `None` when the node runs no presence lease
+    /// (single node on local coordination).
+    pub presence_expires_at: Option<String>,
+    pub seats: Vec<HeldSeatView>,
+}
+
+/// The fleet as this node sees it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FleetView {
+    /// The node that answered.
+    pub answered_by: String,
+    pub company: String,
+    /// `local` (one node, in-process coordination) or `embedded-kv`.
+    pub coordination: String,
+    pub nodes: Vec<NodeView>,
+}
+
+/// A person known to the node (never carries a password or its hash).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PersonView {
+    pub name: String,
+    pub role: PersonRole,
+    /// `file` (from the company file's `[[auth.users]]`) or `database`.
+    pub source: String,
+}
+
+/// One audited action of a person.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuditEntry {
+    pub at: String,
+    pub person: String,
+    pub action: String,
+    pub seat: Option<String>,
+    pub reason: Option<String>,
+    pub result: String,
+}
+
+/// The answer to adding a person: the generated password, shown once.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NewPerson {
+    pub name: String,
+    pub role: PersonRole,
+    pub password: String,
+}

@@ -1,0 +1,4 @@
+//! Small reusable pieces of the dashboard.
+
+pub mod layout;
+pub mod notice;

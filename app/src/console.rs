@@ -1,0 +1,44 @@
+//! What the dashboard asks of the node (server side only).
+//!
+//! The UI never depends on the engine: the node implements [`Console`] and
+//! hands an `Arc<dyn Console>` to the pages and server functions through
+//! Leptos context. Every method that changes anything takes the acting
+//! [`Person`]; the implementation audits it.
+
+use std::sync::Arc;
+
+use crate::api::{AuditEntry, FleetView, NewPerson, Person, PersonRole, PersonView};
+
+/// A failure the dashboard shows to a person as a sentence.
+#[derive(Debug, thiserror::Error)]
+pub enum ConsoleError {
+    /// The request itself is wrong; the message says which field and why.
+    #[error("{0}")]
+    Invalid(String),
+    /// The person may not do this.
+    #[error("{0}")]
+    Forbidden(String),
+    /// Something the node depends on failed; the message says what.
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+#[async_trait::async_trait]
+pub trait Console: Send + Sync + 'static {
+    /// Every live node and its seats.
+    async fn fleet(&self) -> Result<FleetView, ConsoleError>;
+    /// Everybody who may sign in.
+    async fn people(&self) -> Result<Vec<PersonView>, ConsoleError>;
+    /// Add a person with a generated password (operators only).
+    async fn add_person(
+        &self,
+        actor: &Person,
+        name: &str,
+        role: PersonRole,
+    ) -> Result<NewPerson, ConsoleError>;
+    /// The newest audited actions, newest first.
+    async fn audit(&self, limit: u32) -> Result<Vec<AuditEntry>, ConsoleError>;
+}
+
+/// How the node hands the console to Leptos.
+pub type SharedConsole = Arc<dyn Console>;

@@ -1,0 +1,48 @@
+//! The typed error every server function returns.
+//!
+//! Pages show these as sentences; nothing stringified from the node's
+//! internals reaches a person.
+
+use serde::{Deserialize, Serialize};
+use server_fn::codec::JsonEncoding;
+use server_fn::error::{FromServerFnError, ServerFnErrorErr};
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum AppError {
+    #[error("You are not signed in (or your session ended). Sign in again.")]
+    NotSignedIn,
+    #[error("{0}")]
+    Forbidden(String),
+    #[error("{0}")]
+    Invalid(String),
+    #[error("{0}")]
+    Unavailable(String),
+    /// The request never reached the node, or its answer could not be read.
+    #[error("The node could not be reached ({0}). Check that it is running and try again.")]
+    Transport(String),
+}
+
+impl FromServerFnError for AppError {
+    type Encoder = JsonEncoding;
+
+    fn from_server_fn_error(value: ServerFnErrorErr) -> Self {
+        match value {
+            ServerFnErrorErr::Args(m) | ServerFnErrorErr::MissingArg(m) => {
+                AppError::Invalid(format!("The request was incomplete: {m}"))
+            }
+            other => AppError::Transport(other.to_string()),
+        }
+    }
+}
+
+#[cfg(feature = "ssr")]
+impl From<crate::console::ConsoleError> for AppError {
+    fn from(e: crate::console::ConsoleError) -> Self {
+        use crate::console::ConsoleError;
+        match e {
+            ConsoleError::Invalid(m) => AppError::Invalid(m),
+            ConsoleError::Forbidden(m) => AppError::Forbidden(m),
+            ConsoleError::Unavailable(m) => AppError::Unavailable(m),
+        }
+    }
+}

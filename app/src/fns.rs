@@ -1,0 +1,114 @@
+//! Server functions: the only way the pages reach the node.
+//!
+//! Each one resolves the acting [`Person`] (put on the request by the node's
+//! sign-in middleware) and the [`Console`](crate::console::Console) from
+//! context. Anything that changes state requires `operator`; a viewer gets
+//! 403 with a sentence saying so.
+
+use leptos::prelude::*;
+
+use crate::api::{AuditEntry, FleetView, NewPerson, Person, PersonView};
+use crate::error::AppError;
+
+#[cfg(feature = "ssr")]
+pub mod ssr {
+    //! Server-side helpers shared by the server functions.
+    use axum::http::StatusCode;
+    use leptos::prelude::*;
+    use leptos_axum::ResponseOptions;
+
+    use crate::api::Person;
+    use crate::console::SharedConsole;
+    use crate::error::AppError;
+
+    fn status(code: StatusCode) {
+        if let Some(opts) = use_context::<ResponseOptions>() {
+            opts.set_status(code);
+        }
+    }
+
+    /// The person the request acts for.
+    pub async fn person() -> Result<Person, AppError> {
+        match leptos_axum::extract::<axum::Extension<Person>>().await {
+            Ok(axum::Extension(p)) => Ok(p),
+            Err(_) => {
+                status(StatusCode::UNAUTHORIZED);
+                Err(AppError::NotSignedIn)
+            }
+        }
+    }
+
+    /// The person, who must be an operator.
+    pub async fn operator(action: &str) -> Result<Person, AppError> {
+        let p = person().await?;
+        if p.is_operator() {
+            Ok(p)
+        } else {
+            status(StatusCode::FORBIDDEN);
+            Err(AppError::Forbidden(format!(
+                "{} is a viewer: only operators may {action}.",
+                p.name
+            )))
+        }
+    }
+
+    pub fn console() -> Result<SharedConsole, AppError> {
+        use_context::<SharedConsole>().ok_or_else(|| {
+            status(StatusCode::SERVICE_UNAVAILABLE);
+            AppError::Unavailable("The node's console is not available.".into())
+        })
+    }
+
+    /// Map a console error to an HTTP status and the typed error.
+    pub fn fail(e: crate::console::ConsoleError) -> AppError {
+        use crate::console::ConsoleError;
+        status(match e {
+            ConsoleError::Invalid(_) => StatusCode::BAD_REQUEST,
+            ConsoleError::Forbidden(_) => StatusCode::FORBIDDEN,
+            ConsoleError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+        });
+        e.into()
+    }
+}
+
+/// Who is signed in.
+#[server(endpoint = "whoami")]
+pub async fn whoami() -> Result<Person, AppError> {
+    ssr::person().await
+}
+
+/// The fleet: every live node and its seats.
+#[server(endpoint = "fleet")]
+pub async fn fleet() -> Result<FleetView, AppError> {
+    ssr::person().await?;
+    ssr::console()?.fleet().await.map_err(ssr::fail)
+}
+
+/// Everybody who may sign in.
+#[server(endpoint = "people")]
+pub async fn people() -> Result<Vec<PersonView>, AppError> {
+    ssr::person().await?;
+    ssr::console()?.people().await.map_err(ssr::fail)
+}
+
+/// Add a person with a generated password (operators only; audited).
+#[server(endpoint = "add_person")]
+pub async fn add_person(name: String, role: String) -> Result<NewPerson, AppError> {
+    let actor = ssr::operator("add people").await?;
+    let Some(role) = crate::api::PersonRole::parse(&role) else {
+        return Err(ssr::fail(crate::console::ConsoleError::Invalid(format!(
+            "role {role:?} is not a role: use \"viewer\" or \"operator\"."
+        ))));
+    };
+    ssr::console()?
+        .add_person(&actor, &name, role)
+        .await
+        .map_err(ssr::fail)
+}
+
+/// The newest audited actions.
+#[server(endpoint = "audit_log")]
+pub async fn audit_log() -> Result<Vec<AuditEntry>, AppError> {
+    ssr::person().await?;
+    ssr::console()?.audit(200).await.map_err(ssr::fail)
+}

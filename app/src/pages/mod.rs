@@ -1,0 +1,8 @@
+//! One module per dashboard page.
+
+pub mod events;
+pub mod login;
+pub mod memory;
+pub mod nodes;
+pub mod people;
+pub mod seats;

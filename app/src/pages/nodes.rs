@@ -1,0 +1,89 @@
+//! Settings › Nodes, the home page: every live node of the fleet, its
+//! status, roles, labels, protocol, presence and the seats it holds.
+
+use leptos::prelude::*;
+
+use crate::api::{FleetView, NodeView};
+use crate::components::notice::{ErrorNotice, InfoNotice};
+use crate::fns::fleet;
+
+#[component]
+pub fn NodesPage() -> impl IntoView {
+    let data = Resource::new(|| (), |_| fleet());
+    view! {
+        <section class="page">
+            <h1>"Settings › Nodes"</h1>
+            <Suspense fallback=|| view! { <p class="muted">"Reading the fleet…"</p> }>
+                {move || {
+                    data.get()
+                        .map(|r| match r {
+                            Ok(f) => view! { <Fleet fleet=f /> }.into_any(),
+                            Err(e) => view! { <ErrorNotice error=e /> }.into_any(),
+                        })
+                }}
+            </Suspense>
+        </section>
+    }
+}
+
+#[component]
+fn Fleet(fleet: FleetView) -> impl IntoView {
+    let count = fleet.nodes.len();
+    view! {
+        <p class="muted">
+            {format!(
+                "{} · coordination {} · {} live node{} · answered by {}",
+                fleet.company,
+                fleet.coordination,
+                count,
+                if count == 1 { "" } else { "s" },
+                fleet.answered_by,
+            )}
+        </p>
+        <InfoNotice>
+            "Seats appear under each node once placement runs: every seat with its epoch and "
+            <em>"since"</em>
+            " (when its tenure began). Alarms for stranded, unplaceable or protocol-blocked seats appear above this table."
+        </InfoNotice>
+        <div class="table-wrap">
+            <table class="nodes">
+                <thead>
+                    <tr>
+                        <th scope="col">"Node"</th>
+                        <th scope="col">"Status"</th>
+                        <th scope="col">"Roles"</th>
+                        <th scope="col">"Labels"</th>
+                        <th scope="col">"Protocol"</th>
+                        <th scope="col">"Presence"</th>
+                        <th scope="col">"Seats"</th>
+                    </tr>
+                </thead>
+                <tbody>
+                    {fleet.nodes.into_iter().map(|n| view! { <NodeRow node=n /> }).collect_view()}
+                </tbody>
+            </table>
+        </div>
+    }
+}
+
+#[component]
+fn NodeRow(node: NodeView) -> impl IntoView {
+    let status = node.status.as_str();
+    let list = |v: &[String]| {
+        if v.is_empty() { "—".to_string() } else { v.join(", ") }
+    };
+    view! {
+        <tr data-node=node.node_id.clone()>
+            <td>
+                <strong>{node.node_id.clone()}</strong>
+                <div class="muted small mono">{node.incarnation.clone()}</div>
+            </td>
+            <td><span class=format!("badge badge-{status}")>{status}</span></td>
+            <td>{list(&node.roles)}</td>
+            <td>{list(&node.labels)}</td>
+            <td>{node.protocol}</td>
+            <td>{node.presence_expires_at.clone().unwrap_or_else(|| "local (no lease)".into())}</td>
+            <td>{node.seats.len()}</td>
+        </tr>
+    }
+}

@@ -1,0 +1,352 @@
+//! The company file: what a node is, how it coordinates, which seats the
+//! company has and who may sign in.
+//!
+//! This module owns parsing (TOML), environment overrides, validation with
+//! errors that name the file, the key path, the bad value and the fix, and
+//! the redacted rendering `crewlet check` prints. It never touches the
+//! network or the database.
+
+mod schema;
+mod validate;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+pub use validate::Problem;
+
+/// The current lease protocol (seed: "The current protocol is 4").
+pub const PROTOCOL: u32 = 4;
+
+/// A config that could not be loaded. Its `Display` is what a person reads.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{file}: cannot read the company file: {source}. Check the path given with --config.")]
+    Read {
+        file: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{file}: not valid TOML: {message}")]
+    Syntax { file: String, message: String },
+    #[error("{file}: {} problem{}:\n{}", .problems.len(), if .problems.len() == 1 { "" } else { "s" }, render(.problems))]
+    Invalid {
+        file: String,
+        problems: Vec<Problem>,
+    },
+}
+
+fn render(problems: &[Problem]) -> String {
+    problems
+        .iter()
+        .map(|p| format!("  - {p}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+impl ConfigError {
+    /// The problems found, for tests and tools (empty for read/syntax errors).
+    pub fn problems(&self) -> &[Problem] {
+        match self {
+            ConfigError::Invalid { problems, .. } => problems,
+            _ => &[],
+        }
+    }
+}
+
+/// The whole company file.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    pub node: NodeSection,
+    pub coordination: CoordinationSection,
+    pub stream: StreamSection,
+    pub company: CompanySection,
+    pub roles: Vec<RoleConfig>,
+    pub auth: AuthSection,
+    pub logging: LoggingSection,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NodeSection {
+    /// The stable node id (goes into `preferred`; the owner is the incarnation).
+    pub id: String,
+    pub labels: Vec<String>,
+    pub listen: String,
+    pub data_dir: PathBuf,
+}
+
+impl Default for NodeSection {
+    fn default() -> Self {
+        NodeSection {
+            id: "node-0".into(),
+            labels: Vec::new(),
+            listen: "127.0.0.1:3000".into(),
+            data_dir: PathBuf::from("./data"),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CoordinationType {
+    /// In-process coordination: one node, the whole company.
+    Local,
+    /// NATS JetStream KV, shared by a fleet.
+    EmbeddedKv,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CoordinationSection {
+    #[serde(rename = "type")]
+    pub kind: CoordinationType,
+    pub lease_ttl_seconds: u64,
+    pub heartbeat_seconds: u64,
+    pub sweep_seconds: u64,
+    pub claim_limit: u32,
+    pub release_limit: u32,
+    pub store_timeout_ms: u64,
+}
+
+impl Default for CoordinationSection {
+    fn default() -> Self {
+        CoordinationSection {
+            kind: CoordinationType::Local,
+            lease_ttl_seconds: 45,
+            heartbeat_seconds: 15,
+            sweep_seconds: 5,
+            claim_limit: 4,
+            release_limit: 2,
+            store_timeout_ms: 2000,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum StreamType {
+    /// In-process queue: one node.
+    Local,
+    /// NATS JetStream.
+    Nats,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StreamSection {
+    #[serde(rename = "type")]
+    pub kind: StreamType,
+    pub urls: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub password: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub creds_file: Option<PathBuf>,
+}
+
+impl Default for StreamSection {
+    fn default() -> Self {
+        StreamSection {
+            kind: StreamType::Local,
+            urls: Vec::new(),
+            user: None,
+            password: None,
+            creds_file: None,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CompanySection {
+    pub name: String,
+}
+
+impl Default for CompanySection {
+    fn default() -> Self {
+        CompanySection {
+            name: "crewlet".into(),
+        }
+    }
+}
+
+/// A role of the company: one seat, addressed by its handle.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RoleConfig {
+    pub handle: String,
+    #[serde(default)]
+    pub agent: AgentConfig,
+    #[serde(default)]
+    pub placement: PlacementConfig,
+}
+
+/// What runs the seat's turns.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
+pub enum AgentConfig {
+    Echo,
+    Command { argv: Vec<String> },
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        AgentConfig::Echo
+    }
+}
+
+/// Where a seat may run: node ids and/or labels it needs. Empty = anywhere.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PlacementConfig {
+    pub nodes: Vec<String>,
+    pub labels: Vec<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AuthRole {
+    Viewer,
+    Operator,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuthSection {
+    pub users: Vec<UserConfig>,
+    pub tokens: Vec<TokenConfig>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UserConfig {
+    pub name: String,
+    /// An argon2 PHC string (`crewlet hash-password` makes one).
+    pub password_hash: String,
+    pub role: AuthRole,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenConfig {
+    pub name: String,
+    /// Hex SHA-256 of the token.
+    pub sha256: String,
+    pub role: AuthRole,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Pretty,
+    Json,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LoggingSection {
+    pub format: LogFormat,
+    pub stderr: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub file: Option<PathBuf>,
+}
+
+impl Default for LoggingSection {
+    fn default() -> Self {
+        LoggingSection {
+            format: LogFormat::Pretty,
+            stderr: true,
+            file: None,
+        }
+    }
+}
+
+impl Config {
+    /// Load, apply `CREWLET_SECTION__KEY` overrides from the process
+    /// environment, and validate.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let env: BTreeMap<String, String> = std::env::vars()
+            .filter(|(k, _)| k.starts_with("CREWLET_") && k.contains("__"))
+            .collect();
+        Config::load_with_env(path, &env)
+    }
+
+    /// [`Config::load`] with an explicit environment (tests).
+    pub fn load_with_env(
+        path: &Path,
+        env: &BTreeMap<String, String>,
+    ) -> Result<Config, ConfigError> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            file: file.clone(),
+            source,
+        })?;
+        Config::parse(&file, &text, env)
+    }
+
+    /// Parse and validate the text of a company file named `file`.
+    pub fn parse(
+        file: &str,
+        text: &str,
+        env: &BTreeMap<String, String>,
+    ) -> Result<Config, ConfigError> {
+        let mut value: toml::Table = text.parse().map_err(|e: toml::de::Error| {
+            ConfigError::Syntax {
+                file: file.to_string(),
+                message: e.to_string().trim().replace('\n', "\n  "),
+            }
+        })?;
+        let invalid = |problems| ConfigError::Invalid {
+            file: file.to_string(),
+            problems,
+        };
+        let mut problems = schema::unknown_keys(&value);
+        problems.extend(schema::apply_env(&mut value, env));
+        if !problems.is_empty() {
+            return Err(invalid(problems));
+        }
+        let config: Config = match serde_path_to_error::deserialize(toml::Value::Table(value)) {
+            Ok(c) => c,
+            Err(e) => return Err(invalid(vec![validate::from_serde(&e)])),
+        };
+        let problems = validate::check(&config);
+        if !problems.is_empty() {
+            return Err(invalid(problems));
+        }
+        Ok(config)
+    }
+
+    /// The listen address (validated at load).
+    pub fn listen_addr(&self) -> SocketAddr {
+        self.node
+            .listen
+            .parse()
+            .unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 3000)))
+    }
+
+    /// The effective config as TOML with every secret replaced.
+    pub fn redacted_toml(&self) -> String {
+        let mut c = self.clone();
+        if c.stream.password.is_some() {
+            c.stream.password = Some(REDACTED.into());
+        }
+        for u in &mut c.auth.users {
+            u.password_hash = REDACTED.into();
+        }
+        for t in &mut c.auth.tokens {
+            t.sha256 = REDACTED.into();
+        }
+        toml::to_string_pretty(&c).unwrap_or_else(|e| format!("# cannot render: {e}\n"))
+    }
+}
+
+/// What a secret reads as wherever the config is shown.
+pub const REDACTED: &str = "<redacted>";
+
+#[cfg(test)]
+mod tests;

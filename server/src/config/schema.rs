@@ -1,0 +1,276 @@
+//! The shape of the company file, derived from the config types themselves.
+//!
+//! Two fully-populated exemplar configs (one per agent kind) are serialized
+//! and merged into a tree of known keys, so the unknown-key check and the
+//! environment overrides can never drift from the structs serde reads.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use super::validate::Problem;
+use super::*;
+
+/// What a key holds.
+#[derive(Clone, Debug, PartialEq)]
+enum Shape {
+    Table(BTreeMap<String, Shape>),
+    /// An array of tables: the merged keys of its elements.
+    TableArray(BTreeMap<String, Shape>),
+    Leaf(Leaf),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Leaf {
+    String,
+    Integer,
+    Bool,
+    StringArray,
+    Other,
+}
+
+fn exemplar(agent: AgentConfig) -> Config {
+    Config {
+        node: NodeSection {
+            labels: vec!["gpu".into()],
+            ..NodeSection::default()
+        },
+        coordination: CoordinationSection::default(),
+        stream: StreamSection {
+            kind: StreamType::Nats,
+            urls: vec!["nats://127.0.0.1:4222".into()],
+            user: Some("u".into()),
+            password: Some("p".into()),
+            creds_file: Some(PathBuf::from("x.creds")),
+        },
+        company: CompanySection::default(),
+        roles: vec![RoleConfig {
+            handle: "h".into(),
+            agent,
+            placement: PlacementConfig {
+                nodes: vec!["n".into()],
+                labels: vec!["l".into()],
+            },
+        }],
+        auth: AuthSection {
+            users: vec![UserConfig {
+                name: "n".into(),
+                password_hash: "h".into(),
+                role: AuthRole::Viewer,
+            }],
+            tokens: vec![TokenConfig {
+                name: "n".into(),
+                sha256: "h".into(),
+                role: AuthRole::Viewer,
+            }],
+        },
+        logging: LoggingSection {
+            file: Some(PathBuf::from("x.log")),
+            ..LoggingSection::default()
+        },
+    }
+}
+
+fn shape_of(v: &toml::Value) -> Shape {
+    match v {
+        toml::Value::Table(t) => Shape::Table(
+            t.iter()
+                .map(|(k, v)| (k.clone(), shape_of(v)))
+                .collect(),
+        ),
+        toml::Value::Array(a) if a.iter().all(|e| e.is_table()) && !a.is_empty() => {
+            let mut merged = BTreeMap::new();
+            for e in a {
+                if let Shape::Table(t) = shape_of(e) {
+                    merge(&mut merged, t);
+                }
+            }
+            Shape::TableArray(merged)
+        }
+        toml::Value::Array(_) => Shape::Leaf(Leaf::StringArray),
+        toml::Value::String(_) => Shape::Leaf(Leaf::String),
+        toml::Value::Integer(_) => Shape::Leaf(Leaf::Integer),
+        toml::Value::Boolean(_) => Shape::Leaf(Leaf::Bool),
+        _ => Shape::Leaf(Leaf::Other),
+    }
+}
+
+fn merge(into: &mut BTreeMap<String, Shape>, from: BTreeMap<String, Shape>) {
+    for (k, v) in from {
+        match (into.get_mut(&k), v) {
+            (Some(Shape::Table(a)), Shape::Table(b)) => merge(a, b),
+            (Some(Shape::TableArray(a)), Shape::TableArray(b)) => merge(a, b),
+            (Some(_), _) => {}
+            (None, v) => {
+                into.insert(k, v);
+            }
+        }
+    }
+}
+
+fn known() -> BTreeMap<String, Shape> {
+    let mut root = BTreeMap::new();
+    for agent in [
+        AgentConfig::Echo,
+        AgentConfig::Command {
+            argv: vec!["x".into()],
+        },
+    ] {
+        let v = toml::Value::try_from(exemplar(agent)).expect("exemplar config serializes");
+        if let Shape::Table(t) = shape_of(&v) {
+            merge(&mut root, t);
+        }
+    }
+    root
+}
+
+/// The closest valid key to `key` among `candidates`, if one is close.
+pub(super) fn nearest<'a>(key: &str, candidates: impl Iterator<Item = &'a str>) -> Option<&'a str> {
+    candidates
+        .map(|c| (strsim::damerau_levenshtein(key, c), c))
+        .filter(|(d, c)| *d <= 2.max(c.len() / 3))
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, c)| c)
+}
+
+fn short(v: &toml::Value) -> String {
+    let s = v.to_string();
+    if s.len() > 60 {
+        format!("{}…", &s[..s.char_indices().nth(57).map(|(i, _)| i).unwrap_or(s.len())])
+    } else {
+        s
+    }
+}
+
+fn walk(table: &toml::Table, shape: &BTreeMap<String, Shape>, path: &str, out: &mut Vec<Problem>) {
+    for (k, v) in table {
+        let here = if path.is_empty() {
+            k.clone()
+        } else {
+            format!("{path}.{k}")
+        };
+        match shape.get(k) {
+            None => {
+                let fix = match nearest(k, shape.keys().map(String::as_str)) {
+                    Some(n) => format!("did you mean `{n}`?"),
+                    None => format!(
+                        "valid keys here: {}",
+                        shape.keys().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(", ")
+                    ),
+                };
+                out.push(Problem::new(&here, Some(short(v)), "unknown key", fix));
+            }
+            Some(Shape::Table(inner)) => {
+                if let toml::Value::Table(t) = v {
+                    walk(t, inner, &here, out);
+                }
+            }
+            Some(Shape::TableArray(inner)) => {
+                if let toml::Value::Array(items) = v {
+                    for (i, item) in items.iter().enumerate() {
+                        if let toml::Value::Table(t) = item {
+                            walk(t, inner, &format!("{here}[{i}]"), out);
+                        }
+                    }
+                }
+            }
+            Some(Shape::Leaf(_)) => {}
+        }
+    }
+}
+
+/// Every key in the file that the config does not know, with the nearest
+/// valid key.
+pub(super) fn unknown_keys(value: &toml::Table) -> Vec<Problem> {
+    let mut out = Vec::new();
+    walk(value, &known(), "", &mut out);
+    out
+}
+
+/// Apply `CREWLET_SECTION__KEY=value` overrides onto the parsed file.
+/// Lists take comma-separated values.
+pub(super) fn apply_env(value: &mut toml::Table, env: &BTreeMap<String, String>) -> Vec<Problem> {
+    let shape = known();
+    let mut problems = Vec::new();
+    for (var, raw) in env {
+        let Some(rest) = var.strip_prefix("CREWLET_") else {
+            continue;
+        };
+        let Some((section, key)) = rest.split_once("__") else {
+            continue;
+        };
+        let (section, key) = (section.to_ascii_lowercase(), key.to_ascii_lowercase());
+        let leaf = match shape.get(&section) {
+            Some(Shape::Table(t)) => match t.get(&key) {
+                Some(Shape::Leaf(l)) => Some(*l),
+                _ => None,
+            },
+            _ => None,
+        };
+        let Some(leaf) = leaf else {
+            let all: Vec<String> = shape
+                .iter()
+                .filter_map(|(s, sh)| match sh {
+                    Shape::Table(t) => Some(
+                        t.iter()
+                            .filter(|(_, v)| matches!(v, Shape::Leaf(_)))
+                            .map(|(k, _)| format!("CREWLET_{}__{}", s.to_uppercase(), k.to_uppercase()))
+                            .collect::<Vec<_>>(),
+                    ),
+                    _ => None,
+                })
+                .flatten()
+                .collect();
+            let fix = match nearest(var, all.iter().map(String::as_str)) {
+                Some(n) => format!("did you mean `{n}`?"),
+                None => "overrides name a section and a key, e.g. CREWLET_STREAM__URLS".into(),
+            };
+            problems.push(Problem::new(var, None, "is not a config override", fix));
+            continue;
+        };
+        let parsed = match leaf {
+            Leaf::String | Leaf::Other => Ok(toml::Value::String(raw.clone())),
+            Leaf::Integer => raw
+                .trim()
+                .parse::<i64>()
+                .map(toml::Value::Integer)
+                .map_err(|_| "must be a whole number"),
+            Leaf::Bool => match raw.trim() {
+                "true" => Ok(toml::Value::Boolean(true)),
+                "false" => Ok(toml::Value::Boolean(false)),
+                _ => Err("must be true or false"),
+            },
+            Leaf::StringArray => Ok(toml::Value::Array(
+                raw.split(',')
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .map(|s| toml::Value::String(s.to_string()))
+                    .collect(),
+            )),
+        };
+        match parsed {
+            Ok(v) => {
+                let table = value
+                    .entry(section.clone())
+                    .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+                if let toml::Value::Table(t) = table {
+                    t.insert(key, v);
+                }
+            }
+            Err(why) => {
+                let shown = if is_secret(&key) { REDACTED.to_string() } else { raw.clone() };
+                problems.push(Problem::new(
+                    var,
+                    Some(shown),
+                    why,
+                    format!("set {var} to a valid value for {section}.{key}"),
+                ));
+            }
+        }
+    }
+    problems
+}
+
+/// Keys whose values never appear in output.
+pub(super) fn is_secret(key: &str) -> bool {
+    matches!(key, "password" | "password_hash" | "sha256")
+}

@@ -1,0 +1,286 @@
+//! Every class of config error, as a person would meet it.
+
+use std::collections::BTreeMap;
+
+use super::*;
+
+const HASH: &str = "$argon2id$v=19$m=19456,t=2,p=1$c29tZXNhbHRzb21lc2FsdA$GxeuxUyKBT7Ilc1oMyFh1F3BEGZ0/pOWv6jDMO7fNI8";
+
+fn parse(text: &str) -> Result<Config, ConfigError> {
+    Config::parse("crewlet.toml", text, &BTreeMap::new())
+}
+
+fn problems(text: &str) -> Vec<Problem> {
+    match parse(text) {
+        Ok(_) => panic!("expected the config to be refused:\n{text}"),
+        Err(e) => {
+            let p = e.problems().to_vec();
+            assert!(!p.is_empty(), "expected problems, got {e}");
+            p
+        }
+    }
+}
+
+fn one(text: &str, key: &str) -> Problem {
+    let p = problems(text);
+    p.iter()
+        .find(|p| p.key == key)
+        .cloned()
+        .unwrap_or_else(|| panic!("no problem for {key} in {p:?}"))
+}
+
+#[test]
+fn empty_file_gives_documented_defaults() {
+    let c = parse("").unwrap();
+    assert_eq!(c.node.id, "node-0");
+    assert_eq!(c.node.listen, "127.0.0.1:3000");
+    assert_eq!(c.coordination.kind, CoordinationType::Local);
+    assert_eq!(c.coordination.lease_ttl_seconds, 45);
+    assert_eq!(c.coordination.heartbeat_seconds, 15);
+    assert_eq!(c.coordination.sweep_seconds, 5);
+    assert_eq!(c.coordination.claim_limit, 4);
+    assert_eq!(c.coordination.release_limit, 2);
+    assert_eq!(c.coordination.store_timeout_ms, 2000);
+    assert_eq!(c.stream.kind, StreamType::Local);
+    assert_eq!(c.logging.format, LogFormat::Pretty);
+    assert!(c.logging.stderr);
+}
+
+#[test]
+fn the_demo_company_file_is_valid() {
+    let text = include_str!("../../demo/crewlet.toml");
+    let c = parse(text).unwrap_or_else(|e| panic!("{e}"));
+    assert!(c.roles.len() >= 3, "the demo company has several seats");
+}
+
+#[test]
+fn unknown_key_is_refused_with_path_and_nearest_key() {
+    let p = one("[coordination]\nlease_ttl_secnds = 30\n", "coordination.lease_ttl_secnds");
+    assert_eq!(p.problem, "unknown key");
+    assert!(p.fix.contains("`lease_ttl_seconds`"), "{p}");
+    assert_eq!(p.value.as_deref(), Some("30"));
+}
+
+#[test]
+fn unknown_key_inside_a_role_names_its_index() {
+    let p = one(
+        "[[roles]]\nhandle = \"a\"\n[[roles]]\nhandle = \"b\"\nplacment = {}\n",
+        "roles[1].placment",
+    );
+    assert!(p.fix.contains("`placement`"), "{p}");
+}
+
+#[test]
+fn unknown_section_lists_nearest() {
+    let p = one("[loging]\nformat = \"json\"\n", "loging");
+    assert!(p.fix.contains("`logging`"), "{p}");
+}
+
+#[test]
+fn wrong_type_names_the_key_path() {
+    let p = one("[coordination]\nlease_ttl_seconds = \"soon\"\n", "coordination.lease_ttl_seconds");
+    assert!(p.problem.contains("invalid type"), "{p}");
+}
+
+#[test]
+fn unknown_enum_value_lists_the_valid_ones() {
+    let p = one("[coordination]\ntype = \"etcd\"\n", "coordination.type");
+    assert!(p.problem.contains("local") && p.problem.contains("embedded-kv"), "{p}");
+}
+
+#[test]
+fn handles_must_be_unique() {
+    let p = one("[[roles]]\nhandle = \"a\"\n[[roles]]\nhandle = \"a\"\n", "roles[1].handle");
+    assert!(p.problem.contains("earlier role"), "{p}");
+}
+
+#[test]
+fn handles_must_be_nats_subject_safe() {
+    for bad in ["a.b", "a b", "a*", "a>", ""] {
+        let text = format!("[[roles]]\nhandle = {bad:?}\n");
+        let p = one(&text, "roles[0].handle");
+        assert_eq!(p.value, Some(format!("{bad:?}")), "{p}");
+    }
+}
+
+#[test]
+fn heartbeat_must_be_at_most_a_third_of_the_ttl() {
+    let p = one(
+        "[coordination]\nlease_ttl_seconds = 30\nheartbeat_seconds = 11\n",
+        "coordination.heartbeat_seconds",
+    );
+    assert_eq!(p.value.as_deref(), Some("11"));
+    assert!(p.fix.contains("at most 10"), "{p}");
+    parse("[coordination]\nlease_ttl_seconds = 30\nheartbeat_seconds = 10\n").unwrap();
+}
+
+#[test]
+fn sweep_must_be_shorter_than_the_ttl() {
+    let p = one(
+        "[coordination]\nlease_ttl_seconds = 9\nheartbeat_seconds = 3\nsweep_seconds = 9\n",
+        "coordination.sweep_seconds",
+    );
+    assert_eq!(p.value.as_deref(), Some("9"));
+}
+
+#[test]
+fn numbers_are_range_checked() {
+    one("[coordination]\nclaim_limit = 0\n", "coordination.claim_limit");
+    one("[coordination]\nrelease_limit = 0\n", "coordination.release_limit");
+    one("[coordination]\nstore_timeout_ms = 1\n", "coordination.store_timeout_ms");
+    one(
+        "[coordination]\nlease_ttl_seconds = 1\nheartbeat_seconds = 1\nsweep_seconds = 1\n",
+        "coordination.lease_ttl_seconds",
+    );
+}
+
+#[test]
+fn local_coordination_beside_nats_stream_is_refused_naming_embedded_kv() {
+    let p = one(
+        "[stream]\ntype = \"nats\"\nurls = [\"nats://127.0.0.1:4222\"]\n",
+        "coordination.type",
+    );
+    assert!(p.fix.contains("embedded-kv"), "{p}");
+}
+
+#[test]
+fn embedded_kv_beside_local_stream_is_refused() {
+    let p = one("[coordination]\ntype = \"embedded-kv\"\n", "coordination.type");
+    assert!(p.fix.contains("stream.type = \"nats\""), "{p}");
+}
+
+#[test]
+fn a_fleet_pairing_is_accepted() {
+    let c = parse(
+        "[coordination]\ntype = \"embedded-kv\"\n[stream]\ntype = \"nats\"\nurls = [\"nats://127.0.0.1:4222\"]\n",
+    )
+    .unwrap();
+    assert_eq!(c.coordination.kind, CoordinationType::EmbeddedKv);
+}
+
+#[test]
+fn nats_stream_needs_urls_that_are_nats_urls() {
+    one(
+        "[coordination]\ntype = \"embedded-kv\"\n[stream]\ntype = \"nats\"\n",
+        "stream.urls",
+    );
+    one(
+        "[coordination]\ntype = \"embedded-kv\"\n[stream]\ntype = \"nats\"\nurls = [\"http://x\"]\n",
+        "stream.urls[0]",
+    );
+}
+
+#[test]
+fn user_without_password_is_refused() {
+    one(
+        "[coordination]\ntype = \"embedded-kv\"\n[stream]\ntype = \"nats\"\nurls = [\"nats://h:4222\"]\nuser = \"u\"\n",
+        "stream.password",
+    );
+}
+
+#[test]
+fn env_overrides_set_the_nats_url_and_secrets() {
+    let env: BTreeMap<String, String> = [
+        ("CREWLET_STREAM__URLS", "nats://a:4222, nats://b:4222"),
+        ("CREWLET_STREAM__USER", "crewlet"),
+        ("CREWLET_STREAM__PASSWORD", "s3cret"),
+        ("CREWLET_COORDINATION__LEASE_TTL_SECONDS", "60"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    let c = Config::parse(
+        "f.toml",
+        "[coordination]\ntype = \"embedded-kv\"\n[stream]\ntype = \"nats\"\n",
+        &env,
+    )
+    .unwrap();
+    assert_eq!(c.stream.urls, vec!["nats://a:4222", "nats://b:4222"]);
+    assert_eq!(c.stream.password.as_deref(), Some("s3cret"));
+    assert_eq!(c.coordination.lease_ttl_seconds, 60);
+    assert!(!c.redacted_toml().contains("s3cret"));
+}
+
+#[test]
+fn env_override_of_an_unknown_key_is_refused_with_nearest() {
+    let env: BTreeMap<String, String> = [("CREWLET_STREAM__URL".to_string(), "nats://a".to_string())]
+        .into_iter()
+        .collect();
+    let e = Config::parse("f.toml", "", &env).unwrap_err();
+    let p = &e.problems()[0];
+    assert_eq!(p.key, "CREWLET_STREAM__URL");
+    assert!(p.fix.contains("CREWLET_STREAM__URLS"), "{p}");
+}
+
+#[test]
+fn env_override_with_a_bad_number_names_the_variable() {
+    let env: BTreeMap<String, String> =
+        [("CREWLET_COORDINATION__SWEEP_SECONDS".to_string(), "fast".to_string())]
+            .into_iter()
+            .collect();
+    let e = Config::parse("f.toml", "", &env).unwrap_err();
+    assert_eq!(e.problems()[0].key, "CREWLET_COORDINATION__SWEEP_SECONDS");
+    assert_eq!(e.problems()[0].value.as_deref(), Some("fast"));
+}
+
+#[test]
+fn password_hash_must_be_argon2_and_is_never_echoed() {
+    let text = "[[auth.users]]\nname = \"alice\"\npassword_hash = \"hunter2\"\nrole = \"operator\"\n";
+    let p = one(text, "auth.users[0].password_hash");
+    assert_eq!(p.value.as_deref(), Some(REDACTED));
+    assert!(!parse(text).unwrap_err().to_string().contains("hunter2"));
+    let ok = format!("[[auth.users]]\nname = \"alice\"\npassword_hash = \"{HASH}\"\nrole = \"operator\"\n");
+    parse(&ok).unwrap();
+}
+
+#[test]
+fn user_role_must_be_viewer_or_operator() {
+    let text = format!("[[auth.users]]\nname = \"a\"\npassword_hash = \"{HASH}\"\nrole = \"admin\"\n");
+    let p = one(&text, "auth.users[0].role");
+    assert!(p.problem.contains("viewer") && p.problem.contains("operator"), "{p}");
+}
+
+#[test]
+fn token_digest_must_be_sha256_hex() {
+    one(
+        "[[auth.tokens]]\nname = \"mon\"\nsha256 = \"abc\"\nrole = \"viewer\"\n",
+        "auth.tokens[0].sha256",
+    );
+}
+
+#[test]
+fn errors_name_the_file() {
+    let e = parse("[node]\nid = \"a.b\"\n").unwrap_err();
+    let s = e.to_string();
+    assert!(s.starts_with("crewlet.toml:"), "{s}");
+    assert!(s.contains("`node.id` = \"a.b\""), "{s}");
+}
+
+#[test]
+fn syntax_errors_name_the_file() {
+    let e = parse("[node\nid = 1").unwrap_err();
+    assert!(matches!(e, ConfigError::Syntax { .. }));
+    assert!(e.to_string().starts_with("crewlet.toml: not valid TOML"));
+}
+
+#[test]
+fn every_problem_is_reported_not_just_the_first() {
+    let p = problems("[node]\nid = \"a b\"\nlisten = \"nowhere\"\n");
+    assert!(p.len() >= 2, "{p:?}");
+}
+
+#[test]
+fn redacted_toml_hides_every_secret() {
+    let text = format!(
+        "[[auth.users]]\nname = \"a\"\npassword_hash = \"{HASH}\"\nrole = \"operator\"\n[[auth.tokens]]\nname = \"t\"\nsha256 = \"{}\"\nrole = \"viewer\"\n",
+        "ab".repeat(32)
+    );
+    let c = parse(&text).unwrap();
+    let shown = c.redacted_toml();
+    assert!(!shown.contains(HASH));
+    assert!(!shown.contains(&"ab".repeat(32)));
+    assert!(shown.contains(REDACTED));
+    // What is printed parses back as a config of the same shape.
+    let back: toml::Table = shown.parse().unwrap();
+    assert!(back.contains_key("auth"));
+}

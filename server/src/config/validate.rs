@@ -1,0 +1,376 @@
+//! The rules a loaded company file must satisfy, each reported as a
+//! [`Problem`] naming the key path, the bad value and what to do.
+//!
+//! Pure functions over a parsed [`Config`]; no I/O.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::net::SocketAddr;
+
+use super::schema::is_secret;
+use super::*;
+
+/// One thing wrong with the company file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Problem {
+    /// The key path (`coordination.heartbeat_seconds`, `roles[2].handle`) or
+    /// the environment variable that carried the value.
+    pub key: String,
+    /// The offending value as written (secrets redacted), when there is one.
+    pub value: Option<String>,
+    pub problem: String,
+    /// What to do about it.
+    pub fix: String,
+}
+
+impl Problem {
+    pub fn new(
+        key: &str,
+        value: Option<String>,
+        problem: impl Into<String>,
+        fix: impl Into<String>,
+    ) -> Problem {
+        Problem {
+            key: key.to_string(),
+            value,
+            problem: problem.into(),
+            fix: fix.into(),
+        }
+    }
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.value {
+            Some(v) => write!(f, "`{}` = {}: {}; {}", self.key, v, self.problem, self.fix),
+            None => write!(f, "`{}`: {}; {}", self.key, self.problem, self.fix),
+        }
+    }
+}
+
+/// A deserialization failure (wrong type, unknown variant) as a problem.
+pub(super) fn from_serde(e: &serde_path_to_error::Error<toml::de::Error>) -> Problem {
+    let path = e.path().to_string();
+    let last = path.rsplit('.').next().unwrap_or("");
+    let mut message = e.inner().message().trim().to_string();
+    if is_secret(last) {
+        message = "has the wrong type".into();
+    }
+    Problem::new(
+        if path == "." { "(file)" } else { &path },
+        None,
+        message,
+        "see the configuration reference in the README for this key's type and values",
+    )
+}
+
+fn q(s: &str) -> Option<String> {
+    Some(format!("{s:?}"))
+}
+
+/// NATS-subject and consumer-name safe: letters, digits, `-` and `_`.
+pub fn is_subject_safe(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 64
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+/// Every rule, every problem (not just the first).
+pub(super) fn check(c: &Config) -> Vec<Problem> {
+    let mut out = Vec::new();
+    let mut p = |key: &str, value: Option<String>, problem: &str, fix: String| {
+        out.push(Problem::new(key, value, problem, fix));
+    };
+
+    // [node]
+    if !is_subject_safe(&c.node.id) {
+        p(
+            "node.id",
+            q(&c.node.id),
+            "must be 1–64 letters, digits, `-` or `_`",
+            "pick an id like \"node-a\"".into(),
+        );
+    }
+    if c.node.listen.parse::<SocketAddr>().is_err() {
+        p(
+            "node.listen",
+            q(&c.node.listen),
+            "is not an address:port",
+            "write it as \"127.0.0.1:3000\" (or \"0.0.0.0:3000\" to listen on every interface)"
+                .into(),
+        );
+    }
+    for (i, l) in c.node.labels.iter().enumerate() {
+        if l.trim().is_empty() || l.chars().any(char::is_whitespace) {
+            p(
+                &format!("node.labels[{i}]"),
+                q(l),
+                "a label must be non-empty and contain no spaces",
+                "write labels like \"gpu\" or \"region=eu\"".into(),
+            );
+        }
+    }
+    if c.node.data_dir.as_os_str().is_empty() {
+        p(
+            "node.data_dir",
+            q(""),
+            "must name a directory",
+            "set it to where this node keeps its database, e.g. \"./data\"".into(),
+        );
+    }
+
+    // [coordination]
+    let co = &c.coordination;
+    if !(3..=3600).contains(&co.lease_ttl_seconds) {
+        p(
+            "coordination.lease_ttl_seconds",
+            Some(co.lease_ttl_seconds.to_string()),
+            "must be between 3 and 3600",
+            "the default is 45".into(),
+        );
+    }
+    if co.heartbeat_seconds == 0 || co.heartbeat_seconds * 3 > co.lease_ttl_seconds {
+        p(
+            "coordination.heartbeat_seconds",
+            Some(co.heartbeat_seconds.to_string()),
+            "must be at least 1 and at most lease_ttl_seconds / 3",
+            format!(
+                "with lease_ttl_seconds = {} use at most {} (a seat must survive two missed heartbeats)",
+                co.lease_ttl_seconds,
+                (co.lease_ttl_seconds / 3).max(1)
+            ),
+        );
+    }
+    if co.sweep_seconds == 0 || co.sweep_seconds >= co.lease_ttl_seconds {
+        p(
+            "coordination.sweep_seconds",
+            Some(co.sweep_seconds.to_string()),
+            "must be at least 1 and less than lease_ttl_seconds",
+            format!(
+                "with lease_ttl_seconds = {} use less than {}; the default is 5",
+                co.lease_ttl_seconds, co.lease_ttl_seconds
+            ),
+        );
+    }
+    if !(1..=1000).contains(&co.claim_limit) {
+        p(
+            "coordination.claim_limit",
+            Some(co.claim_limit.to_string()),
+            "must be between 1 and 1000",
+            "the default is 4".into(),
+        );
+    }
+    if !(1..=1000).contains(&co.release_limit) {
+        p(
+            "coordination.release_limit",
+            Some(co.release_limit.to_string()),
+            "must be between 1 and 1000",
+            "the default is 2".into(),
+        );
+    }
+    if !(50..=60_000).contains(&co.store_timeout_ms) {
+        p(
+            "coordination.store_timeout_ms",
+            Some(co.store_timeout_ms.to_string()),
+            "must be between 50 and 60000",
+            "the default is 2000".into(),
+        );
+    }
+
+    // The pairing (seed § Single node).
+    match (co.kind, c.stream.kind) {
+        (CoordinationType::Local, StreamType::Nats) => p(
+            "coordination.type",
+            q("local"),
+            "local coordination beside a NATS stream would let every node believe it owns the whole company",
+            "set coordination.type = \"embedded-kv\" so the fleet shares its leases on the stream".into(),
+        ),
+        (CoordinationType::EmbeddedKv, StreamType::Local) => p(
+            "coordination.type",
+            q("embedded-kv"),
+            "embedded-kv coordination rides the stream's connection, and stream.type is \"local\"",
+            "set stream.type = \"nats\" with stream.urls, or use coordination.type = \"local\" for a single node".into(),
+        ),
+        _ => {}
+    }
+
+    // [stream]
+    let st = &c.stream;
+    if st.kind == StreamType::Nats && st.urls.is_empty() {
+        p(
+            "stream.urls",
+            Some("[]".into()),
+            "a NATS stream needs at least one server URL",
+            "set stream.urls = [\"nats://127.0.0.1:4222\"] or CREWLET_STREAM__URLS".into(),
+        );
+    }
+    for (i, u) in st.urls.iter().enumerate() {
+        let ok = ["nats://", "tls://", "ws://", "wss://"]
+            .iter()
+            .any(|s| u.starts_with(s) && u.len() > s.len());
+        if !ok {
+            p(
+                &format!("stream.urls[{i}]"),
+                q(u),
+                "is not a NATS URL",
+                "write it as \"nats://host:4222\" (or tls:// for TLS)".into(),
+            );
+        }
+    }
+    if st.user.is_some() != st.password.is_some() {
+        p(
+            if st.user.is_some() { "stream.password" } else { "stream.user" },
+            None,
+            "user and password go together",
+            "set both (the password preferably through CREWLET_STREAM__PASSWORD), or neither".into(),
+        );
+    }
+    if st.creds_file.is_some() && st.user.is_some() {
+        p(
+            "stream.creds_file",
+            st.creds_file.as_ref().map(|f| format!("{:?}", f.display().to_string())),
+            "a creds file and a user/password are two ways to sign in",
+            "keep one of them".into(),
+        );
+    }
+
+    // [company]
+    if c.company.name.trim().is_empty() {
+        p(
+            "company.name",
+            q(&c.company.name),
+            "must not be empty",
+            "name the company, e.g. \"Acme\"".into(),
+        );
+    }
+
+    // [[roles]]
+    let mut seen = HashSet::new();
+    for (i, r) in c.roles.iter().enumerate() {
+        let key = format!("roles[{i}].handle");
+        if !is_subject_safe(&r.handle) {
+            p(
+                &key,
+                q(&r.handle),
+                "a handle must be 1–64 letters, digits, `-` or `_` (it names NATS subjects and consumers)",
+                "use a handle like \"support-agent\"".into(),
+            );
+        } else if !seen.insert(r.handle.as_str()) {
+            p(
+                &key,
+                q(&r.handle),
+                "is used by an earlier role",
+                "give every role its own handle".into(),
+            );
+        }
+        if let AgentConfig::Command { argv } = &r.agent {
+            if argv.is_empty() || argv[0].trim().is_empty() {
+                p(
+                    &format!("roles[{i}].agent.argv"),
+                    Some("[]".into()),
+                    "a command agent needs a program to run",
+                    "set argv = [\"python3\", \"agent.py\"]".into(),
+                );
+            }
+        }
+        for (j, n) in r.placement.nodes.iter().enumerate() {
+            if !is_subject_safe(n) {
+                p(
+                    &format!("roles[{i}].placement.nodes[{j}]"),
+                    q(n),
+                    "is not a valid node id",
+                    "name node ids as in [node] id".into(),
+                );
+            }
+        }
+        for (j, l) in r.placement.labels.iter().enumerate() {
+            if l.trim().is_empty() || l.chars().any(char::is_whitespace) {
+                p(
+                    &format!("roles[{i}].placement.labels[{j}]"),
+                    q(l),
+                    "a label must be non-empty and contain no spaces",
+                    "write labels as in [node] labels".into(),
+                );
+            }
+        }
+    }
+
+    // [[auth.users]] and [[auth.tokens]]
+    let mut names = HashSet::new();
+    for (i, u) in c.auth.users.iter().enumerate() {
+        if u.name.trim().is_empty() || u.name.len() > 64 || u.name.chars().any(char::is_control) {
+            p(
+                &format!("auth.users[{i}].name"),
+                q(&u.name),
+                "must be 1–64 printable characters",
+                "use the person's sign-in name".into(),
+            );
+        } else if !names.insert(u.name.as_str()) {
+            p(
+                &format!("auth.users[{i}].name"),
+                q(&u.name),
+                "is used by an earlier user",
+                "give every person one entry".into(),
+            );
+        }
+        let ok = argon2::PasswordHash::new(&u.password_hash)
+            .map(|h| h.algorithm.as_str().starts_with("argon2"))
+            .unwrap_or(false);
+        if !ok {
+            p(
+                &format!("auth.users[{i}].password_hash"),
+                Some(REDACTED.into()),
+                "is not an argon2 PHC string ($argon2id$…)",
+                "make one with `crewlet hash-password` and paste its output".into(),
+            );
+        }
+    }
+    let mut tnames = HashSet::new();
+    for (i, t) in c.auth.tokens.iter().enumerate() {
+        if t.name.trim().is_empty() {
+            p(
+                &format!("auth.tokens[{i}].name"),
+                q(&t.name),
+                "must not be empty",
+                "name the token after what uses it, e.g. \"monitoring\"".into(),
+            );
+        } else if !tnames.insert(t.name.as_str()) {
+            p(
+                &format!("auth.tokens[{i}].name"),
+                q(&t.name),
+                "is used by an earlier token",
+                "give every token its own name".into(),
+            );
+        }
+        if t.sha256.len() != 64 || !t.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+            p(
+                &format!("auth.tokens[{i}].sha256"),
+                Some(REDACTED.into()),
+                "is not 64 hex digits",
+                "store the hex SHA-256 of the token: `printf %s \"$TOKEN\" | sha256sum`".into(),
+            );
+        }
+    }
+
+    // [logging]
+    if let Some(f) = &c.logging.file {
+        if f.as_os_str().is_empty() {
+            p(
+                "logging.file",
+                q(""),
+                "must name a file",
+                "remove the key to log to stderr only".into(),
+            );
+        }
+    }
+    if !c.logging.stderr && c.logging.file.is_none() {
+        p(
+            "logging.stderr",
+            Some("false".into()),
+            "with no logging.file the node would log nowhere",
+            "set logging.file, or keep logging.stderr = true".into(),
+        );
+    }
+    out
+}

@@ -1,0 +1,16 @@
+//! Crewlet node: the seat-ownership engine and everything one node serves.
+//!
+//! The `crewlet` binary (`main.rs`) is a thin edge over this library: it
+//! parses the command line, loads the company file and hands it to
+//! [`node::run`].
+
+pub mod audit;
+pub mod config;
+pub mod db;
+pub mod logging;
+pub mod node;
+pub mod tasks;
+pub mod web;
+
+/// The version of this build.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -1,0 +1,152 @@
+//! `crewlet`: the node binary. Parses the command line and hands over to
+//! the library; the only place `anyhow` and process exit codes live.
+//!
+//! Exit codes: 0 success, 1 failure at run time, 2 invalid config or
+//! usage, 75 the watchdog (a wedged node leaving).
+
+use std::io::{IsTerminal, Read};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use crewlet::config::Config;
+
+#[derive(Parser)]
+#[command(name = "crewlet", version, about = "Crewlet node: runs a company's agent seats and serves its dashboard")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Start a node: serve the dashboard and run the company's seats.
+    Run {
+        /// The company file.
+        #[arg(long, short, default_value = "./crewlet.toml")]
+        config: PathBuf,
+    },
+    /// Validate a company file and print the effective config (secrets
+    /// redacted). Exits 0 when valid, 2 when not.
+    Check {
+        /// The company file.
+        #[arg(long, short, default_value = "./crewlet.toml")]
+        config: PathBuf,
+    },
+    /// Read a password on stdin and print its argon2 PHC string for
+    /// `[[auth.users]] password_hash`.
+    HashPassword,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Check { config } => check(&config),
+        Command::Run { config } => run(&config),
+        Command::HashPassword => hash_password(),
+    }
+}
+
+fn check(path: &PathBuf) -> ExitCode {
+    match Config::load(path) {
+        Ok(c) => {
+            println!("# {}: valid. Effective configuration (secrets redacted):\n", path.display());
+            print!("{}", c.redacted_toml());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn hash_password() -> ExitCode {
+    if std::io::stdin().is_terminal() {
+        eprintln!("Type the password, then press Enter and Ctrl-D:");
+    }
+    let mut input = String::new();
+    if let Err(e) = std::io::stdin().read_to_string(&mut input) {
+        eprintln!("error: cannot read stdin: {e}");
+        return ExitCode::from(1);
+    }
+    let password = input.trim_end_matches(['\n', '\r']);
+    if password.is_empty() {
+        eprintln!("error: the password is empty; pipe one in, e.g. `printf %s 'secret' | crewlet hash-password`");
+        return ExitCode::from(2);
+    }
+    match crewlet::web::auth::hash_password(password) {
+        Ok(h) => {
+            println!("{h}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn run(path: &PathBuf) -> ExitCode {
+    let config = match Config::load(path) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if let Err(e) = crewlet::logging::init(&config.logging) {
+        eprintln!("error: {e}");
+        return ExitCode::from(2);
+    }
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match rt.block_on(serve(config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            eprintln!("error: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+async fn serve(config: Config) -> anyhow::Result<()> {
+    let node = crewlet::node::start(config).await?;
+    tokio::select! {
+        _ = shutdown_signal() => tracing::info!("shutdown asked for; stopping"),
+        _ = node.stopped() => {}
+    }
+    node.shutdown().await?;
+    tracing::info!("node stopped");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term => {}
+    }
+}

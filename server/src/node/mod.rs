@@ -1,0 +1,230 @@
+//! A node: start-up, the process incarnation, and orderly shutdown.
+//!
+//! Start-up opens and migrates the database (a failure stops here and
+//! changes nothing), mints the incarnation, makes sure somebody can sign
+//! in, and serves the dashboard and the JSON endpoints until shutdown is
+//! asked for. Shutdown stops accepting, cancels every task through one
+//! owner ([`Tasks`]) and returns.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use rand::Rng;
+use tokio::net::TcpListener;
+
+use crate::config::{Config, CoordinationType, PROTOCOL, PlacementConfig};
+use crate::db::{self, DbError};
+use crate::tasks::Tasks;
+use crate::web::{self, WebError};
+
+/// A process incarnation: `{node_id}:{random}`, minted fresh at boot. The
+/// owner of every lease this process takes (seed § The lease).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Incarnation(String);
+
+impl Incarnation {
+    pub fn mint(node_id: &str) -> Incarnation {
+        let r: u32 = rand::thread_rng().r#gen();
+        Incarnation(format!("{node_id}:{r:08x}"))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for Incarnation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// What this node is, as every part of it reports it.
+#[derive(Clone, Debug)]
+pub struct NodeInfo {
+    pub node_id: String,
+    pub incarnation: Incarnation,
+    pub labels: Vec<String>,
+    pub company: String,
+    pub coordination: CoordinationType,
+    pub protocol: u32,
+    /// Handles of the roles whose placement this node matches.
+    pub roles: Vec<String>,
+}
+
+/// Whether a node with `node_id` and `labels` may run a seat placed by `p`:
+/// every listed node id names it (when any are listed) and it carries every
+/// listed label.
+pub fn matches_placement(node_id: &str, labels: &[String], p: &PlacementConfig) -> bool {
+    (p.nodes.is_empty() || p.nodes.iter().any(|n| n == node_id))
+        && p.labels.iter().all(|l| labels.contains(l))
+}
+
+impl NodeInfo {
+    pub fn from_config(config: &Config, incarnation: Incarnation) -> NodeInfo {
+        let roles = config
+            .roles
+            .iter()
+            .filter(|r| matches_placement(&config.node.id, &config.node.labels, &r.placement))
+            .map(|r| r.handle.clone())
+            .collect();
+        NodeInfo {
+            node_id: config.node.id.clone(),
+            incarnation,
+            labels: config.node.labels.clone(),
+            company: config.company.name.clone(),
+            coordination: config.coordination.kind,
+            protocol: PROTOCOL,
+            roles,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    #[error(transparent)]
+    Db(#[from] DbError),
+    #[error("cannot listen on {addr}: {source}. Is another node (or program) using that port? Change node.listen.")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Web(#[from] WebError),
+    #[error("the HTTP server stopped: {0}")]
+    Serve(std::io::Error),
+}
+
+/// Where the dashboard's browser half (pkg/, favicon) is served from:
+/// `CREWLET_SITE_ROOT`, else `site/` beside the executable, else
+/// `target/site` under the current directory.
+pub fn site_root() -> PathBuf {
+    if let Ok(p) = std::env::var("CREWLET_SITE_ROOT") {
+        return PathBuf::from(p);
+    }
+    if let Some(dir) = std::env::current_exe().ok().and_then(|e| e.parent().map(|p| p.to_path_buf())) {
+        let beside = dir.join("site");
+        if beside.join("pkg").is_dir() {
+            return beside;
+        }
+    }
+    PathBuf::from("target/site")
+}
+
+/// A node that has started: its address, and the handle that stops it.
+pub struct RunningNode {
+    pub addr: SocketAddr,
+    pub info: NodeInfo,
+    tasks: Tasks,
+    server: tokio::task::JoinHandle<Result<(), std::io::Error>>,
+}
+
+impl RunningNode {
+    /// Stop accepting, stop every task, and wait until all have stopped.
+    pub async fn shutdown(self) -> Result<(), NodeError> {
+        self.tasks.token().cancel();
+        let served = self.server.await;
+        self.tasks.shutdown().await;
+        match served {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(NodeError::Serve(e)),
+            Err(e) => Err(NodeError::Serve(std::io::Error::other(e))),
+        }
+    }
+
+    /// Resolves when shutdown has been asked for.
+    pub async fn stopped(&self) {
+        self.tasks.token().cancelled().await
+    }
+
+    /// Ask the node to stop (what SIGINT / SIGTERM do).
+    pub fn stop(&self) {
+        self.tasks.token().cancel();
+    }
+}
+
+/// Start a node: database, incarnation, first person, HTTP server.
+pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
+    let pool = db::open(&config.node.data_dir, &db::MIGRATOR).await?;
+    let incarnation = Incarnation::mint(&config.node.id);
+    let info = NodeInfo::from_config(&config, incarnation);
+    let tasks = Tasks::new();
+    let addr = config.listen_addr();
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|source| NodeError::Bind { addr, source })?;
+    let addr = listener.local_addr().map_err(|source| NodeError::Bind { addr, source })?;
+    let site = site_root();
+    if !site.join("pkg").join(format!("{}.js", web::OUTPUT_NAME)).is_file() {
+        tracing::warn!(
+            site_root = %site.display(),
+            "the dashboard's browser half is not built there: pages render but do not hydrate (run ./dev build, or set CREWLET_SITE_ROOT)"
+        );
+    }
+    let app = web::router(web::WebSetup {
+        config: &config,
+        info: info.clone(),
+        pool: pool.clone(),
+        tasks: tasks.clone(),
+        site_root: site,
+        addr,
+    })
+    .await?;
+    let token = tasks.token();
+    let server = tokio::spawn(async move {
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .with_graceful_shutdown(token.cancelled_owned())
+        .await
+    });
+    tracing::info!(
+        node = %info.node_id,
+        incarnation = %info.incarnation,
+        version = crate::VERSION,
+        protocol = PROTOCOL,
+        %addr,
+        "node started; dashboard at http://{addr}/"
+    );
+    Ok(RunningNode {
+        addr,
+        info,
+        tasks,
+        server,
+    })
+}
+
+/// Hand the shared info to whoever needs it.
+pub type SharedInfo = Arc<NodeInfo>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(v: &[&str]) -> Vec<String> {
+        v.iter().map(|x| x.to_string()).collect()
+    }
+
+    #[test]
+    fn incarnations_of_one_node_id_are_distinct_owners() {
+        let a = Incarnation::mint("node-0");
+        let b = Incarnation::mint("node-0");
+        assert!(a.as_str().starts_with("node-0:"));
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn placement_needs_a_listed_node_and_every_label() {
+        let p = PlacementConfig {
+            nodes: s(&["a"]),
+            labels: s(&["gpu"]),
+        };
+        assert!(matches_placement("a", &s(&["gpu", "eu"]), &p));
+        assert!(!matches_placement("b", &s(&["gpu"]), &p));
+        assert!(!matches_placement("a", &s(&["eu"]), &p));
+        assert!(matches_placement("z", &[], &PlacementConfig::default()));
+    }
+}

@@ -1,0 +1,121 @@
+//! The node's answer to what the dashboard asks ([`Console`]).
+//!
+//! Every method that changes anything checks the acting person's role
+//! again (the server functions check too) and writes an audit row with the
+//! result, refused or not.
+
+use std::sync::Arc;
+
+use sqlx::SqlitePool;
+
+use app::api::{AuditEntry, FleetView, NewPerson, NodeStatus, NodeView, Person, PersonRole, PersonView};
+use app::console::{Console, ConsoleError};
+
+use crate::audit;
+use crate::config::CoordinationType;
+use crate::node::NodeInfo;
+use crate::web::auth::Auth;
+
+pub struct NodeConsole {
+    info: Arc<NodeInfo>,
+    pool: SqlitePool,
+    auth: Arc<Auth>,
+}
+
+impl NodeConsole {
+    pub fn new(info: Arc<NodeInfo>, pool: SqlitePool, auth: Arc<Auth>) -> NodeConsole {
+        NodeConsole { info, pool, auth }
+    }
+
+    async fn audited(
+        &self,
+        actor: &Person,
+        action: &str,
+        reason: Option<&str>,
+        result: &str,
+    ) -> Result<(), ConsoleError> {
+        audit::record(&self.pool, &actor.name, action, None, reason, result)
+            .await
+            .map_err(|e| {
+                tracing::error!(error = %e, "cannot write the audit log");
+                ConsoleError::Unavailable("The audit log cannot be written, so nothing was done.".into())
+            })
+    }
+}
+
+fn unavailable(what: &str, e: impl std::fmt::Display) -> ConsoleError {
+    tracing::error!(error = %e, "{what}");
+    ConsoleError::Unavailable(format!("The node could not {what}. Try again; the node's log has the details."))
+}
+
+#[async_trait::async_trait]
+impl Console for NodeConsole {
+    async fn fleet(&self) -> Result<FleetView, ConsoleError> {
+        let i = &self.info;
+        let me = NodeView {
+            node_id: i.node_id.clone(),
+            incarnation: i.incarnation.to_string(),
+            version: crate::VERSION.to_string(),
+            protocol: i.protocol,
+            status: NodeStatus::Serving,
+            roles: i.roles.clone(),
+            labels: i.labels.clone(),
+            presence_expires_at: None,
+            seats: Vec::new(),
+        };
+        Ok(FleetView {
+            answered_by: i.node_id.clone(),
+            company: i.company.clone(),
+            coordination: match i.coordination {
+                CoordinationType::Local => "local",
+                CoordinationType::EmbeddedKv => "embedded-kv",
+            }
+            .to_string(),
+            nodes: vec![me],
+        })
+    }
+
+    async fn people(&self) -> Result<Vec<PersonView>, ConsoleError> {
+        self.auth.people().await.map_err(|e| unavailable("read the people list", e))
+    }
+
+    async fn add_person(&self, actor: &Person, name: &str, role: PersonRole) -> Result<NewPerson, ConsoleError> {
+        let name = name.trim();
+        let reason = format!("{name} as {role}");
+        if !actor.is_operator() {
+            self.audited(actor, "add_person", Some(&reason), "refused: not an operator").await?;
+            return Err(ConsoleError::Forbidden(format!(
+                "{} is a viewer: only operators may add people.",
+                actor.name
+            )));
+        }
+        let bad = name.is_empty() || name.len() > 64 || name.chars().any(|c| c.is_control() || c.is_whitespace());
+        if bad {
+            self.audited(actor, "add_person", Some(&reason), "refused: invalid name").await?;
+            return Err(ConsoleError::Invalid(
+                "Name: use 1–64 characters with no spaces (for example \"alice\").".into(),
+            ));
+        }
+        if self.auth.exists(name).await.map_err(|e| unavailable("check the name", e))? {
+            self.audited(actor, "add_person", Some(&reason), "refused: name taken").await?;
+            return Err(ConsoleError::Invalid(format!("Name: {name:?} can already sign in. Pick another name.")));
+        }
+        let password = self
+            .auth
+            .add(name, role, &actor.name)
+            .await
+            .map_err(|e| unavailable("add the person", e))?;
+        self.audited(actor, "add_person", Some(&reason), "ok").await?;
+        Ok(NewPerson {
+            name: name.to_string(),
+            role,
+            password,
+        })
+    }
+
+    async fn audit(&self, limit: u32) -> Result<Vec<AuditEntry>, ConsoleError> {
+        audit::newest(&self.pool, limit.min(1000))
+            .await
+            .map_err(|e| unavailable("read the audit log", e))
+    }
+}

@@ -1,0 +1,182 @@
+//! The node's HTTP surface: the dashboard (Leptos SSR + hydration), the
+//! sign-in gate, `/health`, `/metrics` and the JSON query endpoints.
+//!
+//! Routes here are public contracts (README § HTTP). This module renders
+//! and routes; what it shows comes from the node through [`NodeConsole`].
+
+pub mod auth;
+pub mod console;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::Extension;
+use axum::http::header;
+use axum::response::{IntoResponse, Redirect};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use leptos::prelude::*;
+use leptos_axum::{LeptosRoutes, generate_route_list};
+use serde::Serialize;
+use sqlx::SqlitePool;
+use tower_sessions::cookie::SameSite;
+use tower_sessions::{ExpiredDeletion, Expiry, SessionManagerLayer};
+use tower_sessions_sqlx_store::SqliteStore;
+
+use app::console::SharedConsole;
+use app::{App, shell};
+
+use crate::config::Config;
+use crate::node::NodeInfo;
+use crate::tasks::Tasks;
+
+pub use console::NodeConsole;
+
+/// The name of the wasm bundle (`pkg/crewlet.js`, `pkg/crewlet_bg.wasm`).
+pub const OUTPUT_NAME: &str = "crewlet";
+
+/// The session cookie's name.
+pub const SESSION_COOKIE: &str = "crewlet_session";
+
+#[derive(Debug, thiserror::Error)]
+pub enum WebError {
+    #[error("cannot prepare the session store: {0}")]
+    Sessions(#[from] sqlx::Error),
+    #[error("cannot create the first person: {0}")]
+    Bootstrap(#[from] auth::AuthError),
+}
+
+/// Everything the router is built from.
+pub struct WebSetup<'a> {
+    pub config: &'a Config,
+    pub info: NodeInfo,
+    pub pool: SqlitePool,
+    pub tasks: Tasks,
+    pub site_root: PathBuf,
+    pub addr: SocketAddr,
+}
+
+/// `GET /health`.
+#[derive(Debug, Serialize)]
+pub struct Health {
+    pub node: String,
+    pub incarnation: String,
+    pub version: &'static str,
+    pub protocol: u32,
+    pub seats: Vec<String>,
+}
+
+/// Build the whole HTTP surface. Creates `admin` on a node nobody can sign
+/// in to (its password is printed once on stderr).
+pub async fn router(setup: WebSetup<'_>) -> Result<Router, WebError> {
+    let WebSetup {
+        config,
+        info,
+        pool,
+        tasks,
+        site_root,
+        addr,
+    } = setup;
+
+    let store = SqliteStore::new(pool.clone())
+        .with_table_name("sessions")
+        .map_err(|e| WebError::Sessions(sqlx::Error::Configuration(e.into())))?;
+    store.migrate().await?;
+    {
+        let store = store.clone();
+        tasks.spawn("session-expiry", async move {
+            if let Err(e) = store.continuously_delete_expired(Duration::from_secs(600)).await {
+                tracing::warn!(error = %e, "expired-session cleanup stopped");
+            }
+        });
+    }
+    let sessions = SessionManagerLayer::new(store)
+        .with_name(SESSION_COOKIE)
+        .with_http_only(true)
+        .with_same_site(SameSite::Strict)
+        .with_secure(false)
+        .with_expiry(Expiry::OnInactivity(time::Duration::hours(12)));
+
+    let auth = Arc::new(auth::Auth::new(pool.clone(), &config.auth));
+    if let Some(password) = auth.bootstrap_admin().await? {
+        // Printed once, straight to stderr, never through the logger.
+        eprintln!(
+            "\n  No people were configured, so this node created one:\n\n      sign in at http://{addr}/login as  admin  with password  {password}\n\n  Only its hash is kept. Add people in Settings › People or in [[auth.users]].\n"
+        );
+    }
+
+    let info = Arc::new(info);
+    let console: SharedConsole = Arc::new(NodeConsole::new(info.clone(), pool.clone(), auth.clone()));
+
+    let leptos_options = LeptosOptions::builder()
+        .output_name(OUTPUT_NAME)
+        .site_root(site_root.display().to_string())
+        .site_pkg_dir("pkg")
+        .site_addr(addr)
+        .build();
+    let routes = generate_route_list(App);
+    let ctx_console = console.clone();
+    let app = Router::new()
+        .route("/", get(|| async { Redirect::to("/settings/nodes") }))
+        .route("/login", post(auth::login))
+        .route("/logout", post(auth::logout))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .route("/query/fleet", get(fleet))
+        .leptos_routes_with_context(
+            &leptos_options,
+            routes,
+            move || provide_context(ctx_console.clone()),
+            {
+                let o = leptos_options.clone();
+                move || shell(o.clone())
+            },
+        )
+        .fallback(leptos_axum::file_and_error_handler(shell))
+        .layer(axum::middleware::from_fn(auth::gate))
+        .layer(sessions)
+        .layer(Extension(auth))
+        .layer(Extension(info))
+        .layer(Extension(console))
+        .with_state(leptos_options);
+    Ok(app)
+}
+
+async fn health(Extension(info): Extension<Arc<NodeInfo>>) -> Json<Health> {
+    Json(Health {
+        node: info.node_id.clone(),
+        incarnation: info.incarnation.to_string(),
+        version: crate::VERSION,
+        protocol: info.protocol,
+        seats: Vec::new(),
+    })
+}
+
+async fn metrics(Extension(info): Extension<Arc<NodeInfo>>) -> impl IntoResponse {
+    let body = format!(
+        "# HELP crewlet_up 1 while the node serves.\n# TYPE crewlet_up gauge\ncrewlet_up 1\n\
+         # HELP crewlet_build_info The node's version and lease protocol.\n# TYPE crewlet_build_info gauge\n\
+         crewlet_build_info{{version=\"{}\",protocol=\"{}\",node=\"{}\"}} 1\n\
+         # HELP crewlet_seats_held Seats this node holds.\n# TYPE crewlet_seats_held gauge\ncrewlet_seats_held 0\n",
+        crate::VERSION,
+        info.protocol,
+        info.node_id
+    );
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        body,
+    )
+}
+
+async fn fleet(Extension(console): Extension<SharedConsole>) -> axum::response::Response {
+    match console.fleet().await {
+        Ok(f) => Json(f).into_response(),
+        Err(e) => (
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            Json(serde_json::json!({ "error": e.to_string() })),
+        )
+            .into_response(),
+    }
+}

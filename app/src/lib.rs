@@ -22,8 +22,8 @@ use leptos_router::{
 
 use crate::components::layout::Layout;
 use crate::pages::{
-    events::EventsPage, login::LoginPage, memory::MemoryPage, nodes::NodesPage,
-    people::PeoplePage, seats::SeatsPage,
+    events::EventsPage, login::LoginPage, memory::MemoryPage, nodes::NodesPage, people::PeoplePage,
+    seats::SeatsPage,
 };
 
 /// The HTML document around the app (server side rendering).

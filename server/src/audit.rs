@@ -31,13 +31,19 @@ pub async fn record(
 
 /// The newest `limit` entries, newest first.
 pub async fn newest(pool: &SqlitePool, limit: u32) -> Result<Vec<AuditEntry>, sqlx::Error> {
-    let rows: Vec<(String, String, String, Option<String>, Option<String>, String)> =
-        sqlx::query_as(
-            "SELECT at, person, action, seat, reason, result FROM audit ORDER BY id DESC LIMIT ?",
-        )
-        .bind(limit)
-        .fetch_all(pool)
-        .await?;
+    let rows: Vec<(
+        String,
+        String,
+        String,
+        Option<String>,
+        Option<String>,
+        String,
+    )> = sqlx::query_as(
+        "SELECT at, person, action, seat, reason, result FROM audit ORDER BY id DESC LIMIT ?",
+    )
+    .bind(limit)
+    .fetch_all(pool)
+    .await?;
     Ok(rows
         .into_iter()
         .map(|(at, person, action, seat, reason, result)| AuditEntry {
@@ -56,6 +62,9 @@ pub fn now_rfc3339() -> String {
     time::OffsetDateTime::now_utc()
         .replace_nanosecond(0)
         .ok()
-        .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok())
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
         .unwrap_or_default()
 }

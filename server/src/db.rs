@@ -19,7 +19,9 @@ pub const DB_FILE: &str = "crewlet.db";
 
 #[derive(Debug, thiserror::Error)]
 pub enum DbError {
-    #[error("cannot create the data directory {dir}: {source}. Check node.data_dir and its permissions.")]
+    #[error(
+        "cannot create the data directory {dir}: {source}. Check node.data_dir and its permissions."
+    )]
     DataDir {
         dir: PathBuf,
         #[source]
@@ -31,7 +33,9 @@ pub enum DbError {
         #[source]
         source: sqlx::Error,
     },
-    #[error("migrating the database {file} failed; nothing was changed by the failing migration: {source}")]
+    #[error(
+        "migrating the database {file} failed; nothing was changed by the failing migration: {source}"
+    )]
     Migrate {
         file: PathBuf,
         #[source]

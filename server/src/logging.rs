@@ -52,7 +52,9 @@ pub fn init(cfg: &LoggingSection) -> Result<(), LoggingError> {
                     source,
                 })?;
             let w = Arc::new(f);
-            let l = tracing_subscriber::fmt::layer().with_writer(w).with_ansi(false);
+            let l = tracing_subscriber::fmt::layer()
+                .with_writer(w)
+                .with_ansi(false);
             Some(if json {
                 l.json().with_filter(filter()).boxed()
             } else {

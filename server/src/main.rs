@@ -13,7 +13,11 @@ use clap::{Parser, Subcommand};
 use crewlet::config::Config;
 
 #[derive(Parser)]
-#[command(name = "crewlet", version, about = "Crewlet node: runs a company's agent seats and serves its dashboard")]
+#[command(
+    name = "crewlet",
+    version,
+    about = "Crewlet node: runs a company's agent seats and serves its dashboard"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -51,7 +55,10 @@ fn main() -> ExitCode {
 fn check(path: &PathBuf) -> ExitCode {
     match Config::load(path) {
         Ok(c) => {
-            println!("# {}: valid. Effective configuration (secrets redacted):\n", path.display());
+            println!(
+                "# {}: valid. Effective configuration (secrets redacted):\n",
+                path.display()
+            );
             print!("{}", c.redacted_toml());
             ExitCode::SUCCESS
         }
@@ -73,7 +80,9 @@ fn hash_password() -> ExitCode {
     }
     let password = input.trim_end_matches(['\n', '\r']);
     if password.is_empty() {
-        eprintln!("error: the password is empty; pipe one in, e.g. `printf %s 'secret' | crewlet hash-password`");
+        eprintln!(
+            "error: the password is empty; pipe one in, e.g. `printf %s 'secret' | crewlet hash-password`"
+        );
         return ExitCode::from(2);
     }
     match crewlet::web::auth::hash_password(password) {
@@ -100,7 +109,10 @@ fn run(path: &PathBuf) -> ExitCode {
         eprintln!("error: {e}");
         return ExitCode::from(2);
     }
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the runtime: {e}");

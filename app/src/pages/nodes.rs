@@ -70,7 +70,11 @@ fn Fleet(fleet: FleetView) -> impl IntoView {
 fn NodeRow(node: NodeView) -> impl IntoView {
     let status = node.status.as_str();
     let list = |v: &[String]| {
-        if v.is_empty() { "—".to_string() } else { v.join(", ") }
+        if v.is_empty() {
+            "—".to_string()
+        } else {
+            v.join(", ")
+        }
     };
     view! {
         <tr data-node=node.node_id.clone()>

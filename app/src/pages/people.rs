@@ -5,13 +5,20 @@ use leptos::prelude::*;
 
 use crate::api::{AuditEntry, PersonView};
 use crate::components::notice::ErrorNotice;
-use crate::fns::{AddPerson, audit_log, people};
+use crate::fns::{AddPerson, audit_log, people, whoami};
 
 #[component]
 pub fn PeoplePage() -> impl IntoView {
     let add = ServerAction::<AddPerson>::new();
     let list = Resource::new(move || add.version().get(), |_| people());
     let audit = Resource::new(move || add.version().get(), |_| audit_log());
+    let me = Resource::new(|| (), |_| whoami());
+    // Viewers see the controls disabled; the node refuses them anyway.
+    let viewer = move || {
+        me.get()
+            .and_then(|r| r.ok())
+            .is_none_or(|p| !p.is_operator())
+    };
     view! {
         <section class="page">
             <h1>"Settings › People"</h1>
@@ -33,7 +40,10 @@ pub fn PeoplePage() -> impl IntoView {
                     <option value="viewer">"viewer"</option>
                     <option value="operator">"operator"</option>
                 </select>
-                <button type="submit">"Add"</button>
+                <Transition fallback=|| view! { <button type="submit" disabled=true>"Add"</button> }>
+                    <button type="submit" disabled=viewer>"Add"</button>
+                    {move || viewer().then(|| view! { <span class="muted small">"Only operators may add people."</span> })}
+                </Transition>
             </ActionForm>
             {move || {
                 add.value()
@@ -135,5 +145,5 @@ fn AuditTable(entries: Vec<AuditEntry>) -> impl IntoView {
             </table>
         </div>
     }
-        .into_any()
+    .into_any()
 }

@@ -295,12 +295,12 @@ impl Config {
         text: &str,
         env: &BTreeMap<String, String>,
     ) -> Result<Config, ConfigError> {
-        let mut value: toml::Table = text.parse().map_err(|e: toml::de::Error| {
-            ConfigError::Syntax {
-                file: file.to_string(),
-                message: e.to_string().trim().replace('\n', "\n  "),
-            }
-        })?;
+        let mut value: toml::Table =
+            text.parse()
+                .map_err(|e: toml::de::Error| ConfigError::Syntax {
+                    file: file.to_string(),
+                    message: e.to_string().trim().replace('\n', "\n  "),
+                })?;
         let invalid = |problems| ConfigError::Invalid {
             file: file.to_string(),
             problems,

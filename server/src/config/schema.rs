@@ -72,11 +72,9 @@ fn exemplar(agent: AgentConfig) -> Config {
 
 fn shape_of(v: &toml::Value) -> Shape {
     match v {
-        toml::Value::Table(t) => Shape::Table(
-            t.iter()
-                .map(|(k, v)| (k.clone(), shape_of(v)))
-                .collect(),
-        ),
+        toml::Value::Table(t) => {
+            Shape::Table(t.iter().map(|(k, v)| (k.clone(), shape_of(v))).collect())
+        }
         toml::Value::Array(a) if a.iter().all(|e| e.is_table()) && !a.is_empty() => {
             let mut merged = BTreeMap::new();
             for e in a {
@@ -135,7 +133,10 @@ pub(super) fn nearest<'a>(key: &str, candidates: impl Iterator<Item = &'a str>) 
 fn short(v: &toml::Value) -> String {
     let s = v.to_string();
     if s.len() > 60 {
-        format!("{}…", &s[..s.char_indices().nth(57).map(|(i, _)| i).unwrap_or(s.len())])
+        format!(
+            "{}…",
+            &s[..s.char_indices().nth(57).map(|(i, _)| i).unwrap_or(s.len())]
+        )
     } else {
         s
     }
@@ -154,7 +155,11 @@ fn walk(table: &toml::Table, shape: &BTreeMap<String, Shape>, path: &str, out: &
                     Some(n) => format!("did you mean `{n}`?"),
                     None => format!(
                         "valid keys here: {}",
-                        shape.keys().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(", ")
+                        shape
+                            .keys()
+                            .map(|k| format!("`{k}`"))
+                            .collect::<Vec<_>>()
+                            .join(", ")
                     ),
                 };
                 out.push(Problem::new(&here, Some(short(v)), "unknown key", fix));
@@ -213,7 +218,9 @@ pub(super) fn apply_env(value: &mut toml::Table, env: &BTreeMap<String, String>)
                     Shape::Table(t) => Some(
                         t.iter()
                             .filter(|(_, v)| matches!(v, Shape::Leaf(_)))
-                            .map(|(k, _)| format!("CREWLET_{}__{}", s.to_uppercase(), k.to_uppercase()))
+                            .map(|(k, _)| {
+                                format!("CREWLET_{}__{}", s.to_uppercase(), k.to_uppercase())
+                            })
                             .collect::<Vec<_>>(),
                     ),
                     _ => None,
@@ -257,7 +264,11 @@ pub(super) fn apply_env(value: &mut toml::Table, env: &BTreeMap<String, String>)
                 }
             }
             Err(why) => {
-                let shown = if is_secret(&key) { REDACTED.to_string() } else { raw.clone() };
+                let shown = if is_secret(&key) {
+                    REDACTED.to_string()
+                } else {
+                    raw.clone()
+                };
                 problems.push(Problem::new(
                     var,
                     Some(shown),

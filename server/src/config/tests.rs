@@ -55,7 +55,10 @@ fn the_demo_company_file_is_valid() {
 
 #[test]
 fn unknown_key_is_refused_with_path_and_nearest_key() {
-    let p = one("[coordination]\nlease_ttl_secnds = 30\n", "coordination.lease_ttl_secnds");
+    let p = one(
+        "[coordination]\nlease_ttl_secnds = 30\n",
+        "coordination.lease_ttl_secnds",
+    );
     assert_eq!(p.problem, "unknown key");
     assert!(p.fix.contains("`lease_ttl_seconds`"), "{p}");
     assert_eq!(p.value.as_deref(), Some("30"));
@@ -78,19 +81,28 @@ fn unknown_section_lists_nearest() {
 
 #[test]
 fn wrong_type_names_the_key_path() {
-    let p = one("[coordination]\nlease_ttl_seconds = \"soon\"\n", "coordination.lease_ttl_seconds");
+    let p = one(
+        "[coordination]\nlease_ttl_seconds = \"soon\"\n",
+        "coordination.lease_ttl_seconds",
+    );
     assert!(p.problem.contains("invalid type"), "{p}");
 }
 
 #[test]
 fn unknown_enum_value_lists_the_valid_ones() {
     let p = one("[coordination]\ntype = \"etcd\"\n", "coordination.type");
-    assert!(p.problem.contains("local") && p.problem.contains("embedded-kv"), "{p}");
+    assert!(
+        p.problem.contains("local") && p.problem.contains("embedded-kv"),
+        "{p}"
+    );
 }
 
 #[test]
 fn handles_must_be_unique() {
-    let p = one("[[roles]]\nhandle = \"a\"\n[[roles]]\nhandle = \"a\"\n", "roles[1].handle");
+    let p = one(
+        "[[roles]]\nhandle = \"a\"\n[[roles]]\nhandle = \"a\"\n",
+        "roles[1].handle",
+    );
     assert!(p.problem.contains("earlier role"), "{p}");
 }
 
@@ -125,9 +137,18 @@ fn sweep_must_be_shorter_than_the_ttl() {
 
 #[test]
 fn numbers_are_range_checked() {
-    one("[coordination]\nclaim_limit = 0\n", "coordination.claim_limit");
-    one("[coordination]\nrelease_limit = 0\n", "coordination.release_limit");
-    one("[coordination]\nstore_timeout_ms = 1\n", "coordination.store_timeout_ms");
+    one(
+        "[coordination]\nclaim_limit = 0\n",
+        "coordination.claim_limit",
+    );
+    one(
+        "[coordination]\nrelease_limit = 0\n",
+        "coordination.release_limit",
+    );
+    one(
+        "[coordination]\nstore_timeout_ms = 1\n",
+        "coordination.store_timeout_ms",
+    );
     one(
         "[coordination]\nlease_ttl_seconds = 1\nheartbeat_seconds = 1\nsweep_seconds = 1\n",
         "coordination.lease_ttl_seconds",
@@ -145,7 +166,10 @@ fn local_coordination_beside_nats_stream_is_refused_naming_embedded_kv() {
 
 #[test]
 fn embedded_kv_beside_local_stream_is_refused() {
-    let p = one("[coordination]\ntype = \"embedded-kv\"\n", "coordination.type");
+    let p = one(
+        "[coordination]\ntype = \"embedded-kv\"\n",
+        "coordination.type",
+    );
     assert!(p.fix.contains("stream.type = \"nats\""), "{p}");
 }
 
@@ -203,9 +227,10 @@ fn env_overrides_set_the_nats_url_and_secrets() {
 
 #[test]
 fn env_override_of_an_unknown_key_is_refused_with_nearest() {
-    let env: BTreeMap<String, String> = [("CREWLET_STREAM__URL".to_string(), "nats://a".to_string())]
-        .into_iter()
-        .collect();
+    let env: BTreeMap<String, String> =
+        [("CREWLET_STREAM__URL".to_string(), "nats://a".to_string())]
+            .into_iter()
+            .collect();
     let e = Config::parse("f.toml", "", &env).unwrap_err();
     let p = &e.problems()[0];
     assert_eq!(p.key, "CREWLET_STREAM__URL");
@@ -214,10 +239,12 @@ fn env_override_of_an_unknown_key_is_refused_with_nearest() {
 
 #[test]
 fn env_override_with_a_bad_number_names_the_variable() {
-    let env: BTreeMap<String, String> =
-        [("CREWLET_COORDINATION__SWEEP_SECONDS".to_string(), "fast".to_string())]
-            .into_iter()
-            .collect();
+    let env: BTreeMap<String, String> = [(
+        "CREWLET_COORDINATION__SWEEP_SECONDS".to_string(),
+        "fast".to_string(),
+    )]
+    .into_iter()
+    .collect();
     let e = Config::parse("f.toml", "", &env).unwrap_err();
     assert_eq!(e.problems()[0].key, "CREWLET_COORDINATION__SWEEP_SECONDS");
     assert_eq!(e.problems()[0].value.as_deref(), Some("fast"));
@@ -225,19 +252,26 @@ fn env_override_with_a_bad_number_names_the_variable() {
 
 #[test]
 fn password_hash_must_be_argon2_and_is_never_echoed() {
-    let text = "[[auth.users]]\nname = \"alice\"\npassword_hash = \"hunter2\"\nrole = \"operator\"\n";
+    let text =
+        "[[auth.users]]\nname = \"alice\"\npassword_hash = \"hunter2\"\nrole = \"operator\"\n";
     let p = one(text, "auth.users[0].password_hash");
     assert_eq!(p.value.as_deref(), Some(REDACTED));
     assert!(!parse(text).unwrap_err().to_string().contains("hunter2"));
-    let ok = format!("[[auth.users]]\nname = \"alice\"\npassword_hash = \"{HASH}\"\nrole = \"operator\"\n");
+    let ok = format!(
+        "[[auth.users]]\nname = \"alice\"\npassword_hash = \"{HASH}\"\nrole = \"operator\"\n"
+    );
     parse(&ok).unwrap();
 }
 
 #[test]
 fn user_role_must_be_viewer_or_operator() {
-    let text = format!("[[auth.users]]\nname = \"a\"\npassword_hash = \"{HASH}\"\nrole = \"admin\"\n");
+    let text =
+        format!("[[auth.users]]\nname = \"a\"\npassword_hash = \"{HASH}\"\nrole = \"admin\"\n");
     let p = one(&text, "auth.users[0].role");
-    assert!(p.problem.contains("viewer") && p.problem.contains("operator"), "{p}");
+    assert!(
+        p.problem.contains("viewer") && p.problem.contains("operator"),
+        "{p}"
+    );
 }
 
 #[test]

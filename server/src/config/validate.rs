@@ -220,16 +220,23 @@ pub(super) fn check(c: &Config) -> Vec<Problem> {
     }
     if st.user.is_some() != st.password.is_some() {
         p(
-            if st.user.is_some() { "stream.password" } else { "stream.user" },
+            if st.user.is_some() {
+                "stream.password"
+            } else {
+                "stream.user"
+            },
             None,
             "user and password go together",
-            "set both (the password preferably through CREWLET_STREAM__PASSWORD), or neither".into(),
+            "set both (the password preferably through CREWLET_STREAM__PASSWORD), or neither"
+                .into(),
         );
     }
     if st.creds_file.is_some() && st.user.is_some() {
         p(
             "stream.creds_file",
-            st.creds_file.as_ref().map(|f| format!("{:?}", f.display().to_string())),
+            st.creds_file
+                .as_ref()
+                .map(|f| format!("{:?}", f.display().to_string())),
             "a creds file and a user/password are two ways to sign in",
             "keep one of them".into(),
         );

@@ -85,7 +85,9 @@ impl NodeInfo {
 pub enum NodeError {
     #[error(transparent)]
     Db(#[from] DbError),
-    #[error("cannot listen on {addr}: {source}. Is another node (or program) using that port? Change node.listen.")]
+    #[error(
+        "cannot listen on {addr}: {source}. Is another node (or program) using that port? Change node.listen."
+    )]
     Bind {
         addr: SocketAddr,
         #[source]
@@ -104,7 +106,10 @@ pub fn site_root() -> PathBuf {
     if let Ok(p) = std::env::var("CREWLET_SITE_ROOT") {
         return PathBuf::from(p);
     }
-    if let Some(dir) = std::env::current_exe().ok().and_then(|e| e.parent().map(|p| p.to_path_buf())) {
+    if let Some(dir) = std::env::current_exe()
+        .ok()
+        .and_then(|e| e.parent().map(|p| p.to_path_buf()))
+    {
         let beside = dir.join("site");
         if beside.join("pkg").is_dir() {
             return beside;
@@ -155,9 +160,15 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
     let listener = TcpListener::bind(addr)
         .await
         .map_err(|source| NodeError::Bind { addr, source })?;
-    let addr = listener.local_addr().map_err(|source| NodeError::Bind { addr, source })?;
+    let addr = listener
+        .local_addr()
+        .map_err(|source| NodeError::Bind { addr, source })?;
     let site = site_root();
-    if !site.join("pkg").join(format!("{}.js", web::OUTPUT_NAME)).is_file() {
+    if !site
+        .join("pkg")
+        .join(format!("{}.js", web::OUTPUT_NAME))
+        .is_file()
+    {
         tracing::warn!(
             site_root = %site.display(),
             "the dashboard's browser half is not built there: pages render but do not hydrate (run ./dev build, or set CREWLET_SITE_ROOT)"

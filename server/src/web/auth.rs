@@ -12,8 +12,8 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
 use argon2::Argon2;
+use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
 use axum::extract::{ConnectInfo, Extension, Form, Request};
 use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::middleware::Next;
@@ -174,7 +174,12 @@ impl Auth {
     }
 
     /// Check a name and password from `client`.
-    pub async fn sign_in(&self, client: IpAddr, name: &str, password: &str) -> Result<SignIn, AuthError> {
+    pub async fn sign_in(
+        &self,
+        client: IpAddr,
+        name: &str,
+        password: &str,
+    ) -> Result<SignIn, AuthError> {
         let keys = [format!("ip:{client}"), format!("name:{name}")];
         if self.limited(&keys) {
             return Ok(SignIn::Limited);
@@ -222,9 +227,10 @@ impl Auth {
                 source: "file".into(),
             })
             .collect();
-        let rows: Vec<(String, String)> = sqlx::query_as("SELECT name, role FROM people ORDER BY name")
-            .fetch_all(&self.pool)
-            .await?;
+        let rows: Vec<(String, String)> =
+            sqlx::query_as("SELECT name, role FROM people ORDER BY name")
+                .fetch_all(&self.pool)
+                .await?;
         for (name, role) in rows {
             if let Some(role) = PersonRole::parse(&role) {
                 if !out.iter().any(|p| p.name == name) {
@@ -263,7 +269,10 @@ impl Auth {
 }
 
 fn constant_time_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
-    a.iter().zip(b.iter()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    a.iter()
+        .zip(b.iter())
+        .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+        == 0
 }
 
 /// A 20-character random password from an unambiguous alphabet.
@@ -293,7 +302,11 @@ async fn hash_blocking(password: String) -> Result<String, AuthError> {
 async fn verify_blocking(hash: String, password: String) -> bool {
     tokio::task::spawn_blocking(move || {
         PasswordHash::new(&hash)
-            .map(|h| Argon2::default().verify_password(password.as_bytes(), &h).is_ok())
+            .map(|h| {
+                Argon2::default()
+                    .verify_password(password.as_bytes(), &h)
+                    .is_ok()
+            })
             .unwrap_or(false)
     })
     .await
@@ -322,8 +335,10 @@ pub fn cross_site(headers: &HeaderMap) -> bool {
 
 /// Paths anyone may reach.
 fn public(path: &str) -> bool {
-    matches!(path, "/login" | "/logout" | "/health" | "/metrics" | "/favicon.ico")
-        || path.starts_with("/pkg/")
+    matches!(
+        path,
+        "/login" | "/logout" | "/health" | "/metrics" | "/favicon.ico"
+    ) || path.starts_with("/pkg/")
 }
 
 /// JSON endpoints, where a bearer token is accepted in place of a session.
@@ -429,7 +444,8 @@ pub struct LoginForm {
 
 /// A redirect target is only ever a path on this site.
 fn local_path(next: &str) -> &str {
-    if next.starts_with('/') && !next.starts_with("//") && !next.contains('\\') && next != "/login" {
+    if next.starts_with('/') && !next.starts_with("//") && !next.contains('\\') && next != "/login"
+    {
         next
     } else {
         "/settings/nodes"
@@ -454,7 +470,9 @@ pub async fn login(
                 tracing::error!(error = %e, "cannot store the session");
                 return (StatusCode::INTERNAL_SERVER_ERROR, "session store failed").into_response();
             }
-            if let Err(e) = audit::record(&auth.pool, &person.name, "sign_in", None, None, "ok").await {
+            if let Err(e) =
+                audit::record(&auth.pool, &person.name, "sign_in", None, None, "ok").await
+            {
                 tracing::error!(error = %e, "cannot write the audit log");
             }
             tracing::info!(person = %person.name, role = %person.role, "signed in");
@@ -466,11 +484,19 @@ pub async fn login(
         }
         Ok(SignIn::Limited) => {
             tracing::warn!(client = %peer.ip(), "sign-in rate limited");
-            (StatusCode::TOO_MANY_REQUESTS, Redirect::to("/login?error=limited")).into_response()
+            (
+                StatusCode::TOO_MANY_REQUESTS,
+                Redirect::to("/login?error=limited"),
+            )
+                .into_response()
         }
         Err(e) => {
             tracing::error!(error = %e, "sign-in failed");
-            (StatusCode::SERVICE_UNAVAILABLE, "the node cannot check passwords right now").into_response()
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the node cannot check passwords right now",
+            )
+                .into_response()
         }
     }
 }
@@ -506,16 +532,28 @@ mod tests {
     #[test]
     fn same_origin_requests_pass_the_cross_site_check() {
         assert!(!cross_site(&h(&[("sec-fetch-site", "same-origin")])));
-        assert!(!cross_site(&h(&[("origin", "http://127.0.0.1:3000"), ("host", "127.0.0.1:3000")])));
-        assert!(!cross_site(&h(&[])), "a script without Origin is not a browser");
+        assert!(!cross_site(&h(&[
+            ("origin", "http://127.0.0.1:3000"),
+            ("host", "127.0.0.1:3000")
+        ])));
+        assert!(
+            !cross_site(&h(&[])),
+            "a script without Origin is not a browser"
+        );
     }
 
     #[test]
     fn other_sites_fail_the_cross_site_check() {
         assert!(cross_site(&h(&[("sec-fetch-site", "cross-site")])));
         assert!(cross_site(&h(&[("sec-fetch-site", "same-site")])));
-        assert!(cross_site(&h(&[("origin", "http://evil.example"), ("host", "127.0.0.1:3000")])));
-        assert!(cross_site(&h(&[("origin", "null"), ("host", "127.0.0.1:3000")])));
+        assert!(cross_site(&h(&[
+            ("origin", "http://evil.example"),
+            ("host", "127.0.0.1:3000")
+        ])));
+        assert!(cross_site(&h(&[
+            ("origin", "null"),
+            ("host", "127.0.0.1:3000")
+        ])));
     }
 
     #[test]

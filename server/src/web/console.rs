@@ -8,7 +8,9 @@ use std::sync::Arc;
 
 use sqlx::SqlitePool;
 
-use app::api::{AuditEntry, FleetView, NewPerson, NodeStatus, NodeView, Person, PersonRole, PersonView};
+use app::api::{
+    AuditEntry, FleetView, NewPerson, NodeStatus, NodeView, Person, PersonRole, PersonView,
+};
 use app::console::{Console, ConsoleError};
 
 use crate::audit;
@@ -38,14 +40,18 @@ impl NodeConsole {
             .await
             .map_err(|e| {
                 tracing::error!(error = %e, "cannot write the audit log");
-                ConsoleError::Unavailable("The audit log cannot be written, so nothing was done.".into())
+                ConsoleError::Unavailable(
+                    "The audit log cannot be written, so nothing was done.".into(),
+                )
             })
     }
 }
 
 fn unavailable(what: &str, e: impl std::fmt::Display) -> ConsoleError {
     tracing::error!(error = %e, "{what}");
-    ConsoleError::Unavailable(format!("The node could not {what}. Try again; the node's log has the details."))
+    ConsoleError::Unavailable(format!(
+        "The node could not {what}. Try again; the node's log has the details."
+    ))
 }
 
 #[async_trait::async_trait]
@@ -76,36 +82,62 @@ impl Console for NodeConsole {
     }
 
     async fn people(&self) -> Result<Vec<PersonView>, ConsoleError> {
-        self.auth.people().await.map_err(|e| unavailable("read the people list", e))
+        self.auth
+            .people()
+            .await
+            .map_err(|e| unavailable("read the people list", e))
     }
 
-    async fn add_person(&self, actor: &Person, name: &str, role: PersonRole) -> Result<NewPerson, ConsoleError> {
+    async fn add_person(
+        &self,
+        actor: &Person,
+        name: &str,
+        role: PersonRole,
+    ) -> Result<NewPerson, ConsoleError> {
         let name = name.trim();
         let reason = format!("{name} as {role}");
         if !actor.is_operator() {
-            self.audited(actor, "add_person", Some(&reason), "refused: not an operator").await?;
+            self.audited(
+                actor,
+                "add_person",
+                Some(&reason),
+                "refused: not an operator",
+            )
+            .await?;
             return Err(ConsoleError::Forbidden(format!(
                 "{} is a viewer: only operators may add people.",
                 actor.name
             )));
         }
-        let bad = name.is_empty() || name.len() > 64 || name.chars().any(|c| c.is_control() || c.is_whitespace());
+        let bad = name.is_empty()
+            || name.len() > 64
+            || name.chars().any(|c| c.is_control() || c.is_whitespace());
         if bad {
-            self.audited(actor, "add_person", Some(&reason), "refused: invalid name").await?;
+            self.audited(actor, "add_person", Some(&reason), "refused: invalid name")
+                .await?;
             return Err(ConsoleError::Invalid(
                 "Name: use 1–64 characters with no spaces (for example \"alice\").".into(),
             ));
         }
-        if self.auth.exists(name).await.map_err(|e| unavailable("check the name", e))? {
-            self.audited(actor, "add_person", Some(&reason), "refused: name taken").await?;
-            return Err(ConsoleError::Invalid(format!("Name: {name:?} can already sign in. Pick another name.")));
+        if self
+            .auth
+            .exists(name)
+            .await
+            .map_err(|e| unavailable("check the name", e))?
+        {
+            self.audited(actor, "add_person", Some(&reason), "refused: name taken")
+                .await?;
+            return Err(ConsoleError::Invalid(format!(
+                "Name: {name:?} can already sign in. Pick another name."
+            )));
         }
         let password = self
             .auth
             .add(name, role, &actor.name)
             .await
             .map_err(|e| unavailable("add the person", e))?;
-        self.audited(actor, "add_person", Some(&reason), "ok").await?;
+        self.audited(actor, "add_person", Some(&reason), "ok")
+            .await?;
         Ok(NewPerson {
             name: name.to_string(),
             role,

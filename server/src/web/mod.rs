@@ -87,7 +87,10 @@ pub async fn router(setup: WebSetup<'_>) -> Result<Router, WebError> {
     {
         let store = store.clone();
         tasks.spawn("session-expiry", async move {
-            if let Err(e) = store.continuously_delete_expired(Duration::from_secs(600)).await {
+            if let Err(e) = store
+                .continuously_delete_expired(Duration::from_secs(600))
+                .await
+            {
                 tracing::warn!(error = %e, "expired-session cleanup stopped");
             }
         });
@@ -108,7 +111,8 @@ pub async fn router(setup: WebSetup<'_>) -> Result<Router, WebError> {
     }
 
     let info = Arc::new(info);
-    let console: SharedConsole = Arc::new(NodeConsole::new(info.clone(), pool.clone(), auth.clone()));
+    let console: SharedConsole =
+        Arc::new(NodeConsole::new(info.clone(), pool.clone(), auth.clone()));
 
     let leptos_options = LeptosOptions::builder()
         .output_name(OUTPUT_NAME)
@@ -165,7 +169,10 @@ async fn metrics(Extension(info): Extension<Arc<NodeInfo>>) -> impl IntoResponse
         info.node_id
     );
     (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
         body,
     )
 }

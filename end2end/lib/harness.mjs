@@ -1,0 +1,102 @@
+// Test harness: starts real `crewlet` nodes on free loopback ports with a
+// temporary data dir, and a headless Chromium (Debian's package) to drive
+// them. Everything started here is stopped by `stop()`.
+
+import { spawn, execFileSync } from 'node:child_process';
+import { mkdtempSync, writeFileSync, mkdirSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join, dirname } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { chromium } from 'playwright-core';
+
+const here = dirname(fileURLToPath(import.meta.url));
+export const resultsDir = join(here, '..', 'test-results');
+mkdirSync(resultsDir, { recursive: true });
+
+export const crewletBin = process.env.CREWLET_BIN || join(here, '..', '..', 'target', 'debug', 'crewlet');
+
+export function hashPassword(password) {
+  return execFileSync(crewletBin, ['hash-password'], { input: password }).toString().trim();
+}
+
+/** Wait until `check()` returns a truthy value, or fail after `ms`. */
+export async function until(what, check, ms = 15000) {
+  const deadline = Date.now() + ms;
+  let last;
+  while (Date.now() < deadline) {
+    try {
+      const v = await check();
+      if (v) return v;
+    } catch (e) {
+      last = e;
+    }
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  throw new Error(`timed out waiting for ${what}${last ? `: ${last.message}` : ''}`);
+}
+
+/**
+ * Start a node. `people` is a list of {name, password, role}.
+ * Resolves to { url, proc, dir, log(), stop() } once the node answers /health.
+ */
+export async function startNode({ id = 'node-e2e', people = [], roles = ['alpha-agent', 'beta-agent'] } = {}) {
+  const dir = mkdtempSync(join(tmpdir(), 'crewlet-e2e-'));
+  const users = people
+    .map((p) => `[[auth.users]]\nname = "${p.name}"\npassword_hash = "${hashPassword(p.password)}"\nrole = "${p.role}"\n`)
+    .join('\n');
+  const roleText = roles.map((h) => `[[roles]]\nhandle = "${h}"\nagent = { kind = "echo" }\n`).join('\n');
+  const config = `[node]\nid = "${id}"\nlisten = "127.0.0.1:0"\ndata_dir = "${join(dir, 'data')}"\nlabels = ["e2e"]\n\n[company]\nname = "End-to-end company"\n\n${roleText}\n${users}\n[logging]\nformat = "json"\n`;
+  const file = join(dir, 'crewlet.toml');
+  writeFileSync(file, config);
+  const proc = spawn(crewletBin, ['run', '--config', file], { stdio: ['ignore', 'pipe', 'pipe'] });
+  let output = '';
+  proc.stdout.on('data', (d) => (output += d));
+  proc.stderr.on('data', (d) => (output += d));
+  const exited = new Promise((r) => proc.on('exit', (code) => r(code)));
+  const url = await until('the node to start', () => {
+    if (proc.exitCode !== null) throw new Error(`node exited ${proc.exitCode}:\n${output}`);
+    const m = output.match(/dashboard at (http:\/\/127\.0\.0\.1:\d+)\//);
+    return m && m[1];
+  });
+  await until('/health to answer', async () => (await fetch(`${url}/health`)).ok);
+  return {
+    url,
+    proc,
+    dir,
+    log: () => output,
+    async stop() {
+      if (proc.exitCode === null) proc.kill('SIGTERM');
+      return exited;
+    },
+  };
+}
+
+export async function launchBrowser() {
+  return chromium.launch({
+    executablePath: process.env.CHROMIUM || '/usr/bin/chromium',
+    args: [
+      '--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
+      '--disable-background-networking', '--disable-component-update', '--disable-sync',
+      '--disable-dev-shm-usage',
+    ],
+  });
+}
+
+/** A new page that fails the test on any console error or page error. */
+export async function strictPage(browser, viewport = { width: 1280, height: 800 }) {
+  const context = await browser.newContext({ viewport });
+  const page = await context.newPage();
+  const problems = [];
+  page.on('console', (m) => m.type() === 'error' && problems.push(`console: ${m.text()}`));
+  page.on('pageerror', (e) => problems.push(`page error: ${e.message}`));
+  return { page, context, problems };
+}
+
+export async function signIn(page, url, name, password) {
+  await page.goto(`${url}/settings/nodes`);
+  await page.waitForURL(/\/login/);
+  await page.fill('#name', name);
+  await page.fill('#password', password);
+  await Promise.all([page.waitForURL(/\/settings\/nodes/), page.click('button[type=submit]')]);
+  await page.waitForSelector('html[data-hydrated]');
+}

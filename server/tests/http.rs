@@ -1,0 +1,452 @@
+//! The node's HTTP surface against a real node in this process: `/health`,
+//! the sign-in gate, roles, bearer tokens, cross-site refusal, the rate
+//! limit and the session cookie.
+
+use std::collections::BTreeMap;
+use std::sync::OnceLock;
+
+use crewlet::config::Config;
+use crewlet::node::{self, RunningNode};
+use reqwest::StatusCode;
+use reqwest::redirect::Policy;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+const TOKEN: &str = "monitoring-token-1234";
+
+fn hash(password: &str) -> String {
+    static CACHE: OnceLock<std::sync::Mutex<BTreeMap<String, String>>> = OnceLock::new();
+    let cache = CACHE.get_or_init(Default::default);
+    let mut c = cache.lock().unwrap();
+    c.entry(password.to_string())
+        .or_insert_with(|| crewlet::web::auth::hash_password(password).unwrap())
+        .clone()
+}
+
+struct TestNode {
+    node: Option<RunningNode>,
+    base: String,
+    _dir: tempfile::TempDir,
+}
+
+impl TestNode {
+    async fn start() -> TestNode {
+        let dir = tempfile::tempdir().unwrap();
+        let text = format!(
+            r#"
+[node]
+id = "node-http"
+listen = "127.0.0.1:0"
+data_dir = "{data}"
+
+[[roles]]
+handle = "alpha"
+
+[[auth.users]]
+name = "olivia"
+password_hash = "{op}"
+role = "operator"
+
+[[auth.users]]
+name = "victor"
+password_hash = "{view}"
+role = "viewer"
+
+[[auth.tokens]]
+name = "monitoring"
+sha256 = "{token}"
+role = "viewer"
+"#,
+            data = dir.path().join("data").display(),
+            op = hash("op-pass"),
+            view = hash("view-pass"),
+            token = hex::encode(Sha256::digest(TOKEN.as_bytes())),
+        );
+        let config = Config::parse("test.toml", &text, &BTreeMap::new()).unwrap();
+        let node = node::start(config).await.unwrap();
+        let base = format!("http://{}", node.addr);
+        TestNode {
+            node: Some(node),
+            base,
+            _dir: dir,
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{}", self.base, path)
+    }
+
+    async fn stop(mut self) {
+        if let Some(n) = self.node.take() {
+            n.shutdown().await.unwrap();
+        }
+    }
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .cookie_store(true)
+        .redirect(Policy::none())
+        .build()
+        .unwrap()
+}
+
+async fn sign_in(
+    n: &TestNode,
+    c: &reqwest::Client,
+    name: &str,
+    password: &str,
+) -> reqwest::Response {
+    c.post(n.url("/login"))
+        .form(&[("name", name), ("password", password), ("next", "/seats")])
+        .send()
+        .await
+        .unwrap()
+}
+
+fn location(r: &reqwest::Response) -> String {
+    r.headers()
+        .get("location")
+        .map(|v| v.to_str().unwrap().to_string())
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn health_answers_without_a_session_with_node_identity_and_protocol_4() {
+    let n = TestNode::start().await;
+    let r = client().get(n.url("/health")).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["node"], "node-http");
+    assert!(v["incarnation"].as_str().unwrap().starts_with("node-http:"));
+    assert_eq!(v["version"], crewlet::VERSION);
+    assert_eq!(v["protocol"], 4);
+    assert_eq!(v["seats"], serde_json::json!([]));
+    assert!(
+        v.get("unproven_seconds").is_none(),
+        "only present while a seat is stranded"
+    );
+    n.stop().await;
+}
+
+#[tokio::test]
+async fn metrics_answer_without_a_session_in_prometheus_text() {
+    let n = TestNode::start().await;
+    let r = client().get(n.url("/metrics")).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let body = r.text().await.unwrap();
+    assert!(body.contains("crewlet_up 1"), "{body}");
+    n.stop().await;
+}
+
+#[tokio::test]
+async fn unsigned_pages_redirect_to_sign_in_and_json_answers_401() {
+    let n = TestNode::start().await;
+    let c = client();
+    let r = c.get(n.url("/settings/nodes")).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    assert_eq!(location(&r), "/login?next=/settings/nodes");
+    for path in ["/seats", "/memory", "/events", "/settings/people"] {
+        let r = c.get(n.url(path)).send().await.unwrap();
+        assert_eq!(r.status(), StatusCode::SEE_OTHER, "{path}");
+    }
+    let r = c.get(n.url("/query/fleet")).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    let r = c.post(n.url("/api/fleet")).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    let r = c.get(n.url("/")).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    n.stop().await;
+}
+
+#[tokio::test]
+async fn sign_in_sets_a_strict_http_only_cookie_and_returns_to_the_page_asked_for() {
+    let n = TestNode::start().await;
+    let c = client();
+    let r = sign_in(&n, &c, "victor", "view-pass").await;
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    assert_eq!(location(&r), "/seats");
+    let cookie = r
+        .headers()
+        .get("set-cookie")
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_string();
+    assert!(cookie.starts_with("crewlet_session="), "{cookie}");
+    assert!(cookie.contains("HttpOnly"), "{cookie}");
+    assert!(cookie.contains("SameSite=Strict"), "{cookie}");
+    let r = c.get(n.url("/settings/nodes")).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let html = r.text().await.unwrap();
+    assert!(html.contains("Settings › Nodes"));
+    n.stop().await;
+}
+
+#[tokio::test]
+async fn signing_in_again_cycles_the_session_id() {
+    let n = TestNode::start().await;
+    let c = client();
+    let first = sign_in(&n, &c, "victor", "view-pass").await;
+    let old = first.headers().get("set-cookie").unwrap().to_str().unwrap();
+    let old_id = old.split(';').next().unwrap().to_string();
+    let second = sign_in(&n, &c, "olivia", "op-pass").await;
+    let new = second
+        .headers()
+        .get("set-cookie")
+        .unwrap()
+        .to_str()
+        .unwrap();
+    let new_id = new.split(';').next().unwrap().to_string();
+    assert_ne!(old_id, new_id, "the session id changes at sign-in");
+    // The old id no longer signs anybody in.
+    let r = client()
+        .get(n.url("/settings/nodes"))
+        .header("cookie", old_id)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    n.stop().await;
+}
+
+#[tokio::test]
+async fn wrong_password_and_unknown_name_get_the_same_generic_answer() {
+    let n = TestNode::start().await;
+    let c = client();
+    let a = sign_in(&n, &c, "victor", "nope").await;
+    let b = sign_in(&n, &c, "nobody", "nope").await;
+    assert_eq!(a.status(), StatusCode::SEE_OTHER);
+    assert_eq!(location(&a), "/login?error=1");
+    assert_eq!(location(&b), location(&a));
+    assert!(a.headers().get("set-cookie").is_none());
+    n.stop().await;
+}
+
+#[tokio::test]
+async fn repeated_sign_in_failures_are_rate_limited_even_for_the_right_password() {
+    let n = TestNode::start().await;
+    let c = client();
+    for _ in 0..crewlet::web::auth::MAX_FAILURES {
+        let r = sign_in(&n, &c, "victor", "nope").await;
+        assert_eq!(location(&r), "/login?error=1");
+    }
+    let r = sign_in(&n, &c, "victor", "view-pass").await;
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(location(&r), "/login?error=limited");
+    n.stop().await;
+}
+
+#[tokio::test]
+async fn a_viewer_is_refused_a_mutation_with_403_and_an_operator_is_not() {
+    let n = TestNode::start().await;
+    let viewer = client();
+    sign_in(&n, &viewer, "victor", "view-pass").await;
+    let r = viewer
+        .post(n.url("/api/add_person"))
+        .form(&[("name", "mallory"), ("role", "viewer")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    let body = r.text().await.unwrap();
+    assert!(body.contains("only operators may add people"), "{body}");
+
+    let op = client();
+    sign_in(&n, &op, "olivia", "op-pass").await;
+    let r = op
+        .post(n.url("/api/add_person"))
+        .form(&[("name", "alice"), ("role", "viewer")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["name"], "alice");
+    let password = v["password"].as_str().unwrap().to_string();
+
+    // Both attempts are in the audit log, with their results.
+    let r = op.post(n.url("/api/audit_log")).send().await.unwrap();
+    let log: Vec<Value> = r.json().await.unwrap();
+    let adds: Vec<(&str, &str)> = log
+        .iter()
+        .filter(|e| e["action"] == "add_person")
+        .map(|e| (e["person"].as_str().unwrap(), e["result"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        adds,
+        vec![("olivia", "ok"), ("victor", "refused: not an operator")]
+    );
+
+    // The person added can sign in with the password shown once.
+    let alice = client();
+    let r = sign_in(&n, &alice, "alice", &password).await;
+    assert_eq!(location(&r), "/seats");
+    n.stop().await;
+}
+
+#[tokio::test]
+async fn adding_a_person_with_a_bad_name_says_which_field_and_why() {
+    let n = TestNode::start().await;
+    let op = client();
+    sign_in(&n, &op, "olivia", "op-pass").await;
+    for (name, role, status, says) in [
+        ("two words", "viewer", StatusCode::BAD_REQUEST, "Name:"),
+        (
+            "victor",
+            "viewer",
+            StatusCode::BAD_REQUEST,
+            "can already sign in",
+        ),
+        (
+            "zed",
+            "admin",
+            StatusCode::BAD_REQUEST,
+            "use \\\"viewer\\\" or \\\"operator\\\"",
+        ),
+    ] {
+        let r = op
+            .post(n.url("/api/add_person"))
+            .form(&[("name", name), ("role", role)])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), status, "{name}");
+        let body = r.text().await.unwrap();
+        assert!(body.contains(says), "{name}: {body}");
+    }
+    n.stop().await;
+}
+
+#[tokio::test]
+async fn cross_site_posts_are_refused() {
+    let n = TestNode::start().await;
+    let op = client();
+    sign_in(&n, &op, "olivia", "op-pass").await;
+    let r = op
+        .post(n.url("/api/add_person"))
+        .header("sec-fetch-site", "cross-site")
+        .form(&[("name", "eve"), ("role", "operator")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    let r = op
+        .post(n.url("/api/add_person"))
+        .header("origin", "http://evil.example")
+        .form(&[("name", "eve"), ("role", "operator")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    // A cross-site sign-in is refused too (login CSRF).
+    let r = client()
+        .post(n.url("/login"))
+        .header("origin", "http://evil.example")
+        .form(&[("name", "olivia"), ("password", "op-pass")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(location(&r), "/login?error=origin");
+    // Nothing was added.
+    let people: Vec<Value> = op
+        .post(n.url("/api/people"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(people.iter().all(|p| p["name"] != "eve"));
+    n.stop().await;
+}
+
+#[tokio::test]
+async fn a_bearer_token_reads_json_endpoints_and_nothing_else() {
+    let n = TestNode::start().await;
+    let c = client();
+    let r = c
+        .get(n.url("/query/fleet"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["nodes"][0]["node_id"], "node-http");
+    assert_eq!(v["nodes"][0]["protocol"], 4);
+    assert_eq!(v["nodes"][0]["roles"], serde_json::json!(["alpha"]));
+
+    let r = c
+        .get(n.url("/query/fleet"))
+        .bearer_auth("not-the-token")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    // A token is not a session: pages and server functions still need one.
+    let r = c
+        .get(n.url("/settings/nodes"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    let r = c
+        .post(n.url("/api/add_person"))
+        .bearer_auth(TOKEN)
+        .form(&[("name", "bot"), ("role", "operator")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    n.stop().await;
+}
+
+#[tokio::test]
+async fn sign_out_ends_the_session() {
+    let n = TestNode::start().await;
+    let c = client();
+    sign_in(&n, &c, "victor", "view-pass").await;
+    let r = c.post(n.url("/logout")).send().await.unwrap();
+    assert_eq!(location(&r), "/login");
+    let r = c.get(n.url("/settings/nodes")).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    n.stop().await;
+}
+
+#[tokio::test]
+async fn first_start_with_nobody_configured_creates_admin_and_keeps_only_a_hash() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = format!(
+        "[node]\nlisten = \"127.0.0.1:0\"\ndata_dir = \"{}\"\n",
+        dir.path().join("data").display()
+    );
+    let config = Config::parse("t.toml", &text, &BTreeMap::new()).unwrap();
+    let node = node::start(config.clone()).await.unwrap();
+    node.shutdown().await.unwrap();
+    let pool = crewlet::db::open(&dir.path().join("data"), &crewlet::db::MIGRATOR)
+        .await
+        .unwrap();
+    let rows: Vec<(String, String, String)> =
+        sqlx::query_as("SELECT name, role, password_hash FROM people")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].0, "admin");
+    assert_eq!(rows[0].1, "operator");
+    assert!(rows[0].2.starts_with("$argon2id$"), "only the hash is kept");
+    pool.close().await;
+    // A second start does not create another.
+    let node = node::start(config).await.unwrap();
+    node.shutdown().await.unwrap();
+    let pool = crewlet::db::open(&dir.path().join("data"), &crewlet::db::MIGRATOR)
+        .await
+        .unwrap();
+    let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM people")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(n, 1);
+}

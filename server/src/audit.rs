@@ -29,16 +29,19 @@ pub async fn record(
     Ok(())
 }
 
+/// at, person, action, seat, reason, result.
+type AuditRow = (
+    String,
+    String,
+    String,
+    Option<String>,
+    Option<String>,
+    String,
+);
+
 /// The newest `limit` entries, newest first.
 pub async fn newest(pool: &SqlitePool, limit: u32) -> Result<Vec<AuditEntry>, sqlx::Error> {
-    let rows: Vec<(
-        String,
-        String,
-        String,
-        Option<String>,
-        Option<String>,
-        String,
-    )> = sqlx::query_as(
+    let rows: Vec<AuditRow> = sqlx::query_as(
         "SELECT at, person, action, seat, reason, result FROM audit ORDER BY id DESC LIMIT ?",
     )
     .bind(limit)

@@ -5,7 +5,7 @@
 //! usage, 75 the watchdog (a wedged node leaving).
 
 use std::io::{IsTerminal, Read};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -52,7 +52,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn check(path: &PathBuf) -> ExitCode {
+fn check(path: &Path) -> ExitCode {
     match Config::load(path) {
         Ok(c) => {
             println!(
@@ -97,7 +97,7 @@ fn hash_password() -> ExitCode {
     }
 }
 
-fn run(path: &PathBuf) -> ExitCode {
+fn run(path: &Path) -> ExitCode {
     let config = match Config::load(path) {
         Ok(c) => c,
         Err(e) => {

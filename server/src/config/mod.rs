@@ -187,17 +187,14 @@ pub struct RoleConfig {
 }
 
 /// What runs the seat's turns.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
 pub enum AgentConfig {
+    #[default]
     Echo,
-    Command { argv: Vec<String> },
-}
-
-impl Default for AgentConfig {
-    fn default() -> Self {
-        AgentConfig::Echo
-    }
+    Command {
+        argv: Vec<String>,
+    },
 }
 
 /// Where a seat may run: node ids and/or labels it needs. Empty = anywhere.

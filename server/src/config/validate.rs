@@ -271,15 +271,15 @@ pub(super) fn check(c: &Config) -> Vec<Problem> {
                 "give every role its own handle".into(),
             );
         }
-        if let AgentConfig::Command { argv } = &r.agent {
-            if argv.is_empty() || argv[0].trim().is_empty() {
-                p(
-                    &format!("roles[{i}].agent.argv"),
-                    Some("[]".into()),
-                    "a command agent needs a program to run",
-                    "set argv = [\"python3\", \"agent.py\"]".into(),
-                );
-            }
+        if let AgentConfig::Command { argv } = &r.agent
+            && (argv.is_empty() || argv[0].trim().is_empty())
+        {
+            p(
+                &format!("roles[{i}].agent.argv"),
+                Some("[]".into()),
+                "a command agent needs a program to run",
+                "set argv = [\"python3\", \"agent.py\"]".into(),
+            );
         }
         for (j, n) in r.placement.nodes.iter().enumerate() {
             if !is_subject_safe(n) {
@@ -361,15 +361,15 @@ pub(super) fn check(c: &Config) -> Vec<Problem> {
     }
 
     // [logging]
-    if let Some(f) = &c.logging.file {
-        if f.as_os_str().is_empty() {
-            p(
-                "logging.file",
-                q(""),
-                "must name a file",
-                "remove the key to log to stderr only".into(),
-            );
-        }
+    if let Some(f) = &c.logging.file
+        && f.as_os_str().is_empty()
+    {
+        p(
+            "logging.file",
+            q(""),
+            "must name a file",
+            "remove the key to log to stderr only".into(),
+        );
     }
     if !c.logging.stderr && c.logging.file.is_none() {
         p(

@@ -232,14 +232,14 @@ impl Auth {
                 .fetch_all(&self.pool)
                 .await?;
         for (name, role) in rows {
-            if let Some(role) = PersonRole::parse(&role) {
-                if !out.iter().any(|p| p.name == name) {
-                    out.push(PersonView {
-                        name,
-                        role,
-                        source: "database".into(),
-                    });
-                }
+            if let Some(role) = PersonRole::parse(&role)
+                && !out.iter().any(|p| p.name == name)
+            {
+                out.push(PersonView {
+                    name,
+                    role,
+                    source: "database".into(),
+                });
             }
         }
         Ok(out)
@@ -383,21 +383,21 @@ pub async fn gate(
     if public(&path) {
         return next.run(req).await;
     }
-    if token_path(&path) {
-        if let Some(value) = req.headers().get(header::AUTHORIZATION) {
-            let presented = value
-                .to_str()
-                .ok()
-                .and_then(|v| v.strip_prefix("Bearer "))
-                .map(str::trim);
-            return match presented.and_then(|t| auth.token(t)) {
-                Some(p) => {
-                    req.extensions_mut().insert(p);
-                    next.run(req).await
-                }
-                None => unauthorized("the bearer token is not one this node knows"),
-            };
-        }
+    if token_path(&path)
+        && let Some(value) = req.headers().get(header::AUTHORIZATION)
+    {
+        let presented = value
+            .to_str()
+            .ok()
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim);
+        return match presented.and_then(|t| auth.token(t)) {
+            Some(p) => {
+                req.extensions_mut().insert(p);
+                next.run(req).await
+            }
+            None => unauthorized("the bearer token is not one this node knows"),
+        };
     }
     match session.get::<Person>(SESSION_PERSON).await {
         Ok(Some(p)) => {
@@ -503,10 +503,10 @@ pub async fn login(
 
 /// `POST /logout`: end the session.
 pub async fn logout(Extension(auth): Extension<Arc<Auth>>, session: Session) -> Response {
-    if let Ok(Some(p)) = session.get::<Person>(SESSION_PERSON).await {
-        if let Err(e) = audit::record(&auth.pool, &p.name, "sign_out", None, None, "ok").await {
-            tracing::error!(error = %e, "cannot write the audit log");
-        }
+    if let Ok(Some(p)) = session.get::<Person>(SESSION_PERSON).await
+        && let Err(e) = audit::record(&auth.pool, &p.name, "sign_out", None, None, "ok").await
+    {
+        tracing::error!(error = %e, "cannot write the audit log");
     }
     if let Err(e) = session.flush().await {
         tracing::error!(error = %e, "cannot end the session");

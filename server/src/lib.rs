@@ -6,6 +6,7 @@
 
 pub mod audit;
 pub mod config;
+pub mod coord;
 pub mod db;
 pub mod logging;
 pub mod node;

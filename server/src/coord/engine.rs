@@ -1,0 +1,844 @@
+//! The lease protocol, written once over the [`Backend`] primitives: claim
+//! (three writes), renew (three-valued), release (compare-and-set), list,
+//! the live view, and the generic compare-and-set state.
+//!
+//! It owns the sequencing and the failure handling: a write whose answer was
+//! lost is re-read before anything is retried; a claim that fails after its
+//! first write gives back exactly the record it wrote (compare-and-delete on
+//! that record's own revision, or, for a caller that gave up, on a re-read
+//! that finds this call's own claiming record), never a sibling claim's and
+//! never a committed tenure. Every call is bounded by the store timeout.
+//! The decisions themselves are the pure rules in [`super::lease`].
+//!
+//! It must never decide on the local wall clock and never retry a write
+//! blindly. Fault hooks ([`Fault`]) exist so the contract suite can break a
+//! claim between its writes on either backend; nothing in the product
+//! injects one.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::StreamExt;
+use rand::Rng;
+use tokio::sync::Notify;
+
+use super::kv::{self, Backend, BucketId, RawEntry, RawEvent, WriteError, Written};
+use super::lease::{
+    self, EpochRecord, Found, Lease, LeaseRecord, LeaseState, ResourceKind, StoreTime,
+};
+use super::view::LeaseView;
+use super::{
+    Claim, ClaimRequest, ConnectionState, Entry, Event, EventStream, KvError, Metadata, Release,
+    Renewal, Revision, StateBucket, Store, StoreError,
+};
+use crate::tasks::Tasks;
+
+/// How many times one call goes round a compare-and-set loop.
+const MAX_ATTEMPTS: usize = 8;
+/// How often a scan re-checks that the write it waits for still exists.
+const RECHECK: Duration = Duration::from_millis(100);
+
+/// The three writes of a claim.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClaimStep {
+    /// The record, in claiming state.
+    Record,
+    /// The epoch counter.
+    Counter,
+    /// The minted epoch into the record.
+    Token,
+}
+
+/// A failure the contract suite injects into the next claim.
+#[derive(Clone, Debug)]
+pub enum Fault {
+    /// The claim fails right after this write landed.
+    FailAfter(ClaimStep),
+    /// This write lands, and its answer is lost.
+    LoseAnswer(ClaimStep),
+    /// The claim waits after this write until notified, then fails; drop the
+    /// claim's future meanwhile to play a caller that gave up.
+    HoldAfter(ClaimStep, Arc<Notify>),
+    /// The store refuses the next give-back.
+    RefuseGiveBack,
+}
+
+/// How a coordinator is run.
+#[derive(Clone)]
+pub struct CoordinatorOptions {
+    /// The bound on every call (`coordination.store_timeout_ms`).
+    pub store_timeout: Duration,
+    /// The live view stops this long after it was last used.
+    pub view_idle: Duration,
+    /// The owner of the view task and of give-backs that outlive their call.
+    pub tasks: Tasks,
+}
+
+impl Default for CoordinatorOptions {
+    fn default() -> Self {
+        CoordinatorOptions {
+            store_timeout: Duration::from_millis(2000),
+            view_idle: Duration::from_secs(60),
+            tasks: Tasks::new(),
+        }
+    }
+}
+
+struct Inner<B> {
+    backend: Arc<B>,
+    timeout: Duration,
+    faults: Mutex<Vec<Fault>>,
+    view: Arc<LeaseView>,
+    tasks: Tasks,
+}
+
+/// The coordination store: the lease protocol over a backend.
+pub struct Coordinator<B: Backend> {
+    inner: Arc<Inner<B>>,
+}
+
+impl<B: Backend> Clone for Coordinator<B> {
+    fn clone(&self) -> Self {
+        Coordinator {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+fn claim_id() -> String {
+    let r: u64 = rand::thread_rng().r#gen();
+    format!("{r:016x}")
+}
+
+/// Which bucket a resource's lease lives in.
+fn bucket_of(resource: &str) -> Result<(BucketId, ResourceKind), StoreError> {
+    kv::validate_key(resource)?;
+    match ResourceKind::of(resource) {
+        Some(ResourceKind::Worker) => Ok((BucketId::Duties, ResourceKind::Worker)),
+        Some(k) => Ok((BucketId::Leases, k)),
+        None => Err(StoreError::InvalidKey {
+            key: resource.into(),
+            reason: "a lease is on seat:, node: or worker:",
+        }),
+    }
+}
+
+/// The part of `prefix` a backend can filter on: up to its last `:`.
+fn scope_of(prefix: &str) -> &str {
+    match prefix.rfind(':') {
+        Some(i) => &prefix[..=i],
+        None => "",
+    }
+}
+
+impl<B: Backend> Coordinator<B> {
+    pub fn new(backend: B, options: CoordinatorOptions) -> Coordinator<B> {
+        Coordinator {
+            inner: Arc::new(Inner {
+                backend: Arc::new(backend),
+                timeout: options.store_timeout,
+                faults: Mutex::new(Vec::new()),
+                view: LeaseView::new(options.view_idle),
+                tasks: options.tasks,
+            }),
+        }
+    }
+
+    pub fn backend(&self) -> &B {
+        &self.inner.backend
+    }
+
+    pub fn store_timeout(&self) -> Duration {
+        self.inner.timeout
+    }
+
+    /// Arm a failure for the next claim that reaches it (tests only).
+    pub fn inject(&self, fault: Fault) {
+        self.faults().push(fault);
+    }
+
+    fn faults(&self) -> std::sync::MutexGuard<'_, Vec<Fault>> {
+        self.inner.faults.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn take_fault(&self, want: impl Fn(&Fault) -> bool) -> Option<Fault> {
+        let mut faults = self.faults();
+        let i = faults.iter().position(want)?;
+        Some(faults.remove(i))
+    }
+
+    fn be(&self) -> &B {
+        &self.inner.backend
+    }
+
+    fn bucket_ttl(&self, b: BucketId) -> Option<Duration> {
+        match b {
+            BucketId::Leases => Some(self.be().lease_ttl()),
+            _ => None,
+        }
+    }
+
+    async fn bounded<T>(
+        &self,
+        fut: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        match tokio::time::timeout(self.inner.timeout, fut).await {
+            Ok(r) => r,
+            Err(_) => Err(StoreError::Timeout(self.inner.timeout)),
+        }
+    }
+
+    /// A lost answer, injected: the write landed, the caller hears nothing.
+    fn after_write(
+        &self,
+        step: ClaimStep,
+        res: Result<Written, WriteError>,
+    ) -> Result<Written, WriteError> {
+        if res.is_ok()
+            && self
+                .take_fault(|f| matches!(f, Fault::LoseAnswer(s) if *s == step))
+                .is_some()
+        {
+            return Err(WriteError::Unknown(StoreError::Timeout(self.inner.timeout)));
+        }
+        res
+    }
+
+    async fn fault_point(&self, step: ClaimStep) -> Result<(), StoreError> {
+        match self
+            .take_fault(|f| matches!(f, Fault::FailAfter(s) | Fault::HoldAfter(s, _) if *s == step))
+        {
+            Some(Fault::HoldAfter(_, resume)) => {
+                resume.notified().await;
+                Err(StoreError::Injected(step))
+            }
+            Some(_) => Err(StoreError::Injected(step)),
+            None => Ok(()),
+        }
+    }
+
+    fn resolve(&self, b: BucketId, e: RawEntry) -> Result<Lease, StoreError> {
+        let rec = LeaseRecord::decode(&e.key, &e.value)?;
+        let mut l = Lease::resolve(rec, e.revision, e.written_at, self.bucket_ttl(b));
+        l.resource = e.key;
+        Ok(l)
+    }
+
+    /// The record at `key`, live or not, from the leader.
+    async fn read_lease(&self, b: BucketId, key: &str) -> Result<Option<Lease>, StoreError> {
+        match self.be().get(b, key).await? {
+            Some(e) => self.resolve(b, e).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// The store timestamp of a write that landed.
+    async fn stamp(&self, b: BucketId, key: &str, w: Written) -> Result<StoreTime, StoreError> {
+        if let Some(at) = w.written_at {
+            return Ok(at);
+        }
+        self.be()
+            .written_at(b, key, w.revision)
+            .await?
+            .ok_or_else(|| StoreError::ClaimFailed {
+                key: key.into(),
+                reason: "the write was replaced before its timestamp could be read".into(),
+            })
+    }
+
+    /// Give back the record at `revision` (this claim's own), if still there.
+    async fn give_back(&self, b: BucketId, key: &str, revision: Revision) {
+        if self
+            .take_fault(|f| matches!(f, Fault::RefuseGiveBack))
+            .is_some()
+        {
+            tracing::warn!(key, "claim give-back refused; the record lapses on its TTL");
+            return;
+        }
+        match self
+            .bounded(async {
+                self.be()
+                    .delete(b, key, revision)
+                    .await
+                    .map_err(|_| StoreError::Backend(String::new()))
+            })
+            .await
+        {
+            Ok(()) => tracing::debug!(key, revision, "claim gave its record back"),
+            Err(_) => tracing::debug!(
+                key,
+                revision,
+                "claim give-back did not apply (the record moved on or the store did not answer)"
+            ),
+        }
+    }
+
+    /// Give back this claim's own claiming record, found by re-reading.
+    async fn give_back_by_claim(&self, b: BucketId, key: &str, claim: &str) {
+        if let Ok(Some(l)) = self.bounded(self.read_lease(b, key)).await
+            && l.claim == claim
+            && l.state == LeaseState::Claiming
+        {
+            self.give_back(b, key, l.revision).await;
+        }
+    }
+
+    /// Mint the next epoch for `key` (compare-and-set on the counter).
+    async fn mint_epoch(&self, key: &str, claim: &str) -> Result<u64, StoreError> {
+        let mut last_err = None;
+        for _ in 0..MAX_ATTEMPTS {
+            let current = self.be().get(BucketId::Epochs, key).await?;
+            let (next, res) = match &current {
+                None => {
+                    let rec = EpochRecord {
+                        epoch: lease::next_epoch(0),
+                        claim: claim.into(),
+                    };
+                    (
+                        rec.epoch,
+                        self.be().create(BucketId::Epochs, key, rec.encode()).await,
+                    )
+                }
+                Some(e) => {
+                    let cur = EpochRecord::decode(key, &e.value)?;
+                    if cur.claim == claim {
+                        // Our own write, whose answer was lost, landed.
+                        return Ok(cur.epoch);
+                    }
+                    let rec = EpochRecord {
+                        epoch: lease::next_epoch(cur.epoch),
+                        claim: claim.into(),
+                    };
+                    (
+                        rec.epoch,
+                        self.be()
+                            .update(BucketId::Epochs, key, rec.encode(), e.revision)
+                            .await,
+                    )
+                }
+            };
+            match self.after_write(ClaimStep::Counter, res) {
+                Ok(_) => return Ok(next),
+                Err(WriteError::Conflict) => {}
+                Err(WriteError::Unknown(e)) => last_err = Some(e),
+            }
+        }
+        Err(last_err.unwrap_or_else(|| StoreError::ClaimFailed {
+            key: key.into(),
+            reason: "the epoch counter stayed contended".into(),
+        }))
+    }
+
+    async fn claim_inner(
+        &self,
+        req: &ClaimRequest,
+        guard: &mut ClaimGuard<B>,
+    ) -> Result<Claim, StoreError> {
+        let (b, kind) = bucket_of(&req.resource)?;
+        let ttl = match kind {
+            ResourceKind::Worker => req.ttl.unwrap_or(self.be().lease_ttl()),
+            _ => self.be().lease_ttl(),
+        };
+        let key = req.resource.as_str();
+        let first = LeaseRecord::claiming(req, &guard.claim, ttl);
+        let body = first.encode();
+        guard.bucket = b;
+
+        // Write 1: the record, claiming. The first attempt assumes the key
+        // is free; every later one re-reads first.
+        let mut known: Option<Option<Lease>> = Some(None);
+        let mut r1 = None;
+        let mut last_err = None;
+        for _ in 0..MAX_ATTEMPTS {
+            let current = match known.take() {
+                Some(c) => c,
+                None => self.read_lease(b, key).await?,
+            };
+            let res = match lease::judge_found(current.as_ref(), &guard.claim, self.be().now()) {
+                Found::Mine(rev) => {
+                    r1 = Some(rev);
+                    break;
+                }
+                Found::Held => {
+                    guard.armed = false;
+                    return match current {
+                        Some(l) => Ok(Claim::HeldBy(l)),
+                        None => Err(StoreError::ClaimFailed {
+                            key: key.into(),
+                            reason: "held by nobody".into(),
+                        }),
+                    };
+                }
+                Found::Free => self.be().create(b, key, body.clone()).await,
+                Found::Lapsed(rev) => self.be().update(b, key, body.clone(), rev).await,
+            };
+            match self.after_write(ClaimStep::Record, res) {
+                Ok(w) => {
+                    r1 = Some(w.revision);
+                    break;
+                }
+                Err(WriteError::Conflict) => {}
+                Err(WriteError::Unknown(e)) => last_err = Some(e),
+            }
+        }
+        let Some(r1) = r1 else {
+            guard.armed = false;
+            return Err(last_err.unwrap_or_else(|| StoreError::ClaimFailed {
+                key: key.into(),
+                reason: "the key stayed contended".into(),
+            }));
+        };
+
+        match self.commit(b, key, &first, r1, &guard.claim).await {
+            Ok(lease) => {
+                guard.armed = false;
+                Ok(Claim::Won(lease))
+            }
+            Err(e) => {
+                self.give_back(b, key, r1).await;
+                guard.armed = false;
+                Err(e)
+            }
+        }
+    }
+
+    /// Writes 2 and 3: mint the epoch, put it into the record.
+    async fn commit(
+        &self,
+        b: BucketId,
+        key: &str,
+        first: &LeaseRecord,
+        r1: Revision,
+        claim: &str,
+    ) -> Result<Lease, StoreError> {
+        self.fault_point(ClaimStep::Record).await?;
+        let epoch = self.mint_epoch(key, claim).await?;
+        self.fault_point(ClaimStep::Counter).await?;
+
+        let rec = first.committed(epoch);
+        let body = rec.encode();
+        let mut expected = r1;
+        let mut written = None;
+        for _ in 0..MAX_ATTEMPTS {
+            let res = self.be().update(b, key, body.clone(), expected).await;
+            match self.after_write(ClaimStep::Token, res) {
+                Ok(w) => {
+                    written = Some(w);
+                    break;
+                }
+                Err(_) => match self.read_lease(b, key).await? {
+                    Some(l)
+                        if l.claim == claim && l.state == LeaseState::Held && l.epoch == epoch =>
+                    {
+                        written = Some(Written {
+                            revision: l.revision,
+                            written_at: None,
+                        });
+                        break;
+                    }
+                    Some(l) if l.claim == claim && l.state == LeaseState::Claiming => {
+                        expected = l.revision
+                    }
+                    _ => {
+                        return Err(StoreError::ClaimFailed {
+                            key: key.into(),
+                            reason: "the claiming record was gone before the epoch reached it"
+                                .into(),
+                        });
+                    }
+                },
+            }
+        }
+        let w = written.ok_or_else(|| StoreError::ClaimFailed {
+            key: key.into(),
+            reason: "the token write never landed".into(),
+        })?;
+        self.fault_point(ClaimStep::Token).await?;
+        let at = self.stamp(b, key, w).await?;
+        let mut lease = Lease::resolve(rec, w.revision, at, self.bucket_ttl(b));
+        lease.resource = key.into();
+        Ok(lease)
+    }
+
+    async fn renew_inner(
+        &self,
+        lease: &Lease,
+        owner: &str,
+        metadata: Option<Metadata>,
+    ) -> Result<Renewal, StoreError> {
+        if lease.owner != owner {
+            return Ok(Renewal::Lost);
+        }
+        let (b, _) = bucket_of(&lease.resource)?;
+        let key = lease.resource.as_str();
+        if !lease.is_live(self.be().now()) {
+            // A lapsed lease cannot be renewed, only re-acquired.
+            return Ok(Renewal::Lost);
+        }
+        let rec = LeaseRecord::renewal(lease, &lease.claim, metadata);
+        let body = rec.encode();
+        let mut expected = lease.revision;
+        let mut expires = lease.expires_at;
+        for _ in 0..MAX_ATTEMPTS {
+            match self.be().update(b, key, body.clone(), expected).await {
+                Ok(w) => {
+                    let at = self.stamp(b, key, w).await?;
+                    if !lease::landed_in_time(expires, at) {
+                        // Landed after the tenure lapsed: it renewed nothing.
+                        // Take the late write back so the resource is free.
+                        let _ = self.be().delete(b, key, w.revision).await;
+                        return Ok(Renewal::Lost);
+                    }
+                    let mut renewed = Lease::resolve(rec, w.revision, at, self.bucket_ttl(b));
+                    renewed.resource = key.into();
+                    return Ok(Renewal::Renewed(renewed));
+                }
+                Err(WriteError::Conflict) => match self.read_lease(b, key).await? {
+                    // Our own earlier renewal, whose answer was lost, landed.
+                    Some(cur)
+                        if lease::same_tenure(&cur, lease)
+                            && cur.revision != expected
+                            && cur.is_live(self.be().now()) =>
+                    {
+                        expected = cur.revision;
+                        expires = expires.max(cur.expires_at);
+                    }
+                    _ => return Ok(Renewal::Lost),
+                },
+                // Re-read on the next renewal (a Conflict then finds our write).
+                Err(WriteError::Unknown(e)) => return Ok(Renewal::Unknown(e)),
+            }
+        }
+        Ok(Renewal::Unknown(StoreError::Backend(
+            "the lease kept changing under its renewal".into(),
+        )))
+    }
+
+    async fn release_inner(&self, lease: &Lease, owner: &str) -> Result<Release, StoreError> {
+        if lease.owner != owner {
+            return Ok(Release::NotHeld);
+        }
+        let (b, _) = bucket_of(&lease.resource)?;
+        let key = lease.resource.as_str();
+        let mut expected = lease.revision;
+        let mut unknown = false;
+        for _ in 0..MAX_ATTEMPTS {
+            match self.be().delete(b, key, expected).await {
+                Ok(()) => return Ok(Release::Released),
+                Err(e) => {
+                    unknown |= matches!(e, WriteError::Unknown(_));
+                    match self.read_lease(b, key).await? {
+                        Some(cur) if lease::same_tenure(&cur, lease) => expected = cur.revision,
+                        // Gone after a delete whose answer was lost: ours landed.
+                        None if unknown => return Ok(Release::Released),
+                        _ => return Ok(Release::NotHeld),
+                    }
+                }
+            }
+        }
+        Err(StoreError::Backend(
+            "the lease kept changing under its release".into(),
+        ))
+    }
+
+    /// Every current entry under `prefix`, read level with the bucket's last
+    /// write under its scope.
+    async fn scan(&self, b: BucketId, prefix: &str) -> Result<Vec<RawEntry>, StoreError> {
+        let scope = scope_of(prefix);
+        let Some(last) = self.be().last_revision(b, scope).await? else {
+            return Ok(Vec::new());
+        };
+        let mut stream = self.be().watch(b, scope).await?;
+        let mut seen = std::collections::BTreeMap::new();
+        loop {
+            match tokio::time::timeout(RECHECK, stream.next()).await {
+                Ok(Some(Ok(ev))) => {
+                    let rev = ev.revision();
+                    match ev {
+                        RawEvent::Put(e) => {
+                            seen.insert(e.key.clone(), e);
+                        }
+                        RawEvent::Delete { key, .. } => {
+                            seen.remove(&key);
+                        }
+                    }
+                    if rev >= last {
+                        break;
+                    }
+                }
+                Ok(Some(Err(e))) => return Err(e),
+                Ok(None) => break,
+                Err(_) => {
+                    if !self.be().revision_exists(b, last).await? {
+                        break;
+                    }
+                }
+            }
+        }
+        Ok(seen
+            .into_values()
+            .filter(|e| e.key.starts_with(prefix))
+            .collect())
+    }
+
+    async fn list_inner(&self, prefix: &str) -> Result<Vec<Lease>, StoreError> {
+        let mut out = Vec::new();
+        let mut buckets = Vec::new();
+        if !prefix.starts_with("worker") {
+            buckets.push(BucketId::Leases);
+        }
+        if prefix.starts_with("worker:") || "worker:".starts_with(prefix) {
+            buckets.push(BucketId::Duties);
+        }
+        for b in buckets {
+            for e in self.scan(b, prefix).await? {
+                match self.resolve(b, e) {
+                    Ok(l) => out.push(l),
+                    Err(err) => tracing::warn!(error = %err, "unreadable lease record skipped"),
+                }
+            }
+        }
+        let now = self.be().now();
+        out.retain(|l| l.is_live(now));
+        out.sort_by(|a, b| a.resource.cmp(&b.resource));
+        Ok(out)
+    }
+
+    fn entry(e: RawEntry) -> Entry {
+        Entry {
+            key: e.key,
+            value: e.value,
+            revision: e.revision,
+            written_at: e.written_at,
+        }
+    }
+}
+
+/// The claim in flight: if its future is dropped (a caller that gave up, or
+/// the store timeout) after its first write, its own record is given back
+/// in the background.
+struct ClaimGuard<B: Backend> {
+    coord: Coordinator<B>,
+    bucket: BucketId,
+    key: String,
+    claim: String,
+    armed: bool,
+}
+
+impl<B: Backend> Drop for ClaimGuard<B> {
+    fn drop(&mut self) {
+        if !self.armed || tokio::runtime::Handle::try_current().is_err() {
+            return;
+        }
+        let coord = self.coord.clone();
+        let (b, key, claim) = (
+            self.bucket,
+            std::mem::take(&mut self.key),
+            std::mem::take(&mut self.claim),
+        );
+        self.coord
+            .inner
+            .tasks
+            .spawn("coord_claim_give_back", async move {
+                coord.give_back_by_claim(b, &key, &claim).await;
+            });
+    }
+}
+
+fn kv_error(e: WriteError, conflict: KvError) -> KvError {
+    match e {
+        WriteError::Conflict => conflict,
+        WriteError::Unknown(e) => KvError::Store(e),
+    }
+}
+
+#[async_trait]
+impl<B: Backend> Store for Coordinator<B> {
+    fn lease_ttl(&self) -> Duration {
+        self.be().lease_ttl()
+    }
+
+    fn connection(&self) -> ConnectionState {
+        self.be().connection()
+    }
+
+    async fn now(&self) -> Result<StoreTime, StoreError> {
+        Ok(self.be().now())
+    }
+
+    async fn claim(&self, req: ClaimRequest) -> Result<Claim, StoreError> {
+        let mut guard = ClaimGuard {
+            coord: self.clone(),
+            bucket: BucketId::Leases,
+            key: req.resource.clone(),
+            claim: claim_id(),
+            armed: true,
+        };
+        self.bounded(self.claim_inner(&req, &mut guard)).await
+    }
+
+    async fn renew(&self, lease: &Lease, owner: &str, metadata: Option<Metadata>) -> Renewal {
+        match self.bounded(self.renew_inner(lease, owner, metadata)).await {
+            Ok(r) => r,
+            Err(e) => Renewal::Unknown(e),
+        }
+    }
+
+    async fn release(&self, lease: &Lease, owner: &str) -> Result<Release, StoreError> {
+        self.bounded(self.release_inner(lease, owner)).await
+    }
+
+    async fn lease(&self, resource: &str) -> Result<Option<Lease>, StoreError> {
+        let (b, _) = bucket_of(resource)?;
+        let found = self.bounded(self.read_lease(b, resource)).await?;
+        let now = self.be().now();
+        Ok(found.filter(|l| l.is_live(now)))
+    }
+
+    async fn epoch(&self, resource: &str) -> Result<u64, StoreError> {
+        bucket_of(resource)?;
+        match self
+            .bounded(self.be().get(BucketId::Epochs, resource))
+            .await?
+        {
+            Some(e) => Ok(EpochRecord::decode(resource, &e.value)?.epoch),
+            None => Ok(0),
+        }
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<Lease>, StoreError> {
+        self.bounded(self.list_inner(prefix)).await
+    }
+
+    async fn view(&self, prefix: &str) -> Result<Vec<Lease>, StoreError> {
+        let leases = self
+            .bounded(
+                self.inner
+                    .view
+                    .read(&self.inner.backend, &self.inner.tasks, |m| {
+                        m.range(prefix.to_string()..)
+                            .take_while(|(k, _)| k.starts_with(prefix))
+                            .map(|(_, l)| l.clone())
+                            .collect::<Vec<_>>()
+                    }),
+            )
+            .await?;
+        let now = self.be().now();
+        Ok(leases.into_iter().filter(|l| l.is_live(now)).collect())
+    }
+
+    async fn protocol_floor(&self, mine: u32) -> Result<Option<u32>, StoreError> {
+        let be = Arc::clone(&self.inner.backend);
+        self.bounded(
+            self.inner
+                .view
+                .read(&self.inner.backend, &self.inner.tasks, move |m| {
+                    lease::protocol_floor(m.values(), be.now(), mine)
+                }),
+        )
+        .await
+    }
+
+    fn view_running(&self) -> bool {
+        self.inner.view.running()
+    }
+
+    async fn get(&self, bucket: StateBucket, key: &str) -> Result<Option<Entry>, StoreError> {
+        kv::validate_key(key)?;
+        Ok(self
+            .bounded(self.be().get(bucket.bucket(), key))
+            .await?
+            .map(Self::entry))
+    }
+
+    async fn create(
+        &self,
+        bucket: StateBucket,
+        key: &str,
+        value: Bytes,
+    ) -> Result<Revision, KvError> {
+        kv::validate_key(key)?;
+        match tokio::time::timeout(
+            self.inner.timeout,
+            self.be().create(bucket.bucket(), key, value),
+        )
+        .await
+        {
+            Ok(Ok(w)) => Ok(w.revision),
+            Ok(Err(e)) => Err(kv_error(e, KvError::AlreadyExists)),
+            Err(_) => Err(KvError::Store(StoreError::Timeout(self.inner.timeout))),
+        }
+    }
+
+    async fn update(
+        &self,
+        bucket: StateBucket,
+        key: &str,
+        value: Bytes,
+        expected: Revision,
+    ) -> Result<Revision, KvError> {
+        kv::validate_key(key)?;
+        match tokio::time::timeout(
+            self.inner.timeout,
+            self.be().update(bucket.bucket(), key, value, expected),
+        )
+        .await
+        {
+            Ok(Ok(w)) => Ok(w.revision),
+            Ok(Err(e)) => Err(kv_error(e, KvError::WrongRevision)),
+            Err(_) => Err(KvError::Store(StoreError::Timeout(self.inner.timeout))),
+        }
+    }
+
+    async fn delete(
+        &self,
+        bucket: StateBucket,
+        key: &str,
+        expected: Revision,
+    ) -> Result<(), KvError> {
+        kv::validate_key(key)?;
+        match tokio::time::timeout(
+            self.inner.timeout,
+            self.be().delete(bucket.bucket(), key, expected),
+        )
+        .await
+        {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(kv_error(e, KvError::WrongRevision)),
+            Err(_) => Err(KvError::Store(StoreError::Timeout(self.inner.timeout))),
+        }
+    }
+
+    async fn entries(&self, bucket: StateBucket, prefix: &str) -> Result<Vec<Entry>, StoreError> {
+        Ok(self
+            .bounded(self.scan(bucket.bucket(), prefix))
+            .await?
+            .into_iter()
+            .map(Self::entry)
+            .collect())
+    }
+
+    async fn watch(&self, bucket: StateBucket, prefix: &str) -> Result<EventStream, StoreError> {
+        let stream = self
+            .bounded(self.be().watch(bucket.bucket(), scope_of(prefix)))
+            .await?;
+        let prefix = prefix.to_string();
+        Ok(stream
+            .filter_map(move |ev| {
+                let out = match ev {
+                    Ok(RawEvent::Put(e)) if e.key.starts_with(&prefix) => {
+                        Some(Ok(Event::Put(Self::entry(e))))
+                    }
+                    Ok(RawEvent::Delete { key, revision }) if key.starts_with(&prefix) => {
+                        Some(Ok(Event::Delete { key, revision }))
+                    }
+                    Ok(_) => None,
+                    Err(e) => Some(Err(e)),
+                };
+                futures::future::ready(out)
+            })
+            .boxed())
+    }
+}

@@ -1,0 +1,312 @@
+//! The in-process twin of the coordination store: the buckets a single node
+//! runs on (`coordination.type = local`), product code rather than a mock.
+//!
+//! It owns the buckets' contents in process and behaves as JetStream KV on
+//! server 2.9 does, traps included: revisions are one sequence per bucket,
+//! every write restarts a key's age, a key that ages out is simply gone (no
+//! event, no tombstone), a delete leaves a tombstone that a create may
+//! replace, and a watch sends current values and then changes.
+//!
+//! Its clock is tokio's (`tokio::time::Instant`), so it runs under a paused
+//! test clock; it must never read the wall clock after it was built, and
+//! never hold its lock across an await.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::StreamExt;
+use tokio::sync::broadcast;
+
+use super::kv::{Backend, BucketId, RawEntry, RawEvent, RawEventStream, WriteError, Written};
+use super::{ConnectionState, Revision, StoreError, StoreTime};
+
+const WATCH_CAPACITY: usize = 65_536;
+
+#[derive(Clone, Debug)]
+struct MemEntry {
+    value: Bytes,
+    revision: Revision,
+    written_at: StoreTime,
+    deleted: bool,
+}
+
+struct MemBucket {
+    seq: Revision,
+    max_age: Option<Duration>,
+    entries: BTreeMap<String, MemEntry>,
+    tx: broadcast::Sender<RawEvent>,
+}
+
+impl MemBucket {
+    /// Drop every key whose age is up: silently, as 2.9 does.
+    fn expire(&mut self, now: StoreTime) {
+        if let Some(age) = self.max_age {
+            self.entries.retain(|_, e| now < e.written_at.plus(age));
+        }
+    }
+
+    fn write(&mut self, key: &str, value: Bytes, now: StoreTime, deleted: bool) -> Revision {
+        self.seq += 1;
+        let revision = self.seq;
+        self.entries.insert(
+            key.to_string(),
+            MemEntry {
+                value: value.clone(),
+                revision,
+                written_at: now,
+                deleted,
+            },
+        );
+        let event = if deleted {
+            RawEvent::Delete {
+                key: key.to_string(),
+                revision,
+            }
+        } else {
+            RawEvent::Put(RawEntry {
+                key: key.to_string(),
+                value,
+                revision,
+                written_at: now,
+            })
+        };
+        // Nobody watching is fine.
+        let _ = self.tx.send(event);
+        revision
+    }
+}
+
+struct State {
+    buckets: HashMap<BucketId, MemBucket>,
+}
+
+/// The twin's buckets and clock.
+#[derive(Clone)]
+pub struct MemoryBackend {
+    state: Arc<Mutex<State>>,
+    ttl: Duration,
+    base: StoreTime,
+    start: tokio::time::Instant,
+}
+
+impl MemoryBackend {
+    /// A fresh, empty store whose leases bucket ages keys out after `lease_ttl`.
+    pub fn new(lease_ttl: Duration) -> MemoryBackend {
+        let base = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| StoreTime::from_unix_nanos(i64::try_from(d.as_nanos()).unwrap_or(i64::MAX)))
+            .unwrap_or_default();
+        let buckets = BucketId::ALL
+            .iter()
+            .map(|b| {
+                let (tx, _) = broadcast::channel(WATCH_CAPACITY);
+                (
+                    *b,
+                    MemBucket {
+                        seq: 0,
+                        max_age: b.max_age(lease_ttl),
+                        entries: BTreeMap::new(),
+                        tx,
+                    },
+                )
+            })
+            .collect();
+        MemoryBackend {
+            state: Arc::new(Mutex::new(State { buckets })),
+            ttl: lease_ttl,
+            base,
+            start: tokio::time::Instant::now(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding this lock leaves plain data behind; keep going.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Run `f` on bucket `b` after expiring what has aged out.
+    fn with<T>(
+        &self,
+        b: BucketId,
+        f: impl FnOnce(&mut MemBucket, StoreTime) -> T,
+    ) -> Result<T, StoreError> {
+        let now = self.now();
+        let mut state = self.lock();
+        let bucket = state
+            .buckets
+            .get_mut(&b)
+            .ok_or_else(|| StoreError::Backend(format!("no bucket {}", b.name())))?;
+        bucket.expire(now);
+        Ok(f(bucket, now))
+    }
+}
+
+#[async_trait]
+impl Backend for MemoryBackend {
+    fn lease_ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    fn now(&self) -> StoreTime {
+        self.base
+            .plus(tokio::time::Instant::now().saturating_duration_since(self.start))
+    }
+
+    fn connection(&self) -> ConnectionState {
+        ConnectionState::Connected
+    }
+
+    async fn get(&self, b: BucketId, key: &str) -> Result<Option<RawEntry>, StoreError> {
+        self.with(b, |bucket, _| {
+            bucket
+                .entries
+                .get(key)
+                .filter(|e| !e.deleted)
+                .map(|e| RawEntry {
+                    key: key.to_string(),
+                    value: e.value.clone(),
+                    revision: e.revision,
+                    written_at: e.written_at,
+                })
+        })
+    }
+
+    async fn create(&self, b: BucketId, key: &str, value: Bytes) -> Result<Written, WriteError> {
+        self.with(b, |bucket, now| match bucket.entries.get(key) {
+            Some(e) if !e.deleted => Err(WriteError::Conflict),
+            _ => Ok(Written {
+                revision: bucket.write(key, value, now, false),
+                written_at: Some(now),
+            }),
+        })
+        .map_err(WriteError::Unknown)?
+    }
+
+    async fn update(
+        &self,
+        b: BucketId,
+        key: &str,
+        value: Bytes,
+        expected: Revision,
+    ) -> Result<Written, WriteError> {
+        self.with(b, |bucket, now| {
+            let last = bucket.entries.get(key).map(|e| e.revision).unwrap_or(0);
+            if last != expected {
+                return Err(WriteError::Conflict);
+            }
+            Ok(Written {
+                revision: bucket.write(key, value, now, false),
+                written_at: Some(now),
+            })
+        })
+        .map_err(WriteError::Unknown)?
+    }
+
+    async fn delete(&self, b: BucketId, key: &str, expected: Revision) -> Result<(), WriteError> {
+        self.with(b, |bucket, now| {
+            let last = bucket.entries.get(key).map(|e| e.revision).unwrap_or(0);
+            if last != expected {
+                return Err(WriteError::Conflict);
+            }
+            bucket.write(key, Bytes::new(), now, true);
+            Ok(())
+        })
+        .map_err(WriteError::Unknown)?
+    }
+
+    async fn written_at(
+        &self,
+        b: BucketId,
+        key: &str,
+        revision: Revision,
+    ) -> Result<Option<StoreTime>, StoreError> {
+        self.with(b, |bucket, _| {
+            bucket
+                .entries
+                .get(key)
+                .filter(|e| e.revision == revision)
+                .map(|e| e.written_at)
+        })
+    }
+
+    async fn last_revision(
+        &self,
+        b: BucketId,
+        scope: &str,
+    ) -> Result<Option<Revision>, StoreError> {
+        self.with(b, |bucket, _| {
+            bucket
+                .entries
+                .iter()
+                .filter(|(k, _)| k.starts_with(scope))
+                .map(|(_, e)| e.revision)
+                .max()
+        })
+    }
+
+    async fn revision_exists(&self, b: BucketId, revision: Revision) -> Result<bool, StoreError> {
+        self.with(b, |bucket, _| {
+            bucket.entries.values().any(|e| e.revision == revision)
+        })
+    }
+
+    async fn watch(&self, b: BucketId, prefix: &str) -> Result<RawEventStream, StoreError> {
+        let prefix = prefix.to_string();
+        let (mut current, rx) = self.with(b, |bucket, _| {
+            let current: Vec<RawEvent> = bucket
+                .entries
+                .iter()
+                .filter(|(k, _)| k.starts_with(&prefix))
+                .map(|(k, e)| {
+                    if e.deleted {
+                        RawEvent::Delete {
+                            key: k.clone(),
+                            revision: e.revision,
+                        }
+                    } else {
+                        RawEvent::Put(RawEntry {
+                            key: k.clone(),
+                            value: e.value.clone(),
+                            revision: e.revision,
+                            written_at: e.written_at,
+                        })
+                    }
+                })
+                .collect();
+            (current, bucket.tx.subscribe())
+        })?;
+        current.sort_by_key(RawEvent::revision);
+        let snapshot = futures::stream::iter(current.into_iter().map(Ok));
+        let updates = futures::stream::unfold(rx, move |mut rx| {
+            let prefix = prefix.clone();
+            async move {
+                loop {
+                    match rx.recv().await {
+                        Ok(ev) => {
+                            let key = match &ev {
+                                RawEvent::Put(e) => &e.key,
+                                RawEvent::Delete { key, .. } => key,
+                            };
+                            if key.starts_with(&prefix) {
+                                return Some((Ok(ev), rx));
+                            }
+                        }
+                        Err(broadcast::error::RecvError::Lagged(n)) => {
+                            return Some((
+                                Err(StoreError::Backend(format!(
+                                    "watch fell {n} changes behind"
+                                ))),
+                                rx,
+                            ));
+                        }
+                        Err(broadcast::error::RecvError::Closed) => return None,
+                    }
+                }
+            }
+        });
+        Ok(snapshot.chain(updates).boxed())
+    }
+}

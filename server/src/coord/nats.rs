@@ -1,0 +1,547 @@
+//! The coordination store on NATS JetStream KV (`coordination.type =
+//! embedded-kv`): the [`Backend`] primitives over the fleet's buckets.
+//!
+//! It owns the connection (several URLs, user/password or a creds file, TLS
+//! when a URL says `tls://`, reconnecting forever), the buckets' streams and
+//! the store clock. Buckets are made by creating their `KV_{bucket}` stream
+//! ourselves and then opening it with `get_key_value`: async-nats 0.51's
+//! `create_key_value` cannot parse server 2.9's account-info reply
+//! (NATS-NOTES.md), and pinning 0.40 would hold every other API back.
+//!
+//! It must never read from a follower (every bucket is made with
+//! `allow_direct = false`, so reads go to the stream leader: followers answer
+//! stale on R3), never retry a write (a lost answer is reported as unknown
+//! and the protocol re-reads), and never let the store clock run ahead of the
+//! server: "now" is the latest server timestamp seen plus the local time
+//! elapsed since it was received, a lower bound.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::{self, kv, stream};
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::StreamExt;
+
+use super::kv::{
+    Backend, BucketId, RawEntry, RawEvent, RawEventStream, WriteError, Written, decode_key,
+    encode_key,
+};
+use super::{ConnectionState, Revision, StoreError, StoreTime};
+use crate::config::{CoordinationSection, StreamSection};
+
+/// How the NATS store is reached and set up.
+#[derive(Clone, Debug)]
+pub struct NatsOptions {
+    pub urls: Vec<String>,
+    pub user: Option<String>,
+    pub password: Option<String>,
+    pub creds_file: Option<PathBuf>,
+    /// The configured lease TTL (a bucket a peer created wins).
+    pub lease_ttl: Duration,
+    /// The bound on every call, and the JetStream request timeout.
+    pub store_timeout: Duration,
+    /// Replicas for buckets this node creates (1, or 3 on a cluster).
+    pub replicas: usize,
+    /// The connection's name, as the server's monitoring shows it.
+    pub name: String,
+}
+
+impl NatsOptions {
+    pub fn new(urls: Vec<String>) -> NatsOptions {
+        NatsOptions {
+            urls,
+            user: None,
+            password: None,
+            creds_file: None,
+            lease_ttl: Duration::from_secs(45),
+            store_timeout: Duration::from_millis(2000),
+            replicas: 1,
+            name: "crewlet".into(),
+        }
+    }
+
+    pub fn from_config(
+        stream: &StreamSection,
+        coord: &CoordinationSection,
+        node_id: &str,
+    ) -> NatsOptions {
+        NatsOptions {
+            urls: stream.urls.clone(),
+            user: stream.user.clone(),
+            password: stream.password.clone(),
+            creds_file: stream.creds_file.clone(),
+            lease_ttl: Duration::from_secs(coord.lease_ttl_seconds),
+            store_timeout: Duration::from_millis(coord.store_timeout_ms),
+            replicas: if stream.urls.len() >= 3 { 3 } else { 1 },
+            name: format!("crewlet-{node_id}"),
+        }
+    }
+}
+
+/// The store's clock: a lower bound on the server's time.
+struct Clock {
+    origin: Instant,
+    /// server_nanos − local_elapsed_nanos, the largest seen; i64::MIN = none.
+    offset: AtomicI64,
+}
+
+impl Clock {
+    fn new() -> Clock {
+        Clock {
+            origin: Instant::now(),
+            offset: AtomicI64::new(i64::MIN),
+        }
+    }
+
+    fn elapsed(&self, at: Instant) -> i64 {
+        i64::try_from(at.saturating_duration_since(self.origin).as_nanos()).unwrap_or(i64::MAX)
+    }
+
+    /// A server timestamp received at `received` (a write stamped no later
+    /// than when its answer arrived).
+    fn observe(&self, server: StoreTime, received: Instant) {
+        let off = server.unix_nanos().saturating_sub(self.elapsed(received));
+        self.offset.fetch_max(off, Ordering::Relaxed);
+    }
+
+    fn now(&self) -> StoreTime {
+        let off = self.offset.load(Ordering::Relaxed);
+        if off == i64::MIN {
+            // Never observed (the connect probe failed): the local clock.
+            let n = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+                .unwrap_or(0);
+            return StoreTime::from_unix_nanos(n);
+        }
+        StoreTime::from_unix_nanos(self.elapsed(Instant::now()).saturating_add(off))
+    }
+}
+
+/// The JetStream KV backend.
+pub struct NatsBackend {
+    client: async_nats::Client,
+    js: jetstream::Context,
+    stores: HashMap<BucketId, kv::Store>,
+    ttl: Duration,
+    timeout: Duration,
+    clock: Arc<Clock>,
+}
+
+fn stream_name(b: BucketId) -> String {
+    format!("KV_{}", b.name())
+}
+
+fn subject_of(b: BucketId, key: &str) -> String {
+    format!("$KV.{}.{}", b.name(), encode_key(key))
+}
+
+/// The subject filter for a scope (`""` or a prefix ending in `:`).
+fn filter_of(scope: &str) -> String {
+    match scope.strip_suffix(':') {
+        Some(s) if !s.is_empty() => format!("{}.>", encode_key(s)),
+        _ => ">".into(),
+    }
+}
+
+fn jetstream_code<K: Clone + std::fmt::Debug + std::fmt::Display + PartialEq>(
+    e: &async_nats::error::Error<K>,
+    get: impl Fn(&K) -> Option<&jetstream::Error>,
+) -> Option<jetstream::ErrorCode> {
+    get(&e.kind()).map(|j| j.error_code())
+}
+
+impl NatsBackend {
+    /// Connect, make or adopt the buckets, and read the store clock once.
+    pub async fn connect(opts: &NatsOptions) -> Result<NatsBackend, StoreError> {
+        if opts.urls.is_empty() {
+            return Err(StoreError::Unavailable(
+                "no stream.urls to connect to".into(),
+            ));
+        }
+        let mut co = async_nats::ConnectOptions::new()
+            .name(&opts.name)
+            .max_reconnects(None)
+            .connection_timeout(opts.store_timeout)
+            .request_timeout(Some(opts.store_timeout))
+            .event_callback(|ev| async move {
+                match ev {
+                    async_nats::Event::Connected => tracing::info!("coordination store connected"),
+                    async_nats::Event::Disconnected => {
+                        tracing::warn!("coordination store disconnected; reconnecting")
+                    }
+                    other => tracing::debug!(event = %other, "coordination store connection event"),
+                }
+            });
+        if let Some(path) = &opts.creds_file {
+            co = co.credentials_file(path).await.map_err(|e| {
+                StoreError::Unavailable(format!("creds file {}: {e}", path.display()))
+            })?;
+        }
+        if let (Some(u), Some(p)) = (&opts.user, &opts.password) {
+            co = co.user_and_password(u.clone(), p.clone());
+        }
+        let addrs = opts
+            .urls
+            .iter()
+            .map(|u| {
+                u.parse::<async_nats::ServerAddr>()
+                    .map_err(|e| StoreError::Unavailable(format!("stream url {u}: {e}")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let client = co
+            .connect(addrs)
+            .await
+            .map_err(|e| StoreError::Unavailable(e.to_string()))?;
+        let mut js = jetstream::new(client.clone());
+        js.set_timeout(opts.store_timeout);
+
+        let mut stores = HashMap::new();
+        let mut ttl = opts.lease_ttl;
+        for b in BucketId::ALL {
+            let in_force = ensure_bucket(&js, b, opts.lease_ttl, opts.replicas).await?;
+            if b == BucketId::Leases
+                && let Some(age) = in_force
+            {
+                ttl = age;
+            }
+            let store = js
+                .get_key_value(b.name())
+                .await
+                .map_err(|e| StoreError::Unavailable(format!("bucket {}: {e}", b.name())))?;
+            stores.insert(b, store);
+        }
+        let backend = NatsBackend {
+            client,
+            js,
+            stores,
+            ttl,
+            timeout: opts.store_timeout,
+            clock: Arc::new(Clock::new()),
+        };
+        backend.probe_clock().await?;
+        Ok(backend)
+    }
+
+    /// The underlying client (the queue rides the same connection).
+    pub fn client(&self) -> &async_nats::Client {
+        &self.client
+    }
+
+    pub fn jetstream(&self) -> &jetstream::Context {
+        &self.js
+    }
+
+    fn store(&self, b: BucketId) -> Result<&kv::Store, StoreError> {
+        self.stores
+            .get(&b)
+            .ok_or_else(|| StoreError::Backend(format!("bucket {} not open", b.name())))
+    }
+
+    /// One write to learn the server's time: key `clock` of the epochs
+    /// bucket (resource keys always contain a `:`, so it never collides).
+    async fn probe_clock(&self) -> Result<(), StoreError> {
+        let store = self.store(BucketId::Epochs)?;
+        let rev = store
+            .put("clock", Bytes::from_static(b"{}"))
+            .await
+            .map_err(|e| self.unavailable(e))?;
+        let m = store
+            .stream
+            .get_raw_message(rev)
+            .await
+            .map_err(|e| self.unavailable(e))?;
+        self.clock
+            .observe(StoreTime::from_offset(m.time), Instant::now());
+        Ok(())
+    }
+
+    fn unavailable(&self, e: impl std::fmt::Display) -> StoreError {
+        let s = e.to_string();
+        if s.contains("timed out") || s.contains("TimedOut") {
+            StoreError::Timeout(self.timeout)
+        } else {
+            StoreError::Unavailable(s)
+        }
+    }
+
+    fn write_error(&self, e: kv::UpdateError) -> WriteError {
+        match e.kind() {
+            kv::UpdateErrorKind::WrongLastRevision => WriteError::Conflict,
+            kv::UpdateErrorKind::InvalidKey => WriteError::Unknown(StoreError::InvalidKey {
+                key: String::new(),
+                reason: "not a KV key",
+            }),
+            kv::UpdateErrorKind::TimedOut => WriteError::Unknown(StoreError::Timeout(self.timeout)),
+            kv::UpdateErrorKind::Other => WriteError::Unknown(self.unavailable(e)),
+        }
+    }
+
+    fn observe(&self, t: time::OffsetDateTime) -> StoreTime {
+        let at = StoreTime::from_offset(t);
+        self.clock.observe(at, Instant::now());
+        at
+    }
+}
+
+/// Create bucket `b`'s stream, or find the one a peer made. Returns the
+/// stream's age limit when it has one (the leases bucket's is the lease TTL
+/// in force).
+async fn ensure_bucket(
+    js: &jetstream::Context,
+    b: BucketId,
+    lease_ttl: Duration,
+    replicas: usize,
+) -> Result<Option<Duration>, StoreError> {
+    let name = stream_name(b);
+    let max_age = b.max_age(lease_ttl).unwrap_or(Duration::ZERO);
+    let config = stream::Config {
+        name: name.clone(),
+        subjects: vec![format!("$KV.{}.>", b.name())],
+        max_messages_per_subject: 1,
+        max_age,
+        max_bytes: -1,
+        max_messages: -1,
+        max_message_size: -1,
+        max_consumers: -1,
+        discard: stream::DiscardPolicy::New,
+        allow_rollup: true,
+        deny_delete: true,
+        allow_direct: false,
+        num_replicas: replicas.max(1),
+        duplicate_window: if max_age.is_zero() {
+            Duration::from_secs(120)
+        } else {
+            max_age.min(Duration::from_secs(120))
+        },
+        storage: stream::StorageType::File,
+        ..Default::default()
+    };
+    let found = match js.get_stream(&name).await {
+        Ok(mut s) => Some(
+            s.info()
+                .await
+                .map_err(|e| StoreError::Unavailable(format!("stream {name}: {e}")))?
+                .config
+                .max_age,
+        ),
+        Err(e)
+            if jetstream_code(&e, |k| match k {
+                jetstream::context::GetStreamErrorKind::JetStream(j) => Some(j),
+                _ => None,
+            }) == Some(jetstream::ErrorCode::STREAM_NOT_FOUND) =>
+        {
+            None
+        }
+        Err(e) => return Err(StoreError::Unavailable(format!("stream {name}: {e}"))),
+    };
+    let actual = match found {
+        Some(age) => age,
+        None => match js.create_stream(config).await {
+            Ok(mut s) => s.info().await.map(|i| i.config.max_age).unwrap_or(max_age),
+            Err(e) => {
+                // A peer made it between our look and our create: adopt theirs.
+                let mut s = js
+                    .get_stream(&name)
+                    .await
+                    .map_err(|_| StoreError::Unavailable(format!("stream {name}: {e}")))?;
+                s.info()
+                    .await
+                    .map_err(|e| StoreError::Unavailable(format!("stream {name}: {e}")))?
+                    .config
+                    .max_age
+            }
+        },
+    };
+    if b == BucketId::Leases && actual != max_age {
+        tracing::warn!(
+            configured_ttl_seconds = lease_ttl.as_secs_f64(),
+            bucket_ttl_seconds = actual.as_secs_f64(),
+            bucket = b.name(),
+            "lease TTL adopted from the bucket a peer created: {}s in force, not the configured {}s",
+            actual.as_secs_f64(),
+            lease_ttl.as_secs_f64()
+        );
+    }
+    Ok(if actual.is_zero() { None } else { Some(actual) })
+}
+
+#[async_trait]
+impl Backend for NatsBackend {
+    fn lease_ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    fn now(&self) -> StoreTime {
+        self.clock.now()
+    }
+
+    fn connection(&self) -> ConnectionState {
+        match self.client.connection_state() {
+            async_nats::connection::State::Connected => ConnectionState::Connected,
+            async_nats::connection::State::Disconnected => ConnectionState::Disconnected,
+            async_nats::connection::State::Pending => ConnectionState::Pending,
+        }
+    }
+
+    async fn get(&self, b: BucketId, key: &str) -> Result<Option<RawEntry>, StoreError> {
+        let entry = self
+            .store(b)?
+            .entry(encode_key(key))
+            .await
+            .map_err(|e| self.unavailable(e))?;
+        Ok(entry.and_then(|e| match e.operation {
+            kv::Operation::Put => {
+                let written_at = self.observe(e.created);
+                Some(RawEntry {
+                    key: key.to_string(),
+                    value: e.value,
+                    revision: e.revision,
+                    written_at,
+                })
+            }
+            kv::Operation::Delete | kv::Operation::Purge => None,
+        }))
+    }
+
+    async fn create(&self, b: BucketId, key: &str, value: Bytes) -> Result<Written, WriteError> {
+        let store = self.store(b).map_err(WriteError::Unknown)?;
+        let k = encode_key(key);
+        match store.update(&k, value.clone(), 0).await {
+            Ok(revision) => {
+                return Ok(Written {
+                    revision,
+                    written_at: None,
+                });
+            }
+            Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => {}
+            Err(e) => return Err(self.write_error(e)),
+        }
+        // Present: only a tombstone may be replaced, by a compare-and-set on
+        // the tombstone's own revision (so two creators cannot both win).
+        match store.entry(&k).await {
+            Ok(Some(kv::Entry {
+                operation: kv::Operation::Delete | kv::Operation::Purge,
+                revision,
+                ..
+            })) => store
+                .update(&k, value, revision)
+                .await
+                .map(|revision| Written {
+                    revision,
+                    written_at: None,
+                })
+                .map_err(|e| self.write_error(e)),
+            Ok(_) => Err(WriteError::Conflict),
+            Err(e) => Err(WriteError::Unknown(self.unavailable(e))),
+        }
+    }
+
+    async fn update(
+        &self,
+        b: BucketId,
+        key: &str,
+        value: Bytes,
+        expected: Revision,
+    ) -> Result<Written, WriteError> {
+        let store = self.store(b).map_err(WriteError::Unknown)?;
+        store
+            .update(encode_key(key), value, expected)
+            .await
+            .map(|revision| Written {
+                revision,
+                written_at: None,
+            })
+            .map_err(|e| self.write_error(e))
+    }
+
+    async fn delete(&self, b: BucketId, key: &str, expected: Revision) -> Result<(), WriteError> {
+        let store = self.store(b).map_err(WriteError::Unknown)?;
+        store
+            .delete_expect_revision(encode_key(key), Some(expected))
+            .await
+            .map_err(|e| self.write_error(e))
+    }
+
+    async fn written_at(
+        &self,
+        b: BucketId,
+        key: &str,
+        revision: Revision,
+    ) -> Result<Option<StoreTime>, StoreError> {
+        let store = self.store(b)?;
+        match store.stream.get_raw_message(revision).await {
+            Ok(m) if m.subject.as_str() == subject_of(b, key) => Ok(Some(self.observe(m.time))),
+            Ok(_) => Ok(None),
+            Err(e) if e.kind() == stream::LastRawMessageErrorKind::NoMessageFound => Ok(None),
+            Err(e) => Err(self.unavailable(e)),
+        }
+    }
+
+    async fn last_revision(
+        &self,
+        b: BucketId,
+        scope: &str,
+    ) -> Result<Option<Revision>, StoreError> {
+        let store = self.store(b)?;
+        let subject = format!("$KV.{}.{}", b.name(), filter_of(scope));
+        match store.stream.get_last_raw_message_by_subject(&subject).await {
+            Ok(m) => {
+                self.observe(m.time);
+                Ok(Some(m.sequence))
+            }
+            Err(e) if e.kind() == stream::LastRawMessageErrorKind::NoMessageFound => Ok(None),
+            Err(e) => Err(self.unavailable(e)),
+        }
+    }
+
+    async fn revision_exists(&self, b: BucketId, revision: Revision) -> Result<bool, StoreError> {
+        match self.store(b)?.stream.get_raw_message(revision).await {
+            Ok(_) => Ok(true),
+            Err(e) if e.kind() == stream::LastRawMessageErrorKind::NoMessageFound => Ok(false),
+            Err(e) => Err(self.unavailable(e)),
+        }
+    }
+
+    async fn watch(&self, b: BucketId, scope: &str) -> Result<RawEventStream, StoreError> {
+        let watch = self
+            .store(b)?
+            .watch_with_history(filter_of(scope))
+            .await
+            .map_err(|e| self.unavailable(e))?;
+        let clock = Arc::clone(&self.clock);
+        Ok(watch
+            .filter_map(move |res| {
+                let out = match res {
+                    Err(e) => Some(Err(StoreError::Unavailable(e.to_string()))),
+                    Ok(e) => match decode_key(&e.key) {
+                        None => None,
+                        Some(key) => match e.operation {
+                            kv::Operation::Put => {
+                                let at = StoreTime::from_offset(e.created);
+                                clock.observe(at, Instant::now());
+                                Some(Ok(RawEvent::Put(RawEntry {
+                                    key,
+                                    value: e.value,
+                                    revision: e.revision,
+                                    written_at: at,
+                                })))
+                            }
+                            kv::Operation::Delete | kv::Operation::Purge => {
+                                Some(Ok(RawEvent::Delete {
+                                    key,
+                                    revision: e.revision,
+                                }))
+                            }
+                        },
+                    },
+                };
+                futures::future::ready(out)
+            })
+            .boxed())
+    }
+}

@@ -39,6 +39,8 @@ use crate::tasks::Tasks;
 const MAX_ATTEMPTS: usize = 8;
 /// How often a scan re-checks that the write it waits for still exists.
 const RECHECK: Duration = Duration::from_millis(100);
+/// How often a background give-back looks again.
+const GIVE_BACK_RETRY: Duration = Duration::from_millis(500);
 
 /// The three writes of a claim.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -248,40 +250,63 @@ impl<B: Backend> Coordinator<B> {
             })
     }
 
-    /// Give back the record at `revision` (this claim's own), if still there.
-    async fn give_back(&self, b: BucketId, key: &str, revision: Revision) {
+    /// Give back the record at `revision` (this claim's own), if still
+    /// there. `false` when the store did not answer (the give-back may be
+    /// worth trying again); `true` when it applied, or definitely cannot.
+    async fn give_back(&self, b: BucketId, key: &str, revision: Revision) -> bool {
         if self
             .take_fault(|f| matches!(f, Fault::RefuseGiveBack))
             .is_some()
         {
             tracing::warn!(key, "claim give-back refused; the record lapses on its TTL");
-            return;
+            return true;
         }
-        match self
-            .bounded(async {
-                self.be()
-                    .delete(b, key, revision)
-                    .await
-                    .map_err(|_| StoreError::Backend(String::new()))
-            })
-            .await
-        {
-            Ok(()) => tracing::debug!(key, revision, "claim gave its record back"),
-            Err(_) => tracing::debug!(
-                key,
-                revision,
-                "claim give-back did not apply (the record moved on or the store did not answer)"
-            ),
+        match tokio::time::timeout(self.inner.timeout, self.be().delete(b, key, revision)).await {
+            Ok(Ok(())) => {
+                tracing::debug!(key, revision, "claim gave its record back");
+                true
+            }
+            Ok(Err(WriteError::Conflict)) => {
+                tracing::debug!(
+                    key,
+                    revision,
+                    "claim give-back found the record moved on; left alone"
+                );
+                true
+            }
+            Ok(Err(WriteError::Unknown(_))) | Err(_) => false,
         }
     }
 
-    /// Give back this claim's own claiming record, found by re-reading.
-    async fn give_back_by_claim(&self, b: BucketId, key: &str, claim: &str) {
-        if let Ok(Some(l)) = self.bounded(self.read_lease(b, key)).await
-            && l.claim == claim
-            && l.state == LeaseState::Claiming
-        {
-            self.give_back(b, key, l.revision).await;
+    /// Give back this claim's own claiming record, found by re-reading: the
+    /// background half of a claim whose caller gave up or timed out. A write
+    /// whose answer was lost may still land (a client buffers publishes
+    /// while disconnected), so it keeps looking until two reads a moment
+    /// apart find no record of this claim, or until the record would have
+    /// lapsed anyway. A committed tenure is never taken.
+    async fn give_back_by_claim(&self, b: BucketId, key: &str, claim: &str, ttl: Duration) {
+        let until = tokio::time::Instant::now() + ttl;
+        let mut clear_reads = 0;
+        while tokio::time::Instant::now() < until {
+            match self.bounded(self.read_lease(b, key)).await {
+                Ok(Some(l)) if l.claim == claim => {
+                    if l.state != LeaseState::Claiming {
+                        return;
+                    }
+                    clear_reads = 0;
+                    if self.give_back(b, key, l.revision).await {
+                        continue;
+                    }
+                }
+                Ok(_) => {
+                    clear_reads += 1;
+                    if clear_reads >= 2 {
+                        return;
+                    }
+                }
+                Err(_) => clear_reads = 0,
+            }
+            tokio::time::sleep(GIVE_BACK_RETRY).await;
         }
     }
 
@@ -345,6 +370,7 @@ impl<B: Backend> Coordinator<B> {
         let first = LeaseRecord::claiming(req, &guard.claim, ttl);
         let body = first.encode();
         guard.bucket = b;
+        guard.ttl = ttl;
 
         // Write 1: the record, claiming. The first attempt assumes the key
         // is free; every later one re-reads first.
@@ -384,7 +410,8 @@ impl<B: Backend> Coordinator<B> {
             }
         }
         let Some(r1) = r1 else {
-            guard.armed = false;
+            // A write with no answer may still land: leave the guard armed.
+            guard.armed = last_err.is_some();
             return Err(last_err.unwrap_or_else(|| StoreError::ClaimFailed {
                 key: key.into(),
                 reason: "the key stayed contended".into(),
@@ -397,8 +424,8 @@ impl<B: Backend> Coordinator<B> {
                 Ok(Claim::Won(lease))
             }
             Err(e) => {
-                self.give_back(b, key, r1).await;
-                guard.armed = false;
+                // Unanswered, it is retried in the background by the guard.
+                guard.armed = !self.give_back(b, key, r1).await;
                 Err(e)
             }
         }
@@ -624,6 +651,7 @@ struct ClaimGuard<B: Backend> {
     bucket: BucketId,
     key: String,
     claim: String,
+    ttl: Duration,
     armed: bool,
 }
 
@@ -633,8 +661,8 @@ impl<B: Backend> Drop for ClaimGuard<B> {
             return;
         }
         let coord = self.coord.clone();
-        let (b, key, claim) = (
-            self.bucket,
+        let (b, ttl) = (self.bucket, self.ttl);
+        let (key, claim) = (
             std::mem::take(&mut self.key),
             std::mem::take(&mut self.claim),
         );
@@ -642,7 +670,7 @@ impl<B: Backend> Drop for ClaimGuard<B> {
             .inner
             .tasks
             .spawn("coord_claim_give_back", async move {
-                coord.give_back_by_claim(b, &key, &claim).await;
+                coord.give_back_by_claim(b, &key, &claim, ttl).await;
             });
     }
 }
@@ -674,6 +702,7 @@ impl<B: Backend> Store for Coordinator<B> {
             bucket: BucketId::Leases,
             key: req.resource.clone(),
             claim: claim_id(),
+            ttl: self.be().lease_ttl(),
             armed: true,
         };
         self.bounded(self.claim_inner(&req, &mut guard)).await

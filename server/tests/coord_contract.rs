@@ -1,0 +1,1188 @@
+//! The coordination store contract: one suite, run against both backends —
+//! the in-process twin (under tokio's paused clock) and JetStream KV on a
+//! real nats-server started by the harness.
+//!
+//! Each `contract!` test is an async fn over a [`Fx`]; the macro runs it once
+//! per backend, so a behaviour one backend has and the other lacks fails
+//! here. Tests are named after the promise they keep (seed § The lease,
+//! § Mixed-version fleets, § Single node). NATS-only tests (TTL adoption, an
+//! unreachable store, the 3-server cluster) follow the suite.
+//!
+//! Nothing waits on a bare sleep: `eventually` polls a condition against a
+//! deadline (on the twin the paused clock jumps to each poll).
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use crewlet::coord::{
+    Backend, BucketId, Claim, ClaimRequest, ClaimStep, Coordinator, CoordinatorOptions, Event,
+    Fault, KvError, Lease, LeaseState, MemoryBackend, Metadata, NatsBackend, NatsOptions,
+    NatsStore, Release, Renewal, StateBucket, Store, StoreError, StoreTime,
+};
+use crewlet::tasks::Tasks;
+use futures::StreamExt;
+use futures::future::BoxFuture;
+use support::nats::{NatsCluster, NatsServer};
+use tokio::sync::Notify;
+
+/// The lease TTL every suite store runs on: short, because NATS waits it out in real time.
+const TTL: Duration = Duration::from_secs(2);
+/// How long a polled condition gets.
+const DEADLINE: Duration = Duration::from_secs(30);
+
+type MakeStore<B> =
+    Arc<dyn Fn(CoordinatorOptions) -> BoxFuture<'static, Coordinator<B>> + Send + Sync>;
+
+/// A store under test, a way to make its peers (other nodes on the same
+/// store), and whatever keeps its server alive.
+struct Fx<B: Backend> {
+    store: Coordinator<B>,
+    make: MakeStore<B>,
+    view_idle: Duration,
+    _server: Option<Arc<NatsServer>>,
+}
+
+fn options(view_idle: Duration) -> CoordinatorOptions {
+    CoordinatorOptions {
+        store_timeout: Duration::from_secs(2),
+        view_idle,
+        tasks: Tasks::new(),
+    }
+}
+
+async fn twin() -> Fx<MemoryBackend> {
+    let backend = MemoryBackend::new(TTL);
+    let view_idle = Duration::from_secs(60);
+    let make: MakeStore<MemoryBackend> = Arc::new(move |opts| {
+        let b = backend.clone();
+        Box::pin(async move { Coordinator::new(b, opts) })
+    });
+    Fx {
+        store: make(options(view_idle)).await,
+        make,
+        view_idle,
+        _server: None,
+    }
+}
+
+fn nats_options(urls: Vec<String>) -> NatsOptions {
+    let mut o = NatsOptions::new(urls);
+    o.lease_ttl = TTL;
+    o.store_timeout = Duration::from_secs(2);
+    o
+}
+
+async fn nats_store(urls: Vec<String>, opts: CoordinatorOptions) -> NatsStore {
+    let backend = NatsBackend::connect(&nats_options(urls))
+        .await
+        .expect("connect to nats-server");
+    Coordinator::new(backend, opts)
+}
+
+async fn nats() -> Fx<NatsBackend> {
+    let server = Arc::new(NatsServer::start().await);
+    let url = server.url();
+    let view_idle = Duration::from_secs(1);
+    let make: MakeStore<NatsBackend> = Arc::new(move |opts| {
+        let url = url.clone();
+        Box::pin(async move { nats_store(vec![url], opts).await })
+    });
+    Fx {
+        store: make(options(view_idle)).await,
+        make,
+        view_idle,
+        _server: Some(server),
+    }
+}
+
+impl<B: Backend> Fx<B> {
+    /// Another node on the same store.
+    async fn peer(&self) -> Coordinator<B> {
+        (self.make)(options(self.view_idle)).await
+    }
+
+    async fn peer_with_timeout(&self, t: Duration) -> Coordinator<B> {
+        let mut o = options(self.view_idle);
+        o.store_timeout = t;
+        (self.make)(o).await
+    }
+
+    /// Until the store's clock reads at least `t`.
+    async fn until(&self, t: StoreTime) {
+        let s = self.store.clone();
+        eventually("the store clock to pass a lease's expiry", || {
+            let s = s.clone();
+            async move { s.now().await.is_ok_and(|n| n >= t) }
+        })
+        .await;
+    }
+
+    /// Until `lease` has lapsed on the store's clock.
+    async fn lapse(&self, lease: &Lease) {
+        self.until(lease.expires_at).await;
+    }
+}
+
+/// Poll `cond` until it holds; the clock is tokio's, so on the twin the
+/// paused clock moves to each poll.
+async fn eventually<F, Fut>(what: &str, cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    eventually_within(DEADLINE, what, cond).await
+}
+
+async fn eventually_within<F, Fut>(deadline: Duration, what: &str, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let until = tokio::time::Instant::now() + deadline;
+    while !cond().await {
+        assert!(
+            tokio::time::Instant::now() < until,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn req(resource: &str, owner: &str) -> ClaimRequest {
+    let node = owner.split(':').next().unwrap_or(owner).to_string();
+    ClaimRequest::new(resource, owner, node)
+}
+
+async fn won(store: &impl Store, r: ClaimRequest) -> Lease {
+    match store.claim(r).await {
+        Ok(Claim::Won(l)) => l,
+        other => panic!("expected the claim to win, got {other:?}"),
+    }
+}
+
+async fn held_by(store: &impl Store, r: ClaimRequest) -> Lease {
+    match store.claim(r).await {
+        Ok(Claim::HeldBy(l)) => l,
+        other => panic!("expected the claim to find a holder, got {other:?}"),
+    }
+}
+
+async fn renewed(store: &impl Store, l: &Lease, owner: &str) -> Lease {
+    match store.renew(l, owner, None).await {
+        Renewal::Renewed(l) => l,
+        other => panic!("expected a renewal, got {other:?}"),
+    }
+}
+
+const A: &str = "node-a:0000000a";
+const A2: &str = "node-a:000000a2";
+const B: &str = "node-b:0000000b";
+
+macro_rules! contract {
+    ($($name:ident),* $(,)?) => {
+        mod twin {
+            $(
+                #[tokio::test(start_paused = true)]
+                async fn $name() {
+                    super::$name(super::twin().await).await;
+                }
+            )*
+        }
+        mod nats {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    super::$name(super::nats().await).await;
+                }
+            )*
+        }
+    };
+}
+
+contract!(
+    claim_mints_epoch_one_for_a_fresh_resource,
+    held_resource_reports_its_holder_and_mints_nothing,
+    live_lease_is_renewed_not_claimed_again_by_its_owner,
+    two_incarnations_of_one_node_cannot_renew_each_others_lease,
+    epoch_is_monotonic_across_key_expiry,
+    epoch_is_monotonic_across_release,
+    lapsed_lease_cannot_be_renewed,
+    lapsed_lease_reacquire_bumps_epoch_for_same_owner,
+    renewal_never_restamps_acquired_at,
+    acquired_at_moves_exactly_when_the_epoch_does,
+    renewal_replaces_presence_metadata,
+    release_is_only_by_the_owner_of_that_tenure,
+    claim_failing_after_its_record_leaves_nothing_held,
+    claim_failing_after_the_counter_leaves_nothing_held_and_the_gap_is_harmless,
+    committed_tenure_is_never_given_back,
+    lost_record_answer_is_reread_before_retrying,
+    lost_counter_answer_is_reread_not_minted_twice,
+    lost_token_answer_is_reread,
+    caller_that_gave_up_mid_claim_gives_its_record_back,
+    give_back_never_takes_a_sibling_claim,
+    refused_give_back_leaves_the_record_to_lapse,
+    list_by_prefix_returns_live_leases_of_that_kind,
+    lapsed_leases_leave_the_list_without_any_event,
+    view_is_level_with_the_last_write,
+    view_judges_liveness_from_expires_at,
+    view_stops_after_it_goes_unused,
+    protocol_floor_counts_presence_and_seat_leases_never_duties,
+    protocol_floor_ignores_lapsed_leases,
+    duty_leases_have_their_own_ttl_and_bucket,
+    lease_ttl_in_force_is_exposed,
+    state_buckets_are_compare_and_set,
+    state_entries_and_watch_by_prefix,
+    kv_trap_create_after_delete_has_exactly_one_winner,
+    kv_trap_wrong_last_sequence_after_delete,
+    kv_trap_create_after_expiry,
+);
+
+async fn claim_mints_epoch_one_for_a_fresh_resource<B: Backend>(fx: Fx<B>) {
+    let s = &fx.store;
+    let before = s.now().await.expect("now");
+    let l = won(s, req("seat:alice", A)).await;
+    assert_eq!(
+        (l.resource.as_str(), l.owner.as_str(), l.epoch, l.state),
+        ("seat:alice", A, 1, LeaseState::Held)
+    );
+    assert_eq!(
+        (l.preferred.as_str(), l.protocol),
+        ("node-a", crewlet::config::PROTOCOL)
+    );
+    assert!(
+        l.acquired_at >= before,
+        "acquired_at is the store's stamp on the winning write"
+    );
+    assert_eq!(l.expires_at, l.acquired_at.plus(TTL));
+    assert_eq!(s.epoch("seat:alice").await.expect("epoch"), 1);
+    let read = s.lease("seat:alice").await.expect("read").expect("held");
+    assert_eq!(
+        (
+            read.owner.as_str(),
+            read.epoch,
+            read.acquired_at,
+            read.expires_at
+        ),
+        (A, 1, l.acquired_at, l.expires_at)
+    );
+}
+
+async fn held_resource_reports_its_holder_and_mints_nothing<B: Backend>(fx: Fx<B>) {
+    let peer = fx.peer().await;
+    let l = won(&fx.store, req("seat:alice", A)).await;
+    let h = held_by(&peer, req("seat:alice", B)).await;
+    assert_eq!(
+        (h.owner.as_str(), h.epoch, h.state),
+        (A, l.epoch, LeaseState::Held)
+    );
+    assert_eq!(
+        peer.epoch("seat:alice").await.expect("epoch"),
+        1,
+        "a refused claim mints no epoch"
+    );
+}
+
+async fn live_lease_is_renewed_not_claimed_again_by_its_owner<B: Backend>(fx: Fx<B>) {
+    let l = won(&fx.store, req("seat:alice", A)).await;
+    let h = held_by(&fx.store, req("seat:alice", A)).await;
+    assert_eq!((h.owner.as_str(), h.epoch), (A, l.epoch));
+    renewed(&fx.store, &l, A).await;
+}
+
+async fn two_incarnations_of_one_node_cannot_renew_each_others_lease<B: Backend>(fx: Fx<B>) {
+    let restarted = fx.peer().await;
+    let l = won(&fx.store, req("seat:alice", A)).await;
+    // The same node id, booted again: a different owner.
+    let h = held_by(&restarted, req("seat:alice", A2)).await;
+    assert_eq!(restarted.renew(&h, A2, None).await, Renewal::Lost);
+    assert_eq!(
+        restarted.release(&h, A2).await.expect("release"),
+        Release::NotHeld
+    );
+    let l2 = renewed(&fx.store, &l, A).await;
+    assert_eq!((l2.owner.as_str(), l2.epoch), (A, 1));
+}
+
+async fn epoch_is_monotonic_across_key_expiry<B: Backend>(fx: Fx<B>) {
+    let l = won(&fx.store, req("seat:alice", A)).await;
+    fx.lapse(&l).await;
+    let s = fx.store.clone();
+    // The key itself ages out of the bucket (no event, no tombstone).
+    eventually("the lapsed key to age out", || {
+        let s = s.clone();
+        async move {
+            s.backend()
+                .get(BucketId::Leases, "seat:alice")
+                .await
+                .is_ok_and(|e| e.is_none())
+        }
+    })
+    .await;
+    let next = won(&fx.peer().await, req("seat:alice", B)).await;
+    assert_eq!(
+        next.epoch, 2,
+        "the counter lives apart from the record and survives its expiry"
+    );
+}
+
+async fn epoch_is_monotonic_across_release<B: Backend>(fx: Fx<B>) {
+    let peer = fx.peer().await;
+    let mut last = 0;
+    for (store, owner) in [(&fx.store, A), (&peer, B), (&fx.store, A)] {
+        let l = won(store, req("seat:alice", owner)).await;
+        assert_eq!(l.epoch, last + 1);
+        last = l.epoch;
+        assert_eq!(
+            store.release(&l, owner).await.expect("release"),
+            Release::Released
+        );
+    }
+    assert_eq!(fx.store.lease("seat:alice").await.expect("read"), None);
+}
+
+async fn lapsed_lease_cannot_be_renewed<B: Backend>(fx: Fx<B>) {
+    let l = won(&fx.store, req("seat:alice", A)).await;
+    fx.lapse(&l).await;
+    assert_eq!(fx.store.renew(&l, A, None).await, Renewal::Lost);
+    assert_eq!(fx.store.lease("seat:alice").await.expect("read"), None);
+}
+
+async fn lapsed_lease_reacquire_bumps_epoch_for_same_owner<B: Backend>(fx: Fx<B>) {
+    let l = won(&fx.store, req("seat:alice", A)).await;
+    fx.lapse(&l).await;
+    let again = won(&fx.store, req("seat:alice", A)).await;
+    assert_eq!(again.owner, A);
+    assert!(
+        again.epoch > l.epoch,
+        "the same owner is fenced against its own past self"
+    );
+    assert!(again.acquired_at > l.acquired_at);
+}
+
+async fn renewal_never_restamps_acquired_at<B: Backend>(fx: Fx<B>) {
+    let l = won(&fx.store, req("seat:alice", A)).await;
+    fx.until(l.acquired_at.plus(Duration::from_millis(300)))
+        .await;
+    let r1 = renewed(&fx.store, &l, A).await;
+    fx.until(l.acquired_at.plus(Duration::from_millis(600)))
+        .await;
+    let r2 = renewed(&fx.store, &r1, A).await;
+    for r in [&r1, &r2] {
+        assert_eq!(
+            (r.epoch, r.acquired_at),
+            (l.epoch, l.acquired_at),
+            "a renewal carries acquired_at unchanged"
+        );
+    }
+    assert!(
+        r1.expires_at > l.expires_at && r2.expires_at >= r1.expires_at,
+        "and moves expires_at"
+    );
+    assert_ne!(r1.revision, l.revision);
+    let read = fx
+        .store
+        .lease("seat:alice")
+        .await
+        .expect("read")
+        .expect("held");
+    assert_eq!(read.acquired_at, l.acquired_at);
+}
+
+async fn acquired_at_moves_exactly_when_the_epoch_does<B: Backend>(fx: Fx<B>) {
+    let l = won(&fx.store, req("seat:alice", A)).await;
+    fx.until(l.acquired_at.plus(Duration::from_millis(100)))
+        .await;
+    let r = renewed(&fx.store, &l, A).await;
+    assert_eq!(r.acquired_at, l.acquired_at);
+    fx.store.release(&r, A).await.expect("release");
+    let next = won(&fx.store, req("seat:alice", A)).await;
+    assert_eq!(next.epoch, l.epoch + 1);
+    assert!(next.acquired_at > l.acquired_at);
+}
+
+async fn renewal_replaces_presence_metadata<B: Backend>(fx: Fx<B>) {
+    let mut m = Metadata::new();
+    m.insert("seats_held".into(), 1.into());
+    m.insert("labels".into(), serde_json::json!(["gpu"]));
+    let l = won(&fx.store, req("node:node-a", A).with_metadata(m)).await;
+    assert_eq!(l.metadata.get("seats_held"), Some(&serde_json::json!(1)));
+    let mut m2 = Metadata::new();
+    m2.insert("seats_held".into(), 2.into());
+    m2.insert("draining".into(), true.into());
+    let r = match fx.store.renew(&l, A, Some(m2.clone())).await {
+        Renewal::Renewed(r) => r,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(r.metadata, m2);
+    let kept = renewed(&fx.store, &r, A).await;
+    assert_eq!(
+        kept.metadata, m2,
+        "a renewal without metadata keeps the record's"
+    );
+    let seen = fx
+        .peer()
+        .await
+        .lease("node:node-a")
+        .await
+        .expect("read")
+        .expect("live");
+    assert_eq!(seen.metadata, m2);
+}
+
+async fn release_is_only_by_the_owner_of_that_tenure<B: Backend>(fx: Fx<B>) {
+    let peer = fx.peer().await;
+    let l = won(&fx.store, req("seat:alice", A)).await;
+    assert_eq!(
+        peer.release(&l, B).await.expect("release"),
+        Release::NotHeld,
+        "not B's tenure"
+    );
+    fx.lapse(&l).await;
+    let lb = won(&peer, req("seat:alice", B)).await;
+    assert_eq!(
+        fx.store.release(&l, A).await.expect("release"),
+        Release::NotHeld,
+        "A's tenure is over"
+    );
+    let still = fx
+        .store
+        .lease("seat:alice")
+        .await
+        .expect("read")
+        .expect("B holds it");
+    assert_eq!((still.owner.as_str(), still.epoch), (B, lb.epoch));
+    assert_eq!(
+        peer.release(&lb, B).await.expect("release"),
+        Release::Released
+    );
+    assert_eq!(peer.lease("seat:alice").await.expect("read"), None);
+}
+
+async fn claim_failing_after_its_record_leaves_nothing_held<B: Backend>(fx: Fx<B>) {
+    fx.store.inject(Fault::FailAfter(ClaimStep::Record));
+    let err = fx
+        .store
+        .claim(req("seat:alice", A))
+        .await
+        .expect_err("injected");
+    assert_eq!(err, StoreError::Injected(ClaimStep::Record));
+    assert_eq!(
+        fx.store.lease("seat:alice").await.expect("read"),
+        None,
+        "its record was given back"
+    );
+    let l = won(&fx.peer().await, req("seat:alice", B)).await;
+    assert_eq!(l.epoch, 1);
+}
+
+async fn claim_failing_after_the_counter_leaves_nothing_held_and_the_gap_is_harmless<B: Backend>(
+    fx: Fx<B>,
+) {
+    fx.store.inject(Fault::FailAfter(ClaimStep::Counter));
+    fx.store
+        .claim(req("seat:alice", A))
+        .await
+        .expect_err("injected");
+    assert_eq!(fx.store.lease("seat:alice").await.expect("read"), None);
+    assert_eq!(
+        fx.store.epoch("seat:alice").await.expect("epoch"),
+        1,
+        "the failed claim advanced the counter"
+    );
+    let l = won(&fx.peer().await, req("seat:alice", B)).await;
+    assert_eq!(l.epoch, 2, "a gap, harmlessly");
+}
+
+async fn committed_tenure_is_never_given_back<B: Backend>(fx: Fx<B>) {
+    fx.store.inject(Fault::FailAfter(ClaimStep::Token));
+    fx.store
+        .claim(req("seat:alice", A))
+        .await
+        .expect_err("injected");
+    let l = fx
+        .store
+        .lease("seat:alice")
+        .await
+        .expect("read")
+        .expect("the committed tenure stands");
+    assert_eq!(
+        (l.owner.as_str(), l.epoch, l.state),
+        (A, 1, LeaseState::Held)
+    );
+}
+
+async fn lost_record_answer_is_reread_before_retrying<B: Backend>(fx: Fx<B>) {
+    fx.store.inject(Fault::LoseAnswer(ClaimStep::Record));
+    let l = won(&fx.store, req("seat:alice", A)).await;
+    assert_eq!(l.epoch, 1);
+    assert_eq!(fx.store.epoch("seat:alice").await.expect("epoch"), 1);
+}
+
+async fn lost_counter_answer_is_reread_not_minted_twice<B: Backend>(fx: Fx<B>) {
+    won(&fx.store, req("seat:bob", A)).await;
+    fx.store.inject(Fault::LoseAnswer(ClaimStep::Counter));
+    let l = won(&fx.store, req("seat:alice", A)).await;
+    assert_eq!(l.epoch, 1);
+    assert_eq!(
+        fx.store.epoch("seat:alice").await.expect("epoch"),
+        1,
+        "the landed write was recognised, not repeated"
+    );
+}
+
+async fn lost_token_answer_is_reread<B: Backend>(fx: Fx<B>) {
+    fx.store.inject(Fault::LoseAnswer(ClaimStep::Token));
+    let l = won(&fx.store, req("seat:alice", A)).await;
+    assert_eq!((l.epoch, l.state), (1, LeaseState::Held));
+    renewed(&fx.store, &l, A).await;
+}
+
+async fn caller_that_gave_up_mid_claim_gives_its_record_back<B: Backend>(fx: Fx<B>) {
+    let resume = Arc::new(Notify::new());
+    fx.store.inject(Fault::HoldAfter(ClaimStep::Record, resume));
+    let s = fx.store.clone();
+    let claim = fx.store.claim(req("seat:alice", A));
+    let record_written = async {
+        eventually("the claiming record", || {
+            let s = s.clone();
+            async move {
+                s.lease("seat:alice")
+                    .await
+                    .is_ok_and(|l| l.is_some_and(|l| l.state == LeaseState::Claiming))
+            }
+        })
+        .await
+    };
+    tokio::select! {
+        r = claim => panic!("the held claim finished: {r:?}"),
+        _ = record_written => {} // the caller gives up: the claim's future is dropped here
+    }
+    let peer = fx.peer().await;
+    let p = peer.clone();
+    eventually("the record to be given back", || {
+        let p = p.clone();
+        async move { p.lease("seat:alice").await.is_ok_and(|l| l.is_none()) }
+    })
+    .await;
+    let l = won(&peer, req("seat:alice", B)).await;
+    assert_eq!(l.epoch, 1);
+}
+
+async fn give_back_never_takes_a_sibling_claim<B: Backend>(fx: Fx<B>) {
+    let slow = fx.peer_with_timeout(Duration::from_secs(25)).await;
+    let resume = Arc::new(Notify::new());
+    slow.inject(Fault::HoldAfter(ClaimStep::Record, resume.clone()));
+    let task = tokio::spawn({
+        let slow = slow.clone();
+        async move { slow.claim(req("seat:alice", A)).await }
+    });
+    let s = fx.store.clone();
+    let stuck = eventually_lease(&s, "seat:alice", |l| l.state == LeaseState::Claiming).await;
+    fx.lapse(&stuck).await;
+    let b = won(&fx.store, req("seat:alice", B)).await;
+    resume.notify_one();
+    let r = task.await.expect("join");
+    assert_eq!(r, Err(StoreError::Injected(ClaimStep::Record)));
+    let still = fx
+        .store
+        .lease("seat:alice")
+        .await
+        .expect("read")
+        .expect("B's tenure stands");
+    assert_eq!(
+        (still.owner.as_str(), still.epoch, still.revision),
+        (B, b.epoch, b.revision)
+    );
+}
+
+async fn eventually_lease<B: Backend>(
+    s: &Coordinator<B>,
+    resource: &str,
+    pred: impl Fn(&Lease) -> bool,
+) -> Lease {
+    let until = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        if let Ok(Some(l)) = s.lease(resource).await
+            && pred(&l)
+        {
+            return l;
+        }
+        assert!(
+            tokio::time::Instant::now() < until,
+            "timed out waiting for the lease on {resource}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn refused_give_back_leaves_the_record_to_lapse<B: Backend>(fx: Fx<B>) {
+    fx.store.inject(Fault::FailAfter(ClaimStep::Counter));
+    fx.store.inject(Fault::RefuseGiveBack);
+    fx.store
+        .claim(req("seat:alice", A))
+        .await
+        .expect_err("injected");
+    let peer = fx.peer().await;
+    let h = held_by(&peer, req("seat:alice", B)).await;
+    assert_eq!(
+        (h.owner.as_str(), h.state),
+        (A, LeaseState::Claiming),
+        "read as a sibling claim until it lapses"
+    );
+    fx.lapse(&h).await;
+    let l = won(&peer, req("seat:alice", B)).await;
+    assert_eq!(l.epoch, 2);
+}
+
+async fn list_by_prefix_returns_live_leases_of_that_kind<B: Backend>(fx: Fx<B>) {
+    let s = &fx.store;
+    for r in ["seat:alice", "seat:bob", "node:node-a"] {
+        won(s, req(r, A)).await;
+    }
+    won(
+        s,
+        req("worker:scheduler", A).with_ttl(Duration::from_secs(30)),
+    )
+    .await;
+    let names = |v: Vec<Lease>| v.into_iter().map(|l| l.resource).collect::<Vec<_>>();
+    assert_eq!(
+        names(s.list("seat:").await.expect("list")),
+        ["seat:alice", "seat:bob"]
+    );
+    assert_eq!(names(s.list("node:").await.expect("list")), ["node:node-a"]);
+    assert_eq!(
+        names(s.list("worker:").await.expect("list")),
+        ["worker:scheduler"]
+    );
+    assert_eq!(
+        names(s.list("seat:al").await.expect("list")),
+        ["seat:alice"]
+    );
+    assert_eq!(s.list("").await.expect("list").len(), 4);
+    assert_eq!(s.list("mailbox:").await.expect("list"), []);
+}
+
+async fn lapsed_leases_leave_the_list_without_any_event<B: Backend>(fx: Fx<B>) {
+    let a = won(&fx.store, req("seat:alice", A)).await;
+    fx.until(a.acquired_at.plus(TTL / 2)).await;
+    let b = won(&fx.store, req("seat:bob", A)).await;
+    fx.lapse(&a).await;
+    let live: Vec<String> = fx
+        .store
+        .list("seat:")
+        .await
+        .expect("list")
+        .into_iter()
+        .map(|l| l.resource)
+        .collect();
+    if fx.store.now().await.expect("now") < b.expires_at {
+        assert_eq!(live, ["seat:bob"]);
+    } else {
+        assert!(!live.contains(&"seat:alice".to_string()));
+    }
+}
+
+async fn view_is_level_with_the_last_write<B: Backend>(fx: Fx<B>) {
+    let peer = fx.peer().await;
+    assert_eq!(fx.store.view("seat:").await.expect("view"), []);
+    let l = won(&peer, req("seat:alice", B)).await;
+    let seen = fx.store.view("seat:").await.expect("view");
+    assert_eq!(
+        seen.len(),
+        1,
+        "a write just acknowledged elsewhere is in the answer"
+    );
+    assert_eq!((seen[0].owner.as_str(), seen[0].epoch), (B, l.epoch));
+    peer.release(&l, B).await.expect("release");
+    assert_eq!(fx.store.view("seat:").await.expect("view"), []);
+    for i in 0..50 {
+        won(&peer, req(&format!("seat:s{i:02}"), B)).await;
+    }
+    assert_eq!(fx.store.view("seat:").await.expect("view").len(), 50);
+    assert_eq!(fx.store.view("node:").await.expect("view"), []);
+}
+
+async fn view_judges_liveness_from_expires_at<B: Backend>(fx: Fx<B>) {
+    let l = won(&fx.store, req("seat:alice", A)).await;
+    assert_eq!(fx.store.view("seat:").await.expect("view").len(), 1);
+    fx.lapse(&l).await;
+    // No event arrives for an expiry on 2.9; the view judges by expires_at.
+    assert_eq!(fx.store.view("seat:").await.expect("view"), []);
+}
+
+async fn view_stops_after_it_goes_unused<B: Backend>(fx: Fx<B>) {
+    assert!(!fx.store.view_running(), "the view starts on demand");
+    fx.store.protocol_floor(4).await.expect("floor");
+    assert!(fx.store.view_running());
+    let started = tokio::time::Instant::now();
+    let s = fx.store.clone();
+    eventually_within(fx.view_idle + DEADLINE, "the unused view to stop", || {
+        let s = s.clone();
+        async move { !s.view_running() }
+    })
+    .await;
+    assert!(
+        started.elapsed() >= fx.view_idle,
+        "not before it has been unused for its idle period"
+    );
+    won(&fx.peer().await, req("node:old", B).with_protocol(3)).await;
+    assert_eq!(
+        fx.store.protocol_floor(4).await.expect("floor"),
+        Some(3),
+        "and starts again on the next question"
+    );
+}
+
+async fn protocol_floor_counts_presence_and_seat_leases_never_duties<B: Backend>(fx: Fx<B>) {
+    let old = fx.peer().await;
+    let s = &fx.store;
+    assert_eq!(s.protocol_floor(4).await.expect("floor"), None);
+    won(
+        &old,
+        req("worker:learning", B)
+            .with_protocol(2)
+            .with_ttl(Duration::from_secs(60)),
+    )
+    .await;
+    assert_eq!(
+        s.protocol_floor(4).await.expect("floor"),
+        None,
+        "a duty never counts"
+    );
+    let presence = won(&old, req("node:node-b", B).with_protocol(3)).await;
+    assert_eq!(s.protocol_floor(4).await.expect("floor"), Some(3));
+    let seat = won(&old, req("seat:alice", B).with_protocol(2)).await;
+    assert_eq!(s.protocol_floor(4).await.expect("floor"), Some(2));
+    // A draining node gives its presence up first and keeps its seats: they still count.
+    old.release(&presence, B).await.expect("release");
+    assert_eq!(s.protocol_floor(4).await.expect("floor"), Some(2));
+    old.release(&seat, B).await.expect("release");
+    assert_eq!(s.protocol_floor(4).await.expect("floor"), None);
+    assert_eq!(
+        s.protocol_floor(2).await.expect("floor"),
+        None,
+        "the gate only looks down"
+    );
+}
+
+async fn protocol_floor_ignores_lapsed_leases<B: Backend>(fx: Fx<B>) {
+    let l = won(&fx.peer().await, req("node:node-b", B).with_protocol(3)).await;
+    assert_eq!(fx.store.protocol_floor(4).await.expect("floor"), Some(3));
+    fx.lapse(&l).await;
+    assert_eq!(fx.store.protocol_floor(4).await.expect("floor"), None);
+}
+
+async fn duty_leases_have_their_own_ttl_and_bucket<B: Backend>(fx: Fx<B>) {
+    let duty_ttl = TTL * 2;
+    let d = won(&fx.store, req("worker:scheduler", A).with_ttl(duty_ttl)).await;
+    let seat = won(&fx.store, req("seat:alice", A)).await;
+    assert_eq!(d.expires_at, d.acquired_at.plus(duty_ttl));
+    assert_eq!(
+        fx.store.list("seat:").await.expect("list").len(),
+        1,
+        "duties are not in the seat bucket"
+    );
+    fx.lapse(&seat).await;
+    assert!(
+        fx.store
+            .lease("worker:scheduler")
+            .await
+            .expect("read")
+            .is_some(),
+        "the seat TTL does not bound a duty"
+    );
+    let d2 = renewed(&fx.store, &d, A).await;
+    assert_eq!(d2.ttl, duty_ttl);
+    assert!(d2.expires_at > d.expires_at);
+    fx.lapse(&d2).await;
+    assert_eq!(
+        fx.store.lease("worker:scheduler").await.expect("read"),
+        None
+    );
+    // The duties bucket keeps no age: the lapsed record is taken over.
+    let next = won(
+        &fx.peer().await,
+        req("worker:scheduler", B).with_ttl(duty_ttl),
+    )
+    .await;
+    assert_eq!(next.epoch, 2);
+}
+
+async fn lease_ttl_in_force_is_exposed<B: Backend>(fx: Fx<B>) {
+    assert_eq!(fx.store.lease_ttl(), TTL);
+}
+
+async fn state_buckets_are_compare_and_set<B: Backend>(fx: Fx<B>) {
+    let s = &fx.store;
+    for b in [
+        StateBucket::Ledger,
+        StateBucket::Mailboxes,
+        StateBucket::Pauses,
+        StateBucket::Config,
+    ] {
+        let k = "seat:alice";
+        let r1 = s
+            .create(b, k, Bytes::from_static(b"1"))
+            .await
+            .expect("create");
+        assert_eq!(
+            s.create(b, k, Bytes::from_static(b"x")).await,
+            Err(KvError::AlreadyExists)
+        );
+        assert_eq!(
+            s.update(b, k, Bytes::from_static(b"x"), r1 + 100).await,
+            Err(KvError::WrongRevision)
+        );
+        let r2 = s
+            .update(b, k, Bytes::from_static(b"2"), r1)
+            .await
+            .expect("update");
+        let e = s.get(b, k).await.expect("get").expect("present");
+        assert_eq!((e.value.as_ref(), e.revision), (b"2".as_ref(), r2));
+        assert_eq!(s.delete(b, k, r1).await, Err(KvError::WrongRevision));
+        s.delete(b, k, r2).await.expect("delete");
+        assert_eq!(s.get(b, k).await.expect("get"), None);
+    }
+}
+
+async fn state_entries_and_watch_by_prefix<B: Backend>(fx: Fx<B>) {
+    let s = &fx.store;
+    let b = StateBucket::Ledger;
+    s.create(b, "evt:1", Bytes::from_static(b"a"))
+        .await
+        .expect("create");
+    s.create(b, "evt:2", Bytes::from_static(b"b"))
+        .await
+        .expect("create");
+    s.create(b, "other:1", Bytes::from_static(b"c"))
+        .await
+        .expect("create");
+    let keys: Vec<String> = s
+        .entries(b, "evt:")
+        .await
+        .expect("entries")
+        .into_iter()
+        .map(|e| e.key)
+        .collect();
+    assert_eq!(keys, ["evt:1", "evt:2"]);
+    let mut w = s.watch(b, "evt:").await.expect("watch");
+    let mut next = async || {
+        tokio::time::timeout(DEADLINE, w.next())
+            .await
+            .expect("an event")
+            .expect("open")
+            .expect("ok")
+    };
+    let first = [next().await, next().await];
+    assert!(
+        first.iter().all(|e| matches!(e, Event::Put(_))),
+        "current values first"
+    );
+    let r3 = s
+        .create(b, "evt:3", Bytes::from_static(b"d"))
+        .await
+        .expect("create");
+    s.create(b, "other:2", Bytes::from_static(b"e"))
+        .await
+        .expect("create");
+    match next().await {
+        Event::Put(e) => assert_eq!((e.key.as_str(), e.revision), ("evt:3", r3)),
+        other => panic!("{other:?}"),
+    }
+    s.delete(b, "evt:3", r3).await.expect("delete");
+    assert!(matches!(next().await, Event::Delete { key, .. } if key == "evt:3"));
+}
+
+async fn kv_trap_create_after_delete_has_exactly_one_winner<B: Backend>(fx: Fx<B>) {
+    let peer = fx.peer().await;
+    let b = StateBucket::Mailboxes;
+    for i in 0..20 {
+        let k = format!("seat:s{i}");
+        let r = fx
+            .store
+            .create(b, &k, Bytes::from_static(b"0"))
+            .await
+            .expect("create");
+        fx.store.delete(b, &k, r).await.expect("delete");
+        let (x, y) = tokio::join!(
+            fx.store.create(b, &k, Bytes::from_static(b"x")),
+            peer.create(b, &k, Bytes::from_static(b"y"))
+        );
+        let wins = [&x, &y].iter().filter(|r| r.is_ok()).count();
+        assert_eq!(
+            wins, 1,
+            "create after delete: exactly one winner ({x:?}, {y:?})"
+        );
+        let loser = if x.is_ok() { &y } else { &x };
+        assert_eq!(loser, &Err(KvError::AlreadyExists));
+    }
+}
+
+async fn kv_trap_wrong_last_sequence_after_delete<B: Backend>(fx: Fx<B>) {
+    let b = StateBucket::Pauses;
+    let r = fx
+        .store
+        .create(b, "seat:alice", Bytes::from_static(b"1"))
+        .await
+        .expect("create");
+    fx.store.delete(b, "seat:alice", r).await.expect("delete");
+    assert_eq!(
+        fx.store
+            .update(b, "seat:alice", Bytes::from_static(b"2"), r)
+            .await,
+        Err(KvError::WrongRevision)
+    );
+    assert_eq!(
+        fx.store.delete(b, "seat:alice", r).await,
+        Err(KvError::WrongRevision)
+    );
+    fx.store
+        .create(b, "seat:alice", Bytes::from_static(b"3"))
+        .await
+        .expect("create after delete");
+}
+
+async fn kv_trap_create_after_expiry<B: Backend>(fx: Fx<B>) {
+    let l = won(&fx.store, req("seat:alice", A)).await;
+    fx.lapse(&l).await;
+    let s = fx.store.clone();
+    eventually("the key to age out", || {
+        let s = s.clone();
+        async move {
+            s.backend()
+                .get(BucketId::Leases, "seat:alice")
+                .await
+                .is_ok_and(|e| e.is_none())
+        }
+    })
+    .await;
+    // A stale revision from before the expiry refuses; a create works.
+    assert_eq!(fx.store.renew(&l, A, None).await, Renewal::Lost);
+    let again = won(&fx.peer().await, req("seat:alice", B)).await;
+    assert_eq!(again.epoch, 2);
+}
+
+// ---- NATS only -------------------------------------------------------------
+
+#[tokio::test]
+async fn peer_created_bucket_ttl_is_adopted() {
+    let server = NatsServer::start().await;
+    let first = NatsBackend::connect(&nats_options(vec![server.url()]))
+        .await
+        .expect("connect");
+    assert_eq!(first.lease_ttl(), TTL);
+    let mut o = nats_options(vec![server.url()]);
+    o.lease_ttl = Duration::from_secs(45);
+    let second = Coordinator::new(
+        NatsBackend::connect(&o).await.expect("connect"),
+        options(Duration::from_secs(60)),
+    );
+    assert_eq!(
+        second.lease_ttl(),
+        TTL,
+        "the bucket's age limit is the TTL in force"
+    );
+    let l = won(&second, req("seat:alice", B)).await;
+    assert_eq!(l.expires_at, l.acquired_at.plus(TTL));
+}
+
+#[tokio::test]
+async fn unreachable_store_answers_every_call_with_a_typed_error() {
+    let mut server = NatsServer::start().await;
+    // A TTL long enough that the lease is still live when the renewal is tried.
+    let mut o = nats_options(vec![server.url()]);
+    o.lease_ttl = Duration::from_secs(60);
+    let store = Coordinator::new(
+        NatsBackend::connect(&o).await.expect("connect"),
+        options(Duration::from_secs(60)),
+    );
+    let l = won(&store, req("seat:alice", A)).await;
+    server.kill();
+    let s = store.clone();
+    eventually("the connection to be seen down", || {
+        let s = s.clone();
+        async move { s.connection() != crewlet::coord::ConnectionState::Connected }
+    })
+    .await;
+    // Each call returns a typed error; the guard only proves nothing hangs.
+    let guard = store.store_timeout() * 5;
+    let claim = tokio::time::timeout(guard, store.claim(req("seat:bob", A)))
+        .await
+        .expect("claim returned");
+    assert!(
+        matches!(
+            claim,
+            Err(StoreError::Timeout(_) | StoreError::Unavailable(_))
+        ),
+        "{claim:?}"
+    );
+    let renew = tokio::time::timeout(guard, store.renew(&l, A, None))
+        .await
+        .expect("renew returned");
+    assert!(
+        matches!(renew, Renewal::Unknown(_)),
+        "an unreachable store says nothing about ownership: {renew:?}"
+    );
+    let rel = tokio::time::timeout(guard, store.release(&l, A))
+        .await
+        .expect("release returned");
+    assert!(rel.is_err());
+    let list = tokio::time::timeout(guard, store.list("seat:"))
+        .await
+        .expect("list returned");
+    assert!(list.is_err());
+    let get = tokio::time::timeout(guard, store.get(StateBucket::Ledger, "k"))
+        .await
+        .expect("get returned");
+    assert!(get.is_err());
+    let floor = tokio::time::timeout(guard, store.protocol_floor(4))
+        .await
+        .expect("floor returned");
+    assert!(floor.is_err());
+
+    server.restart().await;
+    let s = store.clone();
+    eventually("the connection to come back", || {
+        let s = s.clone();
+        async move { s.connection() == crewlet::coord::ConnectionState::Connected }
+    })
+    .await;
+    let s = store.clone();
+    eventually("claims to work again", || {
+        let s = s.clone();
+        async move { matches!(s.claim(req("seat:bob", A)).await, Ok(Claim::Won(_))) }
+    })
+    .await;
+}
+
+/// A tenure as the cluster test saw it: who, which epoch, from when to the
+/// last expiry a renewal granted.
+#[derive(Debug, Clone)]
+struct Tenure {
+    owner: String,
+    epoch: u64,
+    from: StoreTime,
+    until: StoreTime,
+}
+
+fn record(history: &mut BTreeMap<String, Vec<Tenure>>, l: &Lease) {
+    let ts = history.entry(l.resource.clone()).or_default();
+    match ts.iter_mut().find(|t| t.epoch == l.epoch) {
+        Some(t) => {
+            assert_eq!(t.owner, l.owner, "one epoch, one owner");
+            t.until = t.until.max(l.expires_at);
+        }
+        None => ts.push(Tenure {
+            owner: l.owner.clone(),
+            epoch: l.epoch,
+            from: l.acquired_at,
+            until: l.expires_at,
+        }),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_leader_kill_claims_and_renews_recover_and_no_lease_is_held_twice() {
+    let mut cluster = NatsCluster::start(3).await;
+    let mut o = NatsOptions::new(cluster.urls());
+    o.lease_ttl = Duration::from_secs(10);
+    o.store_timeout = Duration::from_secs(2);
+    o.replicas = 3;
+    let a = Coordinator::new(
+        NatsBackend::connect(&o).await.expect("connect a"),
+        options(Duration::from_secs(60)),
+    );
+    let b = Coordinator::new(
+        NatsBackend::connect(&o).await.expect("connect b"),
+        options(Duration::from_secs(60)),
+    );
+    let seats: Vec<String> = (0..6).map(|i| format!("seat:s{i}")).collect();
+    let mut history: BTreeMap<String, Vec<Tenure>> = BTreeMap::new();
+    let mut held: BTreeMap<(usize, String), Lease> = BTreeMap::new();
+    let stores = [(&a, A), (&b, B)];
+
+    // Both nodes compete for every seat, then renew what they won.
+    async fn one_round(
+        stores: &[(&NatsStore, &str); 2],
+        seats: &[String],
+        held: &mut BTreeMap<(usize, String), Lease>,
+        history: &mut BTreeMap<String, Vec<Tenure>>,
+    ) -> (usize, usize) {
+        let (mut claims, mut renews) = (0, 0);
+        for (i, (s, owner)) in stores.iter().enumerate() {
+            for seat in seats {
+                let key = (i, seat.clone());
+                if let Some(l) = held.get(&key).cloned() {
+                    match s.renew(&l, owner, None).await {
+                        Renewal::Renewed(r) => {
+                            record(history, &r);
+                            held.insert(key, r);
+                            renews += 1;
+                        }
+                        Renewal::Lost => {
+                            held.remove(&key);
+                        }
+                        Renewal::Unknown(_) => {}
+                    }
+                } else if let Ok(Claim::Won(l)) = s.claim(req(seat, owner)).await {
+                    record(history, &l);
+                    held.insert(key, l);
+                    claims += 1;
+                }
+            }
+        }
+        (claims, renews)
+    }
+
+    let (claims, _) = one_round(&stores, &seats, &mut held, &mut history).await;
+    assert_eq!(claims, seats.len(), "every seat taken once before the kill");
+    one_round(&stores, &seats, &mut held, &mut history).await;
+
+    let leader = cluster
+        .leader_of(a.backend().jetstream(), "KV_crewlet_leases")
+        .await
+        .expect("the leases stream has a leader");
+    cluster.servers[leader].kill();
+
+    // Keep going until both a claim and a renewal have succeeded after the kill.
+    // Keep going (a fresh seat each round) until both a claim and a
+    // renewal have succeeded after the kill.
+    let until = tokio::time::Instant::now() + Duration::from_secs(90);
+    let (mut claimed_after, mut renewed_after) = (0, 0);
+    let mut round = 0;
+    while claimed_after == 0 || renewed_after == 0 {
+        assert!(
+            tokio::time::Instant::now() < until,
+            "claims ({claimed_after}) and renewals ({renewed_after}) did not recover"
+        );
+        let mut batch = seats.clone();
+        batch.push(format!("seat:after{round}"));
+        round += 1;
+        let (c, r) = one_round(&stores, &batch, &mut held, &mut history).await;
+        claimed_after += c;
+        renewed_after += r;
+    }
+    // And a few more rounds with the cluster at two members.
+    for _ in 0..3 {
+        one_round(&stores, &seats, &mut held, &mut history).await;
+    }
+
+    // No lease held twice: per seat, tenures are disjoint on the store's clock.
+    for (seat, tenures) in &history {
+        let mut ts = tenures.clone();
+        ts.sort_by_key(|t| t.epoch);
+        for w in ts.windows(2) {
+            assert!(w[0].epoch < w[1].epoch);
+            assert!(
+                w[0].until <= w[1].from,
+                "{seat}: tenure {:?} overlaps the next one {:?}",
+                w[0],
+                w[1]
+            );
+        }
+    }
+}

@@ -1,0 +1,37 @@
+//! Test harness shared by the integration suites: real servers started on
+//! free loopback ports and stopped on drop, and waiting on a condition with
+//! a deadline (never a bare sleep standing in for one).
+//!
+//! Nothing here mocks anything: `nats` spawns the real `nats-server`.
+
+#![allow(dead_code)]
+
+pub mod nats;
+
+use std::future::Future;
+use std::time::Duration;
+
+/// A free TCP port on 127.0.0.1 (bound, then released for the server).
+pub fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
+    l.local_addr().expect("ephemeral port address").port()
+}
+
+/// Poll `cond` every `every` until it returns `Some`, or panic naming
+/// `what` once `deadline` has passed.
+pub async fn wait_for<T, F, Fut>(what: &str, deadline: Duration, every: Duration, mut cond: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let until = std::time::Instant::now() + deadline;
+    loop {
+        if let Some(v) = cond().await {
+            return v;
+        }
+        if std::time::Instant::now() >= until {
+            panic!("timed out after {deadline:?} waiting for {what}");
+        }
+        tokio::time::sleep(every).await;
+    }
+}

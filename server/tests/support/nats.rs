@@ -1,0 +1,259 @@
+//! Real `nats-server` processes for tests: one JetStream server, or a
+//! 3-server JetStream cluster, each on free loopback ports with its own
+//! temporary store directory, killed on drop.
+//!
+//! A server is ready when JetStream answers `$JS.API.INFO` without an error
+//! (on a cluster that needs the meta leader elected), polled with a
+//! deadline. The binary is Debian's package (`/usr/sbin/nats-server`,
+//! 2.9.x); `NATS_SERVER` overrides the path.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use super::{free_port, wait_for};
+
+/// How long a server gets to start answering.
+const READY: Duration = Duration::from_secs(60);
+
+fn binary() -> PathBuf {
+    if let Ok(p) = std::env::var("NATS_SERVER") {
+        return PathBuf::from(p);
+    }
+    for p in [
+        "/usr/sbin/nats-server",
+        "/usr/bin/nats-server",
+        "/usr/local/bin/nats-server",
+    ] {
+        if Path::new(p).exists() {
+            return PathBuf::from(p);
+        }
+    }
+    PathBuf::from("nats-server")
+}
+
+/// One running (or killed) nats-server.
+pub struct NatsServer {
+    name: String,
+    port: u16,
+    monitor_port: u16,
+    config: PathBuf,
+    log: PathBuf,
+    child: Option<Child>,
+    dir: tempfile::TempDir,
+}
+
+impl NatsServer {
+    /// A single JetStream server.
+    pub async fn start() -> NatsServer {
+        let s = NatsServer::configure("n0", free_port(), free_port(), None);
+        s.await_ready(&[s.url()]).await;
+        s
+    }
+
+    fn configure(
+        name: &str,
+        port: u16,
+        monitor_port: u16,
+        cluster: Option<(u16, &[u16])>,
+    ) -> NatsServer {
+        let dir = tempfile::tempdir().expect("temp dir for nats-server");
+        let store = dir.path().join("jetstream");
+        let mut conf = format!(
+            "server_name: {name}\nlisten: 127.0.0.1:{port}\nhttp: 127.0.0.1:{monitor_port}\n\
+             jetstream {{\n  store_dir: \"{}\"\n}}\n",
+            store.display()
+        );
+        if let Some((cluster_port, routes)) = cluster {
+            let routes: Vec<String> = routes
+                .iter()
+                .map(|p| format!("    nats-route://127.0.0.1:{p}"))
+                .collect();
+            conf.push_str(&format!(
+                "cluster {{\n  name: crewlet-test\n  listen: 127.0.0.1:{cluster_port}\n  routes: [\n{}\n  ]\n}}\n",
+                routes.join("\n")
+            ));
+        }
+        let config = dir.path().join("nats.conf");
+        std::fs::write(&config, conf).expect("write nats.conf");
+        let log = dir.path().join("nats.log");
+        let mut s = NatsServer {
+            name: name.into(),
+            port,
+            monitor_port,
+            config,
+            log,
+            child: None,
+            dir,
+        };
+        s.spawn();
+        s
+    }
+
+    fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("open the server log");
+        let err = log.try_clone().expect("clone the server log");
+        let child = Command::new(binary())
+            .arg("-c")
+            .arg(&self.config)
+            .stdout(Stdio::from(log))
+            .stderr(Stdio::from(err))
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start nats-server ({}): {e}. Install it: apt-get install -y nats-server", binary().display()));
+        self.child = Some(child);
+    }
+
+    /// Wait until JetStream answers through `urls`.
+    async fn await_ready(&self, urls: &[String]) {
+        let urls = urls.to_vec();
+        let log = self.log.clone();
+        wait_for(
+            &format!(
+                "nats-server {} to serve JetStream (log: {})",
+                self.name,
+                log.display()
+            ),
+            READY,
+            Duration::from_millis(50),
+            || {
+                let urls = urls.clone();
+                async move {
+                    if jetstream_ready(&urls).await {
+                        Some(())
+                    } else {
+                        None
+                    }
+                }
+            },
+        )
+        .await;
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The monitoring endpoint (`/jsz?streams=true`, `/connz`, …).
+    pub fn monitor_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.monitor_port)
+    }
+
+    pub fn store_dir(&self) -> PathBuf {
+        self.dir.path().join("jetstream")
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// SIGKILL, and reap.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Start it again on the same ports and store directory.
+    pub async fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+        self.await_ready(&[self.url()]).await;
+    }
+
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Whether JetStream answers `$JS.API.INFO` without an error through any of `urls`.
+async fn jetstream_ready(urls: &[String]) -> bool {
+    let Ok(Ok(client)) =
+        tokio::time::timeout(Duration::from_secs(1), async_nats::connect(urls.to_vec())).await
+    else {
+        return false;
+    };
+    let ok = match tokio::time::timeout(
+        Duration::from_secs(1),
+        client.request("$JS.API.INFO", "".into()),
+    )
+    .await
+    {
+        Ok(Ok(reply)) => {
+            let body: serde_json::Value =
+                serde_json::from_slice(&reply.payload).unwrap_or_default();
+            body.get("error").is_none() && body.get("type").is_some()
+        }
+        _ => false,
+    };
+    let _ = client.drain().await;
+    ok
+}
+
+/// A 3-server JetStream cluster on loopback.
+pub struct NatsCluster {
+    pub servers: Vec<NatsServer>,
+}
+
+impl NatsCluster {
+    pub async fn start(n: usize) -> NatsCluster {
+        let ports: Vec<(u16, u16, u16)> = (0..n)
+            .map(|_| (free_port(), free_port(), free_port()))
+            .collect();
+        let routes: Vec<u16> = ports.iter().map(|p| p.2).collect();
+        let servers: Vec<NatsServer> = ports
+            .iter()
+            .enumerate()
+            .map(|(i, (port, monitor, cluster))| {
+                NatsServer::configure(&format!("n{i}"), *port, *monitor, Some((*cluster, &routes)))
+            })
+            .collect();
+        let c = NatsCluster { servers };
+        let urls = c.urls();
+        for s in &c.servers {
+            s.await_ready(&[s.url()]).await;
+        }
+        // And through the whole list, the way a node connects.
+        c.servers[0].await_ready(&urls).await;
+        c
+    }
+
+    pub fn urls(&self) -> Vec<String> {
+        self.servers.iter().map(NatsServer::url).collect()
+    }
+
+    /// The server called `name` (`n0`, `n1`, …).
+    pub fn index_of(&self, name: &str) -> Option<usize> {
+        self.servers.iter().position(|s| s.name() == name)
+    }
+
+    /// The stream's leader, as its cluster info names it.
+    pub async fn leader_of(
+        &self,
+        js: &async_nats::jetstream::Context,
+        stream: &str,
+    ) -> Option<usize> {
+        let mut s = js.get_stream(stream).await.ok()?;
+        let info = s.info().await.ok()?;
+        let leader = info.cluster.as_ref()?.leader.clone()?;
+        self.index_of(&leader)
+    }
+}

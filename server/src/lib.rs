@@ -8,9 +8,13 @@ pub mod audit;
 pub mod config;
 pub mod coord;
 pub mod db;
+pub mod events;
 pub mod logging;
 pub mod node;
+pub mod queue;
+pub mod seat;
 pub mod tasks;
+pub mod watchdog;
 pub mod web;
 
 /// The version of this build.

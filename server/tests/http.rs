@@ -376,6 +376,7 @@ async fn a_bearer_token_reads_json_endpoints_and_nothing_else() {
     assert_eq!(v["nodes"][0]["node_id"], "node-http");
     assert_eq!(v["nodes"][0]["protocol"], 4);
     assert_eq!(v["nodes"][0]["roles"], serde_json::json!(["alpha"]));
+    assert!(v["nodes"][0]["presence_expires_at"].is_string());
 
     let r = c
         .get(n.url("/query/fleet"))

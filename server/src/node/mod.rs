@@ -10,11 +10,25 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+pub mod company;
+pub mod fleet;
+pub mod hooks;
+
 use rand::Rng;
 use tokio::net::TcpListener;
 
+use std::time::Duration;
+
 use crate::config::{Config, CoordinationType, PROTOCOL, PlacementConfig};
+use crate::coord::{
+    Coordinator, CoordinatorOptions, MemoryBackend, NatsBackend, NatsOptions, Store,
+};
 use crate::db::{self, DbError};
+use crate::events::EventBus;
+use crate::queue::Queue;
+use crate::queue::jetstream::{JetStreamQueue, JetStreamSettings};
+use crate::queue::memory::MemoryQueue;
+use crate::seat::sweep::{EngineConfig, SeatEngine};
 use crate::tasks::Tasks;
 use crate::web::{self, WebError};
 
@@ -97,6 +111,20 @@ pub enum NodeError {
     Web(#[from] WebError),
     #[error("the HTTP server stopped: {0}")]
     Serve(std::io::Error),
+    #[error(
+        "the coordination store: {0}. Check stream.urls and that nats-server runs with JetStream (-js)."
+    )]
+    Store(crate::coord::StoreError),
+    #[error("the queue: {0}")]
+    Queue(crate::queue::QueueError),
+    #[error("the company: {0}")]
+    Company(company::CompanyError),
+    #[error("cannot create the mailboxes of seat {seat}: {source}")]
+    Mailbox {
+        seat: String,
+        #[source]
+        source: crate::queue::QueueError,
+    },
 }
 
 /// Where the dashboard's browser half (pkg/, favicon) is served from:
@@ -122,21 +150,33 @@ pub fn site_root() -> PathBuf {
 pub struct RunningNode {
     pub addr: SocketAddr,
     pub info: NodeInfo,
+    pub engine: Arc<SeatEngine>,
     tasks: Tasks,
     server: tokio::task::JoinHandle<Result<(), std::io::Error>>,
 }
 
 impl RunningNode {
-    /// Stop accepting, stop every task, and wait until all have stopped.
+    /// Graceful shutdown is a drain: presence given up, every seat released
+    /// voluntarily, then every task stopped (the HTTP server with them).
     pub async fn shutdown(self) -> Result<(), NodeError> {
-        self.tasks.token().cancel();
-        let served = self.server.await;
+        self.engine.drain().await;
         self.tasks.shutdown().await;
+        let served = self.server.await;
+        self.engine
+            .events()
+            .emit(crate::events::Event::NodeStopped {});
         match served {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(NodeError::Serve(e)),
             Err(e) => Err(NodeError::Serve(std::io::Error::other(e))),
         }
+    }
+
+    /// Stop without releasing anything, as a crash would (tests).
+    pub async fn crash(self) {
+        self.engine.crash().await;
+        self.tasks.shutdown().await;
+        let _ = self.server.await;
     }
 
     /// Resolves when shutdown has been asked for.
@@ -150,7 +190,49 @@ impl RunningNode {
     }
 }
 
-/// Start a node: database, incarnation, first person, HTTP server.
+/// The coordination store and queue a config asks for.
+pub async fn backends(
+    config: &Config,
+    tasks: &Tasks,
+) -> Result<(Arc<dyn Store>, Arc<dyn Queue>, Option<async_nats::Client>), NodeError> {
+    let timeout = Duration::from_millis(config.coordination.store_timeout_ms);
+    let opts = CoordinatorOptions {
+        store_timeout: timeout,
+        view_idle: Duration::from_secs(60),
+        tasks: tasks.clone(),
+    };
+    match config.coordination.kind {
+        CoordinationType::Local => {
+            let ttl = Duration::from_secs(config.coordination.lease_ttl_seconds);
+            let store: Arc<dyn Store> = Arc::new(Coordinator::new(MemoryBackend::new(ttl), opts));
+            let queue: Arc<dyn Queue> = Arc::new(MemoryQueue::new(crate::queue::log_events()));
+            Ok((store, queue, None))
+        }
+        CoordinationType::EmbeddedKv => {
+            let nats =
+                NatsOptions::from_config(&config.stream, &config.coordination, &config.node.id);
+            let backend = NatsBackend::connect(&nats)
+                .await
+                .map_err(NodeError::Store)?;
+            let client = backend.client().clone();
+            let store: Arc<dyn Store> = Arc::new(Coordinator::new(backend, opts));
+            let queue = JetStreamQueue::new(
+                client.clone(),
+                JetStreamSettings {
+                    replicas: nats.replicas,
+                    timeout,
+                },
+                crate::queue::log_events(),
+            )
+            .await
+            .map_err(NodeError::Queue)?;
+            Ok((store, Arc::new(queue), Some(client)))
+        }
+    }
+}
+
+/// Start a node: database, incarnation, first person, coordination and
+/// queue, the company, every seat's mailbox, the seat engine, HTTP.
 pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
     let pool = db::open(&config.node.data_dir, &db::MIGRATOR).await?;
     let incarnation = Incarnation::mint(&config.node.id);
@@ -163,6 +245,38 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
     let addr = listener
         .local_addr()
         .map_err(|source| NodeError::Bind { addr, source })?;
+
+    let (store, queue, client) = backends(&config, &tasks).await?;
+    if store.lease_ttl() != Duration::from_secs(config.coordination.lease_ttl_seconds) {
+        tracing::info!(
+            configured_seconds = config.coordination.lease_ttl_seconds,
+            in_force_seconds = store.lease_ttl().as_secs(),
+            "the lease TTL in force is the fleet's, adopted from the bucket a peer created"
+        );
+    }
+    let mut events = EventBus::new(&info.node_id, info.incarnation.as_str());
+    if let Some(c) = client {
+        events
+            .connect_fleet(c, &tasks)
+            .await
+            .map_err(|e| NodeError::Store(crate::coord::StoreError::Unavailable(e.to_string())))?;
+    }
+    let first = company::boot(&*store, &config)
+        .await
+        .map_err(NodeError::Company)?;
+    let company_rx = company::follow(store.clone(), first, &tasks);
+    let engine = SeatEngine::new(
+        EngineConfig::from_config(&config, info.incarnation.as_str()),
+        store.clone(),
+        queue.clone(),
+        Arc::new(hooks::NodeHooks),
+        events.clone(),
+        company_rx,
+        tasks.clone(),
+    )
+    .await
+    .map_err(|(seat, e)| NodeError::Mailbox { seat, source: e })?;
+
     let site = site_root();
     if !site
         .join("pkg")
@@ -181,6 +295,7 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
         tasks: tasks.clone(),
         site_root: site,
         addr,
+        engine: engine.clone(),
     })
     .await?;
     let token = tasks.token();
@@ -191,6 +306,11 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
         )
         .with_graceful_shutdown(token.cancelled_owned())
         .await
+    });
+    engine.start();
+    events.emit(crate::events::Event::NodeStarted {
+        version: crate::VERSION.to_string(),
+        protocol: PROTOCOL,
     });
     tracing::info!(
         node = %info.node_id,
@@ -203,6 +323,7 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
     Ok(RunningNode {
         addr,
         info,
+        engine,
         tasks,
         server,
     })

@@ -8,25 +8,36 @@ use std::sync::Arc;
 
 use sqlx::SqlitePool;
 
-use app::api::{
-    AuditEntry, FleetView, NewPerson, NodeStatus, NodeView, Person, PersonRole, PersonView,
-};
+use app::api::{AuditEntry, FleetView, NewPerson, Person, PersonRole, PersonView};
 use app::console::{Console, ConsoleError};
 
 use crate::audit;
 use crate::config::CoordinationType;
 use crate::node::NodeInfo;
+use crate::node::fleet::read_fleet;
+use crate::seat::sweep::SeatEngine;
 use crate::web::auth::Auth;
 
 pub struct NodeConsole {
     info: Arc<NodeInfo>,
     pool: SqlitePool,
     auth: Arc<Auth>,
+    engine: Arc<SeatEngine>,
 }
 
 impl NodeConsole {
-    pub fn new(info: Arc<NodeInfo>, pool: SqlitePool, auth: Arc<Auth>) -> NodeConsole {
-        NodeConsole { info, pool, auth }
+    pub fn new(
+        info: Arc<NodeInfo>,
+        pool: SqlitePool,
+        auth: Arc<Auth>,
+        engine: Arc<SeatEngine>,
+    ) -> NodeConsole {
+        NodeConsole {
+            info,
+            pool,
+            auth,
+            engine,
+        }
     }
 
     async fn audited(
@@ -58,26 +69,23 @@ fn unavailable(what: &str, e: impl std::fmt::Display) -> ConsoleError {
 impl Console for NodeConsole {
     async fn fleet(&self) -> Result<FleetView, ConsoleError> {
         let i = &self.info;
-        let me = NodeView {
-            node_id: i.node_id.clone(),
-            incarnation: i.incarnation.to_string(),
-            version: crate::VERSION.to_string(),
-            protocol: i.protocol,
-            status: NodeStatus::Serving,
-            roles: i.roles.clone(),
-            labels: i.labels.clone(),
-            presence_expires_at: None,
-            seats: Vec::new(),
+        let coordination = match i.coordination {
+            CoordinationType::Local => "local",
+            CoordinationType::EmbeddedKv => "embedded-kv",
         };
-        Ok(FleetView {
-            answered_by: i.node_id.clone(),
-            company: i.company.clone(),
-            coordination: match i.coordination {
-                CoordinationType::Local => "local",
-                CoordinationType::EmbeddedKv => "embedded-kv",
-            }
-            .to_string(),
-            nodes: vec![me],
+        let company = self.engine.company();
+        read_fleet(
+            &**self.engine.store(),
+            &i.node_id,
+            &company.name,
+            coordination,
+        )
+        .await
+        .map_err(|e| {
+            tracing::warn!(error = %e, "the roster cannot be read");
+            ConsoleError::Unavailable(format!(
+                "The fleet's roster cannot be read right now ({e}); node states are unknown."
+            ))
         })
     }
 

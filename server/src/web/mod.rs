@@ -30,6 +30,7 @@ use app::{App, shell};
 
 use crate::config::Config;
 use crate::node::NodeInfo;
+use crate::seat::sweep::SeatEngine;
 use crate::tasks::Tasks;
 
 pub use console::NodeConsole;
@@ -56,6 +57,7 @@ pub struct WebSetup<'a> {
     pub tasks: Tasks,
     pub site_root: PathBuf,
     pub addr: SocketAddr,
+    pub engine: Arc<SeatEngine>,
 }
 
 /// `GET /health`.
@@ -65,7 +67,11 @@ pub struct Health {
     pub incarnation: String,
     pub version: &'static str,
     pub protocol: u32,
+    /// Seats this node holds and runs (a stranded seat is not among them).
     pub seats: Vec<String>,
+    /// Seat → seconds its teardown has been failing; only while one is.
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub unproven_seconds: std::collections::BTreeMap<String, u64>,
 }
 
 /// Build the whole HTTP surface. Creates `admin` on a node nobody can sign
@@ -78,6 +84,7 @@ pub async fn router(setup: WebSetup<'_>) -> Result<Router, WebError> {
         tasks,
         site_root,
         addr,
+        engine,
     } = setup;
 
     let store = SqliteStore::new(pool.clone())
@@ -111,8 +118,12 @@ pub async fn router(setup: WebSetup<'_>) -> Result<Router, WebError> {
     }
 
     let info = Arc::new(info);
-    let console: SharedConsole =
-        Arc::new(NodeConsole::new(info.clone(), pool.clone(), auth.clone()));
+    let console: SharedConsole = Arc::new(NodeConsole::new(
+        info.clone(),
+        pool.clone(),
+        auth.clone(),
+        engine.clone(),
+    ));
 
     let leptos_options = LeptosOptions::builder()
         .output_name(OUTPUT_NAME)
@@ -143,30 +154,47 @@ pub async fn router(setup: WebSetup<'_>) -> Result<Router, WebError> {
         .layer(sessions)
         .layer(Extension(auth))
         .layer(Extension(info))
+        .layer(Extension(engine))
         .layer(Extension(console))
         .with_state(leptos_options);
     Ok(app)
 }
 
-async fn health(Extension(info): Extension<Arc<NodeInfo>>) -> Json<Health> {
+async fn health(
+    Extension(info): Extension<Arc<NodeInfo>>,
+    Extension(engine): Extension<Arc<SeatEngine>>,
+) -> Json<Health> {
+    let status = engine.host().status();
     Json(Health {
         node: info.node_id.clone(),
         incarnation: info.incarnation.to_string(),
         version: crate::VERSION,
         protocol: info.protocol,
-        seats: Vec::new(),
+        seats: engine.host().held(),
+        unproven_seconds: status
+            .iter()
+            .filter_map(|s| s.unproven_for.map(|d| (s.handle.clone(), d.as_secs())))
+            .collect(),
     })
 }
 
-async fn metrics(Extension(info): Extension<Arc<NodeInfo>>) -> impl IntoResponse {
+async fn metrics(
+    Extension(info): Extension<Arc<NodeInfo>>,
+    Extension(engine): Extension<Arc<SeatEngine>>,
+) -> impl IntoResponse {
+    let held = engine.host().held().len();
+    let undead = engine.host().undead().len();
     let body = format!(
         "# HELP crewlet_up 1 while the node serves.\n# TYPE crewlet_up gauge\ncrewlet_up 1\n\
          # HELP crewlet_build_info The node's version and lease protocol.\n# TYPE crewlet_build_info gauge\n\
          crewlet_build_info{{version=\"{}\",protocol=\"{}\",node=\"{}\"}} 1\n\
-         # HELP crewlet_seats_held Seats this node holds.\n# TYPE crewlet_seats_held gauge\ncrewlet_seats_held 0\n",
+         # HELP crewlet_seats_held Seats this node holds and runs.\n# TYPE crewlet_seats_held gauge\ncrewlet_seats_held {}\n\
+         # HELP crewlet_seats_unproven Seats whose teardown could not be proven (undead).\n# TYPE crewlet_seats_unproven gauge\ncrewlet_seats_unproven {}\n",
         crate::VERSION,
         info.protocol,
-        info.node_id
+        info.node_id,
+        held,
+        undead
     );
     (
         [(

@@ -1,0 +1,63 @@
+//! The boot walk on NATS: creating the three mailboxes (inbox, control,
+//! reflect) of every seat of a 1,000-seat company, as every node does
+//! before it claims anything (seed § The unowned seat: 1.7 ms a seat).
+//! Prints a table; asserts nothing about time.
+//!
+//! `cargo bench -p server --bench queue` (starts its own nats-server).
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::time::Instant;
+
+use crewlet::queue::jetstream::{JetStreamQueue, JetStreamSettings};
+use crewlet::queue::{QueueSettings, boot_walk, log_events};
+
+const SEATS: usize = 1_000;
+
+#[tokio::main]
+async fn main() {
+    let server = support::nats::NatsServer::start().await;
+    let client = async_nats::connect(server.url()).await.expect("connect");
+    let q = JetStreamQueue::new(client, JetStreamSettings::default(), log_events())
+        .await
+        .expect("streams");
+    let handles: Vec<String> = (0..SEATS).map(|i| format!("seat-{i:05}")).collect();
+
+    let t = Instant::now();
+    boot_walk(
+        &q,
+        handles.iter().map(String::as_str),
+        QueueSettings::default(),
+    )
+    .await
+    .expect("first walk");
+    let cold = t.elapsed();
+
+    let t = Instant::now();
+    boot_walk(
+        &q,
+        handles.iter().map(String::as_str),
+        QueueSettings::default(),
+    )
+    .await
+    .expect("second walk");
+    let warm = t.elapsed();
+
+    let per = |d: std::time::Duration| d.as_secs_f64() * 1000.0 / SEATS as f64;
+    println!();
+    println!(
+        "| boot walk, {SEATS} seats on NATS (single server, loopback) | total | per seat | goal |"
+    );
+    println!("|---|---|---|---|");
+    println!(
+        "| first walk (creates 3 subscriptions a seat) | {:.0} ms | {:.2} ms | ≤ 2 ms (seed: 1.7 ms) |",
+        cold.as_secs_f64() * 1000.0,
+        per(cold)
+    );
+    println!(
+        "| second walk (every subscription exists: compare only) | {:.0} ms | {:.2} ms | — |",
+        warm.as_secs_f64() * 1000.0,
+        per(warm)
+    );
+}

@@ -1,0 +1,360 @@
+//! The node's events: one typed [`Event`] enum whose serde tag is the
+//! seed's log name (`seat_claimed`, `seat_detached`, …), emitted once and
+//! fanned out to tracing, the in-process bus every SSE client of this node
+//! reads, and — on a fleet — `crewlet.events.{node}` on NATS, from which
+//! every node re-broadcasts its peers' events.
+//!
+//! The names and fields here are a public contract (README § Events).
+//! Emitting never blocks and never fails the caller: a slow subscriber
+//! misses events (and is told so by the bus), the emitter never waits.
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::{broadcast, mpsc};
+
+use crate::tasks::Tasks;
+
+/// Why a seat was detached (seed § Establishing a seat, and giving it back).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DetachReason {
+    Drain,
+    Rebalance,
+    RoleGone,
+    PlacementMoved,
+    Unserviceable,
+    Unprepared,
+    Lost,
+    GraceExpired,
+    HookFailed,
+    Shed,
+}
+
+impl DetachReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DetachReason::Drain => "drain",
+            DetachReason::Rebalance => "rebalance",
+            DetachReason::RoleGone => "role_gone",
+            DetachReason::PlacementMoved => "placement_moved",
+            DetachReason::Unserviceable => "unserviceable",
+            DetachReason::Unprepared => "unprepared",
+            DetachReason::Lost => "lost",
+            DetachReason::GraceExpired => "grace_expired",
+            DetachReason::HookFailed => "hook_failed",
+            DetachReason::Shed => "shed",
+        }
+    }
+
+    /// Fenced releases detach first and abandon in-flight work; voluntary
+    /// ones let the in-flight handler finish.
+    pub fn is_fenced(self) -> bool {
+        matches!(
+            self,
+            DetachReason::Lost
+                | DetachReason::GraceExpired
+                | DetachReason::HookFailed
+                | DetachReason::Shed
+        )
+    }
+}
+
+/// Everything a node reports. The tag is the event's name.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum Event {
+    NodeStarted {
+        version: String,
+        protocol: u32,
+    },
+    NodeDraining {},
+    NodeStopped {},
+    /// One placement pass: what it holds against what it may hold.
+    SeatSweep {
+        held: usize,
+        undead: usize,
+        capacity: usize,
+        claimed: usize,
+        released: usize,
+        fleet_full: bool,
+    },
+    SeatClaimed {
+        seat: String,
+        epoch: u64,
+    },
+    SeatAttached {
+        seat: String,
+        epoch: u64,
+    },
+    SeatDetached {
+        seat: String,
+        epoch: u64,
+        reason: DetachReason,
+    },
+    SeatsUnplaceable {
+        seats: Vec<String>,
+    },
+    SeatClaimsWithheld {
+        reason: String,
+    },
+    SeatClaimsBlockedByOlderProtocol {
+        floor: u32,
+        protocol: u32,
+    },
+    SeatAdmissionStale {
+        seat: String,
+        since_renew_ms: u64,
+    },
+    /// A renew the store could not answer: the seat is kept, its inbox
+    /// quiesced until a renew succeeds again.
+    SeatRenewUnknown {
+        seat: String,
+        error: String,
+    },
+    SeatReleaseUnproven {
+        seat: String,
+        epoch: u64,
+        error: String,
+    },
+    SeatStillUnproven {
+        seat: String,
+        epoch: u64,
+        elapsed_seconds: u64,
+        attempts: u32,
+        error: String,
+    },
+    SeatReleaseRecovered {
+        seat: String,
+        epoch: u64,
+        attempts: u32,
+    },
+    SeatReleasedRoleGone {
+        seat: String,
+    },
+    CompanyApplied {
+        revision: u64,
+        seats: usize,
+    },
+    MessageDeadLettered {
+        subscription: String,
+        subject: String,
+        seq: u64,
+        delivered: u64,
+        reason: String,
+    },
+    DeliveryDeferred {
+        subscription: String,
+        seq: u64,
+        reason: String,
+    },
+}
+
+impl Event {
+    /// The event's name (its serde tag).
+    pub fn name(&self) -> String {
+        serde_json::to_value(self)
+            .ok()
+            .and_then(|v| v.get("event").and_then(|n| n.as_str()).map(str::to_string))
+            .unwrap_or_default()
+    }
+
+    fn is_alarm(&self) -> bool {
+        matches!(
+            self,
+            Event::SeatReleaseUnproven { .. }
+                | Event::SeatStillUnproven { .. }
+                | Event::SeatsUnplaceable { .. }
+                | Event::SeatClaimsBlockedByOlderProtocol { .. }
+                | Event::MessageDeadLettered { .. }
+        )
+    }
+
+    fn is_debug(&self) -> bool {
+        matches!(
+            self,
+            Event::SeatSweep { .. } | Event::SeatClaimsWithheld { .. }
+        )
+    }
+}
+
+/// An event as the fleet sees it: who said it, when, and what.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FleetEvent {
+    pub node: String,
+    pub incarnation: String,
+    /// RFC 3339, the emitting node's wall clock.
+    pub at: String,
+    #[serde(flatten)]
+    pub event: Event,
+}
+
+/// The bus: emit once, fan out everywhere.
+#[derive(Clone)]
+pub struct EventBus {
+    node: String,
+    incarnation: String,
+    tx: broadcast::Sender<FleetEvent>,
+    outbound: Option<mpsc::UnboundedSender<FleetEvent>>,
+}
+
+/// Events kept for subscribers that fall behind.
+pub const BUS_CAPACITY: usize = 4096;
+
+impl EventBus {
+    /// A bus for one node, in process only.
+    pub fn new(node: &str, incarnation: &str) -> EventBus {
+        let (tx, _) = broadcast::channel(BUS_CAPACITY);
+        EventBus {
+            node: node.to_string(),
+            incarnation: incarnation.to_string(),
+            tx,
+            outbound: None,
+        }
+    }
+
+    /// Also publish every event on `crewlet.events.{node}` and re-broadcast
+    /// every peer's events from `crewlet.events.>`. The two tasks are owned
+    /// by `tasks`.
+    pub async fn connect_fleet(
+        &mut self,
+        client: async_nats::Client,
+        tasks: &Tasks,
+    ) -> Result<(), async_nats::SubscribeError> {
+        let (out_tx, mut out_rx) = mpsc::unbounded_channel::<FleetEvent>();
+        let subject = format!("crewlet.events.{}", self.node);
+        let publisher = client.clone();
+        tasks.spawn("events-publish", async move {
+            while let Some(e) = out_rx.recv().await {
+                match serde_json::to_vec(&e) {
+                    Ok(body) => {
+                        if let Err(err) = publisher.publish(subject.clone(), body.into()).await {
+                            tracing::debug!(error = %err, "cannot publish an event to the fleet bus");
+                        }
+                    }
+                    Err(err) => tracing::debug!(error = %err, "cannot encode an event"),
+                }
+            }
+        });
+        let mut sub = client.subscribe("crewlet.events.>").await?;
+        let tx = self.tx.clone();
+        let me = self.incarnation.clone();
+        tasks.spawn("events-receive", async move {
+            use futures::StreamExt;
+            while let Some(msg) = sub.next().await {
+                match serde_json::from_slice::<FleetEvent>(&msg.payload) {
+                    Ok(e) if e.incarnation != me => {
+                        let _ = tx.send(e);
+                    }
+                    Ok(_) => {}
+                    Err(err) => tracing::debug!(subject = %msg.subject, error = %err, "unreadable fleet event"),
+                }
+            }
+        });
+        self.outbound = Some(out_tx);
+        Ok(())
+    }
+
+    pub fn node(&self) -> &str {
+        &self.node
+    }
+
+    /// Emit `event`: to the log, to this node's subscribers and, on a
+    /// fleet, to every peer.
+    pub fn emit(&self, event: Event) {
+        let fleet = FleetEvent {
+            node: self.node.clone(),
+            incarnation: self.incarnation.clone(),
+            at: crate::audit::now_rfc3339(),
+            event,
+        };
+        let json = serde_json::to_string(&fleet.event).unwrap_or_default();
+        let name = fleet.event.name();
+        if fleet.event.is_alarm() {
+            tracing::warn!(target: "crewlet::event", event = %name, detail = %json, "{name}");
+        } else if fleet.event.is_debug() {
+            tracing::debug!(target: "crewlet::event", event = %name, detail = %json, "{name}");
+        } else {
+            tracing::info!(target: "crewlet::event", event = %name, detail = %json, "{name}");
+        }
+        if let Some(out) = &self.outbound {
+            let _ = out.send(fleet.clone());
+        }
+        let _ = self.tx.send(fleet);
+    }
+
+    /// Every event from now on (this node's and, on a fleet, its peers').
+    pub fn subscribe(&self) -> broadcast::Receiver<FleetEvent> {
+        self.tx.subscribe()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_names_are_the_seeds_log_names() {
+        let e = Event::SeatDetached {
+            seat: "a".into(),
+            epoch: 7,
+            reason: DetachReason::PlacementMoved,
+        };
+        assert_eq!(e.name(), "seat_detached");
+        let v = serde_json::to_value(&e).unwrap();
+        assert_eq!(v["reason"], "placement_moved");
+        assert_eq!(
+            Event::SeatClaimsBlockedByOlderProtocol {
+                floor: 3,
+                protocol: 4
+            }
+            .name(),
+            "seat_claims_blocked_by_older_protocol"
+        );
+        assert_eq!(
+            Event::SeatStillUnproven {
+                seat: "a".into(),
+                epoch: 1,
+                elapsed_seconds: 1,
+                attempts: 1,
+                error: String::new()
+            }
+            .name(),
+            "seat_still_unproven"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_emitted_event_reaches_every_subscriber_once_with_its_node() {
+        let bus = EventBus::new("node-a", "node-a:1");
+        let mut a = bus.subscribe();
+        let mut b = bus.subscribe();
+        bus.emit(Event::SeatClaimed {
+            seat: "s".into(),
+            epoch: 3,
+        });
+        for rx in [&mut a, &mut b] {
+            let e = rx.recv().await.unwrap();
+            assert_eq!(e.node, "node-a");
+            assert_eq!(
+                e.event,
+                Event::SeatClaimed {
+                    seat: "s".into(),
+                    epoch: 3
+                }
+            );
+            assert!(rx.try_recv().is_err());
+        }
+        let wire = serde_json::to_value(&FleetEvent {
+            node: "n".into(),
+            incarnation: "n:1".into(),
+            at: "t".into(),
+            event: Event::SeatClaimed {
+                seat: "s".into(),
+                epoch: 3,
+            },
+        })
+        .unwrap();
+        assert_eq!(wire["event"], "seat_claimed");
+        assert_eq!(wire["seat"], "s");
+        assert_eq!(wire["node"], "n");
+    }
+}

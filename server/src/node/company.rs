@@ -1,0 +1,226 @@
+//! Company revisions: the active company (roles → seats) as a numbered
+//! revision in the coordination store, and the activation pointer every
+//! node follows.
+//!
+//! Keys in the config bucket (`crewlet_config`): `revision:{n}` holds a
+//! revision, `active` names the one in force. Applying writes the next
+//! revision, then moves the pointer by compare-and-set; two applies racing
+//! each get their own number and the pointer ends on one of them, never on
+//! a half-written one. Nothing here decides placement.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use crate::config::{Config, RoleConfig};
+use crate::coord::{Event as StoreEvent, KvError, StateBucket, Store, StoreError};
+use crate::tasks::Tasks;
+
+pub const ACTIVE_KEY: &str = "active";
+
+pub fn revision_key(n: u64) -> String {
+    format!("revision:{n}")
+}
+
+/// One revision of the company.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Company {
+    pub revision: u64,
+    pub name: String,
+    pub roles: Vec<RoleConfig>,
+}
+
+impl Company {
+    pub fn handles(&self) -> impl Iterator<Item = &str> {
+        self.roles.iter().map(|r| r.handle.as_str())
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct Pointer {
+    revision: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CompanyError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("revision {0} is unreadable: {1}")]
+    Corrupt(u64, String),
+    #[error("the activation pointer is unreadable: {0}")]
+    BadPointer(String),
+    #[error("another apply kept winning the race; try again")]
+    Contended,
+}
+
+impl From<KvError> for CompanyError {
+    fn from(e: KvError) -> Self {
+        match e {
+            KvError::Store(s) => CompanyError::Store(s),
+            other => CompanyError::Store(StoreError::Backend(other.to_string())),
+        }
+    }
+}
+
+/// The active revision, if the fleet has one.
+pub async fn active(store: &dyn Store) -> Result<Option<Company>, CompanyError> {
+    let Some(p) = store.get(StateBucket::Config, ACTIVE_KEY).await? else {
+        return Ok(None);
+    };
+    let pointer: Pointer =
+        serde_json::from_slice(&p.value).map_err(|e| CompanyError::BadPointer(e.to_string()))?;
+    read(store, pointer.revision).await.map(Some)
+}
+
+async fn read(store: &dyn Store, n: u64) -> Result<Company, CompanyError> {
+    let e = store
+        .get(StateBucket::Config, &revision_key(n))
+        .await?
+        .ok_or_else(|| CompanyError::Corrupt(n, "missing".into()))?;
+    serde_json::from_slice(&e.value).map_err(|err| CompanyError::Corrupt(n, err.to_string()))
+}
+
+/// Write `name` + `roles` as the next revision and make it active.
+pub async fn apply(
+    store: &dyn Store,
+    name: &str,
+    roles: &[RoleConfig],
+) -> Result<u64, CompanyError> {
+    for _ in 0..16 {
+        let current = store.get(StateBucket::Config, ACTIVE_KEY).await?;
+        let at = match &current {
+            Some(e) => {
+                serde_json::from_slice::<Pointer>(&e.value)
+                    .map_err(|err| CompanyError::BadPointer(err.to_string()))?
+                    .revision
+            }
+            None => 0,
+        };
+        let mut n = at + 1;
+        let company = Company {
+            revision: n,
+            name: name.to_string(),
+            roles: roles.to_vec(),
+        };
+        // Find a free number (a racing apply may have taken this one).
+        loop {
+            let body = Bytes::from(
+                serde_json::to_vec(&Company {
+                    revision: n,
+                    ..company.clone()
+                })
+                .unwrap_or_default(),
+            );
+            match store
+                .create(StateBucket::Config, &revision_key(n), body)
+                .await
+            {
+                Ok(_) => break,
+                Err(KvError::AlreadyExists) => n += 1,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let pointer = Bytes::from(serde_json::to_vec(&Pointer { revision: n }).unwrap_or_default());
+        let moved = match &current {
+            Some(e) => {
+                store
+                    .update(StateBucket::Config, ACTIVE_KEY, pointer, e.revision)
+                    .await
+            }
+            None => store.create(StateBucket::Config, ACTIVE_KEY, pointer).await,
+        };
+        match moved {
+            Ok(_) => return Ok(n),
+            Err(KvError::AlreadyExists | KvError::WrongRevision) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(CompanyError::Contended)
+}
+
+/// At boot: the fleet's active revision, or — when there is none — this
+/// node's company file, written as revision 1.
+pub async fn boot(store: &dyn Store, config: &Config) -> Result<Company, CompanyError> {
+    if let Some(c) = active(store).await? {
+        if c.roles != config.roles {
+            tracing::info!(
+                revision = c.revision,
+                "following the fleet's active company revision; this node's [[roles]] differ (use `crewlet apply` to change the company)"
+            );
+        }
+        return Ok(c);
+    }
+    match apply(store, &config.company.name, &config.roles).await {
+        Ok(_) => {}
+        Err(e) => return Err(e),
+    }
+    active(store)
+        .await?
+        .ok_or_else(|| CompanyError::BadPointer("vanished after the first apply".into()))
+}
+
+/// Follow the activation pointer: the returned receiver always holds the
+/// active revision. The watch task is owned by `tasks`; it re-subscribes
+/// after a store error.
+pub fn follow(
+    store: std::sync::Arc<dyn Store>,
+    first: Company,
+    tasks: &Tasks,
+) -> watch::Receiver<Company> {
+    let (tx, rx) = watch::channel(first);
+    tasks.spawn("company-follow", async move {
+        loop {
+            match store.watch(StateBucket::Config, ACTIVE_KEY).await {
+                Ok(mut events) => {
+                    while let Some(ev) = events.next().await {
+                        match ev {
+                            Ok(StoreEvent::Put(e)) if e.key == ACTIVE_KEY => {
+                                let Ok(p) = serde_json::from_slice::<Pointer>(&e.value) else {
+                                    tracing::warn!("unreadable activation pointer; keeping the current revision");
+                                    continue;
+                                };
+                                if p.revision == tx.borrow().revision {
+                                    continue;
+                                }
+                                match read(&*store, p.revision).await {
+                                    Ok(c) => {
+                                        let _ = tx.send(c);
+                                    }
+                                    Err(err) => tracing::warn!(error = %err, "cannot read the new company revision"),
+                                }
+                            }
+                            Ok(_) => {}
+                            Err(err) => {
+                                tracing::warn!(error = %err, "the company watch failed; re-subscribing");
+                                break;
+                            }
+                        }
+                    }
+                }
+                Err(err) => tracing::warn!(error = %err, "cannot watch the activation pointer"),
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    });
+    rx
+}
+
+/// Does the change from `old` to `new` call for an early sweep? A node's
+/// first company, a role added or removed, a seat's placement moved.
+pub fn wants_early_sweep(old: Option<&Company>, new: &Company) -> bool {
+    let Some(old) = old else { return true };
+    let before: std::collections::BTreeMap<&str, &crate::config::PlacementConfig> = old
+        .roles
+        .iter()
+        .map(|r| (r.handle.as_str(), &r.placement))
+        .collect();
+    let after: std::collections::BTreeMap<&str, &crate::config::PlacementConfig> = new
+        .roles
+        .iter()
+        .map(|r| (r.handle.as_str(), &r.placement))
+        .collect();
+    before != after
+}

@@ -1,0 +1,291 @@
+//! The consuming loop every backend shares, and the [`Attachment`] that
+//! owns it.
+//!
+//! Holds and quiesce gate the fetch (nothing is fetched while either is in
+//! force, and holds passed to `attach` are in force before the first
+//! fetch); Defer hands the delivery back at once and quiesces; a message
+//! past its delivery budget, or one its handler calls poison, is
+//! dead-lettered visibly; a handler panic is caught and the delivery handed
+//! back. A backend supplies only [`Source`] (fetch one) and [`Settle`]
+//! (ack / nak / dead-letter one). This loop never decides whether this node
+//! should be consuming — its owner (the seat host) does.
+
+use std::collections::BTreeSet;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::FutureExt;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use super::{DeadLetterReason, Delivery, Disposition, EventSink, Handler, QueueError, QueueEvent};
+
+/// One fetched, unsettled message.
+pub struct Fetched {
+    pub delivery: Delivery,
+    pub settle: Box<dyn Settle>,
+}
+
+/// Fetch the next message of one subscription.
+#[async_trait::async_trait]
+pub trait Source: Send + Sync + 'static {
+    /// Wait up to `wait` for one message; `None` when none came. Dropping
+    /// the future before it returns must lose no message.
+    async fn next(&self, wait: Duration) -> Result<Option<Fetched>, QueueError>;
+}
+
+/// Settle one fetched message.
+#[async_trait::async_trait]
+pub trait Settle: Send + 'static {
+    async fn ack(self: Box<Self>) -> Result<(), QueueError>;
+    /// Hand it back for redelivery at once.
+    async fn nak(self: Box<Self>) -> Result<(), QueueError>;
+    /// Copy it where a person can inspect it, then remove it from the
+    /// subscription for good. When the copy fails the message is handed
+    /// back instead (never dropped).
+    async fn dead_letter(self: Box<Self>, reason: &DeadLetterReason) -> Result<(), QueueError>;
+}
+
+#[derive(Clone, Debug, Default)]
+struct Gate {
+    holds: BTreeSet<String>,
+    quiesced: bool,
+}
+
+impl Gate {
+    fn open(&self) -> bool {
+        self.holds.is_empty() && !self.quiesced
+    }
+}
+
+/// A consumer attached to a subscription. Dropping it stops the loop (the
+/// same as [`Attachment::detach`] without waiting).
+pub struct Attachment {
+    subscription: String,
+    gate: Arc<watch::Sender<Gate>>,
+    busy: watch::Receiver<bool>,
+    cancel: CancellationToken,
+    task: Option<JoinHandle<()>>,
+}
+
+/// How long one fetch waits for a message before the loop looks again.
+pub const FETCH_WAIT: Duration = Duration::from_secs(5);
+
+impl Attachment {
+    pub(crate) fn start(
+        subscription: String,
+        max_deliveries: u64,
+        holds: &[&str],
+        source: Arc<dyn Source>,
+        handler: Arc<dyn Handler>,
+        events: EventSink,
+    ) -> Attachment {
+        let gate = Arc::new(watch::Sender::new(Gate {
+            holds: holds.iter().map(|h| h.to_string()).collect(),
+            quiesced: false,
+        }));
+        let (busy_tx, busy) = watch::channel(false);
+        let cancel = CancellationToken::new();
+        let task = tokio::spawn(consume(Loop {
+            subscription: subscription.clone(),
+            max_deliveries,
+            gate: gate.clone(),
+            busy: busy_tx,
+            cancel: cancel.clone(),
+            source,
+            handler,
+            events,
+        }));
+        Attachment {
+            subscription,
+            gate,
+            busy,
+            cancel,
+            task: Some(task),
+        }
+    }
+
+    pub fn subscription(&self) -> &str {
+        &self.subscription
+    }
+
+    /// Take a named hold: nothing is fetched while any hold is taken.
+    pub fn hold(&self, name: &str) {
+        self.gate.send_modify(|g| {
+            g.holds.insert(name.to_string());
+        });
+    }
+
+    /// Drop a named hold.
+    pub fn unhold(&self, name: &str) {
+        self.gate.send_modify(|g| {
+            g.holds.remove(name);
+        });
+    }
+
+    /// The holds in force.
+    pub fn holds(&self) -> Vec<String> {
+        self.gate.borrow().holds.iter().cloned().collect()
+    }
+
+    /// Stop fetching (the in-flight handler, if any, finishes).
+    pub fn quiesce(&self) {
+        self.gate.send_modify(|g| g.quiesced = true);
+    }
+
+    /// Fetch again (after a quiesce or a Defer).
+    pub fn resume(&self) {
+        self.gate.send_modify(|g| g.quiesced = false);
+    }
+
+    pub fn is_quiesced(&self) -> bool {
+        self.gate.borrow().quiesced
+    }
+
+    /// True while a handler is running.
+    pub fn in_flight(&self) -> bool {
+        *self.busy.borrow()
+    }
+
+    /// Wait up to `within` for the running handler (if any) to finish.
+    /// True when nothing is in flight any more.
+    pub async fn wait_idle(&self, within: Duration) -> bool {
+        let mut busy = self.busy.clone();
+        tokio::time::timeout(within, busy.wait_for(|b| !*b))
+            .await
+            .map(|r| r.is_ok())
+            .unwrap_or(false)
+    }
+
+    /// Stop consuming. Non-destructive: the subscription and what it
+    /// retains survive; a message in flight goes back (one delivery spent).
+    /// Does not wait for a running handler to finish its work: the handler
+    /// is abandoned at its next await.
+    pub async fn detach(mut self) {
+        self.cancel.cancel();
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for Attachment {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+    }
+}
+
+struct Loop {
+    subscription: String,
+    max_deliveries: u64,
+    gate: Arc<watch::Sender<Gate>>,
+    busy: watch::Sender<bool>,
+    cancel: CancellationToken,
+    source: Arc<dyn Source>,
+    handler: Arc<dyn Handler>,
+    events: EventSink,
+}
+
+async fn settle_or_log(what: &str, sub: &str, r: Result<(), QueueError>) {
+    if let Err(e) = r {
+        tracing::warn!(subscription = sub, error = %e, "cannot {what} a delivery");
+    }
+}
+
+async fn consume(l: Loop) {
+    let mut gate = l.gate.subscribe();
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        tokio::select! {
+            _ = l.cancel.cancelled() => return,
+            r = gate.wait_for(Gate::open) => if r.is_err() { return },
+        }
+        let fetched = tokio::select! {
+            _ = l.cancel.cancelled() => return,
+            r = l.source.next(FETCH_WAIT) => r,
+        };
+        let Fetched { delivery, settle } = match fetched {
+            Ok(Some(f)) => {
+                backoff = Duration::from_millis(100);
+                f
+            }
+            Ok(None) => continue,
+            Err(e) => {
+                tracing::warn!(subscription = %l.subscription, error = %e, "fetch failed; retrying");
+                tokio::select! {
+                    _ = l.cancel.cancelled() => return,
+                    _ = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+                continue;
+            }
+        };
+        // A hold or quiesce that arrived during the fetch: hand it back.
+        if !l.gate.borrow().open() || l.cancel.is_cancelled() {
+            settle_or_log("return", &l.subscription, settle.nak().await).await;
+            continue;
+        }
+        if delivery.delivered > l.max_deliveries {
+            let reason = DeadLetterReason::MaxDeliveries(delivery.delivered - 1);
+            dead_letter(&l, &delivery, settle, reason).await;
+            continue;
+        }
+        let (subject, seq) = (delivery.subject.clone(), delivery.seq);
+        let _ = l.busy.send(true);
+        let outcome = tokio::select! {
+            _ = l.cancel.cancelled() => None,
+            r = AssertUnwindSafe(l.handler.handle(delivery.clone())).catch_unwind() => Some(r),
+        };
+        let _ = l.busy.send(false);
+        match outcome {
+            None => {
+                // Detached with this message in flight: it goes back.
+                settle_or_log("return", &l.subscription, settle.nak().await).await;
+                return;
+            }
+            Some(Err(_panic)) => {
+                tracing::error!(subscription = %l.subscription, seq, "a handler panicked; the delivery goes back");
+                settle_or_log("return", &l.subscription, settle.nak().await).await;
+            }
+            Some(Ok(Disposition::Ack)) => {
+                settle_or_log("ack", &l.subscription, settle.ack().await).await;
+            }
+            Some(Ok(Disposition::Nak)) => {
+                settle_or_log("return", &l.subscription, settle.nak().await).await;
+            }
+            Some(Ok(Disposition::Defer(reason))) => {
+                // Quiesce first, so the next fetch cannot race the hand-back.
+                l.gate.send_modify(|g| g.quiesced = true);
+                settle_or_log("return", &l.subscription, settle.nak().await).await;
+                (l.events)(QueueEvent::Deferred {
+                    subscription: l.subscription.clone(),
+                    subject,
+                    seq,
+                    reason,
+                });
+            }
+            Some(Ok(Disposition::Poison(why))) => {
+                dead_letter(&l, &delivery, settle, DeadLetterReason::Poison(why)).await;
+            }
+        }
+    }
+}
+
+async fn dead_letter(l: &Loop, d: &Delivery, settle: Box<dyn Settle>, reason: DeadLetterReason) {
+    match settle.dead_letter(&reason).await {
+        Ok(()) => (l.events)(QueueEvent::DeadLettered {
+            subscription: l.subscription.clone(),
+            subject: d.subject.clone(),
+            seq: d.seq,
+            delivered: d.delivered,
+            reason,
+        }),
+        Err(e) => {
+            // Not copied, so not removed: it stays in the subscription and
+            // the next delivery tries again.
+            tracing::error!(subscription = %l.subscription, seq = d.seq, error = %e, "cannot dead-letter a message; it stays queued");
+        }
+    }
+}

@@ -1,0 +1,460 @@
+//! The queue on NATS JetStream: seat mailboxes as durable pull consumers on
+//! the interest-retained stream `CREWLET_AGENTS`, dead letters copied to
+//! `CREWLET_DEAD`.
+//!
+//! NATS 2.9 facts this relies on (NATS-NOTES.md): `create_consumer` is
+//! create-OR-UPDATE, so settings are compared before anything is created;
+//! the server's own max-deliver leaves the message in an interest stream,
+//! so the budget is enforced by the shared loop (consumer `max_deliver` is
+//! unlimited and the budget is recorded in the consumer's description);
+//! Nak(None) redelivers at once; Term drops the message from the stream.
+//! Every call is bounded by the configured timeout.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::HeaderMap;
+use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, pull};
+use async_nats::jetstream::stream::{self, RetentionPolicy, StorageType};
+use async_nats::jetstream::{self as js, AckKind, ErrorCode};
+use bytes::Bytes;
+use futures::StreamExt;
+
+use super::attach::{Fetched, Settle, Source};
+use super::{
+    Attachment, DeadLetter, DeadLetterReason, Delivery, EventSink, Handler, Queue, QueueError,
+    SubscriptionInfo, SubscriptionSpec,
+};
+
+/// The stream every seat mailbox lives on (interest retention).
+pub const AGENTS_STREAM: &str = "CREWLET_AGENTS";
+/// Where dead letters are copied for a person to inspect.
+pub const DEAD_STREAM: &str = "CREWLET_DEAD";
+/// How long a dead letter is kept.
+pub const DEAD_LETTER_AGE: Duration = Duration::from_secs(30 * 24 * 3600);
+/// The publish dedupe window.
+pub const DEDUPE_WINDOW: Duration = Duration::from_secs(120);
+
+const DESCRIPTION_PREFIX: &str = "crewlet mailbox; max_deliveries=";
+
+/// Settings of the JetStream queue.
+#[derive(Clone, Debug)]
+pub struct JetStreamSettings {
+    /// Stream replicas (1 on a single server, 3 on a 3-server cluster).
+    pub replicas: usize,
+    /// Every call returns within this.
+    pub timeout: Duration,
+}
+
+impl Default for JetStreamSettings {
+    fn default() -> Self {
+        JetStreamSettings {
+            replicas: 1,
+            timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+/// The JetStream queue.
+#[derive(Clone)]
+pub struct JetStreamQueue {
+    js: js::Context,
+    agents: stream::Stream,
+    settings: JetStreamSettings,
+    events: EventSink,
+}
+
+fn backend(e: impl std::fmt::Display) -> QueueError {
+    QueueError::Backend(e.to_string())
+}
+
+impl JetStreamQueue {
+    /// Create (or find) the streams. A stream that cannot be created is an
+    /// error naming it: the node does not start without its mailboxes.
+    pub async fn new(
+        client: async_nats::Client,
+        settings: JetStreamSettings,
+        events: EventSink,
+    ) -> Result<JetStreamQueue, QueueError> {
+        let mut js = js::new(client);
+        js.set_timeout(settings.timeout);
+        let agents = bounded(
+            settings.timeout,
+            js.get_or_create_stream(stream::Config {
+                name: AGENTS_STREAM.into(),
+                subjects: vec!["crewlet.agent.>".into()],
+                retention: RetentionPolicy::Interest,
+                storage: StorageType::File,
+                duplicate_window: DEDUPE_WINDOW,
+                num_replicas: settings.replicas,
+                ..Default::default()
+            }),
+        )
+        .await?
+        .map_err(|e| QueueError::Stream {
+            stream: AGENTS_STREAM.into(),
+            message: e.to_string(),
+        })?;
+        bounded(
+            settings.timeout,
+            js.get_or_create_stream(stream::Config {
+                name: DEAD_STREAM.into(),
+                subjects: vec!["crewlet.dead.>".into()],
+                retention: RetentionPolicy::Limits,
+                storage: StorageType::File,
+                max_age: DEAD_LETTER_AGE,
+                num_replicas: settings.replicas,
+                ..Default::default()
+            }),
+        )
+        .await?
+        .map_err(|e| QueueError::Stream {
+            stream: DEAD_STREAM.into(),
+            message: e.to_string(),
+        })?;
+        Ok(JetStreamQueue {
+            js,
+            agents,
+            settings,
+            events,
+        })
+    }
+
+    async fn consumer_info(&self, name: &str) -> Result<Option<pull::Config>, QueueError> {
+        match bounded(self.settings.timeout, self.agents.consumer_info(name)).await? {
+            Ok(info) => Ok(Some(pull::Config {
+                durable_name: info.config.durable_name.clone(),
+                description: info.config.description.clone(),
+                ack_wait: info.config.ack_wait,
+                filter_subject: info.config.filter_subject.clone(),
+                ..Default::default()
+            })),
+            Err(e) if info_not_found(&e) => Ok(None),
+            Err(e) => Err(backend(e)),
+        }
+    }
+}
+
+fn not_found(e: &async_nats::jetstream::stream::ConsumerError) -> bool {
+    matches!(e.kind(), async_nats::jetstream::stream::ConsumerErrorKind::JetStream(j)
+        if j.error_code() == ErrorCode::CONSUMER_NOT_FOUND)
+}
+
+fn info_not_found(e: &async_nats::jetstream::context::ConsumerInfoError) -> bool {
+    use async_nats::jetstream::context::ConsumerInfoErrorKind as K;
+    match e.kind() {
+        K::NotFound => true,
+        K::JetStream(j) => j.error_code() == ErrorCode::CONSUMER_NOT_FOUND,
+        _ => false,
+    }
+}
+
+async fn bounded<F: std::future::Future>(limit: Duration, f: F) -> Result<F::Output, QueueError> {
+    tokio::time::timeout(limit, f)
+        .await
+        .map_err(|_| QueueError::Timeout(limit))
+}
+
+fn describe_existing(c: &pull::Config) -> String {
+    let max = c
+        .description
+        .as_deref()
+        .and_then(|d| d.strip_prefix(DESCRIPTION_PREFIX))
+        .unwrap_or("?");
+    format!(
+        "subject {}, max_deliveries {}, ack_wait {}s",
+        c.filter_subject,
+        max,
+        c.ack_wait.as_secs()
+    )
+}
+
+fn wanted(spec: &SubscriptionSpec) -> pull::Config {
+    pull::Config {
+        durable_name: Some(spec.name.clone()),
+        description: Some(format!("{DESCRIPTION_PREFIX}{}", spec.max_deliveries)),
+        ack_policy: AckPolicy::Explicit,
+        ack_wait: spec.ack_wait,
+        // The budget is the shared loop's; the server never gives up alone.
+        max_deliver: -1,
+        filter_subject: spec.subject.clone(),
+        deliver_policy: DeliverPolicy::All,
+        num_replicas: 0,
+        ..Default::default()
+    }
+}
+
+#[async_trait::async_trait]
+impl Queue for JetStreamQueue {
+    async fn ensure_subscription(&self, spec: &SubscriptionSpec) -> Result<(), QueueError> {
+        let want = wanted(spec);
+        if let Some(existing) = self.consumer_info(&spec.name).await? {
+            let same = existing.filter_subject == want.filter_subject
+                && existing.ack_wait == want.ack_wait
+                && existing.description == want.description;
+            return if same {
+                Ok(())
+            } else {
+                Err(QueueError::SettingsMismatch {
+                    name: spec.name.clone(),
+                    existing: describe_existing(&existing),
+                    wanted: spec.describe(),
+                })
+            };
+        }
+        bounded(self.settings.timeout, self.agents.create_consumer(want))
+            .await?
+            .map_err(backend)?;
+        Ok(())
+    }
+
+    async fn delete_subscription(&self, name: &str) -> Result<bool, QueueError> {
+        match bounded(self.settings.timeout, self.agents.delete_consumer(name)).await? {
+            Ok(_) => Ok(true),
+            Err(e) if not_found(&e) => Ok(false),
+            Err(e) => Err(backend(e)),
+        }
+    }
+
+    async fn list_subscriptions(&self) -> Result<Vec<SubscriptionInfo>, QueueError> {
+        let mut list = self.agents.consumers();
+        let mut out = Vec::new();
+        let deadline = tokio::time::Instant::now() + self.settings.timeout * 10;
+        loop {
+            let next = tokio::time::timeout_at(deadline, list.next())
+                .await
+                .map_err(|_| QueueError::Timeout(self.settings.timeout * 10))?;
+            match next {
+                Some(Ok(info)) => out.push(SubscriptionInfo {
+                    name: info.name,
+                    subject: info.config.filter_subject,
+                }),
+                Some(Err(e)) => return Err(backend(e)),
+                None => return Ok(out),
+            }
+        }
+    }
+
+    async fn publish(
+        &self,
+        subject: &str,
+        msg_id: Option<&str>,
+        payload: Bytes,
+    ) -> Result<bool, QueueError> {
+        let mut headers = HeaderMap::new();
+        if let Some(id) = msg_id {
+            headers.insert(async_nats::header::NATS_MESSAGE_ID, id);
+        }
+        let ack = bounded(self.settings.timeout, async {
+            self.js
+                .publish_with_headers(subject.to_string(), headers, payload)
+                .await?
+                .await
+        })
+        .await?
+        .map_err(backend)?;
+        Ok(!ack.duplicate)
+    }
+
+    async fn attach(
+        &self,
+        name: &str,
+        holds: &[&str],
+        handler: Arc<dyn Handler>,
+    ) -> Result<Attachment, QueueError> {
+        let Some(existing) = self.consumer_info(name).await? else {
+            return Err(QueueError::NoSuchSubscription(name.to_string()));
+        };
+        let max = existing
+            .description
+            .as_deref()
+            .and_then(|d| d.strip_prefix(DESCRIPTION_PREFIX))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(super::DEFAULT_MAX_DELIVERIES);
+        let consumer = bounded(
+            self.settings.timeout,
+            self.agents.get_consumer::<pull::Config>(name),
+        )
+        .await?
+        .map_err(backend)?;
+        let source = Arc::new(PullSource {
+            consumer,
+            js: self.js.clone(),
+            name: name.to_string(),
+            timeout: self.settings.timeout,
+        });
+        Ok(Attachment::start(
+            name.to_string(),
+            max,
+            holds,
+            source,
+            handler,
+            self.events.clone(),
+        ))
+    }
+
+    async fn pending(&self, name: &str) -> Result<u64, QueueError> {
+        match bounded(self.settings.timeout, self.agents.consumer_info(name)).await? {
+            Ok(info) => Ok(info.num_pending + info.num_ack_pending as u64),
+            Err(e) if info_not_found(&e) => Err(QueueError::NoSuchSubscription(name.to_string())),
+            Err(e) => Err(backend(e)),
+        }
+    }
+
+    async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, QueueError> {
+        dead_letters(&self.js, limit, self.settings.timeout).await
+    }
+}
+
+struct PullSource {
+    consumer: js::consumer::Consumer<pull::Config>,
+    js: js::Context,
+    name: String,
+    timeout: Duration,
+}
+
+#[async_trait::async_trait]
+impl Source for PullSource {
+    async fn next(&self, wait: Duration) -> Result<Option<Fetched>, QueueError> {
+        let mut batch = bounded(
+            self.timeout,
+            self.consumer
+                .fetch()
+                .max_messages(1)
+                .expires(wait)
+                .messages(),
+        )
+        .await?
+        .map_err(backend)?;
+        let msg = match tokio::time::timeout(wait + self.timeout, batch.next()).await {
+            Err(_) | Ok(None) => return Ok(None),
+            Ok(Some(Err(e))) => return Err(backend(e)),
+            Ok(Some(Ok(m))) => m,
+        };
+        let (delivered, seq) = match msg.info() {
+            Ok(i) => (i.delivered.max(1) as u64, i.stream_sequence),
+            Err(e) => return Err(backend(e)),
+        };
+        let msg_id = msg
+            .headers
+            .as_ref()
+            .and_then(|h| h.get(async_nats::header::NATS_MESSAGE_ID))
+            .map(|v| v.to_string());
+        let delivery = Delivery {
+            subscription: self.name.clone(),
+            subject: msg.subject.to_string(),
+            payload: msg.payload.clone(),
+            delivered,
+            msg_id,
+            seq,
+        };
+        Ok(Some(Fetched {
+            delivery,
+            settle: Box::new(PullSettle {
+                msg,
+                js: self.js.clone(),
+                name: self.name.clone(),
+                timeout: self.timeout,
+            }),
+        }))
+    }
+}
+
+struct PullSettle {
+    msg: js::Message,
+    js: js::Context,
+    name: String,
+    timeout: Duration,
+}
+
+#[async_trait::async_trait]
+impl Settle for PullSettle {
+    async fn ack(self: Box<Self>) -> Result<(), QueueError> {
+        bounded(self.timeout, self.msg.double_ack())
+            .await?
+            .map_err(backend)
+    }
+
+    async fn nak(self: Box<Self>) -> Result<(), QueueError> {
+        bounded(self.timeout, self.msg.ack_with(AckKind::Nak(None)))
+            .await?
+            .map_err(backend)
+    }
+
+    async fn dead_letter(self: Box<Self>, reason: &DeadLetterReason) -> Result<(), QueueError> {
+        let info = self.msg.info().map_err(backend)?;
+        let mut headers = HeaderMap::new();
+        headers.insert("Crewlet-Subscription", self.name.as_str());
+        headers.insert("Crewlet-Subject", self.msg.subject.as_str());
+        headers.insert("Crewlet-Seq", info.stream_sequence.to_string().as_str());
+        headers.insert("Crewlet-Delivered", info.delivered.to_string().as_str());
+        headers.insert("Crewlet-Reason", reason.to_string().as_str());
+        if let Some(id) = self
+            .msg
+            .headers
+            .as_ref()
+            .and_then(|h| h.get(async_nats::header::NATS_MESSAGE_ID))
+        {
+            headers.insert("Crewlet-Msg-Id", id.as_str());
+        }
+        let copied = bounded(self.timeout, async {
+            self.js
+                .publish_with_headers(
+                    format!("crewlet.dead.{}", self.name),
+                    headers,
+                    self.msg.payload.clone(),
+                )
+                .await?
+                .await
+        })
+        .await;
+        match copied {
+            Ok(Ok(_)) => bounded(self.timeout, self.msg.double_ack_with(AckKind::Term))
+                .await?
+                .map_err(backend),
+            Ok(Err(e)) => {
+                let _ = self.msg.ack_with(AckKind::Nak(None)).await;
+                Err(backend(e))
+            }
+            Err(e) => {
+                let _ = self.msg.ack_with(AckKind::Nak(None)).await;
+                Err(e)
+            }
+        }
+    }
+}
+
+async fn dead_letters(
+    js: &js::Context,
+    limit: usize,
+    timeout: Duration,
+) -> Result<Vec<DeadLetter>, QueueError> {
+    let mut stream = bounded(timeout, js.get_stream(DEAD_STREAM))
+        .await?
+        .map_err(backend)?;
+    let info = bounded(timeout, stream.info()).await?.map_err(backend)?;
+    let (first, last) = (info.state.first_sequence, info.state.last_sequence);
+    let mut out = Vec::new();
+    let mut seq = last;
+    while seq >= first && seq > 0 && out.len() < limit {
+        match bounded(timeout, stream.get_raw_message(seq)).await? {
+            Ok(m) => {
+                let h = |k: &str| m.headers.get(k).map(|v| v.to_string());
+                out.push(DeadLetter {
+                    subscription: h("Crewlet-Subscription").unwrap_or_default(),
+                    subject: h("Crewlet-Subject").unwrap_or_default(),
+                    seq: h("Crewlet-Seq").and_then(|v| v.parse().ok()).unwrap_or(0),
+                    delivered: h("Crewlet-Delivered")
+                        .and_then(|v| v.parse().ok())
+                        .unwrap_or(0),
+                    msg_id: h("Crewlet-Msg-Id"),
+                    reason: h("Crewlet-Reason").unwrap_or_default(),
+                    payload: m.payload,
+                });
+            }
+            Err(_) => {} // aged out or deleted
+        }
+        seq -= 1;
+    }
+    Ok(out)
+}

@@ -1,0 +1,448 @@
+//! The queue contract: seat mailboxes, durable subscriptions, and what a
+//! handler may answer (Ack, Nak, Defer, Poison).
+//!
+//! Two backends implement it — [`memory::MemoryQueue`], the in-process twin
+//! a single node runs, and [`jetstream::JetStreamQueue`] on NATS — and one
+//! contract suite (`server/tests/queue_contract.rs`) runs against both. The
+//! consuming loop itself ([`attach`]) is shared, so holds, quiesce, Defer,
+//! the delivery budget and dead letters behave identically by construction;
+//! a backend only fetches one message and settles it.
+//!
+//! Stated behaviour (seed § The unowned seat): a message published to a
+//! subject that a subscription covers is kept until that subscription acks
+//! it, with nothing attached; a message published to a subject that no
+//! subscription covers is dropped at the publish. This module never decides
+//! who should consume a seat — that is the lease's job.
+
+pub mod attach;
+pub mod jetstream;
+pub mod memory;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+pub use attach::Attachment;
+
+/// Deliveries a message may spend before it is dead-lettered.
+pub const DEFAULT_MAX_DELIVERIES: u64 = 25;
+/// How long a fetched message may stay unsettled before it is redelivered.
+pub const DEFAULT_ACK_WAIT: Duration = Duration::from_secs(30 * 60);
+
+/// `crewlet.agent.{handle}.inbox`
+pub fn inbox_subject(handle: &str) -> String {
+    format!("crewlet.agent.{handle}.inbox")
+}
+/// `crewlet.agent.{handle}.control`
+pub fn control_subject(handle: &str) -> String {
+    format!("crewlet.agent.{handle}.control")
+}
+/// `crewlet.agent.{handle}.reflect`
+pub fn reflect_subject(handle: &str) -> String {
+    format!("crewlet.agent.{handle}.reflect")
+}
+/// `agent-{handle}`: the inbox's durable subscription.
+pub fn inbox_group(handle: &str) -> String {
+    format!("agent-{handle}")
+}
+/// `control-{handle}`
+pub fn control_group(handle: &str) -> String {
+    format!("control-{handle}")
+}
+/// `reflect-{handle}`
+pub fn reflect_group(handle: &str) -> String {
+    format!("reflect-{handle}")
+}
+
+/// Which of a seat's three mailboxes a subscription is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mailbox {
+    Inbox,
+    Control,
+    Reflect,
+}
+
+/// A subscription the seat-mailbox grammar produces: the seat's inbox
+/// under `agent-{h}`, its control subject under `control-{h}`, or its
+/// reflection subject under `reflect-{h}`. Anything else (another group on
+/// a seat's subject) is somebody else's and is `None`.
+pub fn seat_mailbox_of(info: &SubscriptionInfo) -> Option<(String, Mailbox)> {
+    let rest = info.subject.strip_prefix("crewlet.agent.")?;
+    let (handle, kind) = rest.rsplit_once('.')?;
+    if handle.is_empty() || handle.contains('.') {
+        return None;
+    }
+    let (mailbox, group) = match kind {
+        "inbox" => (Mailbox::Inbox, inbox_group(handle)),
+        "control" => (Mailbox::Control, control_group(handle)),
+        "reflect" => (Mailbox::Reflect, reflect_group(handle)),
+        _ => return None,
+    };
+    (info.name == group).then(|| (handle.to_string(), mailbox))
+}
+
+/// The settings every subscription is created with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QueueSettings {
+    pub max_deliveries: u64,
+    pub ack_wait: Duration,
+}
+
+impl Default for QueueSettings {
+    fn default() -> Self {
+        QueueSettings {
+            max_deliveries: DEFAULT_MAX_DELIVERIES,
+            ack_wait: DEFAULT_ACK_WAIT,
+        }
+    }
+}
+
+/// A durable subscription: a named competing-consumer group on a subject.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SubscriptionSpec {
+    pub name: String,
+    pub subject: String,
+    pub max_deliveries: u64,
+    pub ack_wait: Duration,
+}
+
+impl SubscriptionSpec {
+    pub fn new(name: String, subject: String, s: QueueSettings) -> SubscriptionSpec {
+        SubscriptionSpec {
+            name,
+            subject,
+            max_deliveries: s.max_deliveries,
+            ack_wait: s.ack_wait,
+        }
+    }
+
+    /// The seat's three subscriptions: inbox, control, reflect.
+    pub fn seat(handle: &str, s: QueueSettings) -> [SubscriptionSpec; 3] {
+        [
+            SubscriptionSpec::new(inbox_group(handle), inbox_subject(handle), s),
+            SubscriptionSpec::new(control_group(handle), control_subject(handle), s),
+            SubscriptionSpec::new(reflect_group(handle), reflect_subject(handle), s),
+        ]
+    }
+
+    /// The settings as a person reads them in a mismatch error.
+    pub fn describe(&self) -> String {
+        format!(
+            "subject {}, max_deliveries {}, ack_wait {}s",
+            self.subject,
+            self.max_deliveries,
+            self.ack_wait.as_secs()
+        )
+    }
+}
+
+/// A subscription as listed by the broker.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SubscriptionInfo {
+    pub name: String,
+    pub subject: String,
+}
+
+/// One delivery of one message to a handler.
+#[derive(Clone, Debug)]
+pub struct Delivery {
+    pub subscription: String,
+    pub subject: String,
+    pub payload: Bytes,
+    /// 1 on the first delivery; rises by one per redelivery.
+    pub delivered: u64,
+    /// The message id it was published with, if any.
+    pub msg_id: Option<String>,
+    /// The message's sequence in its stream.
+    pub seq: u64,
+}
+
+/// What a handler answers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Disposition {
+    /// Done: remove it.
+    Ack,
+    /// Redeliver it, and keep consuming.
+    Nak,
+    /// Hand it back at once AND stop consuming until `resume()`: this node
+    /// is the wrong one to run it (seed § Deferring a delivery).
+    Defer(String),
+    /// It can never be handled (it does not decode): dead-letter it now,
+    /// never retry.
+    Poison(String),
+}
+
+/// Why a message was dead-lettered.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DeadLetterReason {
+    /// It had spent its whole delivery budget.
+    MaxDeliveries(u64),
+    /// It could not be decoded (or was otherwise unhandleable).
+    Poison(String),
+}
+
+impl std::fmt::Display for DeadLetterReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DeadLetterReason::MaxDeliveries(n) => write!(f, "delivered {n} times without success"),
+            DeadLetterReason::Poison(why) => write!(f, "unreadable: {why}"),
+        }
+    }
+}
+
+/// A message a person can inspect after the queue gave up on it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeadLetter {
+    pub subscription: String,
+    pub subject: String,
+    pub seq: u64,
+    pub delivered: u64,
+    pub msg_id: Option<String>,
+    pub reason: String,
+    pub payload: Bytes,
+}
+
+/// What the queue reports (the node turns these into fleet events).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum QueueEvent {
+    DeadLettered {
+        subscription: String,
+        subject: String,
+        seq: u64,
+        delivered: u64,
+        reason: DeadLetterReason,
+    },
+    Deferred {
+        subscription: String,
+        subject: String,
+        seq: u64,
+        reason: String,
+    },
+}
+
+/// Where queue events go.
+pub type EventSink = Arc<dyn Fn(QueueEvent) + Send + Sync>;
+
+/// An event sink that only logs.
+pub fn log_events() -> EventSink {
+    Arc::new(|e| match e {
+        QueueEvent::DeadLettered {
+            subscription,
+            subject,
+            seq,
+            delivered,
+            reason,
+        } => {
+            tracing::warn!(%subscription, %subject, seq, delivered, %reason, "message dead-lettered")
+        }
+        QueueEvent::Deferred {
+            subscription,
+            reason,
+            ..
+        } => tracing::info!(%subscription, %reason, "delivery deferred"),
+    })
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum QueueError {
+    #[error(
+        "subscription {name} exists with other settings ({existing}); refusing to rewrite it to ({wanted}). Delete it deliberately if the change is intended"
+    )]
+    SettingsMismatch {
+        name: String,
+        existing: String,
+        wanted: String,
+    },
+    #[error("no subscription named {0}")]
+    NoSuchSubscription(String),
+    #[error("subscription {0} already has an attachment on this node")]
+    AlreadyAttached(String),
+    #[error("cannot create stream {stream}: {message}")]
+    Stream { stream: String, message: String },
+    #[error("the queue did not answer within {0:?}")]
+    Timeout(Duration),
+    #[error("queue backend error: {0}")]
+    Backend(String),
+}
+
+/// A handler of deliveries. A panic inside `handle` is caught by the
+/// consuming loop and treated as Nak; it never unwinds into the queue.
+#[async_trait::async_trait]
+pub trait Handler: Send + Sync + 'static {
+    async fn handle(&self, delivery: Delivery) -> Disposition;
+}
+
+/// A handler from an async closure.
+pub fn handler_fn<F, Fut>(f: F) -> Arc<dyn Handler>
+where
+    F: Fn(Delivery) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Disposition> + Send + 'static,
+{
+    struct FnHandler<F>(F);
+    #[async_trait::async_trait]
+    impl<F, Fut> Handler for FnHandler<F>
+    where
+        F: Fn(Delivery) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = Disposition> + Send + 'static,
+    {
+        async fn handle(&self, d: Delivery) -> Disposition {
+            (self.0)(d).await
+        }
+    }
+    Arc::new(FnHandler(f))
+}
+
+/// The queue contract.
+#[async_trait::async_trait]
+pub trait Queue: Send + Sync + 'static {
+    /// Create the subscription if it does not exist, attaching nothing.
+    /// Idempotent; an existing subscription with other settings is an
+    /// error naming both, never silently rewritten.
+    async fn ensure_subscription(&self, spec: &SubscriptionSpec) -> Result<(), QueueError>;
+    /// Delete a subscription and everything it retains. `false` when there
+    /// was none.
+    async fn delete_subscription(&self, name: &str) -> Result<bool, QueueError>;
+    /// Every subscription (name and subject), for mailbox discovery.
+    async fn list_subscriptions(&self) -> Result<Vec<SubscriptionInfo>, QueueError>;
+    /// Publish; `msg_id` dedupes within the backend's window. Returns false
+    /// for a duplicate the backend recognised.
+    async fn publish(
+        &self,
+        subject: &str,
+        msg_id: Option<&str>,
+        payload: Bytes,
+    ) -> Result<bool, QueueError>;
+    /// Start consuming `name` with `holds` already taken (nothing is
+    /// fetched until every hold is dropped).
+    async fn attach(
+        &self,
+        name: &str,
+        holds: &[&str],
+        handler: Arc<dyn Handler>,
+    ) -> Result<Attachment, QueueError>;
+    /// Messages waiting in a subscription (not yet acked).
+    async fn pending(&self, name: &str) -> Result<u64, QueueError>;
+    /// The newest dead letters, newest first.
+    async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, QueueError>;
+}
+
+/// Does `subject` match the NATS-style `filter` (`*` one token, `>` the rest)?
+pub fn subject_matches(filter: &str, subject: &str) -> bool {
+    let mut f = filter.split('.');
+    let mut s = subject.split('.');
+    loop {
+        match (f.next(), s.next()) {
+            (Some(">"), Some(_)) => return true,
+            (Some("*"), Some(_)) => {}
+            (Some(a), Some(b)) if a == b => {}
+            (None, None) => return true,
+            _ => return false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subjects_match_like_nats() {
+        assert!(subject_matches(
+            "crewlet.agent.a.inbox",
+            "crewlet.agent.a.inbox"
+        ));
+        assert!(subject_matches(
+            "crewlet.agent.*.inbox",
+            "crewlet.agent.a.inbox"
+        ));
+        assert!(subject_matches("crewlet.agent.>", "crewlet.agent.a.inbox"));
+        assert!(!subject_matches("crewlet.agent.>", "crewlet.agent"));
+        assert!(!subject_matches(
+            "crewlet.agent.a.inbox",
+            "crewlet.agent.b.inbox"
+        ));
+        assert!(!subject_matches("crewlet.agent.a", "crewlet.agent.a.inbox"));
+    }
+
+    #[test]
+    fn only_the_seat_grammar_counts_as_a_seat_mailbox() {
+        let i = |name: &str, subject: &str| SubscriptionInfo {
+            name: name.into(),
+            subject: subject.into(),
+        };
+        assert_eq!(
+            seat_mailbox_of(&i("agent-a", "crewlet.agent.a.inbox")),
+            Some(("a".into(), Mailbox::Inbox))
+        );
+        assert_eq!(
+            seat_mailbox_of(&i("control-a", "crewlet.agent.a.control")),
+            Some(("a".into(), Mailbox::Control))
+        );
+        assert_eq!(
+            seat_mailbox_of(&i("reflect-a", "crewlet.agent.a.reflect")),
+            Some(("a".into(), Mailbox::Reflect))
+        );
+        assert_eq!(
+            seat_mailbox_of(&i("audit-tap", "crewlet.agent.a.inbox")),
+            None
+        );
+        assert_eq!(
+            seat_mailbox_of(&i("agent-b", "crewlet.agent.a.inbox")),
+            None
+        );
+        assert_eq!(seat_mailbox_of(&i("agent-a", "crewlet.outbox.a")), None);
+    }
+}
+
+/// Create a seat's three subscriptions (inbox, control, reflect), attaching
+/// nothing. The three are created concurrently.
+pub async fn ensure_seat_mailboxes(
+    q: &dyn Queue,
+    handle: &str,
+    settings: QueueSettings,
+) -> Result<(), QueueError> {
+    let specs = SubscriptionSpec::seat(handle, settings);
+    let results = futures::future::join_all(specs.iter().map(|s| q.ensure_subscription(s))).await;
+    results.into_iter().collect()
+}
+
+/// Seats whose mailboxes the boot walk creates at once.
+pub const BOOT_WALK_CONCURRENCY: usize = 16;
+
+/// The boot walk (seed § The unowned seat): before it claims anything, a
+/// node creates the mailboxes of EVERY seat of the company, not only its
+/// share, so no seat's mail is dropped for want of a subscription. A seat
+/// that fails is named in the error: a mailbox that cannot be created
+/// fails start-up. Logs a progress line every 500 seats.
+pub async fn boot_walk<'a>(
+    q: &dyn Queue,
+    handles: impl IntoIterator<Item = &'a str>,
+    settings: QueueSettings,
+) -> Result<usize, (String, QueueError)> {
+    use futures::StreamExt;
+    let handles: Vec<String> = handles.into_iter().map(str::to_string).collect();
+    let total = handles.len();
+    let started = std::time::Instant::now();
+    let mut done = 0usize;
+    let mut walk = futures::stream::iter(handles)
+        .map(|h: String| async move {
+            ensure_seat_mailboxes(q, &h, settings)
+                .await
+                .map_err(|e| (h.clone(), e))
+        })
+        .buffer_unordered(BOOT_WALK_CONCURRENCY);
+    while let Some(r) = walk.next().await {
+        r?;
+        done += 1;
+        if done % 500 == 0 {
+            tracing::info!(done, total, "creating seat mailboxes");
+        }
+    }
+    tracing::info!(
+        seats = total,
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "seat mailboxes ready"
+    );
+    Ok(total)
+}

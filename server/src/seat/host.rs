@@ -1,0 +1,723 @@
+//! The seat host: the seats this process holds, how one is established and
+//! given back, and the answer to "may a turn start here?".
+//!
+//! It owns the held set, the undead set, one lock per seat (an acquisition,
+//! a release and a renewal of one seat never interleave), the seat's queue
+//! attachments, and the admission clock. It does not decide which seats to
+//! hold — that is placement's — and it never releases a lease whose
+//! teardown it could not prove (the seat goes undead instead, keeps being
+//! renewed, and the teardown is retried every heartbeat).
+//!
+//! The acquire hook runs the seed's steps in order — children, memory
+//! hydration, reflection subscription, control subscription and run
+//! recovery, pause holds, inbox attach — and no turn is admitted until it
+//! returns. Releasing is voluntary (quiesce, bounded wait for the in-flight
+//! handler, detach, release) or fenced (detach first, abandon).
+
+use std::collections::{BTreeMap, HashMap};
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use futures::FutureExt;
+use tokio::time::Instant;
+
+use crate::coord::{Claim, ClaimRequest, Lease, Release, Renewal, Store};
+use crate::events::{DetachReason, Event, EventBus};
+use crate::queue::{Attachment, Handler, Queue, inbox_group};
+
+/// The hold a store blip takes on a seat's inbox.
+pub const BLIP_HOLD: &str = "store-blip";
+/// Re-raise an undead seat's alarm every this many heartbeats.
+pub const STILL_UNPROVEN_EVERY: u32 = 20;
+
+/// What a hook knows about the seat it works on.
+#[derive(Clone, Debug)]
+pub struct SeatContext {
+    pub handle: String,
+    pub epoch: u64,
+    pub lease: Lease,
+}
+
+/// A hook step that failed, in words.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{step}: {message}")]
+pub struct HookError {
+    pub step: &'static str,
+    pub message: String,
+}
+
+impl HookError {
+    pub fn new(step: &'static str, message: impl Into<String>) -> HookError {
+        HookError {
+            step,
+            message: message.into(),
+        }
+    }
+}
+
+/// The steps later parts of the node fill in. Every step has a default
+/// that does nothing, so the order is fixed here even where a step is empty.
+#[async_trait::async_trait]
+pub trait SeatHooks: Send + Sync + 'static {
+    /// Step 1: the seat's children (its command agent).
+    async fn start_children(&self, _seat: &SeatContext) -> Result<(), HookError> {
+        Ok(())
+    }
+    /// Step 2: replay the seat's memory into this node's store.
+    async fn hydrate_memory(&self, _seat: &SeatContext) -> Result<(), HookError> {
+        Ok(())
+    }
+    /// Step 3: the reflection subscription (after hydration).
+    async fn attach_reflect(&self, _seat: &SeatContext) -> Result<Option<Attachment>, HookError> {
+        Ok(None)
+    }
+    /// Step 4: the control subscription and interrupted-run recovery.
+    async fn attach_control(&self, _seat: &SeatContext) -> Result<Option<Attachment>, HookError> {
+        Ok(None)
+    }
+    /// Step 5: the holds the inbox must be attached with (a paused seat is
+    /// attached already held).
+    async fn pause_holds(&self, _seat: &SeatContext) -> Result<Vec<String>, HookError> {
+        Ok(Vec::new())
+    }
+    /// Step 6: what consumes the inbox once attached.
+    fn inbox_handler(&self, seat: &SeatContext, fence: Fence) -> Arc<dyn Handler>;
+    /// The hook returned: the seat admits turns from now on.
+    async fn established(&self, _seat: &SeatContext) {}
+    /// The mirror of the acquire hook: children die, memory is flushed. An
+    /// error (or a panic) makes the seat undead.
+    async fn release(&self, _seat: &SeatContext) -> Result<(), HookError> {
+        Ok(())
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// The acquire hook is running: no turn is admitted.
+    Establishing,
+    Attached,
+    /// The teardown failed: out of the held set, lease still renewed.
+    Undead,
+}
+
+struct SeatEntry {
+    lease: Lease,
+    phase: Phase,
+    inbox: Option<Attachment>,
+    control: Option<Attachment>,
+    reflect: Option<Attachment>,
+    /// When the last successful renew (or the claim) was sent.
+    last_renewed: Instant,
+    blip: bool,
+    undead_since: Option<Instant>,
+    attempts: u32,
+    last_error: String,
+}
+
+/// A seat as the host reports it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SeatStatus {
+    pub handle: String,
+    pub epoch: u64,
+    pub phase: Phase,
+    pub lease: Lease,
+    /// How long its teardown has been failing (undead only).
+    pub unproven_for: Option<Duration>,
+    pub attempts: u32,
+}
+
+/// How the host runs.
+#[derive(Clone, Debug)]
+pub struct HostConfig {
+    pub node_id: String,
+    /// The process incarnation: the owner of every lease taken here.
+    pub owner: String,
+    pub heartbeat: Duration,
+    /// The bound on waiting for an in-flight handler on a voluntary release.
+    pub release_wait: Duration,
+}
+
+/// The answer to a claim-and-acquire.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Acquired {
+    /// Claimed and established (or refused by its hook and handed back).
+    Won {
+        epoch: u64,
+        established: bool,
+    },
+    HeldBy(Lease),
+    /// A drain began: nothing is claimed (or it was handed straight back).
+    Draining,
+}
+
+struct HostInner {
+    cfg: HostConfig,
+    store: Arc<dyn Store>,
+    queue: Arc<dyn Queue>,
+    hooks: Arc<dyn SeatHooks>,
+    events: EventBus,
+    seats: Mutex<BTreeMap<String, SeatEntry>>,
+    locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    draining: AtomicBool,
+}
+
+/// The seat host. Cheap to clone.
+#[derive(Clone)]
+pub struct SeatHost {
+    inner: Arc<HostInner>,
+}
+
+/// A turn's view of its seat: the epoch it was admitted under, checked at
+/// the top of every round and before each tool call.
+#[derive(Clone)]
+pub struct Fence {
+    host: Weak<HostInner>,
+    handle: String,
+    epoch: u64,
+}
+
+impl Fence {
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    pub fn handle(&self) -> &str {
+        &self.handle
+    }
+
+    /// Does this node still hold the seat at the epoch the turn began under?
+    pub fn holds(&self) -> bool {
+        self.host.upgrade().is_some_and(|h| {
+            lock(&h.seats)
+                .get(&self.handle)
+                .is_some_and(|e| e.phase == Phase::Attached && e.lease.epoch == self.epoch)
+        })
+    }
+
+    /// Admission: the epoch when the seat may start a turn now.
+    pub fn may_start(&self) -> Option<u64> {
+        let h = self.host.upgrade()?;
+        SeatHost { inner: h }.may_start(&self.handle)
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl SeatHost {
+    pub fn new(
+        cfg: HostConfig,
+        store: Arc<dyn Store>,
+        queue: Arc<dyn Queue>,
+        hooks: Arc<dyn SeatHooks>,
+        events: EventBus,
+    ) -> SeatHost {
+        SeatHost {
+            inner: Arc::new(HostInner {
+                cfg,
+                store,
+                queue,
+                hooks,
+                events,
+                seats: Mutex::new(BTreeMap::new()),
+                locks: Mutex::new(HashMap::new()),
+                draining: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    pub fn config(&self) -> &HostConfig {
+        &self.inner.cfg
+    }
+
+    fn seat_lock(&self, handle: &str) -> Arc<tokio::sync::Mutex<()>> {
+        lock(&self.inner.locks)
+            .entry(handle.to_string())
+            .or_default()
+            .clone()
+    }
+
+    /// Stop claiming: every claim from now on (including one already in a
+    /// pass) claims nothing, or hands back what it just took.
+    pub fn begin_drain(&self) {
+        self.inner.draining.store(true, Ordering::SeqCst);
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.inner.draining.load(Ordering::SeqCst)
+    }
+
+    /// Seats held and run here (establishing or attached; not undead).
+    pub fn held(&self) -> Vec<String> {
+        lock(&self.inner.seats)
+            .iter()
+            .filter(|(_, e)| e.phase != Phase::Undead)
+            .map(|(h, _)| h.clone())
+            .collect()
+    }
+
+    /// Seats whose teardown could not be proven.
+    pub fn undead(&self) -> Vec<String> {
+        lock(&self.inner.seats)
+            .iter()
+            .filter(|(_, e)| e.phase == Phase::Undead)
+            .map(|(h, _)| h.clone())
+            .collect()
+    }
+
+    pub fn status(&self) -> Vec<SeatStatus> {
+        let now = Instant::now();
+        lock(&self.inner.seats)
+            .iter()
+            .map(|(h, e)| SeatStatus {
+                handle: h.clone(),
+                epoch: e.lease.epoch,
+                phase: e.phase,
+                lease: e.lease.clone(),
+                unproven_for: e.undead_since.map(|s| now.duration_since(s)),
+                attempts: e.attempts,
+            })
+            .collect()
+    }
+
+    /// The inbox attachment's quiesce state (tests and the dashboard).
+    pub fn inbox_quiesced(&self, handle: &str) -> Option<bool> {
+        lock(&self.inner.seats).get(handle).and_then(|e| {
+            e.inbox
+                .as_ref()
+                .map(|a| a.is_quiesced() || !a.holds().is_empty())
+        })
+    }
+
+    /// Take or drop a named hold on a held seat's inbox (a person's pause).
+    pub fn hold(&self, handle: &str, name: &str, on: bool) -> bool {
+        let seats = lock(&self.inner.seats);
+        match seats.get(handle).and_then(|e| e.inbox.as_ref()) {
+            Some(a) => {
+                if on {
+                    a.hold(name)
+                } else {
+                    a.unhold(name)
+                }
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Resume a seat's inbox after a Defer (the edge a successful renew
+    /// also triggers).
+    pub fn resume(&self, handle: &str) {
+        if let Some(a) = lock(&self.inner.seats)
+            .get(handle)
+            .and_then(|e| e.inbox.as_ref())
+        {
+            a.resume();
+        }
+    }
+
+    /// "Do I hold this seat?", answered by freshness (seed § Admission): the
+    /// epoch only when the last successful renew is within one heartbeat.
+    pub fn may_start(&self, handle: &str) -> Option<u64> {
+        let (epoch, age) = {
+            let seats = lock(&self.inner.seats);
+            let e = seats.get(handle)?;
+            if e.phase != Phase::Attached {
+                return None;
+            }
+            (e.lease.epoch, e.last_renewed.elapsed())
+        };
+        if age <= self.inner.cfg.heartbeat {
+            Some(epoch)
+        } else {
+            self.inner.events.emit(Event::SeatAdmissionStale {
+                seat: handle.to_string(),
+                since_renew_ms: age.as_millis() as u64,
+            });
+            None
+        }
+    }
+
+    /// Claim `seat:{handle}` and, when won, establish it.
+    pub async fn claim(&self, handle: &str) -> Result<Acquired, crate::coord::StoreError> {
+        let seat_lock = self.seat_lock(handle);
+        let _g = seat_lock.lock().await;
+        if self.is_draining() {
+            return Ok(Acquired::Draining);
+        }
+        if lock(&self.inner.seats).contains_key(handle) {
+            // Already ours (held or undead): nothing to claim.
+            let lease = lock(&self.inner.seats)[handle].lease.clone();
+            return Ok(Acquired::HeldBy(lease));
+        }
+        let sent = Instant::now();
+        let req = ClaimRequest::new(
+            format!("seat:{handle}"),
+            self.inner.cfg.owner.clone(),
+            self.inner.cfg.node_id.clone(),
+        );
+        let lease = match self.inner.store.claim(req).await? {
+            Claim::HeldBy(l) => return Ok(Acquired::HeldBy(l)),
+            Claim::Won(l) => l,
+        };
+        let epoch = lease.epoch;
+        // A drain that began while the claim was in flight: hand it
+        // straight back before anything is attached.
+        if self.is_draining() {
+            let _ = self
+                .inner
+                .store
+                .release(&lease, &self.inner.cfg.owner)
+                .await;
+            return Ok(Acquired::Draining);
+        }
+        self.inner.events.emit(Event::SeatClaimed {
+            seat: handle.to_string(),
+            epoch,
+        });
+        lock(&self.inner.seats).insert(
+            handle.to_string(),
+            SeatEntry {
+                lease: lease.clone(),
+                phase: Phase::Establishing,
+                inbox: None,
+                control: None,
+                reflect: None,
+                last_renewed: sent,
+                blip: false,
+                undead_since: None,
+                attempts: 0,
+                last_error: String::new(),
+            },
+        );
+        let ctx = SeatContext {
+            handle: handle.to_string(),
+            epoch,
+            lease,
+        };
+        match self.establish(&ctx).await {
+            Ok(()) => {
+                self.inner.events.emit(Event::SeatAttached {
+                    seat: handle.to_string(),
+                    epoch,
+                });
+                self.inner.hooks.established(&ctx).await;
+                Ok(Acquired::Won {
+                    epoch,
+                    established: true,
+                })
+            }
+            Err(e) => {
+                tracing::warn!(seat = handle, epoch, error = %e, "the acquire hook failed; handing the seat back");
+                self.release_locked(handle, DetachReason::HookFailed).await;
+                Ok(Acquired::Won {
+                    epoch,
+                    established: false,
+                })
+            }
+        }
+    }
+
+    /// The acquire hook, in the seed's order. Attachments land in the entry
+    /// as they are made, so a failure part way detaches what was attached.
+    async fn establish(&self, ctx: &SeatContext) -> Result<(), HookError> {
+        let hooks = self.inner.hooks.clone();
+        let guarded = async {
+            hooks.start_children(ctx).await?;
+            hooks.hydrate_memory(ctx).await?;
+            let reflect = hooks.attach_reflect(ctx).await?;
+            self.put_attachment(&ctx.handle, |e| e.reflect = reflect);
+            let control = hooks.attach_control(ctx).await?;
+            self.put_attachment(&ctx.handle, |e| e.control = control);
+            let holds = hooks.pause_holds(ctx).await?;
+            let holds: Vec<&str> = holds.iter().map(String::as_str).collect();
+            let fence = Fence {
+                host: Arc::downgrade(&self.inner),
+                handle: ctx.handle.clone(),
+                epoch: ctx.epoch,
+            };
+            let handler = hooks.inbox_handler(ctx, fence);
+            let inbox = self
+                .inner
+                .queue
+                .attach(&inbox_group(&ctx.handle), &holds, handler)
+                .await
+                .map_err(|e| HookError::new("inbox attach", e.to_string()))?;
+            self.put_attachment(&ctx.handle, |e| {
+                e.inbox = Some(inbox);
+                e.phase = Phase::Attached;
+            });
+            Ok(())
+        };
+        match AssertUnwindSafe(guarded).catch_unwind().await {
+            Ok(r) => r,
+            Err(_) => Err(HookError::new("acquire hook", "panicked")),
+        }
+    }
+
+    fn put_attachment(&self, handle: &str, f: impl FnOnce(&mut SeatEntry)) {
+        if let Some(e) = lock(&self.inner.seats).get_mut(handle) {
+            f(e);
+        }
+    }
+
+    /// Give a seat back for `reason` (voluntary or fenced by the reason).
+    pub async fn release(&self, handle: &str, reason: DetachReason) {
+        let seat_lock = self.seat_lock(handle);
+        let _g = seat_lock.lock().await;
+        self.release_locked(handle, reason).await;
+    }
+
+    async fn release_locked(&self, handle: &str, reason: DetachReason) {
+        let taken = {
+            let mut seats = lock(&self.inner.seats);
+            match seats.get_mut(handle) {
+                Some(e) if e.phase != Phase::Undead => Some((
+                    e.lease.clone(),
+                    e.inbox.take(),
+                    e.control.take(),
+                    e.reflect.take(),
+                )),
+                _ => None,
+            }
+        };
+        let Some((lease, inbox, control, reflect)) = taken else {
+            return;
+        };
+        if reason.is_fenced() {
+            // Detach first; abandon what is in flight; republish nothing.
+            for a in [inbox, control, reflect].into_iter().flatten() {
+                a.detach().await;
+            }
+        } else {
+            if let Some(a) = &inbox {
+                a.quiesce();
+                if !a.wait_idle(self.inner.cfg.release_wait).await {
+                    tracing::warn!(
+                        seat = handle,
+                        "the in-flight turn did not finish in time; detaching anyway"
+                    );
+                }
+            }
+            for a in [inbox, control, reflect].into_iter().flatten() {
+                a.detach().await;
+            }
+        }
+        self.inner.events.emit(Event::SeatDetached {
+            seat: handle.to_string(),
+            epoch: lease.epoch,
+            reason,
+        });
+        if reason == DetachReason::RoleGone {
+            self.inner.events.emit(Event::SeatReleasedRoleGone {
+                seat: handle.to_string(),
+            });
+        }
+        let ctx = SeatContext {
+            handle: handle.to_string(),
+            epoch: lease.epoch,
+            lease: lease.clone(),
+        };
+        match self.teardown(&ctx).await {
+            Ok(()) => {
+                lock(&self.inner.seats).remove(handle);
+                if reason != DetachReason::Lost {
+                    self.give_back(&lease).await;
+                }
+            }
+            Err(e) => {
+                if reason == DetachReason::Lost {
+                    // Nothing left to keep renewing: the tenure is over.
+                    tracing::error!(seat = handle, error = %e, "teardown failed on a lost seat");
+                    lock(&self.inner.seats).remove(handle);
+                    return;
+                }
+                self.inner.events.emit(Event::SeatReleaseUnproven {
+                    seat: handle.to_string(),
+                    epoch: lease.epoch,
+                    error: e.to_string(),
+                });
+                if let Some(entry) = lock(&self.inner.seats).get_mut(handle) {
+                    entry.phase = Phase::Undead;
+                    entry.undead_since = Some(Instant::now());
+                    entry.attempts = 1;
+                    entry.last_error = e.to_string();
+                }
+            }
+        }
+    }
+
+    async fn teardown(&self, ctx: &SeatContext) -> Result<(), HookError> {
+        match AssertUnwindSafe(self.inner.hooks.release(ctx))
+            .catch_unwind()
+            .await
+        {
+            Ok(r) => r,
+            Err(_) => Err(HookError::new("release hook", "panicked")),
+        }
+    }
+
+    async fn give_back(&self, lease: &Lease) {
+        match self.inner.store.release(lease, &self.inner.cfg.owner).await {
+            Ok(Release::Released) => {}
+            Ok(Release::NotHeld) => {
+                tracing::debug!(resource = %lease.resource, "lease already gone at release")
+            }
+            Err(e) => {
+                tracing::warn!(resource = %lease.resource, error = %e, "cannot release the lease; it lapses at its TTL")
+            }
+        }
+    }
+
+    /// One heartbeat: renew every seat lease (held and undead), resume
+    /// inboxes a blip had held, fence what was lost, retry undead teardowns.
+    pub async fn heartbeat(&self, ttl: Duration) {
+        let handles: Vec<String> = lock(&self.inner.seats).keys().cloned().collect();
+        for handle in handles {
+            let seat_lock = self.seat_lock(&handle);
+            let _g = seat_lock.lock().await;
+            self.renew_one(&handle, ttl).await;
+        }
+    }
+
+    async fn renew_one(&self, handle: &str, ttl: Duration) {
+        let Some((lease, phase, last)) = lock(&self.inner.seats)
+            .get(handle)
+            .map(|e| (e.lease.clone(), e.phase, e.last_renewed))
+        else {
+            return;
+        };
+        let sent = Instant::now();
+        match self
+            .inner
+            .store
+            .renew(&lease, &self.inner.cfg.owner, None)
+            .await
+        {
+            Renewal::Renewed(l) => {
+                let mut seats = lock(&self.inner.seats);
+                if let Some(e) = seats.get_mut(handle) {
+                    e.lease = l;
+                    e.last_renewed = sent;
+                    if e.blip {
+                        e.blip = false;
+                        if let Some(a) = &e.inbox {
+                            a.unhold(BLIP_HOLD);
+                        }
+                    }
+                    // Ownership proven again: an inbox a deferral quiesced
+                    // consumes again (the edge the seed says must not be
+                    // missed, or the seat is owned, attached and deaf).
+                    if let Some(a) = &e.inbox
+                        && a.is_quiesced()
+                    {
+                        a.resume();
+                    }
+                }
+            }
+            Renewal::Lost => {
+                if phase == Phase::Undead {
+                    tracing::error!(seat = handle, "an undead seat's lease was lost");
+                    lock(&self.inner.seats).remove(handle);
+                } else {
+                    self.release_locked(handle, DetachReason::Lost).await;
+                }
+                return;
+            }
+            Renewal::Unknown(err) => {
+                let first = {
+                    let mut seats = lock(&self.inner.seats);
+                    match seats.get_mut(handle) {
+                        Some(e) if !e.blip => {
+                            e.blip = true;
+                            if let Some(a) = &e.inbox {
+                                a.hold(BLIP_HOLD);
+                            }
+                            true
+                        }
+                        _ => false,
+                    }
+                };
+                if first {
+                    self.inner.events.emit(Event::SeatRenewUnknown {
+                        seat: handle.to_string(),
+                        error: err.to_string(),
+                    });
+                }
+                if last.elapsed() > ttl && phase != Phase::Undead {
+                    self.release_locked(handle, DetachReason::GraceExpired)
+                        .await;
+                    return;
+                }
+            }
+        }
+        if phase == Phase::Undead {
+            self.retry_teardown(handle).await;
+        }
+    }
+
+    async fn retry_teardown(&self, handle: &str) {
+        let Some(lease) = lock(&self.inner.seats).get(handle).map(|e| e.lease.clone()) else {
+            return;
+        };
+        let ctx = SeatContext {
+            handle: handle.to_string(),
+            epoch: lease.epoch,
+            lease: lease.clone(),
+        };
+        match self.teardown(&ctx).await {
+            Ok(()) => {
+                let attempts = lock(&self.inner.seats)
+                    .remove(handle)
+                    .map(|e| e.attempts + 1)
+                    .unwrap_or(0);
+                self.give_back(&lease).await;
+                self.inner.events.emit(Event::SeatReleaseRecovered {
+                    seat: handle.to_string(),
+                    epoch: lease.epoch,
+                    attempts,
+                });
+            }
+            Err(e) => {
+                let alarm = {
+                    let mut seats = lock(&self.inner.seats);
+                    seats.get_mut(handle).map(|entry| {
+                        entry.attempts += 1;
+                        entry.last_error = e.to_string();
+                        (
+                            entry.attempts,
+                            entry.undead_since.map(|s| s.elapsed()).unwrap_or_default(),
+                        )
+                    })
+                };
+                if let Some((attempts, elapsed)) = alarm
+                    && attempts % STILL_UNPROVEN_EVERY == 1
+                {
+                    self.inner.events.emit(Event::SeatStillUnproven {
+                        seat: handle.to_string(),
+                        epoch: lease.epoch,
+                        elapsed_seconds: elapsed.as_secs(),
+                        attempts,
+                        error: e.to_string(),
+                    });
+                }
+            }
+        }
+    }
+
+    /// Drop every seat without releasing anything (what a crash leaves:
+    /// leases lapse at their TTL). Tests use it to play a dead node.
+    pub async fn abandon(&self) {
+        let entries: Vec<SeatEntry> = std::mem::take(&mut *lock(&self.inner.seats))
+            .into_values()
+            .collect();
+        for e in entries {
+            for a in [e.inbox, e.control, e.reflect].into_iter().flatten() {
+                a.detach().await;
+            }
+        }
+    }
+}

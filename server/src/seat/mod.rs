@@ -1,0 +1,6 @@
+//! Seats: where they go ([`placement`]) and what holding one means on this
+//! node (the seat host, the sweep).
+
+pub mod host;
+pub mod placement;
+pub mod sweep;

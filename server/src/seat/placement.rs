@@ -1,0 +1,335 @@
+//! Placement: which seats this node should claim and which it should give
+//! back, as a pure function of one snapshot (seed § Placement).
+//!
+//! Placement is deliberately dumb. A node counts the live nodes from their
+//! presence rows, computes its fair share of every placement group it
+//! matches — ceil(group size / live nodes placing seats that match it) —
+//! charges its undead seats first against what it may hold, hands the rest
+//! to its groups most constrained first, claims up to each group's allowance
+//! and gives back any excess. This module does no I/O and reads no clock:
+//! the sweep builds the [`Snapshot`], this returns the [`Plan`], the sweep
+//! performs it.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::config::PlacementConfig;
+use crate::node::matches_placement;
+
+/// A seat of the active revision.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SeatSpec {
+    pub handle: String,
+    pub placement: PlacementConfig,
+    /// The stable node id the seat's lease last named as `preferred`, if
+    /// known: stickiness, never a rule.
+    pub preferred: Option<String>,
+}
+
+/// A live node as its presence row describes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Presence {
+    pub node_id: String,
+    pub labels: Vec<String>,
+    /// Gave its seats back because it cannot serve them; not counted.
+    pub withdrawn: bool,
+    /// Seat leases it holds (runs plus undead), counting only placeable
+    /// seats; `None` when the row does not carry a readable count.
+    pub seats_held: Option<u32>,
+}
+
+/// What this node knows at the start of a pass.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    pub node_id: String,
+    pub labels: Vec<String>,
+    /// Seats of the active revision.
+    pub seats: Vec<SeatSpec>,
+    /// Live presence rows (this node's own included when it has one).
+    pub presence: Vec<Presence>,
+    /// Seats this node holds and runs.
+    pub held: BTreeSet<String>,
+    /// Seats whose teardown failed: leased here, out of the held set.
+    pub undead: BTreeSet<String>,
+    /// Seats known to be held by a live lease of another owner.
+    pub held_elsewhere: BTreeSet<String>,
+    pub draining: bool,
+    pub behind: bool,
+    /// This node cannot serve its seats' work: give everything back.
+    pub unserviceable: bool,
+    pub claim_limit: usize,
+    pub release_limit: usize,
+}
+
+/// Why a seat is given back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ReleaseReason {
+    /// Over this node's share of the seat's group.
+    Rebalance,
+    /// The seat's role left the company.
+    RoleGone,
+    /// The seat's placement no longer matches this node.
+    PlacementMoved,
+    /// This node cannot serve its seats.
+    Unserviceable,
+}
+
+impl ReleaseReason {
+    /// The reason as `seat_detached` reports it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReleaseReason::Rebalance => "rebalance",
+            ReleaseReason::RoleGone => "role_gone",
+            ReleaseReason::PlacementMoved => "placement_moved",
+            ReleaseReason::Unserviceable => "unserviceable",
+        }
+    }
+}
+
+/// Why a pass claims nothing it otherwise would.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Withheld {
+    Draining,
+    Behind,
+    Unserviceable,
+    /// Every placeable seat is already held somewhere (the presence rows'
+    /// `seats_held` cover them): try no seat at all.
+    FleetFull,
+}
+
+/// One placement group as this node sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GroupView {
+    pub placement: PlacementConfig,
+    pub size: usize,
+    /// Live, not withdrawn nodes whose id and labels match.
+    pub matching_nodes: usize,
+    /// ceil(size / matching_nodes) when this node matches, else 0.
+    pub share: usize,
+    /// What this node may hold of it after undead seats are charged.
+    pub allowance: usize,
+    pub held: usize,
+}
+
+/// What a pass should do.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Plan {
+    /// Seats to try, in order, at most `claim_limit`.
+    pub claims: Vec<String>,
+    /// Seats to give back, with why.
+    pub releases: Vec<(String, ReleaseReason)>,
+    /// Seats no live node may run.
+    pub unplaceable: Vec<String>,
+    pub withheld: Option<Withheld>,
+    /// The sum of this node's shares (what `seat_sweep` reports).
+    pub capacity: usize,
+    /// Seats this node holds or keeps undead, against that capacity.
+    pub holding: usize,
+    pub groups: Vec<GroupView>,
+}
+
+fn ceil_div(a: usize, b: usize) -> usize {
+    if b == 0 { 0 } else { a.div_ceil(b) }
+}
+
+/// The seats some live, not withdrawn node may run.
+pub fn placeable<'a>(seats: &'a [SeatSpec], presence: &[Presence]) -> Vec<&'a SeatSpec> {
+    seats
+        .iter()
+        .filter(|s| {
+            presence
+                .iter()
+                .any(|p| !p.withdrawn && matches_placement(&p.node_id, &p.labels, &s.placement))
+        })
+        .collect()
+}
+
+/// Plan one pass.
+pub fn plan(snap: &Snapshot) -> Plan {
+    let me = snap.node_id.as_str();
+    let live: Vec<&Presence> = snap.presence.iter().filter(|p| !p.withdrawn).collect();
+    let mine = |p: &PlacementConfig| matches_placement(me, &snap.labels, p);
+    let in_revision: BTreeMap<&str, &SeatSpec> =
+        snap.seats.iter().map(|s| (s.handle.as_str(), s)).collect();
+
+    let mut plan = Plan {
+        unplaceable: snap
+            .seats
+            .iter()
+            .filter(|s| {
+                !live
+                    .iter()
+                    .any(|p| matches_placement(&p.node_id, &p.labels, &s.placement))
+            })
+            .map(|s| s.handle.clone())
+            .collect(),
+        ..Plan::default()
+    };
+
+    // Seats held that this node must give back whatever the shares say.
+    let mut forced: Vec<(String, ReleaseReason)> = Vec::new();
+    for h in &snap.held {
+        match in_revision.get(h.as_str()) {
+            None => forced.push((h.clone(), ReleaseReason::RoleGone)),
+            Some(s) if !mine(&s.placement) => {
+                forced.push((h.clone(), ReleaseReason::PlacementMoved))
+            }
+            Some(_) if snap.unserviceable => forced.push((h.clone(), ReleaseReason::Unserviceable)),
+            Some(_) => {}
+        }
+    }
+    let forced_set: BTreeSet<String> = forced.iter().map(|(h, _)| h.clone()).collect();
+
+    // Placement groups: the seats that share one placement.
+    let mut groups: BTreeMap<PlacementKey, Vec<&SeatSpec>> = BTreeMap::new();
+    for s in &snap.seats {
+        groups
+            .entry(PlacementKey::of(&s.placement))
+            .or_default()
+            .push(s);
+    }
+    let mut views: Vec<(GroupView, Vec<&SeatSpec>)> = groups
+        .into_values()
+        .map(|seats| {
+            let placement = seats[0].placement.clone();
+            let matching = live
+                .iter()
+                .filter(|p| matches_placement(&p.node_id, &p.labels, &placement))
+                .count();
+            // This node counts itself even before its presence row is seen.
+            let me_listed = live.iter().any(|p| p.node_id == me);
+            let matching = if mine(&placement) && !me_listed && !snap.unserviceable {
+                matching + 1
+            } else {
+                matching
+            };
+            let share = if mine(&placement) && !snap.unserviceable {
+                ceil_div(seats.len(), matching)
+            } else {
+                0
+            };
+            let held = seats
+                .iter()
+                .filter(|s| snap.held.contains(&s.handle) && !forced_set.contains(&s.handle))
+                .count();
+            (
+                GroupView {
+                    placement,
+                    size: seats.len(),
+                    matching_nodes: matching,
+                    share,
+                    allowance: 0,
+                    held,
+                },
+                seats,
+            )
+        })
+        .collect();
+    // Most constrained first: fewest matching nodes, then the smaller
+    // group, then a stable order.
+    views.sort_by(|(a, _), (b, _)| {
+        (a.matching_nodes, a.size, PlacementKey::of(&a.placement)).cmp(&(
+            b.matching_nodes,
+            b.size,
+            PlacementKey::of(&b.placement),
+        ))
+    });
+
+    // Undead seats are charged first; what is left goes to the groups most
+    // constrained first, each up to its share.
+    let capacity: usize = views.iter().map(|(g, _)| g.share).sum();
+    let mut left = capacity.saturating_sub(snap.undead.len());
+    for (g, _) in views.iter_mut() {
+        g.allowance = g.share.min(left);
+        left -= g.allowance;
+    }
+    plan.capacity = capacity;
+    plan.holding = snap.held.len() + snap.undead.len();
+
+    // Give back the excess, least constrained groups first.
+    let mut releases = forced;
+    for (g, seats) in views.iter().rev() {
+        if g.held <= g.allowance {
+            continue;
+        }
+        let mut mine_here: Vec<&&SeatSpec> = seats
+            .iter()
+            .filter(|s| snap.held.contains(&s.handle) && !forced_set.contains(&s.handle))
+            .collect();
+        // Keep the seats that prefer this node; give back the others first.
+        mine_here.sort_by_key(|s| {
+            (
+                s.preferred.as_deref() == Some(me),
+                std::cmp::Reverse(s.handle.clone()),
+            )
+        });
+        for s in mine_here.into_iter().take(g.held - g.allowance) {
+            releases.push((s.handle.clone(), ReleaseReason::Rebalance));
+        }
+    }
+    // Forced releases first; the whole list bounded by the release limit.
+    releases.truncate(snap.release_limit.max(1));
+    plan.releases = releases;
+
+    // Claims.
+    plan.withheld = if snap.unserviceable {
+        Some(Withheld::Unserviceable)
+    } else if snap.draining {
+        Some(Withheld::Draining)
+    } else if snap.behind {
+        Some(Withheld::Behind)
+    } else {
+        let placeable_count = placeable(&snap.seats, &snap.presence).len();
+        let held_sum: u64 = snap
+            .presence
+            .iter()
+            .map(|p| p.seats_held.unwrap_or(0) as u64)
+            .sum();
+        (placeable_count > 0 && held_sum >= placeable_count as u64).then_some(Withheld::FleetFull)
+    };
+    if plan.withheld.is_none() {
+        let mut claims = Vec::new();
+        for (g, seats) in &views {
+            if g.held >= g.allowance {
+                continue;
+            }
+            let mut free: Vec<&&SeatSpec> = seats
+                .iter()
+                .filter(|s| {
+                    !snap.held.contains(&s.handle)
+                        && !snap.undead.contains(&s.handle)
+                        && !snap.held_elsewhere.contains(&s.handle)
+                })
+                .collect();
+            // Stickiness: seats whose preferred hint names this node first.
+            free.sort_by_key(|s| (s.preferred.as_deref() != Some(me), s.handle.clone()));
+            claims.extend(
+                free.into_iter()
+                    .take(g.allowance - g.held)
+                    .map(|s| s.handle.clone()),
+            );
+        }
+        claims.truncate(snap.claim_limit);
+        plan.claims = claims;
+    }
+    plan.groups = views.into_iter().map(|(g, _)| g).collect();
+    plan
+}
+
+/// A placement as a sortable, comparable key.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct PlacementKey(Vec<String>, Vec<String>);
+
+impl PlacementKey {
+    fn of(p: &PlacementConfig) -> PlacementKey {
+        let mut n = p.nodes.clone();
+        n.sort();
+        n.dedup();
+        let mut l = p.labels.clone();
+        l.sort();
+        l.dedup();
+        PlacementKey(n, l)
+    }
+}
+
+#[cfg(test)]
+mod tests;

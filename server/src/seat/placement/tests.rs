@@ -1,0 +1,493 @@
+//! Every placement rule in the seed's words, and properties over random
+//! fleets: shares cover every group some eligible node matches, and
+//! simulated rounds converge without oscillating and never place a seat
+//! outside its placement.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use proptest::prelude::*;
+
+use super::*;
+
+fn pl(nodes: &[&str], labels: &[&str]) -> PlacementConfig {
+    PlacementConfig {
+        nodes: nodes.iter().map(|s| s.to_string()).collect(),
+        labels: labels.iter().map(|s| s.to_string()).collect(),
+    }
+}
+
+fn seat(h: &str, p: PlacementConfig) -> SeatSpec {
+    SeatSpec {
+        handle: h.into(),
+        placement: p,
+        preferred: None,
+    }
+}
+
+fn seats(prefix: &str, n: usize, p: &PlacementConfig) -> Vec<SeatSpec> {
+    (0..n)
+        .map(|i| seat(&format!("{prefix}{i:03}"), p.clone()))
+        .collect()
+}
+
+fn node(id: &str, labels: &[&str]) -> Presence {
+    Presence {
+        node_id: id.into(),
+        labels: labels.iter().map(|s| s.to_string()).collect(),
+        withdrawn: false,
+        seats_held: Some(0),
+    }
+}
+
+fn snap(me: &Presence, all: &[Presence], seats: Vec<SeatSpec>) -> Snapshot {
+    Snapshot {
+        node_id: me.node_id.clone(),
+        labels: me.labels.clone(),
+        seats,
+        presence: all.to_vec(),
+        claim_limit: 4,
+        release_limit: 2,
+        ..Snapshot::default()
+    }
+}
+
+fn set(v: &[&str]) -> BTreeSet<String> {
+    v.iter().map(|s| s.to_string()).collect()
+}
+
+#[test]
+fn a_node_claims_up_to_its_fair_share_of_ceil_seats_over_live_nodes() {
+    let a = node("a", &[]);
+    let fleet = [a.clone(), node("b", &[]), node("c", &[])];
+    let mut s = snap(&a, &fleet, seats("s", 10, &pl(&[], &[])));
+    s.claim_limit = 100;
+    let p = plan(&s);
+    assert_eq!(p.capacity, 4, "ceil(10 / 3)");
+    assert_eq!(p.claims.len(), 4);
+}
+
+#[test]
+fn never_more_than_the_claim_limit_per_pass() {
+    let a = node("a", &[]);
+    let p = plan(&snap(&a, &[a.clone()], seats("s", 20, &pl(&[], &[]))));
+    assert_eq!(p.capacity, 20);
+    assert_eq!(p.claims.len(), 4, "claim_limit 4");
+}
+
+#[test]
+fn the_fleet_size_comes_from_presence_not_from_seat_ownership() {
+    // Nobody has claimed anything yet: three live nodes still divide the seats.
+    let a = node("a", &[]);
+    let fleet = [a.clone(), node("b", &[]), node("c", &[])];
+    let p = plan(&snap(&a, &fleet, seats("s", 6, &pl(&[], &[]))));
+    assert_eq!(p.capacity, 2);
+}
+
+#[test]
+fn a_node_counts_itself_before_its_presence_row_is_seen() {
+    let a = node("a", &[]);
+    let p = plan(&snap(&a, &[node("b", &[])], seats("s", 4, &pl(&[], &[]))));
+    assert_eq!(p.capacity, 2, "ceil(4 / 2): itself and b");
+}
+
+#[test]
+fn seats_whose_preferred_hint_names_this_node_are_claimed_first() {
+    let a = node("a", &[]);
+    let fleet = [a.clone(), node("b", &[])];
+    let mut ss = seats("s", 4, &pl(&[], &[]));
+    ss[3].preferred = Some("a".into());
+    ss[2].preferred = Some("a".into());
+    ss[0].preferred = Some("b".into());
+    let p = plan(&snap(&a, &fleet, ss));
+    assert_eq!(p.claims, vec!["s002", "s003"]);
+}
+
+#[test]
+fn groups_with_the_fewest_matching_nodes_are_tried_first() {
+    let a = node("a", &["gpu"]);
+    let fleet = [a.clone(), node("b", &[]), node("c", &[])];
+    let mut ss = seats("any", 6, &pl(&[], &[]));
+    ss.extend(seats("gpu", 1, &pl(&[], &["gpu"])));
+    let mut s = snap(&a, &fleet, ss);
+    s.claim_limit = 1;
+    let p = plan(&s);
+    assert_eq!(
+        p.claims,
+        vec!["gpu000"],
+        "the seat with the fewest other homes goes first"
+    );
+}
+
+#[test]
+fn a_share_bounds_its_own_group_only_the_satellite_example() {
+    // A satellite labelled for one pinned seat: it may not fill up on
+    // unpinned seats and leave the pinned one unserved.
+    let sat = node("sat", &["pinned"]);
+    let fleet = [sat.clone(), node("b", &[]), node("c", &[])];
+    let mut ss = seats("u", 9, &pl(&[], &[]));
+    ss.push(seat("pin", pl(&[], &["pinned"])));
+    let mut s = snap(&sat, &fleet, ss);
+    s.claim_limit = 100;
+    let p = plan(&s);
+    let pinned = p
+        .groups
+        .iter()
+        .find(|g| g.placement.labels == ["pinned"])
+        .unwrap();
+    let open = p
+        .groups
+        .iter()
+        .find(|g| g.placement.labels.is_empty())
+        .unwrap();
+    assert_eq!((pinned.share, open.share), (1, 3));
+    assert_eq!(p.claims.len(), 4);
+    assert_eq!(p.claims[0], "pin");
+    // Room in one group is never room in another.
+    s.held = set(&["u000", "u001", "u002"]);
+    let p = plan(&s);
+    assert_eq!(p.claims, vec!["pin"]);
+}
+
+#[test]
+fn a_node_over_its_share_gives_back_the_excess_even_within_total_capacity() {
+    // A node that booted alone holds every seat; a joiner appears.
+    let a = node("a", &[]);
+    let fleet = [a.clone(), node("b", &[])];
+    let mut s = snap(&a, &fleet, seats("s", 6, &pl(&[], &[])));
+    s.held = s.seats.iter().map(|x| x.handle.clone()).collect();
+    let p = plan(&s);
+    assert_eq!(p.capacity, 3);
+    assert_eq!(p.releases.len(), 2, "release_limit 2");
+    assert!(
+        p.releases
+            .iter()
+            .all(|(_, r)| *r == ReleaseReason::Rebalance)
+    );
+    assert!(p.claims.is_empty());
+}
+
+#[test]
+fn the_least_constrained_group_is_given_back_first() {
+    let a = node("a", &["gpu"]);
+    let fleet = [a.clone(), node("b", &["gpu"]), node("c", &[])];
+    let mut ss = seats("any", 3, &pl(&[], &[]));
+    ss.extend(seats("gpu", 4, &pl(&[], &["gpu"])));
+    let mut s = snap(&a, &fleet, ss);
+    s.held = set(&[
+        "any000", "any001", "any002", "gpu000", "gpu001", "gpu002", "gpu003",
+    ]);
+    s.release_limit = 1;
+    let p = plan(&s);
+    assert_eq!(p.releases.len(), 1);
+    assert!(p.releases[0].0.starts_with("any"), "{:?}", p.releases);
+}
+
+#[test]
+fn seats_that_prefer_this_node_are_kept_when_giving_back() {
+    let a = node("a", &[]);
+    let fleet = [a.clone(), node("b", &[])];
+    let mut ss = seats("s", 4, &pl(&[], &[]));
+    ss[0].preferred = Some("a".into());
+    ss[1].preferred = Some("a".into());
+    let mut s = snap(&a, &fleet, ss);
+    s.held = set(&["s000", "s001", "s002", "s003"]);
+    let p = plan(&s);
+    let given: BTreeSet<&str> = p.releases.iter().map(|(h, _)| h.as_str()).collect();
+    assert_eq!(given, BTreeSet::from(["s002", "s003"]));
+}
+
+#[test]
+fn a_stuck_seat_squeezes_the_unpinned_group_not_the_pinned_one() {
+    let a = node("a", &["pinned"]);
+    let fleet = [a.clone(), node("b", &[])];
+    let mut ss = seats("u", 2, &pl(&[], &[]));
+    ss.push(seat("pin", pl(&[], &["pinned"])));
+    let mut s = snap(&a, &fleet, ss);
+    s.held = set(&["u000"]);
+    s.undead = set(&["stuck"]); // its role is gone: in no group at all
+    let p = plan(&s);
+    assert_eq!(p.capacity, 2, "pinned share 1 + unpinned share 1");
+    assert_eq!(p.claims, vec!["pin"], "the pinned seat is claimed");
+    assert_eq!(
+        p.releases,
+        vec![("u000".to_string(), ReleaseReason::Rebalance)]
+    );
+}
+
+#[test]
+fn withdrawn_nodes_are_excluded_from_every_share() {
+    let a = node("a", &[]);
+    let mut b = node("b", &[]);
+    b.withdrawn = true;
+    let p = plan(&snap(&a, &[a.clone(), b], seats("s", 4, &pl(&[], &[]))));
+    assert_eq!(p.capacity, 4);
+}
+
+#[test]
+fn an_unserviceable_node_gives_every_seat_back_and_claims_nothing() {
+    let a = node("a", &[]);
+    let mut s = snap(
+        &a,
+        &[a.clone(), node("b", &[])],
+        seats("s", 4, &pl(&[], &[])),
+    );
+    s.unserviceable = true;
+    s.held = set(&["s000"]);
+    let p = plan(&s);
+    assert_eq!(p.withheld, Some(Withheld::Unserviceable));
+    assert_eq!(
+        p.releases,
+        vec![("s000".to_string(), ReleaseReason::Unserviceable)]
+    );
+    assert!(p.claims.is_empty());
+}
+
+#[test]
+fn a_group_no_live_node_matches_is_reported_unplaceable() {
+    let a = node("a", &[]);
+    let mut ss = seats("s", 2, &pl(&[], &[]));
+    ss.push(seat("orphan", pl(&["gone-node"], &[])));
+    ss.push(seat("gpu", pl(&[], &["gpu"])));
+    let p = plan(&snap(&a, &[a.clone()], ss));
+    assert_eq!(p.unplaceable, vec!["orphan", "gpu"]);
+    assert!(!p.claims.contains(&"orphan".to_string()));
+}
+
+#[test]
+fn a_draining_node_claims_nothing() {
+    let a = node("a", &[]);
+    let mut s = snap(&a, &[a.clone()], seats("s", 3, &pl(&[], &[])));
+    s.draining = true;
+    let p = plan(&s);
+    assert_eq!(p.withheld, Some(Withheld::Draining));
+    assert!(p.claims.is_empty());
+}
+
+#[test]
+fn a_node_that_is_behind_keeps_its_seats_and_claims_no_new_ones() {
+    let a = node("a", &[]);
+    let mut s = snap(&a, &[a.clone()], seats("s", 3, &pl(&[], &[])));
+    s.behind = true;
+    s.held = set(&["s000"]);
+    let p = plan(&s);
+    assert_eq!(p.withheld, Some(Withheld::Behind));
+    assert!(p.claims.is_empty() && p.releases.is_empty());
+}
+
+#[test]
+fn fleet_full_when_presence_counts_cover_every_placeable_seat() {
+    let mut a = node("a", &[]);
+    a.seats_held = Some(1);
+    let mut b = node("b", &[]);
+    b.seats_held = Some(2);
+    let mut s = snap(&a, &[a.clone(), b.clone()], seats("s", 3, &pl(&[], &[])));
+    s.held = set(&["s000"]);
+    // a has room for one more (share 2) but every seat is held: try none.
+    let p = plan(&s);
+    assert_eq!(p.withheld, Some(Withheld::FleetFull));
+    assert!(p.claims.is_empty());
+    // A count a row does not carry reads as zero, erring toward trying.
+    b.seats_held = None;
+    let p = plan(&snap(&a, &[a.clone(), b], seats("s", 3, &pl(&[], &[]))));
+    assert_eq!(p.withheld, None);
+}
+
+#[test]
+fn a_seat_whose_role_is_gone_is_released_as_role_gone() {
+    let a = node("a", &[]);
+    let mut s = snap(&a, &[a.clone()], seats("s", 1, &pl(&[], &[])));
+    s.held = set(&["s000", "removed"]);
+    let p = plan(&s);
+    assert_eq!(
+        p.releases,
+        vec![("removed".to_string(), ReleaseReason::RoleGone)]
+    );
+}
+
+#[test]
+fn a_seat_whose_placement_moved_away_is_released_as_placement_moved() {
+    let a = node("a", &[]);
+    let mut s = snap(
+        &a,
+        &[a.clone(), node("b", &[])],
+        vec![seat("s", pl(&["b"], &[]))],
+    );
+    s.held = set(&["s"]);
+    let p = plan(&s);
+    assert_eq!(
+        p.releases,
+        vec![("s".to_string(), ReleaseReason::PlacementMoved)]
+    );
+}
+
+#[test]
+fn a_single_node_holds_every_seat() {
+    let a = node("a", &[]);
+    let mut s = snap(&a, &[a.clone()], seats("s", 9, &pl(&[], &[])));
+    let mut rounds = 0;
+    while s.held.len() < 9 {
+        let p = plan(&s);
+        assert!(!p.claims.is_empty());
+        s.held.extend(p.claims);
+        rounds += 1;
+    }
+    assert_eq!(rounds, 3, "4 + 4 + 1 with claim_limit 4");
+}
+
+// ---- properties over random fleets ----
+
+#[derive(Clone, Debug)]
+struct World {
+    nodes: Vec<Presence>,
+    seats: Vec<SeatSpec>,
+    /// seat → holder node id
+    holder: BTreeMap<String, String>,
+    undead: BTreeMap<String, String>,
+}
+
+fn arb_world() -> impl Strategy<Value = World> {
+    let labels = prop::sample::subsequence(vec!["gpu", "eu"], 0..=2);
+    let nodes = prop::collection::vec(labels, 1..6);
+    (
+        nodes,
+        0usize..30,
+        prop::collection::vec((0u8..6, 0u8..4), 0..30),
+        0usize..3,
+    )
+        .prop_map(|(node_labels, n_seats, kinds, n_undead)| {
+            let nodes: Vec<Presence> = node_labels
+                .iter()
+                .enumerate()
+                .map(|(i, l)| node(&format!("n{i}"), l))
+                .collect();
+            let mut seats = Vec::new();
+            for i in 0..n_seats {
+                let (k, pin) = kinds.get(i).copied().unwrap_or((0, 0));
+                let p = match k {
+                    0 | 1 | 2 => pl(&[], &[]),
+                    3 => pl(&[], &["gpu"]),
+                    4 => pl(&[], &["eu"]),
+                    _ => pl(&[&format!("n{pin}")], &[]),
+                };
+                seats.push(seat(&format!("s{i:02}"), p));
+            }
+            let mut undead = BTreeMap::new();
+            for i in 0..n_undead.min(nodes.len()) {
+                undead.insert(format!("stuck{i}"), nodes[i].node_id.clone());
+            }
+            World {
+                nodes,
+                seats,
+                holder: BTreeMap::new(),
+                undead,
+            }
+        })
+}
+
+fn snapshot_for(w: &World, me: &Presence) -> Snapshot {
+    let mut presence = w.nodes.clone();
+    for p in &mut presence {
+        let held = w.holder.values().filter(|h| **h == p.node_id).count()
+            + w.undead.values().filter(|h| **h == p.node_id).count();
+        p.seats_held = Some(held as u32);
+    }
+    Snapshot {
+        node_id: me.node_id.clone(),
+        labels: me.labels.clone(),
+        seats: w.seats.clone(),
+        presence,
+        held: w
+            .holder
+            .iter()
+            .filter(|(_, h)| **h == me.node_id)
+            .map(|(s, _)| s.clone())
+            .collect(),
+        undead: w
+            .undead
+            .iter()
+            .filter(|(_, h)| **h == me.node_id)
+            .map(|(s, _)| s.clone())
+            .collect(),
+        held_elsewhere: w
+            .holder
+            .iter()
+            .filter(|(_, h)| **h != me.node_id)
+            .map(|(s, _)| s.clone())
+            .collect(),
+        claim_limit: 4,
+        release_limit: 2,
+        ..Snapshot::default()
+    }
+}
+
+/// One round: every node plans against the world as it is when its turn
+/// comes, then acts (claims win only on free seats). Returns whether
+/// anything changed.
+fn round(w: &mut World) -> bool {
+    let mut changed = false;
+    for me in w.nodes.clone() {
+        let p = plan(&snapshot_for(w, &me));
+        for (h, _) in p.releases {
+            w.holder.remove(&h);
+            changed = true;
+        }
+        for h in p.claims {
+            if !w.holder.contains_key(&h) {
+                w.holder.insert(h, me.node_id.clone());
+                changed = true;
+            }
+        }
+    }
+    changed
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    #[test]
+    fn shares_always_cover_every_group_some_eligible_live_node_matches(w in arb_world()) {
+        let mut by_group: BTreeMap<PlacementKey, usize> = BTreeMap::new();
+        for me in &w.nodes {
+            let p = plan(&snapshot_for(&w, me));
+            for g in &p.groups {
+                *by_group.entry(PlacementKey::of(&g.placement)).or_default() += g.share;
+            }
+        }
+        let first = plan(&snapshot_for(&w, &w.nodes[0]));
+        for g in &first.groups {
+            if g.matching_nodes > 0 {
+                prop_assert!(by_group[&PlacementKey::of(&g.placement)] >= g.size,
+                    "group {:?} of {} covered by {}", g.placement, g.size, by_group[&PlacementKey::of(&g.placement)]);
+            }
+        }
+    }
+
+    #[test]
+    fn rounds_converge_without_oscillating_and_respect_placement(mut w in arb_world(), joiners in 0usize..3) {
+        // Some nodes boot late: the first ones take everything first.
+        let late: Vec<Presence> = w.nodes.split_off(w.nodes.len().saturating_sub(joiners).max(1));
+        let mut quiet = 0;
+        for _ in 0..60 {
+            if !round(&mut w) { quiet += 1; if quiet == 2 { break; } } else { quiet = 0; }
+        }
+        w.nodes.extend(late);
+        let mut settled = false;
+        for _ in 0..80 {
+            if !round(&mut w) && !round(&mut w) { settled = true; break; }
+        }
+        prop_assert!(settled, "no fixed point after 80 rounds: {:?}", w.holder);
+        // Never outside its placement.
+        for (s, h) in &w.holder {
+            let spec = w.seats.iter().find(|x| &x.handle == s).unwrap();
+            let n = w.nodes.iter().find(|n| &n.node_id == h).unwrap();
+            prop_assert!(matches_placement(&n.node_id, &n.labels, &spec.placement), "{s} on {h}");
+        }
+        // Every placeable seat is held, unless the undead seats took the
+        // only room of every node that may run it.
+        let placeable_seats = placeable(&w.seats, &w.nodes);
+        let stuck_anywhere = !w.undead.is_empty();
+        for s in placeable_seats {
+            prop_assert!(w.holder.contains_key(&s.handle) || stuck_anywhere, "{} unheld: {:?}", s.handle, w.holder);
+        }
+    }
+}

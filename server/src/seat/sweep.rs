@@ -1,0 +1,534 @@
+//! The seat engine's loops: presence, the heartbeat, and the sweep that
+//! turns the placement plan into claims and releases.
+//!
+//! Every `heartbeat` the node renews its presence (`node:{id}`, carrying
+//! labels, roles, protocol, `seats_held`, `seats_withdrawn`, draining,
+//! behind) and every seat lease it holds. Every `sweep` it reads the live
+//! presence rows and seat leases, asks [`placement::plan`] what to do, gives
+//! back what the plan says, and claims — judging the protocol gate (no
+//! claims while a live presence or seat lease is held at a lower protocol)
+//! before each claim of a seat it believes free. A config apply that
+//! changes the seats brings one pass forward, at most once per interval.
+//! Every loop beats the watchdog; all of them are owned by one [`Tasks`].
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::json;
+use tokio::sync::{Notify, watch};
+use tokio::time::Instant;
+
+use super::host::{Acquired, SeatHooks, SeatHost};
+use super::placement::{self, Presence, ReleaseReason, SeatSpec, Snapshot, Withheld};
+use crate::config::PROTOCOL;
+use crate::coord::{Claim, ClaimRequest, Lease, Metadata, Renewal, Store};
+use crate::events::{DetachReason, Event, EventBus};
+use crate::node::company::{Company, wants_early_sweep};
+use crate::node::matches_placement;
+use crate::queue::{Queue, QueueSettings, boot_walk};
+use crate::tasks::Tasks;
+use crate::watchdog::{Watchdog, stamp_interval};
+
+/// How the engine runs.
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    pub node_id: String,
+    pub owner: String,
+    pub labels: Vec<String>,
+    pub protocol: u32,
+    pub heartbeat: Duration,
+    pub sweep: Duration,
+    pub claim_limit: usize,
+    pub release_limit: usize,
+    pub release_wait: Duration,
+    pub queue: QueueSettings,
+}
+
+impl EngineConfig {
+    pub fn from_config(c: &crate::config::Config, owner: &str) -> EngineConfig {
+        EngineConfig {
+            node_id: c.node.id.clone(),
+            owner: owner.to_string(),
+            labels: c.node.labels.clone(),
+            protocol: PROTOCOL,
+            heartbeat: Duration::from_secs(c.coordination.heartbeat_seconds),
+            sweep: Duration::from_secs(c.coordination.sweep_seconds),
+            claim_limit: c.coordination.claim_limit as usize,
+            release_limit: c.coordination.release_limit as usize,
+            release_wait: Duration::from_secs(c.coordination.heartbeat_seconds),
+            queue: QueueSettings::default(),
+        }
+    }
+}
+
+/// The seat engine of one node.
+pub struct SeatEngine {
+    cfg: EngineConfig,
+    store: Arc<dyn Store>,
+    queue: Arc<dyn Queue>,
+    host: SeatHost,
+    events: EventBus,
+    company: watch::Receiver<Company>,
+    presence: tokio::sync::Mutex<Option<Lease>>,
+    early: Notify,
+    tasks: Tasks,
+    watchdog: Watchdog,
+    last_unplaceable: Mutex<Vec<String>>,
+    behind: std::sync::atomic::AtomicBool,
+    withdrawn: std::sync::atomic::AtomicBool,
+}
+
+fn presence_of(lease: &Lease) -> Option<Presence> {
+    let node_id = lease.resource.strip_prefix("node:")?.to_string();
+    let m = &lease.metadata;
+    let labels = m
+        .get("labels")
+        .and_then(|v| v.as_array())
+        .map(|a| {
+            a.iter()
+                .filter_map(|x| x.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    Some(Presence {
+        node_id,
+        labels,
+        withdrawn: m
+            .get("seats_withdrawn")
+            .and_then(|v| v.as_bool())
+            .unwrap_or(false),
+        seats_held: m
+            .get("seats_held")
+            .and_then(|v| v.as_u64())
+            .map(|n| n as u32),
+    })
+}
+
+impl SeatEngine {
+    /// Build the engine and run the boot walk (every seat's mailboxes,
+    /// before anything is claimed). Nothing runs until [`SeatEngine::start`].
+    pub async fn new(
+        cfg: EngineConfig,
+        store: Arc<dyn Store>,
+        queue: Arc<dyn Queue>,
+        hooks: Arc<dyn SeatHooks>,
+        events: EventBus,
+        company: watch::Receiver<Company>,
+        tasks: Tasks,
+    ) -> Result<Arc<SeatEngine>, (String, crate::queue::QueueError)> {
+        let handles: Vec<String> = company.borrow().handles().map(str::to_string).collect();
+        boot_walk(&*queue, handles.iter().map(String::as_str), cfg.queue).await?;
+        let host = SeatHost::new(
+            super::host::HostConfig {
+                node_id: cfg.node_id.clone(),
+                owner: cfg.owner.clone(),
+                heartbeat: cfg.heartbeat,
+                release_wait: cfg.release_wait,
+            },
+            store.clone(),
+            queue.clone(),
+            hooks,
+            events.clone(),
+        );
+        let watchdog = Watchdog::new(store.lease_ttl());
+        Ok(Arc::new(SeatEngine {
+            cfg,
+            store,
+            queue,
+            host,
+            events,
+            company,
+            presence: tokio::sync::Mutex::new(None),
+            early: Notify::new(),
+            tasks,
+            watchdog,
+            last_unplaceable: Mutex::new(Vec::new()),
+            behind: false.into(),
+            withdrawn: false.into(),
+        }))
+    }
+
+    pub fn host(&self) -> &SeatHost {
+        &self.host
+    }
+
+    pub fn watchdog(&self) -> &Watchdog {
+        &self.watchdog
+    }
+
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    pub fn events(&self) -> &EventBus {
+        &self.events
+    }
+
+    pub fn company(&self) -> Company {
+        self.company.borrow().clone()
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.cfg
+    }
+
+    /// Mark this node behind (it keeps its seats and claims none) or level.
+    pub fn set_behind(&self, behind: bool) {
+        self.behind
+            .store(behind, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Mark this node unable to serve its seats (gives them back, withdrawn
+    /// from placement) or able again.
+    pub fn set_withdrawn(&self, withdrawn: bool) {
+        self.withdrawn
+            .store(withdrawn, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Start the heartbeat, the sweep and the company follower.
+    pub fn start(self: &Arc<Self>) {
+        let me = self.clone();
+        self.tasks
+            .spawn("heartbeat", async move { me.heartbeat_loop().await });
+        let me = self.clone();
+        self.tasks
+            .spawn("sweep", async move { me.sweep_loop().await });
+        let me = self.clone();
+        self.tasks
+            .spawn("company-changes", async move { me.company_loop().await });
+    }
+
+    /// Run the watchdog over the loops (a process, not a test, does this).
+    pub fn arm_watchdog(&self) -> std::io::Result<()> {
+        self.watchdog.spawn()
+    }
+
+    fn roles_i_may_run(&self, company: &Company) -> Vec<String> {
+        company
+            .roles
+            .iter()
+            .filter(|r| matches_placement(&self.cfg.node_id, &self.cfg.labels, &r.placement))
+            .map(|r| r.handle.clone())
+            .collect()
+    }
+
+    /// Seat leases held here (run or undead), counting only seats of the
+    /// active revision: a lease on a seat whose role is gone stands in for
+    /// no free one, or every node would read the fleet as full.
+    fn seats_held_count(&self, company: &Company) -> usize {
+        let seats: BTreeSet<&str> = company.handles().collect();
+        self.host
+            .held()
+            .into_iter()
+            .chain(self.host.undead())
+            .filter(|h| seats.contains(h.as_str()))
+            .count()
+    }
+
+    fn presence_metadata(&self) -> Metadata {
+        let company = self.company();
+        let held = self.seats_held_count(&company);
+        let mut m = Metadata::new();
+        m.insert("labels".into(), json!(self.cfg.labels));
+        m.insert("version".into(), json!(crate::VERSION));
+        m.insert("roles".into(), json!(self.roles_i_may_run(&company)));
+        m.insert("seats_held".into(), json!(held));
+        m.insert(
+            "seats_withdrawn".into(),
+            json!(self.withdrawn.load(std::sync::atomic::Ordering::SeqCst)),
+        );
+        m.insert("draining".into(), json!(self.host.is_draining()));
+        m.insert(
+            "behind".into(),
+            json!(self.behind.load(std::sync::atomic::Ordering::SeqCst)),
+        );
+        m
+    }
+
+    /// Claim or renew the presence lease (with fresh metadata).
+    pub async fn refresh_presence(&self) {
+        if self.host.is_draining() {
+            return;
+        }
+        let mut presence = self.presence.lock().await;
+        let meta = self.presence_metadata();
+        if let Some(lease) = presence.as_ref() {
+            match self
+                .store
+                .renew(lease, &self.cfg.owner, Some(meta.clone()))
+                .await
+            {
+                Renewal::Renewed(l) => {
+                    *presence = Some(l);
+                    return;
+                }
+                Renewal::Lost => *presence = None,
+                Renewal::Unknown(e) => {
+                    tracing::warn!(error = %e, "cannot renew this node's presence");
+                    return;
+                }
+            }
+        }
+        let req = ClaimRequest::new(
+            format!("node:{}", self.cfg.node_id),
+            self.cfg.owner.clone(),
+            self.cfg.node_id.clone(),
+        )
+        .with_protocol(self.cfg.protocol)
+        .with_metadata(meta);
+        match self.store.claim(req).await {
+            Ok(Claim::Won(l)) => *presence = Some(l),
+            Ok(Claim::HeldBy(l)) => tracing::info!(
+                owner = %l.owner,
+                "this node id's presence is still held by an earlier incarnation; waiting for it to lapse"
+            ),
+            Err(e) => tracing::warn!(error = %e, "cannot claim this node's presence"),
+        }
+    }
+
+    async fn heartbeat_loop(self: Arc<Self>) {
+        let stamp = stamp_interval(self.watchdog.threshold()).min(self.cfg.heartbeat);
+        let mut next = Instant::now();
+        loop {
+            self.watchdog.beat("heartbeat");
+            if Instant::now() >= next {
+                next = Instant::now() + self.cfg.heartbeat;
+                self.refresh_presence().await;
+                self.host.heartbeat(self.store.lease_ttl()).await;
+                self.watchdog.beat("heartbeat");
+            }
+            tokio::time::sleep(stamp.min(next.saturating_duration_since(Instant::now()))).await;
+        }
+    }
+
+    async fn sweep_loop(self: Arc<Self>) {
+        let stamp = stamp_interval(self.watchdog.threshold()).min(self.cfg.sweep);
+        let mut next = Instant::now();
+        let mut last_early: Option<Instant> = None;
+        loop {
+            self.watchdog.beat("sweep");
+            if Instant::now() >= next {
+                next = Instant::now() + self.cfg.sweep;
+                if std::env::var_os("CREWLET_FAULT_WEDGE_SWEEP").is_some() {
+                    // Fault injection for the watchdog's process test: the
+                    // sweep blocks forever while the process stays alive.
+                    tracing::warn!(
+                        "CREWLET_FAULT_WEDGE_SWEEP is set: the sweep loop now blocks forever"
+                    );
+                    std::thread::sleep(Duration::from_secs(u64::MAX / 4));
+                }
+                self.sweep_once().await;
+                self.watchdog.beat("sweep");
+            }
+            let wait = stamp.min(next.saturating_duration_since(Instant::now()));
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = self.early.notified() => {
+                    // At most one early pass per interval.
+                    let now = Instant::now();
+                    if last_early.is_none_or(|t| now.duration_since(t) >= self.cfg.sweep) {
+                        last_early = Some(now);
+                        next = now;
+                    }
+                }
+            }
+        }
+    }
+
+    async fn company_loop(self: Arc<Self>) {
+        let mut rx = self.company.clone();
+        let mut seen = Some(rx.borrow_and_update().clone());
+        while rx.changed().await.is_ok() {
+            let new = rx.borrow_and_update().clone();
+            // A role added: its mailboxes exist before anything claims it.
+            if let Err((seat, e)) = boot_walk(&*self.queue, new.handles(), self.cfg.queue).await {
+                tracing::error!(seat, error = %e, "cannot create a new seat's mailboxes");
+            }
+            self.events.emit(Event::CompanyApplied {
+                revision: new.revision,
+                seats: new.roles.len(),
+            });
+            if wants_early_sweep(seen.as_ref(), &new) {
+                self.early.notify_one();
+            }
+            seen = Some(new);
+        }
+    }
+
+    /// Ask for a pass now (still at most one early pass per interval).
+    pub fn sweep_soon(&self) {
+        self.early.notify_one();
+    }
+
+    /// One placement pass.
+    pub async fn sweep_once(&self) {
+        let company = self.company();
+        let presence_leases = match self.store.list("node:").await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!(error = %e, "the roster cannot be read; this pass concludes nothing");
+                return;
+            }
+        };
+        let seat_leases = match self.store.list("seat:").await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!(error = %e, "the seat leases cannot be read; this pass concludes nothing");
+                return;
+            }
+        };
+        let mut presence: Vec<Presence> = presence_leases.iter().filter_map(presence_of).collect();
+        // This node as it is now, whatever its row said a heartbeat ago.
+        presence.retain(|p| p.node_id != self.cfg.node_id);
+        let withdrawn = self.withdrawn.load(std::sync::atomic::Ordering::SeqCst);
+        if !self.host.is_draining() {
+            presence.push(Presence {
+                node_id: self.cfg.node_id.clone(),
+                labels: self.cfg.labels.clone(),
+                withdrawn,
+                seats_held: Some(self.seats_held_count(&company) as u32),
+            });
+        }
+        let preferred: std::collections::BTreeMap<String, String> = seat_leases
+            .iter()
+            .filter_map(|l| {
+                l.resource
+                    .strip_prefix("seat:")
+                    .map(|h| (h.to_string(), l.preferred.clone()))
+            })
+            .collect();
+        let held_elsewhere: BTreeSet<String> = seat_leases
+            .iter()
+            .filter(|l| l.owner != self.cfg.owner)
+            .filter_map(|l| l.resource.strip_prefix("seat:").map(str::to_string))
+            .collect();
+        let snap = Snapshot {
+            node_id: self.cfg.node_id.clone(),
+            labels: self.cfg.labels.clone(),
+            seats: company
+                .roles
+                .iter()
+                .map(|r| SeatSpec {
+                    handle: r.handle.clone(),
+                    placement: r.placement.clone(),
+                    preferred: preferred.get(&r.handle).cloned(),
+                })
+                .collect(),
+            presence,
+            held: self.host.held().into_iter().collect(),
+            undead: self.host.undead().into_iter().collect(),
+            held_elsewhere,
+            draining: self.host.is_draining(),
+            behind: self.behind.load(std::sync::atomic::Ordering::SeqCst),
+            unserviceable: withdrawn,
+            claim_limit: self.cfg.claim_limit,
+            release_limit: self.cfg.release_limit,
+        };
+        let plan = placement::plan(&snap);
+
+        {
+            let mut last = self
+                .last_unplaceable
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            if *last != plan.unplaceable {
+                if !plan.unplaceable.is_empty() {
+                    self.events.emit(Event::SeatsUnplaceable {
+                        seats: plan.unplaceable.clone(),
+                    });
+                }
+                *last = plan.unplaceable.clone();
+            }
+        }
+
+        let mut released = 0;
+        for (handle, reason) in &plan.releases {
+            let reason = match reason {
+                ReleaseReason::Rebalance => DetachReason::Rebalance,
+                ReleaseReason::RoleGone => DetachReason::RoleGone,
+                ReleaseReason::PlacementMoved => DetachReason::PlacementMoved,
+                ReleaseReason::Unserviceable => DetachReason::Unserviceable,
+            };
+            self.host.release(handle, reason).await;
+            released += 1;
+        }
+        if released > 0 {
+            // A seat given back is advertised in the release itself.
+            self.refresh_presence().await;
+        }
+
+        match plan.withheld {
+            Some(Withheld::Behind) => self.events.emit(Event::SeatClaimsWithheld {
+                reason: "behind".into(),
+            }),
+            Some(Withheld::Draining) | Some(Withheld::Unserviceable) => {}
+            Some(Withheld::FleetFull) | None => {}
+        }
+
+        let mut claimed = 0;
+        for handle in &plan.claims {
+            // The protocol gate, judged from the live view of the lease
+            // bucket; a refusal ends the pass.
+            match self.store.protocol_floor(self.cfg.protocol).await {
+                Ok(Some(floor)) => {
+                    self.events.emit(Event::SeatClaimsBlockedByOlderProtocol {
+                        floor,
+                        protocol: self.cfg.protocol,
+                    });
+                    break;
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "the protocol floor cannot be read; claiming nothing this pass");
+                    break;
+                }
+            }
+            match self.host.claim(handle).await {
+                Ok(Acquired::Won {
+                    established: true, ..
+                }) => claimed += 1,
+                Ok(Acquired::Won { .. }) | Ok(Acquired::HeldBy(_)) => {}
+                Ok(Acquired::Draining) => break,
+                Err(e) => {
+                    tracing::warn!(seat = %handle, error = %e, "claim failed; unknown ownership is not ownership")
+                }
+            }
+        }
+        if claimed > 0 {
+            // Advertise the new count at the end of the pass.
+            self.refresh_presence().await;
+        }
+        self.events.emit(Event::SeatSweep {
+            held: self.host.held().len(),
+            undead: self.host.undead().len(),
+            capacity: plan.capacity,
+            claimed,
+            released,
+            fleet_full: plan.withheld == Some(Withheld::FleetFull),
+        });
+    }
+
+    /// Graceful shutdown is a drain: presence given up first, every seat
+    /// released voluntarily, then the loops stop. No peer waits a TTL.
+    pub async fn drain(&self) {
+        self.watchdog.disarm();
+        self.host.begin_drain();
+        self.events.emit(Event::NodeDraining {});
+        if let Some(p) = self.presence.lock().await.take() {
+            let _ = self.store.release(&p, &self.cfg.owner).await;
+        }
+        for handle in self.host.held() {
+            self.host.release(&handle, DetachReason::Drain).await;
+        }
+        self.tasks.shutdown().await;
+    }
+
+    /// Stop without releasing anything, as a crash would (tests).
+    pub async fn crash(&self) {
+        self.watchdog.disarm();
+        self.watchdog.stop();
+        self.tasks.shutdown().await;
+        self.host.abandon().await;
+    }
+}

@@ -1,0 +1,233 @@
+//! The watchdog: a node whose loops stop turning leaves, with exit code 75
+//! (seed § The wedged node).
+//!
+//! Each watched loop stamps a beat as it turns; a plain OS thread (not a
+//! task: a wedged runtime must not be able to stop it) compares the beats
+//! with the threshold — the lease TTL in force, adopted or configured, never
+//! a knob of its own — and, past it, writes one line straight to stderr
+//! (not through the logger) and calls `std::process::exit(75)`. It is
+//! disarmed for the whole of a graceful shutdown, and it stands down when
+//! nothing it watches is live any more: a loop that finished took its work
+//! with it. The decision is the pure [`verdict`].
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// The exit code of a wedged node.
+pub const EXIT_WEDGED: i32 = 75;
+
+/// What the watcher concludes from the beats.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    Healthy,
+    /// Nothing watched is live any more.
+    StandDown,
+    /// `loop_name` has not beaten for `lag`.
+    Wedged {
+        loop_name: String,
+        lag: Duration,
+    },
+}
+
+/// The beat of one loop: when it last turned, and whether it is still live.
+#[derive(Clone, Copy, Debug)]
+pub struct Beat {
+    pub at: Instant,
+    pub live: bool,
+}
+
+/// Pure: the verdict at `now` for `beats` against `threshold`.
+pub fn verdict(now: Instant, beats: &BTreeMap<String, Beat>, threshold: Duration) -> Verdict {
+    let live: Vec<(&String, &Beat)> = beats.iter().filter(|(_, b)| b.live).collect();
+    if live.is_empty() {
+        return Verdict::StandDown;
+    }
+    live.into_iter()
+        .map(|(n, b)| (n, now.saturating_duration_since(b.at)))
+        .filter(|(_, lag)| *lag > threshold)
+        .max_by_key(|(_, lag)| *lag)
+        .map_or(Verdict::Healthy, |(n, lag)| Verdict::Wedged {
+            loop_name: n.clone(),
+            lag,
+        })
+}
+
+/// How often a loop must stamp, at most: a third of the threshold.
+pub fn stamp_interval(threshold: Duration) -> Duration {
+    (threshold / 3).max(Duration::from_millis(10))
+}
+
+/// How often the watcher looks: a quarter of the threshold.
+pub fn poll_interval(threshold: Duration) -> Duration {
+    (threshold / 4).max(Duration::from_millis(10))
+}
+
+struct Inner {
+    beats: Mutex<BTreeMap<String, Beat>>,
+    threshold: Duration,
+    armed: AtomicBool,
+    stopped: AtomicBool,
+}
+
+/// The watchdog. Clones share it.
+#[derive(Clone)]
+pub struct Watchdog {
+    inner: Arc<Inner>,
+}
+
+impl Watchdog {
+    pub fn new(threshold: Duration) -> Watchdog {
+        Watchdog {
+            inner: Arc::new(Inner {
+                beats: Mutex::new(BTreeMap::new()),
+                threshold,
+                armed: AtomicBool::new(true),
+                stopped: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    pub fn threshold(&self) -> Duration {
+        self.inner.threshold
+    }
+
+    /// `name` turned.
+    pub fn beat(&self, name: &str) {
+        let mut b = self.inner.beats.lock().unwrap_or_else(|e| e.into_inner());
+        b.insert(
+            name.to_string(),
+            Beat {
+                at: Instant::now(),
+                live: true,
+            },
+        );
+    }
+
+    /// `name` finished: it is no longer watched.
+    pub fn retire(&self, name: &str) {
+        let mut b = self.inner.beats.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(beat) = b.get_mut(name) {
+            beat.live = false;
+        }
+    }
+
+    /// A graceful shutdown began: never fire again.
+    pub fn disarm(&self) {
+        self.inner.armed.store(false, Ordering::SeqCst);
+    }
+
+    pub fn current(&self) -> Verdict {
+        let b = self.inner.beats.lock().unwrap_or_else(|e| e.into_inner());
+        verdict(Instant::now(), &b, self.inner.threshold)
+    }
+
+    /// Start the watcher thread. It exits the process on a wedged verdict
+    /// while armed, and ends when disarmed or when nothing is live.
+    pub fn spawn(&self) -> std::io::Result<()> {
+        let me = self.clone();
+        std::thread::Builder::new()
+            .name("crewlet-watchdog".into())
+            .spawn(move || {
+                let poll = poll_interval(me.inner.threshold);
+                loop {
+                    std::thread::sleep(poll);
+                    if !me.inner.armed.load(Ordering::SeqCst) || me.inner.stopped.load(Ordering::SeqCst) {
+                        return;
+                    }
+                    match me.current() {
+                        Verdict::Healthy => {}
+                        Verdict::StandDown => return,
+                        Verdict::Wedged { loop_name, lag } => {
+                            if !me.inner.armed.load(Ordering::SeqCst) {
+                                return;
+                            }
+                            use std::io::Write;
+                            let _ = writeln!(
+                                std::io::stderr(),
+                                "crewlet watchdog: the {loop_name} loop has not turned for {:.1}s (threshold {:.1}s = the lease TTL); this node no longer provably owns its seats. Exiting with code {EXIT_WEDGED}.",
+                                lag.as_secs_f64(),
+                                me.inner.threshold.as_secs_f64()
+                            );
+                            std::process::exit(EXIT_WEDGED);
+                        }
+                    }
+                }
+            })
+            .map(|_| ())
+    }
+
+    /// Stop the watcher thread without exiting (tests, and engines that are
+    /// torn down without a process exit).
+    pub fn stop(&self) {
+        self.inner.stopped.store(true, Ordering::SeqCst);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn beats(v: &[(&str, u64, bool)], now: Instant) -> BTreeMap<String, Beat> {
+        v.iter()
+            .map(|(n, ago, live)| {
+                (
+                    n.to_string(),
+                    Beat {
+                        at: now - Duration::from_millis(*ago),
+                        live: *live,
+                    },
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_loop_quiet_past_the_lease_ttl_is_wedged() {
+        let now = Instant::now() + Duration::from_secs(100);
+        let b = beats(&[("sweep", 46_000, true), ("heartbeat", 1_000, true)], now);
+        assert_eq!(
+            verdict(now, &b, Duration::from_secs(45)),
+            Verdict::Wedged {
+                loop_name: "sweep".into(),
+                lag: Duration::from_secs(46)
+            }
+        );
+    }
+
+    #[test]
+    fn beats_within_the_threshold_are_healthy() {
+        let now = Instant::now() + Duration::from_secs(100);
+        let b = beats(&[("sweep", 44_000, true), ("heartbeat", 1_000, true)], now);
+        assert_eq!(verdict(now, &b, Duration::from_secs(45)), Verdict::Healthy);
+    }
+
+    #[test]
+    fn a_loop_that_finished_is_not_a_loop_that_is_wedged() {
+        let now = Instant::now() + Duration::from_secs(100);
+        let b = beats(&[("sweep", 90_000, false), ("heartbeat", 1_000, true)], now);
+        assert_eq!(verdict(now, &b, Duration::from_secs(45)), Verdict::Healthy);
+        let b = beats(
+            &[("sweep", 90_000, false), ("heartbeat", 90_000, false)],
+            now,
+        );
+        assert_eq!(
+            verdict(now, &b, Duration::from_secs(45)),
+            Verdict::StandDown
+        );
+        assert_eq!(
+            verdict(now, &BTreeMap::new(), Duration::from_secs(45)),
+            Verdict::StandDown
+        );
+    }
+
+    #[test]
+    fn cadences_are_ceilings_derived_from_the_threshold() {
+        let t = Duration::from_secs(45);
+        assert_eq!(stamp_interval(t), Duration::from_secs(15));
+        assert!(poll_interval(t) < t);
+        // A threshold of 3 s (tests) still gives a healthy node room.
+        assert!(stamp_interval(Duration::from_secs(3)) * 2 < Duration::from_secs(3));
+    }
+}

@@ -1,0 +1,798 @@
+//! Several nodes' seat engines in one process, on the in-process twin
+//! (tokio's paused clock) and on a real nats-server: placement, handoff,
+//! drain, the protocol gate, undead seats, admission and the acquire hook's
+//! order — the seed's § Placement and § Establishing a seat, as behaviour.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crewlet::config::{PlacementConfig, RoleConfig};
+use crewlet::coord::{
+    Claim, ClaimRequest, Coordinator, CoordinatorOptions, MemoryBackend, NatsBackend, NatsOptions,
+    Store,
+};
+use crewlet::events::{DetachReason, Event, EventBus, FleetEvent};
+use crewlet::node::company;
+use crewlet::queue::jetstream::{JetStreamQueue, JetStreamSettings};
+use crewlet::queue::memory::MemoryQueue;
+use crewlet::queue::{
+    Attachment, Delivery, Disposition, Handler, Queue, QueueSettings, handler_fn, log_events,
+};
+use crewlet::seat::host::{Fence, HookError, SeatContext, SeatHooks};
+use crewlet::seat::sweep::{EngineConfig, SeatEngine};
+use crewlet::tasks::Tasks;
+use tokio::sync::broadcast;
+
+const TTL: Duration = Duration::from_secs(3);
+const BEAT: Duration = Duration::from_secs(1);
+const SWEEP: Duration = Duration::from_secs(1);
+
+/// What a test node's hooks do, and what they saw.
+#[derive(Default)]
+struct TestHooks {
+    log: Mutex<Vec<String>>,
+    failing_release: Mutex<BTreeSet<String>>,
+    holds: Mutex<Vec<String>>,
+    delivered: Arc<Mutex<Vec<String>>>,
+}
+
+impl TestHooks {
+    fn note(&self, s: &SeatContext, step: &str) {
+        self.log
+            .lock()
+            .unwrap()
+            .push(format!("{}:{step}", s.handle));
+    }
+}
+
+#[async_trait::async_trait]
+impl SeatHooks for TestHooks {
+    async fn start_children(&self, s: &SeatContext) -> Result<(), HookError> {
+        self.note(s, "children");
+        Ok(())
+    }
+    async fn hydrate_memory(&self, s: &SeatContext) -> Result<(), HookError> {
+        self.note(s, "hydrate");
+        Ok(())
+    }
+    async fn attach_reflect(&self, s: &SeatContext) -> Result<Option<Attachment>, HookError> {
+        self.note(s, "reflect");
+        Ok(None)
+    }
+    async fn attach_control(&self, s: &SeatContext) -> Result<Option<Attachment>, HookError> {
+        self.note(s, "control");
+        Ok(None)
+    }
+    async fn pause_holds(&self, s: &SeatContext) -> Result<Vec<String>, HookError> {
+        self.note(s, "holds");
+        Ok(self.holds.lock().unwrap().clone())
+    }
+    fn inbox_handler(&self, s: &SeatContext, _fence: Fence) -> Arc<dyn Handler> {
+        self.note(s, "inbox");
+        let record = self.delivered.clone();
+        let handle = s.handle.clone();
+        handler_fn(move |d: Delivery| {
+            let record = record.clone();
+            let handle = handle.clone();
+            async move {
+                record
+                    .lock()
+                    .unwrap()
+                    .push(format!("{handle}:{}", String::from_utf8_lossy(&d.payload)));
+                Disposition::Ack
+            }
+        })
+    }
+    async fn established(&self, s: &SeatContext) {
+        self.note(s, "established");
+    }
+    async fn release(&self, s: &SeatContext) -> Result<(), HookError> {
+        self.note(s, "release");
+        if self.failing_release.lock().unwrap().contains(&s.handle) {
+            return Err(HookError::new("children", "the agent process will not die"));
+        }
+        Ok(())
+    }
+}
+
+/// One backend a fleet shares.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Kind {
+    Twin,
+    Nats,
+}
+
+struct Fleet {
+    kind: Kind,
+    /// The twin's store and queue, shared by every node (one process).
+    twin: Option<(Arc<dyn Store>, Arc<dyn Queue>)>,
+    server: Option<support::nats::NatsServer>,
+}
+
+struct TestNode {
+    engine: Arc<SeatEngine>,
+    hooks: Arc<TestHooks>,
+    events: broadcast::Receiver<FleetEvent>,
+    seen: Vec<FleetEvent>,
+    store: Arc<dyn Store>,
+    queue: Arc<dyn Queue>,
+}
+
+fn role(handle: &str, placement: PlacementConfig) -> RoleConfig {
+    RoleConfig {
+        handle: handle.into(),
+        agent: Default::default(),
+        placement,
+    }
+}
+
+fn roles(prefix: &str, n: usize) -> Vec<RoleConfig> {
+    (0..n)
+        .map(|i| role(&format!("{prefix}{i}"), PlacementConfig::default()))
+        .collect()
+}
+
+fn labels(v: &[&str]) -> Vec<String> {
+    v.iter().map(|s| s.to_string()).collect()
+}
+
+impl Fleet {
+    async fn new(kind: Kind) -> Fleet {
+        match kind {
+            Kind::Twin => {
+                let store: Arc<dyn Store> = Arc::new(Coordinator::new(
+                    MemoryBackend::new(TTL),
+                    CoordinatorOptions::default(),
+                ));
+                let queue: Arc<dyn Queue> = Arc::new(MemoryQueue::new(log_events()));
+                Fleet {
+                    kind,
+                    twin: Some((store, queue)),
+                    server: None,
+                }
+            }
+            Kind::Nats => Fleet {
+                kind,
+                twin: None,
+                server: Some(support::nats::NatsServer::start().await),
+            },
+        }
+    }
+
+    async fn backends(&self, node: &str) -> (Arc<dyn Store>, Arc<dyn Queue>) {
+        if let Some((s, q)) = &self.twin {
+            return (s.clone(), q.clone());
+        }
+        let server = self.server.as_ref().unwrap();
+        let mut opts = NatsOptions::new(vec![server.url()]);
+        opts.lease_ttl = TTL;
+        opts.name = format!("crewlet-{node}");
+        let backend = NatsBackend::connect(&opts).await.unwrap();
+        let client = backend.client().clone();
+        let store: Arc<dyn Store> =
+            Arc::new(Coordinator::new(backend, CoordinatorOptions::default()));
+        let queue: Arc<dyn Queue> = Arc::new(
+            JetStreamQueue::new(client, JetStreamSettings::default(), log_events())
+                .await
+                .unwrap(),
+        );
+        (store, queue)
+    }
+
+    /// Start a node `id` with `labels`; the first node writes `company`.
+    async fn node(&self, id: &str, node_labels: &[&str], company: &[RoleConfig]) -> TestNode {
+        self.node_with(id, node_labels, company, Arc::new(TestHooks::default()), 4)
+            .await
+    }
+
+    async fn node_with(
+        &self,
+        id: &str,
+        node_labels: &[&str],
+        company: &[RoleConfig],
+        hooks: Arc<TestHooks>,
+        protocol: u32,
+    ) -> TestNode {
+        let (store, queue) = self.backends(id).await;
+        let owner = crewlet::node::Incarnation::mint(id).to_string();
+        let events = EventBus::new(id, &owner);
+        let rx = events.subscribe();
+        let tasks = Tasks::new();
+        let first = match company::active(&*store).await.unwrap() {
+            Some(c) => c,
+            None => {
+                company::apply(&*store, "Test company", company)
+                    .await
+                    .unwrap();
+                company::active(&*store).await.unwrap().unwrap()
+            }
+        };
+        let company_rx = company::follow(store.clone(), first, &tasks);
+        let cfg = EngineConfig {
+            node_id: id.into(),
+            owner,
+            labels: labels(node_labels),
+            protocol,
+            heartbeat: BEAT,
+            sweep: SWEEP,
+            claim_limit: 4,
+            release_limit: 2,
+            release_wait: BEAT,
+            queue: QueueSettings::default(),
+        };
+        let engine = SeatEngine::new(
+            cfg,
+            store.clone(),
+            queue.clone(),
+            hooks.clone(),
+            events,
+            company_rx,
+            tasks,
+        )
+        .await
+        .unwrap();
+        engine.start();
+        TestNode {
+            engine,
+            hooks,
+            events: rx,
+            seen: Vec::new(),
+            store,
+            queue,
+        }
+    }
+
+    /// Wait (on the fleet's clock) until `cond` holds, for at most `within`.
+    async fn until(&self, what: &str, within: Duration, mut cond: impl FnMut() -> bool) {
+        let deadline = tokio::time::Instant::now() + within;
+        while !cond() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "timed out after {within:?} waiting for {what}"
+            );
+            tokio::time::sleep(Duration::from_millis(if self.kind == Kind::Twin {
+                100
+            } else {
+                20
+            }))
+            .await;
+        }
+    }
+}
+
+impl TestNode {
+    fn held(&self) -> BTreeSet<String> {
+        self.engine.host().held().into_iter().collect()
+    }
+
+    fn count(&self) -> usize {
+        self.engine.host().held().len()
+    }
+
+    /// Every event seen so far (drains the receiver).
+    fn events(&mut self) -> &[FleetEvent] {
+        while let Ok(e) = self.events.try_recv() {
+            self.seen.push(e);
+        }
+        &self.seen
+    }
+
+    fn detached(&mut self) -> Vec<(String, DetachReason)> {
+        self.events()
+            .iter()
+            .filter_map(|e| match &e.event {
+                Event::SeatDetached { seat, reason, .. } => Some((seat.clone(), *reason)),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+macro_rules! both {
+    ($($name:ident),* $(,)?) => {
+        mod twin {
+            $(
+                #[tokio::test(start_paused = true)]
+                async fn $name() {
+                    super::$name(super::Fleet::new(super::Kind::Twin).await).await;
+                }
+            )*
+        }
+        mod nats {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::Fleet::new(super::Kind::Nats).await).await;
+                }
+            )*
+        }
+    };
+}
+
+both!(
+    a_single_node_holds_every_seat,
+    two_nodes_split_the_seats_fairly,
+    a_node_that_booted_alone_gives_back_to_a_later_joiner,
+    a_dead_nodes_seats_move_within_ttl_and_a_sweep,
+    pinned_seats_and_label_groups_the_satellite_example,
+    drain_moves_everything_and_nothing_is_claimed_back,
+    a_lower_protocol_peer_blocks_claims_until_its_leases_lapse_but_its_duty_leases_do_not,
+    a_failed_teardown_keeps_the_lease_renewed_until_a_retry_succeeds,
+    a_stuck_seat_squeezes_the_unpinned_group_rather_than_the_pinned_one,
+    a_paused_seat_is_attached_already_held,
+    an_apply_that_adds_a_role_gets_the_seat_a_mailbox_and_a_holder,
+    the_acquire_hook_runs_in_the_seeds_order_before_any_turn_is_admitted,
+);
+
+async fn a_single_node_holds_every_seat(f: Fleet) {
+    let a = f.node("a", &[], &roles("s", 9)).await;
+    f.until("a to hold all 9", Duration::from_secs(20), || {
+        a.count() == 9
+    })
+    .await;
+    a.engine.drain().await;
+}
+
+async fn two_nodes_split_the_seats_fairly(f: Fleet) {
+    let company = roles("s", 6);
+    let a = f.node("a", &[], &company).await;
+    let b = f.node("b", &[], &company).await;
+    f.until("a 3/3 split", Duration::from_secs(30), || {
+        a.count() == 3 && b.count() == 3
+    })
+    .await;
+    assert!(
+        a.held().is_disjoint(&b.held()),
+        "never two holders of one seat"
+    );
+    a.engine.drain().await;
+    b.engine.drain().await;
+}
+
+async fn a_node_that_booted_alone_gives_back_to_a_later_joiner(f: Fleet) {
+    let company = roles("s", 6);
+    let mut a = f.node("a", &[], &company).await;
+    f.until("a to hold all 6", Duration::from_secs(20), || {
+        a.count() == 6
+    })
+    .await;
+    let b = f.node("b", &[], &company).await;
+    f.until(
+        "the joiner to get its share",
+        Duration::from_secs(30),
+        || a.count() == 3 && b.count() == 3,
+    )
+    .await;
+    let gave: Vec<_> = a.detached();
+    assert_eq!(gave.len(), 3);
+    assert!(
+        gave.iter().all(|(_, r)| *r == DetachReason::Rebalance),
+        "{gave:?}"
+    );
+    a.engine.drain().await;
+    b.engine.drain().await;
+}
+
+async fn a_dead_nodes_seats_move_within_ttl_and_a_sweep(f: Fleet) {
+    let company = roles("s", 4);
+    let a = f.node("a", &[], &company).await;
+    let b = f.node("b", &[], &company).await;
+    f.until("a 2/2 split", Duration::from_secs(30), || {
+        a.count() == 2 && b.count() == 2
+    })
+    .await;
+    b.engine.crash().await;
+    // The seed's bound: the dead node's leases lapse at the TTL, and the
+    // survivor's next sweep (plus the heartbeat that notices) takes them.
+    f.until(
+        "the survivor to hold every seat",
+        TTL + SWEEP + BEAT + Duration::from_secs(1),
+        || a.count() == 4,
+    )
+    .await;
+    a.engine.drain().await;
+}
+
+async fn pinned_seats_and_label_groups_the_satellite_example(f: Fleet) {
+    let mut company = roles("u", 6);
+    company.push(role(
+        "pinned",
+        PlacementConfig {
+            nodes: vec![],
+            labels: vec!["satellite".into()],
+        },
+    ));
+    company.push(role(
+        "only-b",
+        PlacementConfig {
+            nodes: vec!["b".into()],
+            labels: vec![],
+        },
+    ));
+    let sat = f.node("sat", &["satellite"], &company).await;
+    let b = f.node("b", &[], &company).await;
+    let c = f.node("c", &[], &company).await;
+    // Converged: every seat placed, and the satellite holds at most its
+    // share of the unpinned group — ceil(6 / 3) — on top of its pinned seat.
+    let unpinned_on = |n: &TestNode| n.held().iter().filter(|h| h.starts_with('u')).count();
+    f.until(
+        "every seat placed within the shares",
+        Duration::from_secs(40),
+        || {
+            sat.count() + b.count() + c.count() == 8
+                && unpinned_on(&sat) <= 2
+                && unpinned_on(&b) <= 2
+        },
+    )
+    .await;
+    assert!(
+        sat.held().contains("pinned"),
+        "the pinned seat is on the satellite: {:?}",
+        sat.held()
+    );
+    assert!(b.held().contains("only-b"));
+    for n in [&sat, &b, &c] {
+        n.engine.drain().await;
+    }
+}
+
+async fn drain_moves_everything_and_nothing_is_claimed_back(f: Fleet) {
+    let company = roles("s", 4);
+    let mut a = f.node("a", &[], &company).await;
+    let b = f.node("b", &[], &company).await;
+    f.until("a 2/2 split", Duration::from_secs(30), || {
+        a.count() == 2 && b.count() == 2
+    })
+    .await;
+    a.events();
+    let claimed_before = a
+        .seen
+        .iter()
+        .filter(|e| matches!(e.event, Event::SeatClaimed { .. }))
+        .count();
+    a.engine.drain().await;
+    assert_eq!(a.count(), 0);
+    let drained = a.detached();
+    assert!(
+        drained
+            .iter()
+            .filter(|(_, r)| *r == DetachReason::Drain)
+            .count()
+            == 2,
+        "{drained:?}"
+    );
+    f.until("b to take everything", Duration::from_secs(20), || {
+        b.count() == 4
+    })
+    .await;
+    let claimed_after = a
+        .events()
+        .iter()
+        .filter(|e| matches!(e.event, Event::SeatClaimed { .. }))
+        .count();
+    assert_eq!(
+        claimed_before, claimed_after,
+        "a draining node claims nothing back"
+    );
+    b.engine.drain().await;
+}
+
+async fn a_lower_protocol_peer_blocks_claims_until_its_leases_lapse_but_its_duty_leases_do_not(
+    f: Fleet,
+) {
+    let company = roles("s", 2);
+    let (store, _) = f.backends("old").await;
+    // An older build's duty lease, held for far longer than the TTL: never counts.
+    let duty = ClaimRequest::new("worker:maintenance", "old:1", "old")
+        .with_protocol(3)
+        .with_ttl(Duration::from_secs(3600));
+    assert!(matches!(store.claim(duty).await.unwrap(), Claim::Won(_)));
+    // Its presence, not renewed: it lapses at the TTL.
+    let presence = ClaimRequest::new("node:old", "old:1", "old").with_protocol(3);
+    assert!(matches!(
+        store.claim(presence).await.unwrap(),
+        Claim::Won(_)
+    ));
+    let mut a = f.node("a", &[], &company).await;
+    f.until(
+        "a blocked by the older protocol",
+        Duration::from_secs(10),
+        || {
+            a.events().iter().any(|e| {
+                matches!(
+                    e.event,
+                    Event::SeatClaimsBlockedByOlderProtocol {
+                        floor: 3,
+                        protocol: 4
+                    }
+                )
+            })
+        },
+    )
+    .await;
+    assert_eq!(
+        a.count(),
+        0,
+        "nothing claimed while a protocol-3 presence is live"
+    );
+    f.until(
+        "claims once the old presence lapsed",
+        TTL + SWEEP * 3 + Duration::from_secs(2),
+        || a.count() == 2,
+    )
+    .await;
+    a.engine.drain().await;
+}
+
+async fn a_failed_teardown_keeps_the_lease_renewed_until_a_retry_succeeds(f: Fleet) {
+    let company = roles("s", 1);
+    let hooks = Arc::new(TestHooks::default());
+    hooks.failing_release.lock().unwrap().insert("s0".into());
+    let mut a = f.node_with("a", &[], &company, hooks.clone(), 4).await;
+    f.until("a holds s0", Duration::from_secs(10), || a.count() == 1)
+        .await;
+    a.engine.host().release("s0", DetachReason::Rebalance).await;
+    assert_eq!(a.engine.host().undead(), vec!["s0".to_string()]);
+    assert!(a.engine.host().held().is_empty(), "out of the held set");
+    assert!(
+        a.events()
+            .iter()
+            .any(|e| matches!(e.event, Event::SeatReleaseUnproven { .. }))
+    );
+    // Still renewed: after several TTLs the lease is still ours.
+    tokio::time::sleep(TTL * 2).await;
+    let lease = a
+        .store
+        .lease("seat:s0")
+        .await
+        .unwrap()
+        .expect("the undead seat's lease is live");
+    assert_eq!(lease.owner, a.engine.config().owner);
+    let status = a.engine.host().status();
+    assert!(status[0].unproven_for.is_some());
+    // The cause clears: the next heartbeat's retry releases the lease at once.
+    hooks.failing_release.lock().unwrap().clear();
+    f.until("the teardown to recover", Duration::from_secs(10), || {
+        a.events()
+            .iter()
+            .any(|e| matches!(e.event, Event::SeatReleaseRecovered { .. }))
+    })
+    .await;
+    assert!(a.engine.host().undead().is_empty());
+    a.engine.drain().await;
+}
+
+async fn a_stuck_seat_squeezes_the_unpinned_group_rather_than_the_pinned_one(f: Fleet) {
+    // The seed's example: a node holding an unpinned seat and a stuck one
+    // (its role gone, its teardown failing) must not read "full" while its
+    // pinned group has room. a may run the pinned seat and the open ones;
+    // b only the open ones.
+    let pinned = role(
+        "pinned",
+        PlacementConfig {
+            nodes: vec!["a".into()],
+            labels: vec![],
+        },
+    );
+    let only_a = PlacementConfig {
+        nodes: vec!["a".into()],
+        labels: vec![],
+    };
+    let mut company = roles("u", 1);
+    company.push(role("stuck", only_a));
+    let hooks = Arc::new(TestHooks::default());
+    hooks.failing_release.lock().unwrap().insert("stuck".into());
+    let a = f.node_with("a", &[], &company, hooks.clone(), 4).await;
+    let b = f.node("b", &[], &company).await;
+    f.until("the stuck seat on a", Duration::from_secs(30), || {
+        a.held().contains("stuck")
+    })
+    .await;
+    // The stuck seat's role is removed (its teardown fails: undead, in no
+    // group), and the pinned seat is added. a's capacity is 2 (pinned 1 +
+    // open 1); the stuck seat is charged first, the pinned group — the most
+    // constrained — gets what is left, and the open seat goes to b.
+    let mut next = roles("u", 1);
+    next.push(pinned);
+    company::apply(&*a.store, "Test company", &next)
+        .await
+        .unwrap();
+    f.until(
+        "the pinned seat on a and the open seat on b",
+        Duration::from_secs(40),
+        || {
+            a.held() == BTreeSet::from(["pinned".to_string()])
+                && b.held() == BTreeSet::from(["u0".to_string()])
+        },
+    )
+    .await;
+    assert_eq!(a.engine.host().undead(), vec!["stuck".to_string()]);
+    hooks.failing_release.lock().unwrap().clear();
+    a.engine.drain().await;
+    b.engine.drain().await;
+}
+
+async fn a_paused_seat_is_attached_already_held(f: Fleet) {
+    let company = roles("p", 1);
+    let hooks = Arc::new(TestHooks::default());
+    hooks.holds.lock().unwrap().push("pause".into());
+    let a = f.node_with("a", &[], &company, hooks.clone(), 4).await;
+    a.queue
+        .publish(
+            "crewlet.agent.p0.inbox",
+            None,
+            bytes::Bytes::from_static(b"held mail"),
+        )
+        .await
+        .unwrap();
+    f.until("a holds p0", Duration::from_secs(10), || a.count() == 1)
+        .await;
+    // Absence: nothing reaches the new holder while the pause holds.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        hooks.delivered.lock().unwrap().is_empty(),
+        "a paused seat's mail was delivered"
+    );
+    assert!(a.engine.host().hold("p0", "pause", false));
+    f.until("the mail after resume", Duration::from_secs(10), || {
+        hooks.delivered.lock().unwrap().as_slice() == ["p0:held mail"]
+    })
+    .await;
+    a.engine.drain().await;
+}
+
+async fn an_apply_that_adds_a_role_gets_the_seat_a_mailbox_and_a_holder(f: Fleet) {
+    let a = f.node("a", &[], &roles("s", 1)).await;
+    f.until("a holds s0", Duration::from_secs(10), || a.count() == 1)
+        .await;
+    let mut next = roles("s", 1);
+    next.push(role("added", PlacementConfig::default()));
+    let rev = company::apply(&*a.store, "Test company", &next)
+        .await
+        .unwrap();
+    assert_eq!(rev, 2);
+    f.until("the added seat held", Duration::from_secs(10), || {
+        a.held().contains("added")
+    })
+    .await;
+    let subs: BTreeSet<String> = a
+        .queue
+        .list_subscriptions()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|s| s.name)
+        .collect();
+    for s in ["agent-added", "control-added", "reflect-added"] {
+        assert!(subs.contains(s), "{s} missing from {subs:?}");
+    }
+    // Removing it gives the seat back as role_gone.
+    company::apply(&*a.store, "Test company", &roles("s", 1))
+        .await
+        .unwrap();
+    f.until("the removed seat released", Duration::from_secs(10), || {
+        !a.held().contains("added")
+    })
+    .await;
+    let mut a = a;
+    assert!(
+        a.detached()
+            .contains(&("added".to_string(), DetachReason::RoleGone))
+    );
+    assert!(
+        a.events()
+            .iter()
+            .any(|e| matches!(&e.event, Event::SeatReleasedRoleGone { seat } if seat == "added"))
+    );
+    a.engine.drain().await;
+}
+
+async fn the_acquire_hook_runs_in_the_seeds_order_before_any_turn_is_admitted(f: Fleet) {
+    let a = f.node("a", &[], &roles("o", 1)).await;
+    f.until("a holds o0", Duration::from_secs(10), || a.count() == 1)
+        .await;
+    let log = a.hooks.log.lock().unwrap().clone();
+    assert_eq!(
+        log,
+        [
+            "o0:children",
+            "o0:hydrate",
+            "o0:reflect",
+            "o0:control",
+            "o0:holds",
+            "o0:inbox",
+            "o0:established"
+        ]
+    );
+    assert!(
+        a.engine.host().may_start("o0").is_some(),
+        "admitted once established"
+    );
+    a.engine.drain().await;
+    let log = a.hooks.log.lock().unwrap().clone();
+    assert_eq!(log.last().map(String::as_str), Some("o0:release"));
+}
+
+// ---- twin only: the clock is ours ----
+
+#[tokio::test(start_paused = true)]
+async fn admission_lapses_one_heartbeat_after_the_last_successful_renew() {
+    use crewlet::seat::host::{HostConfig, SeatHost};
+    let f = Fleet::new(Kind::Twin).await;
+    let (store, queue) = f.backends("a").await;
+    crewlet::queue::ensure_seat_mailboxes(&*queue, "s0", QueueSettings::default())
+        .await
+        .unwrap();
+    let events = EventBus::new("a", "a:1");
+    let mut rx = events.subscribe();
+    let host = SeatHost::new(
+        HostConfig {
+            node_id: "a".into(),
+            owner: "a:1".into(),
+            heartbeat: BEAT,
+            release_wait: BEAT,
+        },
+        store.clone(),
+        queue,
+        Arc::new(TestHooks::default()),
+        events,
+    );
+    host.claim("s0").await.unwrap();
+    let epoch = host.may_start("s0").expect("fresh right after the claim");
+    // No renew for longer than a heartbeat: admission refuses, and says so.
+    tokio::time::sleep(BEAT + Duration::from_millis(10)).await;
+    assert_eq!(host.may_start("s0"), None);
+    let stale = std::iter::from_fn(|| rx.try_recv().ok())
+        .any(|e| matches!(e.event, Event::SeatAdmissionStale { ref seat, .. } if seat == "s0"));
+    assert!(stale, "seat_admission_stale was reported");
+    // A successful renew makes it fresh again, at the same epoch.
+    host.heartbeat(TTL).await;
+    assert_eq!(host.may_start("s0"), Some(epoch));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_claim_taken_while_a_drain_began_is_handed_straight_back() {
+    let f = Fleet::new(Kind::Twin).await;
+    let a = f.node("a", &[], &[]).await;
+    a.engine.host().begin_drain();
+    let got = a.engine.host().claim("x").await.unwrap();
+    assert_eq!(got, crewlet::seat::host::Acquired::Draining);
+    assert!(a.store.lease("seat:x").await.unwrap().is_none());
+}
+
+#[tokio::test(start_paused = true)]
+async fn fleet_full_nodes_with_room_try_no_seat() {
+    let f = Fleet::new(Kind::Twin).await;
+    let company = roles("s", 3);
+    let mut a = f.node("a", &[], &company).await;
+    f.until("a holds 3", Duration::from_secs(10), || a.count() == 3)
+        .await;
+    let mut b = f.node("b", &[], &company).await;
+    // b's share is 2; a gives one back per rebalance, then the fleet is
+    // full for whoever has room: its passes say so and try nothing.
+    f.until("a full fleet", Duration::from_secs(30), || {
+        b.events().iter().any(|e| {
+            matches!(
+                e.event,
+                Event::SeatSweep {
+                    fleet_full: true,
+                    ..
+                }
+            )
+        }) || a.events().iter().any(|e| {
+            matches!(
+                e.event,
+                Event::SeatSweep {
+                    fleet_full: true,
+                    ..
+                }
+            )
+        })
+    })
+    .await;
+    a.engine.drain().await;
+    b.engine.drain().await;
+}

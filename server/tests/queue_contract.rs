@@ -1,0 +1,591 @@
+//! The queue contract, one suite, run against both backends: the
+//! in-process twin and JetStream on a real nats-server.
+//!
+//! Each `contract!` test body is an async fn over a [`Backend`]; the macro
+//! instantiates it once per backend, so a behaviour one has and the other
+//! lacks fails here.
+
+mod support;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use crewlet::queue::jetstream::{JetStreamQueue, JetStreamSettings};
+use crewlet::queue::memory::MemoryQueue;
+use crewlet::queue::{
+    DeadLetterReason, Delivery, Disposition, EventSink, Queue, QueueError, QueueEvent,
+    QueueSettings, SubscriptionSpec, handler_fn,
+};
+use tokio::sync::mpsc;
+
+/// A queue under test, the events it reported, and whatever keeps its
+/// server alive.
+struct Backend {
+    queue: Arc<dyn Queue>,
+    events: Arc<Mutex<Vec<QueueEvent>>>,
+    _server: Option<support::nats::NatsServer>,
+}
+
+fn sink() -> (EventSink, Arc<Mutex<Vec<QueueEvent>>>) {
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let e = events.clone();
+    (Arc::new(move |ev| e.lock().unwrap().push(ev)), events)
+}
+
+async fn memory() -> Backend {
+    let (sink, events) = sink();
+    Backend {
+        queue: Arc::new(MemoryQueue::new(sink)),
+        events,
+        _server: None,
+    }
+}
+
+async fn jetstream() -> Backend {
+    let server = support::nats::NatsServer::start().await;
+    let client = async_nats::connect(server.url()).await.unwrap();
+    let (sink, events) = sink();
+    let queue = JetStreamQueue::new(client, JetStreamSettings::default(), sink)
+        .await
+        .unwrap();
+    Backend {
+        queue: Arc::new(queue),
+        events,
+        _server: Some(server),
+    }
+}
+
+macro_rules! contract {
+    ($($name:ident),* $(,)?) => {
+        mod twin {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    super::$name(super::memory().await).await;
+                }
+            )*
+        }
+        mod nats {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    super::$name(super::jetstream().await).await;
+                }
+            )*
+        }
+    };
+}
+
+contract!(
+    mail_is_retained_with_nothing_attached_and_attach_gets_all_of_it,
+    a_publish_no_subscription_covers_is_dropped,
+    defer_hands_the_delivery_back_at_once_and_stops_consuming,
+    holds_passed_to_attach_are_in_force_before_the_first_fetch,
+    every_named_hold_must_be_dropped_before_fetching_resumes,
+    quiesce_stops_fetching_until_resume,
+    detach_with_a_message_in_flight_gives_it_back_for_one_delivery,
+    detach_keeps_the_subscription_and_a_new_attach_gets_new_mail,
+    nak_redelivers_and_keeps_consuming,
+    the_delivery_after_the_budget_is_dead_lettered_visibly,
+    a_poison_payload_is_dead_lettered_at_once,
+    a_panicking_handler_hands_the_delivery_back,
+    ensure_subscription_is_idempotent_and_refuses_other_settings,
+    subscriptions_are_listed_and_deleted_explicitly,
+    a_publish_with_a_seen_message_id_is_deduplicated,
+    an_unsettled_delivery_comes_back_after_the_ack_window,
+);
+
+const WAIT: Duration = Duration::from_secs(10);
+
+fn settings() -> QueueSettings {
+    // A long ack window: anything that arrives quickly did not wait for it.
+    QueueSettings {
+        max_deliveries: 25,
+        ack_wait: Duration::from_secs(120),
+    }
+}
+
+async fn ensure_seat(q: &dyn Queue, handle: &str) -> SubscriptionSpec {
+    for spec in SubscriptionSpec::seat(handle, settings()) {
+        q.ensure_subscription(&spec).await.unwrap();
+    }
+    SubscriptionSpec::seat(handle, settings())[0].clone()
+}
+
+async fn publish(q: &dyn Queue, subject: &str, body: &str) {
+    q.publish(subject, None, Bytes::from(body.to_string()))
+        .await
+        .unwrap();
+}
+
+/// A handler that reports every delivery on a channel and answers with
+/// `answer(delivery)`.
+fn recorder(
+    answer: impl Fn(&Delivery) -> Disposition + Send + Sync + 'static,
+) -> (
+    Arc<dyn crewlet::queue::Handler>,
+    mpsc::UnboundedReceiver<Delivery>,
+) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let answer = Arc::new(answer);
+    let h = handler_fn(move |d: Delivery| {
+        let tx = tx.clone();
+        let answer = answer.clone();
+        async move {
+            let a = answer(&d);
+            let _ = tx.send(d);
+            a
+        }
+    });
+    (h, rx)
+}
+
+async fn recv(rx: &mut mpsc::UnboundedReceiver<Delivery>, what: &str) -> Delivery {
+    tokio::time::timeout(WAIT, rx.recv())
+        .await
+        .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
+        .expect("handler dropped")
+}
+
+async fn until(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !check() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+async fn pending_is(q: &dyn Queue, name: &str, n: u64) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let p = q.pending(name).await.unwrap();
+        if p == n {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "pending stayed {p}, wanted {n}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Proves that nothing arrives for a while: the only place a test waits on
+/// time rather than a condition, because it asserts an absence.
+async fn nothing_arrives(rx: &mut mpsc::UnboundedReceiver<Delivery>) {
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(rx.try_recv().is_err(), "a delivery arrived that must not");
+}
+
+async fn mail_is_retained_with_nothing_attached_and_attach_gets_all_of_it(b: Backend) {
+    let q = &*b.queue;
+    let spec = ensure_seat(q, "alpha").await;
+    for body in ["one", "two", "three"] {
+        publish(q, &spec.subject, body).await;
+    }
+    pending_is(q, &spec.name, 3).await;
+    let (h, mut rx) = recorder(|_| Disposition::Ack);
+    let a = q.attach(&spec.name, &[], h).await.unwrap();
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        got.push(String::from_utf8(recv(&mut rx, "retained mail").await.payload.to_vec()).unwrap());
+    }
+    assert_eq!(got, ["one", "two", "three"]);
+    pending_is(q, &spec.name, 0).await;
+    a.detach().await;
+}
+
+async fn a_publish_no_subscription_covers_is_dropped(b: Backend) {
+    let q = &*b.queue;
+    publish(q, "crewlet.agent.ghost.inbox", "lost").await;
+    let spec = ensure_seat(q, "ghost").await;
+    publish(q, &spec.subject, "kept").await;
+    pending_is(q, &spec.name, 1).await;
+    let (h, mut rx) = recorder(|_| Disposition::Ack);
+    let a = q.attach(&spec.name, &[], h).await.unwrap();
+    assert_eq!(
+        &recv(&mut rx, "the kept message").await.payload[..],
+        b"kept"
+    );
+    nothing_arrives(&mut rx).await;
+    a.detach().await;
+}
+
+async fn defer_hands_the_delivery_back_at_once_and_stops_consuming(b: Backend) {
+    let q = &*b.queue;
+    let spec = ensure_seat(q, "mover").await;
+    publish(q, &spec.subject, "work").await;
+    let (h, mut rx) = recorder(|_| Disposition::Defer("seat \"mover\" is not owned here".into()));
+    let first = q.attach(&spec.name, &[], h).await.unwrap();
+    let d = recv(&mut rx, "the first delivery").await;
+    assert_eq!(d.delivered, 1);
+    until("the deferring attachment to quiesce", || {
+        first.is_quiesced()
+    })
+    .await;
+    // It does not lap: one handoff costs one delivery.
+    nothing_arrives(&mut rx).await;
+    let deferred = b.events.lock().unwrap().iter().any(
+        |e| matches!(e, QueueEvent::Deferred { subscription, .. } if subscription == "agent-mover"),
+    );
+    assert!(deferred, "the deferral is reported");
+
+    // The next owner sees it at once (the ack window is two minutes).
+    let (h2, mut rx2) = recorder(|_| Disposition::Ack);
+    let second = q.attach(&spec.name, &[], h2).await.unwrap();
+    let d2 = recv(&mut rx2, "the handed-back delivery").await;
+    assert_eq!(&d2.payload[..], b"work");
+    assert_eq!(d2.delivered, 2, "one handoff spent one delivery");
+    first.detach().await;
+    second.detach().await;
+}
+
+async fn holds_passed_to_attach_are_in_force_before_the_first_fetch(b: Backend) {
+    let q = &*b.queue;
+    let spec = ensure_seat(q, "paused").await;
+    publish(q, &spec.subject, "held mail").await;
+    let (h, mut rx) = recorder(|_| Disposition::Ack);
+    let a = q.attach(&spec.name, &["pause"], h).await.unwrap();
+    nothing_arrives(&mut rx).await;
+    assert_eq!(a.holds(), vec!["pause".to_string()]);
+    a.unhold("pause");
+    let d = recv(&mut rx, "the held mail after resume").await;
+    assert_eq!(d.delivered, 1, "the paused attach never took it");
+    a.detach().await;
+}
+
+async fn every_named_hold_must_be_dropped_before_fetching_resumes(b: Backend) {
+    let q = &*b.queue;
+    let spec = ensure_seat(q, "twoholds").await;
+    let (h, mut rx) = recorder(|_| Disposition::Ack);
+    let a = q.attach(&spec.name, &[], h).await.unwrap();
+    a.hold("pause");
+    a.hold("store-blip");
+    publish(q, &spec.subject, "m").await;
+    nothing_arrives(&mut rx).await;
+    a.unhold("pause");
+    nothing_arrives(&mut rx).await;
+    a.unhold("store-blip");
+    recv(&mut rx, "mail after both holds dropped").await;
+    a.detach().await;
+}
+
+async fn quiesce_stops_fetching_until_resume(b: Backend) {
+    let q = &*b.queue;
+    let spec = ensure_seat(q, "quiet").await;
+    let (h, mut rx) = recorder(|_| Disposition::Ack);
+    let a = q.attach(&spec.name, &[], h).await.unwrap();
+    a.quiesce();
+    publish(q, &spec.subject, "m").await;
+    nothing_arrives(&mut rx).await;
+    a.resume();
+    recv(&mut rx, "mail after resume").await;
+    a.detach().await;
+}
+
+async fn detach_with_a_message_in_flight_gives_it_back_for_one_delivery(b: Backend) {
+    let q = &*b.queue;
+    let spec = ensure_seat(q, "inflight").await;
+    publish(q, &spec.subject, "slow").await;
+    let (started_tx, mut started) = mpsc::unbounded_channel();
+    let stuck = handler_fn(move |d: Delivery| {
+        let started_tx = started_tx.clone();
+        async move {
+            let _ = started_tx.send(d.delivered);
+            std::future::pending::<Disposition>().await
+        }
+    });
+    let a = q.attach(&spec.name, &[], stuck).await.unwrap();
+    let first = tokio::time::timeout(WAIT, started.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(first, 1);
+    assert!(a.in_flight());
+    // Detach does not wait for the running handler.
+    tokio::time::timeout(WAIT, a.detach())
+        .await
+        .expect("detach waited for the handler");
+    pending_is(q, &spec.name, 1).await;
+    let (h, mut rx) = recorder(|_| Disposition::Ack);
+    let b2 = q.attach(&spec.name, &[], h).await.unwrap();
+    let d = recv(&mut rx, "the in-flight message back").await;
+    assert_eq!(d.delivered, 2);
+    b2.detach().await;
+}
+
+async fn detach_keeps_the_subscription_and_a_new_attach_gets_new_mail(b: Backend) {
+    let q = &*b.queue;
+    let spec = ensure_seat(q, "idle").await;
+    let (h, _rx) = recorder(|_| Disposition::Ack);
+    let a = q.attach(&spec.name, &[], h).await.unwrap();
+    a.detach().await;
+    // Mail published after the detach is not swallowed by the old fetch.
+    publish(q, &spec.subject, "after").await;
+    pending_is(q, &spec.name, 1).await;
+    let (h2, mut rx2) = recorder(|_| Disposition::Ack);
+    let a2 = q.attach(&spec.name, &[], h2).await.unwrap();
+    let d = recv(&mut rx2, "mail published after a detach").await;
+    assert_eq!(d.delivered, 1);
+    a2.detach().await;
+}
+
+async fn nak_redelivers_and_keeps_consuming(b: Backend) {
+    let q = &*b.queue;
+    let spec = ensure_seat(q, "retry").await;
+    publish(q, &spec.subject, "flaky").await;
+    publish(q, &spec.subject, "fine").await;
+    let (h, mut rx) = recorder(|d| {
+        if &d.payload[..] == b"flaky" && d.delivered == 1 {
+            Disposition::Nak
+        } else {
+            Disposition::Ack
+        }
+    });
+    let a = q.attach(&spec.name, &[], h).await.unwrap();
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let d = recv(&mut rx, "deliveries").await;
+        seen.push((String::from_utf8(d.payload.to_vec()).unwrap(), d.delivered));
+    }
+    seen.sort();
+    assert_eq!(
+        seen,
+        vec![("fine".into(), 1), ("flaky".into(), 1), ("flaky".into(), 2)]
+    );
+    assert!(!a.is_quiesced(), "a Nak keeps consuming");
+    pending_is(q, &spec.name, 0).await;
+    a.detach().await;
+}
+
+async fn the_delivery_after_the_budget_is_dead_lettered_visibly(b: Backend) {
+    let q = &*b.queue;
+    let spec = ensure_seat(q, "doomed").await;
+    q.publish(
+        &spec.subject,
+        Some("doomed-1"),
+        Bytes::from_static(b"never works"),
+    )
+    .await
+    .unwrap();
+    let calls = Arc::new(AtomicU64::new(0));
+    let c = calls.clone();
+    let h = handler_fn(move |_d: Delivery| {
+        c.fetch_add(1, Ordering::SeqCst);
+        async { Disposition::Nak }
+    });
+    let a = q.attach(&spec.name, &[], h).await.unwrap();
+    let events = b.events.clone();
+    until("the dead letter", || {
+        events
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|e| matches!(e, QueueEvent::DeadLettered { .. }))
+    })
+    .await;
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        25,
+        "25 deliveries were handled, the 26th was not"
+    );
+    let ev = events.lock().unwrap().clone();
+    let dl = ev
+        .iter()
+        .find_map(|e| match e {
+            QueueEvent::DeadLettered {
+                subscription,
+                delivered,
+                reason,
+                ..
+            } => Some((subscription.clone(), *delivered, reason.clone())),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(
+        dl,
+        (
+            "agent-doomed".into(),
+            26,
+            DeadLetterReason::MaxDeliveries(25)
+        )
+    );
+    pending_is(q, &spec.name, 0).await;
+    let dead = q.dead_letters(10).await.unwrap();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].subscription, "agent-doomed");
+    assert_eq!(dead[0].subject, spec.subject);
+    assert_eq!(dead[0].msg_id.as_deref(), Some("doomed-1"));
+    assert_eq!(&dead[0].payload[..], b"never works");
+    assert!(dead[0].reason.contains("25"), "{}", dead[0].reason);
+    a.detach().await;
+}
+
+async fn a_poison_payload_is_dead_lettered_at_once(b: Backend) {
+    let q = &*b.queue;
+    let spec = ensure_seat(q, "picky").await;
+    publish(q, &spec.subject, "{not json").await;
+    let (h, mut rx) = recorder(|_| {
+        Disposition::Poison("expected an envelope: key must be a string at line 1".into())
+    });
+    let a = q.attach(&spec.name, &[], h).await.unwrap();
+    let d = recv(&mut rx, "the poison message").await;
+    assert_eq!(d.delivered, 1);
+    pending_is(q, &spec.name, 0).await;
+    nothing_arrives(&mut rx).await;
+    let dead = q.dead_letters(10).await.unwrap();
+    assert_eq!(dead.len(), 1);
+    assert!(
+        dead[0].reason.contains("expected an envelope"),
+        "{}",
+        dead[0].reason
+    );
+    let named = b.events.lock().unwrap().iter().any(|e| {
+        matches!(e, QueueEvent::DeadLettered { subscription, reason: DeadLetterReason::Poison(_), .. }
+            if subscription == "agent-picky")
+    });
+    assert!(
+        named,
+        "an event names the seat's subscription and the reason"
+    );
+    a.detach().await;
+}
+
+async fn a_panicking_handler_hands_the_delivery_back(b: Backend) {
+    let q = &*b.queue;
+    let spec = ensure_seat(q, "crashy").await;
+    publish(q, &spec.subject, "boom").await;
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let h = handler_fn(move |d: Delivery| {
+        let tx = tx.clone();
+        async move {
+            let _ = tx.send(d.clone());
+            if d.delivered == 1 {
+                panic!("a defect in the handler");
+            }
+            Disposition::Ack
+        }
+    });
+    let a = q.attach(&spec.name, &[], h).await.unwrap();
+    assert_eq!(recv(&mut rx, "first").await.delivered, 1);
+    assert_eq!(recv(&mut rx, "the redelivery").await.delivered, 2);
+    pending_is(q, &spec.name, 0).await;
+    a.detach().await;
+}
+
+async fn ensure_subscription_is_idempotent_and_refuses_other_settings(b: Backend) {
+    let q = &*b.queue;
+    let spec = ensure_seat(q, "steady").await;
+    q.ensure_subscription(&spec).await.unwrap();
+    let mut other = spec.clone();
+    other.ack_wait = Duration::from_secs(60);
+    match q.ensure_subscription(&other).await {
+        Err(QueueError::SettingsMismatch {
+            name,
+            existing,
+            wanted,
+        }) => {
+            assert_eq!(name, "agent-steady");
+            assert!(existing.contains("ack_wait 120s"), "{existing}");
+            assert!(wanted.contains("ack_wait 60s"), "{wanted}");
+        }
+        other => panic!("expected a settings mismatch, got {other:?}"),
+    }
+    let mut moved = spec.clone();
+    moved.subject = "crewlet.agent.elsewhere.inbox".into();
+    assert!(matches!(
+        q.ensure_subscription(&moved).await,
+        Err(QueueError::SettingsMismatch { .. })
+    ));
+    // The original is untouched: its mail still arrives.
+    publish(q, &spec.subject, "still here").await;
+    pending_is(q, &spec.name, 1).await;
+}
+
+async fn subscriptions_are_listed_and_deleted_explicitly(b: Backend) {
+    let q = &*b.queue;
+    ensure_seat(q, "gone").await;
+    let list = q.list_subscriptions().await.unwrap();
+    let mut names: Vec<(String, String)> = list.into_iter().map(|s| (s.name, s.subject)).collect();
+    names.sort();
+    assert_eq!(
+        names,
+        vec![
+            ("agent-gone".into(), "crewlet.agent.gone.inbox".into()),
+            ("control-gone".into(), "crewlet.agent.gone.control".into()),
+            ("reflect-gone".into(), "crewlet.agent.gone.reflect".into()),
+        ]
+    );
+    publish(q, "crewlet.agent.gone.inbox", "old mail").await;
+    assert!(q.delete_subscription("agent-gone").await.unwrap());
+    assert!(!q.delete_subscription("agent-gone").await.unwrap());
+    let (h, _rx) = recorder(|_| Disposition::Ack);
+    assert!(matches!(
+        q.attach("agent-gone", &[], h).await,
+        Err(QueueError::NoSuchSubscription(_))
+    ));
+    // Created again, it starts empty: the delete took the mail with it.
+    ensure_seat(q, "gone").await;
+    pending_is(q, "agent-gone", 0).await;
+}
+
+async fn a_publish_with_a_seen_message_id_is_deduplicated(b: Backend) {
+    let q = &*b.queue;
+    let spec = ensure_seat(q, "dedupe").await;
+    assert!(
+        q.publish(&spec.subject, Some("evt-1"), Bytes::from_static(b"a"))
+            .await
+            .unwrap()
+    );
+    assert!(
+        !q.publish(&spec.subject, Some("evt-1"), Bytes::from_static(b"a"))
+            .await
+            .unwrap()
+    );
+    assert!(
+        q.publish(&spec.subject, Some("evt-2"), Bytes::from_static(b"b"))
+            .await
+            .unwrap()
+    );
+    pending_is(q, &spec.name, 2).await;
+}
+
+async fn an_unsettled_delivery_comes_back_after_the_ack_window(b: Backend) {
+    // The wedged node: its handler holds a delivery and never settles it.
+    // Nothing but the ack window returns it (seed § The wedged node).
+    let q = &*b.queue;
+    let spec = SubscriptionSpec::new(
+        "agent-wedged".into(),
+        "crewlet.agent.wedged.inbox".into(),
+        QueueSettings {
+            max_deliveries: 25,
+            ack_wait: Duration::from_secs(1),
+        },
+    );
+    q.ensure_subscription(&spec).await.unwrap();
+    publish(q, &spec.subject, "stuck").await;
+    let (started_tx, mut started) = mpsc::unbounded_channel();
+    let wedged = handler_fn(move |d: Delivery| {
+        let started_tx = started_tx.clone();
+        async move {
+            let _ = started_tx.send(d.delivered);
+            std::future::pending::<Disposition>().await
+        }
+    });
+    let a = q.attach(&spec.name, &[], wedged).await.unwrap();
+    assert_eq!(
+        tokio::time::timeout(WAIT, started.recv()).await.unwrap(),
+        Some(1)
+    );
+    let (h, mut rx) = recorder(|_| Disposition::Ack);
+    let successor = q.attach(&spec.name, &[], h).await.unwrap();
+    let d = recv(&mut rx, "the delivery after the ack window").await;
+    assert_eq!((&d.payload[..], d.delivered), (&b"stuck"[..], 2));
+    successor.detach().await;
+    a.detach().await;
+}

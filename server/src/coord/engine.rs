@@ -311,10 +311,20 @@ impl<B: Backend> Coordinator<B> {
     }
 
     /// Mint the next epoch for `key` (compare-and-set on the counter).
-    async fn mint_epoch(&self, key: &str, claim: &str) -> Result<u64, StoreError> {
+    /// `read` is the counter as read beside the claim's first write, if
+    /// that read answered.
+    async fn mint_epoch(
+        &self,
+        key: &str,
+        claim: &str,
+        mut read: Option<Option<RawEntry>>,
+    ) -> Result<u64, StoreError> {
         let mut last_err = None;
         for _ in 0..MAX_ATTEMPTS {
-            let current = self.be().get(BucketId::Epochs, key).await?;
+            let current = match read.take() {
+                Some(c) => c,
+                None => self.be().get(BucketId::Epochs, key).await?,
+            };
             let (next, res) = match &current {
                 None => {
                     let rec = EpochRecord {
@@ -373,32 +383,40 @@ impl<B: Backend> Coordinator<B> {
         guard.ttl = ttl;
 
         // Write 1: the record, claiming. The first attempt assumes the key
-        // is free; every later one re-reads first.
-        let mut known: Option<Option<Lease>> = Some(None);
+        // is free, and reads the epoch counter beside it (the counter's
+        // compare-and-set keeps that read honest); every later attempt
+        // re-reads the record first.
+        let (first_attempt, counter) = tokio::join!(
+            self.be().create(b, key, body.clone()),
+            self.be().get(BucketId::Epochs, key)
+        );
+        let mut pending = Some(first_attempt);
         let mut r1 = None;
         let mut last_err = None;
         for _ in 0..MAX_ATTEMPTS {
-            let current = match known.take() {
-                Some(c) => c,
-                None => self.read_lease(b, key).await?,
-            };
-            let res = match lease::judge_found(current.as_ref(), &guard.claim, self.be().now()) {
-                Found::Mine(rev) => {
-                    r1 = Some(rev);
-                    break;
+            let res = match pending.take() {
+                Some(res) => res,
+                None => {
+                    let current = self.read_lease(b, key).await?;
+                    match lease::judge_found(current.as_ref(), &guard.claim, self.be().now()) {
+                        Found::Mine(rev) => {
+                            r1 = Some(rev);
+                            break;
+                        }
+                        Found::Held => {
+                            guard.armed = false;
+                            return match current {
+                                Some(l) => Ok(Claim::HeldBy(l)),
+                                None => Err(StoreError::ClaimFailed {
+                                    key: key.into(),
+                                    reason: "held by nobody".into(),
+                                }),
+                            };
+                        }
+                        Found::Free => self.be().create(b, key, body.clone()).await,
+                        Found::Lapsed(rev) => self.be().update(b, key, body.clone(), rev).await,
+                    }
                 }
-                Found::Held => {
-                    guard.armed = false;
-                    return match current {
-                        Some(l) => Ok(Claim::HeldBy(l)),
-                        None => Err(StoreError::ClaimFailed {
-                            key: key.into(),
-                            reason: "held by nobody".into(),
-                        }),
-                    };
-                }
-                Found::Free => self.be().create(b, key, body.clone()).await,
-                Found::Lapsed(rev) => self.be().update(b, key, body.clone(), rev).await,
             };
             match self.after_write(ClaimStep::Record, res) {
                 Ok(w) => {
@@ -418,7 +436,10 @@ impl<B: Backend> Coordinator<B> {
             }));
         };
 
-        match self.commit(b, key, &first, r1, &guard.claim).await {
+        match self
+            .commit(b, key, &first, r1, &guard.claim, counter.ok())
+            .await
+        {
             Ok(lease) => {
                 guard.armed = false;
                 Ok(Claim::Won(lease))
@@ -439,9 +460,10 @@ impl<B: Backend> Coordinator<B> {
         first: &LeaseRecord,
         r1: Revision,
         claim: &str,
+        counter: Option<Option<RawEntry>>,
     ) -> Result<Lease, StoreError> {
         self.fault_point(ClaimStep::Record).await?;
-        let epoch = self.mint_epoch(key, claim).await?;
+        let epoch = self.mint_epoch(key, claim, counter).await?;
         self.fault_point(ClaimStep::Counter).await?;
 
         let rec = first.committed(epoch);
@@ -747,10 +769,7 @@ impl<B: Backend> Store for Coordinator<B> {
                 self.inner
                     .view
                     .read(&self.inner.backend, &self.inner.tasks, |m| {
-                        m.range(prefix.to_string()..)
-                            .take_while(|(k, _)| k.starts_with(prefix))
-                            .map(|(_, l)| l.clone())
-                            .collect::<Vec<_>>()
+                        m.with_prefix(prefix).cloned().collect::<Vec<_>>()
                     }),
             )
             .await?;
@@ -764,7 +783,7 @@ impl<B: Backend> Store for Coordinator<B> {
             self.inner
                 .view
                 .read(&self.inner.backend, &self.inner.tasks, move |m| {
-                    lease::protocol_floor(m.values(), be.now(), mine)
+                    m.protocol_floor(be.now(), mine)
                 }),
         )
         .await

@@ -11,7 +11,7 @@
 //! test clock; it must never read the wall clock after it was built, and
 //! never hold its lock across an await.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -37,20 +37,58 @@ struct MemBucket {
     seq: Revision,
     max_age: Option<Duration>,
     entries: BTreeMap<String, MemEntry>,
+    /// Every current write by revision (the bucket's last write, and
+    /// whether a revision still exists, without a walk).
+    by_rev: BTreeMap<Revision, String>,
+    /// When each current write ages out (only with a max age).
+    expiry: BTreeSet<(StoreTime, Revision)>,
     tx: broadcast::Sender<RawEvent>,
 }
 
 impl MemBucket {
+    fn new(max_age: Option<Duration>) -> MemBucket {
+        let (tx, _) = broadcast::channel(WATCH_CAPACITY);
+        MemBucket {
+            seq: 0,
+            max_age,
+            entries: BTreeMap::new(),
+            by_rev: BTreeMap::new(),
+            expiry: BTreeSet::new(),
+            tx,
+        }
+    }
+
     /// Drop every key whose age is up: silently, as 2.9 does.
     fn expire(&mut self, now: StoreTime) {
-        if let Some(age) = self.max_age {
-            self.entries.retain(|_, e| now < e.written_at.plus(age));
+        while let Some(&(at, rev)) = self.expiry.first() {
+            if now < at {
+                break;
+            }
+            self.expiry.pop_first();
+            if let Some(key) = self.by_rev.remove(&rev) {
+                self.entries.remove(&key);
+            }
+        }
+    }
+
+    fn forget(&mut self, key: &str) {
+        if let Some(old) = self.entries.remove(key) {
+            self.by_rev.remove(&old.revision);
+            if let Some(age) = self.max_age {
+                self.expiry
+                    .remove(&(old.written_at.plus(age), old.revision));
+            }
         }
     }
 
     fn write(&mut self, key: &str, value: Bytes, now: StoreTime, deleted: bool) -> Revision {
         self.seq += 1;
         let revision = self.seq;
+        self.forget(key);
+        self.by_rev.insert(revision, key.to_string());
+        if let Some(age) = self.max_age {
+            self.expiry.insert((now.plus(age), revision));
+        }
         self.entries.insert(
             key.to_string(),
             MemEntry {
@@ -101,18 +139,7 @@ impl MemoryBackend {
             .unwrap_or_default();
         let buckets = BucketId::ALL
             .iter()
-            .map(|b| {
-                let (tx, _) = broadcast::channel(WATCH_CAPACITY);
-                (
-                    *b,
-                    MemBucket {
-                        seq: 0,
-                        max_age: b.max_age(lease_ttl),
-                        entries: BTreeMap::new(),
-                        tx,
-                    },
-                )
-            })
+            .map(|b| (*b, MemBucket::new(b.max_age(lease_ttl))))
             .collect();
         MemoryBackend {
             state: Arc::new(Mutex::new(State { buckets })),
@@ -239,18 +266,16 @@ impl Backend for MemoryBackend {
     ) -> Result<Option<Revision>, StoreError> {
         self.with(b, |bucket, _| {
             bucket
-                .entries
+                .by_rev
                 .iter()
-                .filter(|(k, _)| k.starts_with(scope))
-                .map(|(_, e)| e.revision)
-                .max()
+                .rev()
+                .find(|(_, k)| k.starts_with(scope))
+                .map(|(r, _)| *r)
         })
     }
 
     async fn revision_exists(&self, b: BucketId, revision: Revision) -> Result<bool, StoreError> {
-        self.with(b, |bucket, _| {
-            bucket.entries.values().any(|e| e.revision == revision)
-        })
+        self.with(b, |bucket, _| bucket.by_rev.contains_key(&revision))
     }
 
     async fn watch(&self, b: BucketId, prefix: &str) -> Result<RawEventStream, StoreError> {

@@ -281,6 +281,45 @@ impl NatsBackend {
         }
     }
 
+    /// The bucket's last write, from the stream leader's state: the same
+    /// cost with ten keys as with ten thousand (a wildcard last-by-subject
+    /// read walks every subject). A stream holding no message is an empty
+    /// bucket; one holding any still holds its newest message (the newest
+    /// write ages out last), so the sequence named is never one a reader
+    /// waits on for ever; the view re-checks that it exists regardless.
+    async fn last_in_stream(&self, b: BucketId) -> Result<Option<Revision>, StoreError> {
+        #[derive(serde::Deserialize)]
+        struct Reply {
+            #[serde(default)]
+            state: Option<StreamState>,
+            #[serde(default)]
+            error: Option<serde_json::Value>,
+        }
+        #[derive(serde::Deserialize)]
+        struct StreamState {
+            messages: u64,
+            last_seq: u64,
+        }
+        let subject = format!("{}.STREAM.INFO.{}", self.js_prefix(), stream_name(b));
+        let reply = tokio::time::timeout(self.timeout, self.client.request(subject, Bytes::new()))
+            .await
+            .map_err(|_| StoreError::Timeout(self.timeout))?
+            .map_err(|e| self.unavailable(e))?;
+        let r: Reply = serde_json::from_slice(&reply.payload)
+            .map_err(|e| StoreError::Backend(format!("stream info: {e}")))?;
+        if let Some(err) = r.error {
+            return Err(StoreError::Unavailable(format!("stream info: {err}")));
+        }
+        let st = r
+            .state
+            .ok_or_else(|| StoreError::Backend("stream info without state".into()))?;
+        Ok((st.messages > 0).then_some(st.last_seq))
+    }
+
+    fn js_prefix(&self) -> &str {
+        "$JS.API"
+    }
+
     fn observe(&self, t: time::OffsetDateTime) -> StoreTime {
         let at = StoreTime::from_offset(t);
         self.clock.observe(at, Instant::now());
@@ -487,6 +526,11 @@ impl Backend for NatsBackend {
         b: BucketId,
         scope: &str,
     ) -> Result<Option<Revision>, StoreError> {
+        if scope.is_empty() {
+            return self.last_in_stream(b).await;
+        }
+        // Under a scope: the last message on the scope's subjects (the server
+        // walks the bucket's subjects for a wildcard, which a list does anyway).
         let store = self.store(b)?;
         let subject = format!("$KV.{}.{}", b.name(), filter_of(scope));
         match store.stream.get_last_raw_message_by_subject(&subject).await {

@@ -13,7 +13,7 @@
 //! stream's `last_seq` (after an expiry that points at a message that no
 //! longer exists), and never outlive the owner's cancellation token.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -21,7 +21,7 @@ use futures::StreamExt;
 use tokio::sync::watch;
 
 use super::kv::{Backend, BucketId, RawEvent};
-use super::lease::{Lease, LeaseRecord};
+use super::lease::{Lease, LeaseRecord, ResourceKind, StoreTime};
 use super::{Revision, StoreError};
 use crate::tasks::Tasks;
 
@@ -30,10 +30,71 @@ const RECHECK: Duration = Duration::from_millis(100);
 /// How long a failed watch waits before it is opened again.
 const REOPEN: Duration = Duration::from_millis(200);
 
+/// The leases the view holds, indexed so the protocol floor costs what the
+/// lower-protocol leases cost, not what the fleet's leases do.
+#[derive(Default)]
+pub struct ViewIndex {
+    leases: BTreeMap<String, Lease>,
+    /// Presence and seat leases (the kinds the gate counts) by protocol.
+    by_protocol: BTreeMap<u32, BTreeSet<String>>,
+}
+
+impl ViewIndex {
+    fn insert(&mut self, lease: Lease) {
+        self.remove(&lease.resource.clone());
+        if lease
+            .kind()
+            .is_some_and(ResourceKind::counts_for_protocol_gate)
+        {
+            self.by_protocol
+                .entry(lease.protocol)
+                .or_default()
+                .insert(lease.resource.clone());
+        }
+        self.leases.insert(lease.resource.clone(), lease);
+    }
+
+    fn remove(&mut self, key: &str) {
+        if let Some(old) = self.leases.remove(key)
+            && let Some(set) = self.by_protocol.get_mut(&old.protocol)
+        {
+            set.remove(key);
+            if set.is_empty() {
+                self.by_protocol.remove(&old.protocol);
+            }
+        }
+    }
+
+    fn clear(&mut self) {
+        self.leases.clear();
+        self.by_protocol.clear();
+    }
+
+    /// Every lease (live or not) whose key starts with `prefix`.
+    pub fn with_prefix<'a>(&'a self, prefix: &'a str) -> impl Iterator<Item = &'a Lease> + 'a {
+        self.leases
+            .range(prefix.to_string()..)
+            .take_while(move |(k, _)| k.starts_with(prefix))
+            .map(|(_, l)| l)
+    }
+
+    /// The same answer as [`super::lease::protocol_floor`] over every
+    /// lease, looking only at the leases below `mine`.
+    pub fn protocol_floor(&self, now: StoreTime, mine: u32) -> Option<u32> {
+        self.by_protocol
+            .range(..mine)
+            .find(|(_, keys)| {
+                keys.iter()
+                    .any(|k| self.leases.get(k).is_some_and(|l| l.is_live(now)))
+            })
+            .map(|(p, _)| *p)
+    }
+}
+
 #[derive(Default)]
 struct ViewState {
     running: bool,
-    leases: BTreeMap<String, Lease>,
+    index: ViewIndex,
     last_used: Option<tokio::time::Instant>,
 }
 
@@ -71,7 +132,7 @@ impl LeaseView {
             return;
         }
         st.running = true;
-        st.leases.clear();
+        st.index.clear();
         self.applied.send_replace(0);
         drop(st);
         let view = Arc::clone(self);
@@ -87,7 +148,7 @@ impl LeaseView {
     fn stop(&self) {
         let mut st = self.lock();
         st.running = false;
-        st.leases.clear();
+        st.index.clear();
     }
 
     async fn run<B: Backend>(self: Arc<Self>, backend: Arc<B>) {
@@ -128,7 +189,7 @@ impl LeaseView {
             // Reopened from scratch: current values again, nothing stale kept.
             {
                 let mut st = self.lock();
-                st.leases.clear();
+                st.index.clear();
             }
             self.applied.send_replace(0);
             tokio::time::sleep(REOPEN).await;
@@ -143,16 +204,16 @@ impl LeaseView {
                 RawEvent::Put(e) => match LeaseRecord::decode(&e.key, &e.value) {
                     Ok(rec) => {
                         let mut lease = Lease::resolve(rec, e.revision, e.written_at, Some(ttl));
-                        lease.resource = e.key.clone();
-                        st.leases.insert(e.key, lease);
+                        lease.resource = e.key;
+                        st.index.insert(lease);
                     }
                     Err(err) => {
                         tracing::warn!(key = %e.key, error = %err, "lease view: unreadable record ignored");
-                        st.leases.remove(&e.key);
+                        st.index.remove(&e.key);
                     }
                 },
                 RawEvent::Delete { key, .. } => {
-                    st.leases.remove(&key);
+                    st.index.remove(&key);
                 }
             }
         }
@@ -173,7 +234,7 @@ impl LeaseView {
         self: &Arc<Self>,
         backend: &Arc<B>,
         tasks: &Tasks,
-        f: impl FnOnce(&BTreeMap<String, Lease>) -> T,
+        f: impl FnOnce(&ViewIndex) -> T,
     ) -> Result<T, StoreError> {
         self.touch(backend, tasks);
         if let Some(last) = backend.last_revision(BucketId::Leases, "").await? {
@@ -199,6 +260,59 @@ impl LeaseView {
             }
         }
         let st = self.lock();
-        Ok(f(&st.leases))
+        Ok(f(&st.index))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::coord::lease::{self, LeaseState};
+    use std::time::Duration;
+
+    fn lease(resource: &str, protocol: u32, expires: i64) -> Lease {
+        Lease {
+            resource: resource.into(),
+            owner: "n:1".into(),
+            epoch: 1,
+            acquired_at: StoreTime::from_unix_nanos(0),
+            expires_at: StoreTime::from_unix_nanos(expires),
+            preferred: "n".into(),
+            protocol,
+            state: LeaseState::Held,
+            metadata: Default::default(),
+            revision: 1,
+            ttl: Duration::from_secs(1),
+            claim: String::new(),
+        }
+    }
+
+    #[test]
+    fn indexed_floor_answers_as_the_rule_over_every_lease() {
+        let kinds = ["seat:", "node:", "worker:"];
+        let mut ix = ViewIndex::default();
+        let mut all = BTreeMap::new();
+        // A deterministic walk of inserts, overwrites and removals.
+        for i in 0u32..600 {
+            let key = format!("{}{}", kinds[(i % 3) as usize], i % 37);
+            if i % 11 == 0 {
+                ix.remove(&key);
+                all.remove(&key);
+            } else {
+                let l = lease(&key, 1 + (i * 7) % 5, i64::from((i * 13) % 50));
+                ix.insert(l.clone());
+                all.insert(key, l);
+            }
+            for now in [0, 10, 25, 49, 60] {
+                for mine in 1..=6 {
+                    let t = StoreTime::from_unix_nanos(now);
+                    assert_eq!(
+                        ix.protocol_floor(t, mine),
+                        lease::protocol_floor(all.values(), t, mine),
+                        "step {i}, now {now}, mine {mine}"
+                    );
+                }
+            }
+        }
     }
 }

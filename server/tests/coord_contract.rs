@@ -239,6 +239,9 @@ contract!(
     kv_trap_create_after_delete_has_exactly_one_winner,
     kv_trap_wrong_last_sequence_after_delete,
     kv_trap_create_after_expiry,
+    concurrent_updates_at_one_revision_have_exactly_one_winner,
+    ledger_record_written_by_one_node_is_found_by_a_peer,
+    removal_markers_are_listed_and_purged_through_their_own_revision,
 );
 
 async fn claim_mints_epoch_one_for_a_fresh_resource<B: Backend>(fx: Fx<B>) {
@@ -966,7 +969,130 @@ async fn kv_trap_create_after_expiry<B: Backend>(fx: Fx<B>) {
     assert_eq!(again.epoch, 2);
 }
 
+async fn concurrent_updates_at_one_revision_have_exactly_one_winner<B: Backend>(fx: Fx<B>) {
+    // Two sweeps marking one mailbox record: exactly one wins the mark.
+    let peer = fx.peer().await;
+    let b = StateBucket::Mailboxes;
+    fx.store
+        .create(b, "seat:alice", Bytes::from_static(b"{}"))
+        .await
+        .expect("create");
+    for _ in 0..10 {
+        let cur = fx
+            .store
+            .get(b, "seat:alice")
+            .await
+            .expect("get")
+            .expect("present")
+            .revision;
+        let (x, y) = tokio::join!(
+            fx.store
+                .update(b, "seat:alice", Bytes::from_static(b"x"), cur),
+            peer.update(b, "seat:alice", Bytes::from_static(b"y"), cur)
+        );
+        assert_eq!(
+            [&x, &y].iter().filter(|r| r.is_ok()).count(),
+            1,
+            "{x:?} {y:?}"
+        );
+        assert!([&x, &y].contains(&&Err(KvError::WrongRevision)));
+    }
+}
+
+async fn ledger_record_written_by_one_node_is_found_by_a_peer<B: Backend>(fx: Fx<B>) {
+    // A redelivery that lands on a peer has to find the completion.
+    let b = StateBucket::Ledger;
+    fx.store
+        .create(b, "agent:alice:evt-1", Bytes::from_static(b"done"))
+        .await
+        .expect("record");
+    let peer = fx.peer().await;
+    let e = peer
+        .get(b, "agent:alice:evt-1")
+        .await
+        .expect("get")
+        .expect("found on the peer");
+    assert_eq!(e.value.as_ref(), b"done");
+    assert_eq!(
+        peer.create(b, "agent:alice:evt-1", Bytes::from_static(b"again"))
+            .await,
+        Err(KvError::AlreadyExists)
+    );
+}
+
+async fn removal_markers_are_listed_and_purged_through_their_own_revision<B: Backend>(fx: Fx<B>) {
+    let s = &fx.store;
+    let b = StateBucket::Mailboxes;
+    let ra = s
+        .create(b, "seat:a", Bytes::from_static(b"1"))
+        .await
+        .expect("create");
+    s.delete(b, "seat:a", ra).await.expect("delete");
+    let rb = s
+        .create(b, "seat:b", Bytes::from_static(b"1"))
+        .await
+        .expect("create");
+    s.delete(b, "seat:b", rb).await.expect("delete");
+    let markers = s.markers(b, "seat:").await.expect("markers");
+    assert_eq!(
+        markers.iter().map(|m| m.key.as_str()).collect::<Vec<_>>(),
+        ["seat:a", "seat:b"]
+    );
+    let now = s.now().await.expect("now");
+    assert!(
+        markers.iter().all(|m| m.written_at <= now),
+        "stamped on the store's clock"
+    );
+    let mb = markers[1].revision;
+    // seat:b is written again after its marker was listed.
+    let rb2 = s
+        .create(b, "seat:b", Bytes::from_static(b"2"))
+        .await
+        .expect("create again");
+    for m in &markers {
+        s.purge_marker(b, &m.key, m.revision).await.expect("purge");
+    }
+    assert_eq!(s.markers(b, "seat:").await.expect("markers"), []);
+    let kept = s
+        .get(b, "seat:b")
+        .await
+        .expect("get")
+        .expect("a key written again since is untouched");
+    assert_eq!((kept.value.as_ref(), kept.revision), (b"2".as_ref(), rb2));
+    assert!(rb2 > mb);
+    s.create(b, "seat:a", Bytes::from_static(b"3"))
+        .await
+        .expect("create after purge");
+}
+
 // ---- NATS only -------------------------------------------------------------
+
+#[tokio::test]
+async fn buckets_are_made_as_designed() {
+    let server = NatsServer::start().await;
+    let store = nats_store(vec![server.url()], options(Duration::from_secs(60))).await;
+    let js = store.backend().jetstream();
+    for (name, age) in [
+        ("crewlet_leases", TTL),
+        ("crewlet_epochs", Duration::ZERO),
+        ("crewlet_duties", Duration::ZERO),
+        ("crewlet_ledger", Duration::from_secs(7 * 24 * 3600)),
+        ("crewlet_mailboxes", Duration::ZERO),
+        ("crewlet_pauses", Duration::ZERO),
+        ("crewlet_config", Duration::ZERO),
+    ] {
+        let mut st = js.get_stream(format!("KV_{name}")).await.expect("stream");
+        let c = st.info().await.expect("info").config.clone();
+        assert_eq!(c.max_age, age, "{name}");
+        assert!(
+            !c.allow_direct,
+            "{name}: decisions read from the leader, never a follower"
+        );
+        assert_eq!(c.max_messages_per_subject, 1, "{name}");
+        assert_eq!(c.subjects, [format!("$KV.{name}.>")], "{name}");
+        assert!(c.allow_rollup && c.deny_delete, "{name}");
+    }
+}
 
 #[tokio::test]
 async fn peer_created_bucket_ttl_is_adopted() {

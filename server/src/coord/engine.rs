@@ -30,8 +30,8 @@ use super::lease::{
 };
 use super::view::LeaseView;
 use super::{
-    Claim, ClaimRequest, ConnectionState, Entry, Event, EventStream, KvError, Metadata, Release,
-    Renewal, Revision, StateBucket, Store, StoreError,
+    Claim, ClaimRequest, ConnectionState, Entry, Event, EventStream, KvError, Marker, Metadata,
+    Release, Renewal, Revision, StateBucket, Store, StoreError,
 };
 use crate::tasks::Tasks;
 
@@ -592,9 +592,9 @@ impl<B: Backend> Coordinator<B> {
         ))
     }
 
-    /// Every current entry under `prefix`, read level with the bucket's last
-    /// write under its scope.
-    async fn scan(&self, b: BucketId, prefix: &str) -> Result<Vec<RawEntry>, StoreError> {
+    /// Every key's current state (a value or a removal marker) under
+    /// `prefix`, read level with the bucket's last write under its scope.
+    async fn scan_events(&self, b: BucketId, prefix: &str) -> Result<Vec<RawEvent>, StoreError> {
         let scope = scope_of(prefix);
         let Some(last) = self.be().last_revision(b, scope).await? else {
             return Ok(Vec::new());
@@ -605,14 +605,11 @@ impl<B: Backend> Coordinator<B> {
             match tokio::time::timeout(RECHECK, stream.next()).await {
                 Ok(Some(Ok(ev))) => {
                     let rev = ev.revision();
-                    match ev {
-                        RawEvent::Put(e) => {
-                            seen.insert(e.key.clone(), e);
-                        }
-                        RawEvent::Delete { key, .. } => {
-                            seen.remove(&key);
-                        }
-                    }
+                    let key = match &ev {
+                        RawEvent::Put(e) => e.key.clone(),
+                        RawEvent::Delete { key, .. } => key.clone(),
+                    };
+                    seen.insert(key, ev);
                     if rev >= last {
                         break;
                     }
@@ -627,8 +624,22 @@ impl<B: Backend> Coordinator<B> {
             }
         }
         Ok(seen
-            .into_values()
-            .filter(|e| e.key.starts_with(prefix))
+            .into_iter()
+            .filter(|(k, _)| k.starts_with(prefix))
+            .map(|(_, ev)| ev)
+            .collect())
+    }
+
+    /// Every current value under `prefix`.
+    async fn scan(&self, b: BucketId, prefix: &str) -> Result<Vec<RawEntry>, StoreError> {
+        Ok(self
+            .scan_events(b, prefix)
+            .await?
+            .into_iter()
+            .filter_map(|ev| match ev {
+                RawEvent::Put(e) => Some(e),
+                RawEvent::Delete { .. } => None,
+            })
             .collect())
     }
 
@@ -868,6 +879,38 @@ impl<B: Backend> Store for Coordinator<B> {
             .collect())
     }
 
+    async fn markers(&self, bucket: StateBucket, prefix: &str) -> Result<Vec<Marker>, StoreError> {
+        let events = self
+            .bounded(self.scan_events(bucket.bucket(), prefix))
+            .await?;
+        Ok(events
+            .into_iter()
+            .filter_map(|ev| match ev {
+                RawEvent::Delete {
+                    key,
+                    revision,
+                    written_at,
+                } => Some(Marker {
+                    key,
+                    revision,
+                    written_at,
+                }),
+                RawEvent::Put(_) => None,
+            })
+            .collect())
+    }
+
+    async fn purge_marker(
+        &self,
+        bucket: StateBucket,
+        key: &str,
+        revision: Revision,
+    ) -> Result<(), StoreError> {
+        kv::validate_key(key)?;
+        self.bounded(self.be().purge(bucket.bucket(), key, revision))
+            .await
+    }
+
     async fn watch(&self, bucket: StateBucket, prefix: &str) -> Result<EventStream, StoreError> {
         let stream = self
             .bounded(self.be().watch(bucket.bucket(), scope_of(prefix)))
@@ -879,7 +922,7 @@ impl<B: Backend> Store for Coordinator<B> {
                     Ok(RawEvent::Put(e)) if e.key.starts_with(&prefix) => {
                         Some(Ok(Event::Put(Self::entry(e))))
                     }
-                    Ok(RawEvent::Delete { key, revision }) if key.starts_with(&prefix) => {
+                    Ok(RawEvent::Delete { key, revision, .. }) if key.starts_with(&prefix) => {
                         Some(Ok(Event::Delete { key, revision }))
                     }
                     Ok(_) => None,

@@ -82,7 +82,12 @@ pub struct RawEntry {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RawEvent {
     Put(RawEntry),
-    Delete { key: String, revision: Revision },
+    /// A removal marker (a delete's tombstone), stamped when it was written.
+    Delete {
+        key: String,
+        revision: Revision,
+        written_at: StoreTime,
+    },
 }
 
 impl RawEvent {
@@ -148,6 +153,9 @@ pub trait Backend: Send + Sync + 'static {
     -> Result<Option<Revision>, StoreError>;
     /// Whether the bucket still holds the write `revision`.
     async fn revision_exists(&self, b: BucketId, revision: Revision) -> Result<bool, StoreError>;
+    /// Remove `key`'s writes up to and including `through` (a removal
+    /// marker, normally): a write made since is untouched.
+    async fn purge(&self, b: BucketId, key: &str, through: Revision) -> Result<(), StoreError>;
     /// Current values under `prefix` (deletes included while they last),
     /// then every change. Ages out silently, as 2.9 does.
     async fn watch(&self, b: BucketId, prefix: &str) -> Result<RawEventStream, StoreError>;

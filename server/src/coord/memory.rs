@@ -102,6 +102,7 @@ impl MemBucket {
             RawEvent::Delete {
                 key: key.to_string(),
                 revision,
+                written_at: now,
             }
         } else {
             RawEvent::Put(RawEntry {
@@ -278,6 +279,18 @@ impl Backend for MemoryBackend {
         self.with(b, |bucket, _| bucket.by_rev.contains_key(&revision))
     }
 
+    async fn purge(&self, b: BucketId, key: &str, through: Revision) -> Result<(), StoreError> {
+        self.with(b, |bucket, _| {
+            if bucket
+                .entries
+                .get(key)
+                .is_some_and(|e| e.revision <= through)
+            {
+                bucket.forget(key);
+            }
+        })
+    }
+
     async fn watch(&self, b: BucketId, prefix: &str) -> Result<RawEventStream, StoreError> {
         let prefix = prefix.to_string();
         let (mut current, rx) = self.with(b, |bucket, _| {
@@ -290,6 +303,7 @@ impl Backend for MemoryBackend {
                         RawEvent::Delete {
                             key: k.clone(),
                             revision: e.revision,
+                            written_at: e.written_at,
                         }
                     } else {
                         RawEvent::Put(RawEntry {

@@ -203,6 +203,15 @@ pub struct Entry {
     pub written_at: StoreTime,
 }
 
+/// A removal marker: what a delete leaves in a bucket with no age, until
+/// the maintenance duty purges it (three hours on).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Marker {
+    pub key: String,
+    pub revision: Revision,
+    pub written_at: StoreTime,
+}
+
 /// One change seen by a watch.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
@@ -279,6 +288,16 @@ pub trait Store: Send + Sync {
         expected: Revision,
     ) -> Result<(), KvError>;
     async fn entries(&self, bucket: StateBucket, prefix: &str) -> Result<Vec<Entry>, StoreError>;
+    /// The removal markers under `prefix`, with when each was written.
+    async fn markers(&self, bucket: StateBucket, prefix: &str) -> Result<Vec<Marker>, StoreError>;
+    /// Purge `key`'s marker `revision` (and anything older): a write made
+    /// since is untouched.
+    async fn purge_marker(
+        &self,
+        bucket: StateBucket,
+        key: &str,
+        revision: Revision,
+    ) -> Result<(), StoreError>;
     /// Current values under `prefix`, then every change.
     async fn watch(&self, bucket: StateBucket, prefix: &str) -> Result<EventStream, StoreError>;
 }

@@ -551,6 +551,19 @@ impl Backend for NatsBackend {
         }
     }
 
+    async fn purge(&self, b: BucketId, key: &str, through: Revision) -> Result<(), StoreError> {
+        // A stream purge of the key's subject below `through + 1`: the
+        // marker and anything older go, a write made since stays.
+        self.store(b)?
+            .stream
+            .purge()
+            .filter(subject_of(b, key))
+            .sequence(through.saturating_add(1))
+            .await
+            .map(|_| ())
+            .map_err(|e| self.unavailable(e))
+    }
+
     async fn watch(&self, b: BucketId, scope: &str) -> Result<RawEventStream, StoreError> {
         let watch = self
             .store(b)?
@@ -579,6 +592,7 @@ impl Backend for NatsBackend {
                                 Some(Ok(RawEvent::Delete {
                                     key,
                                     revision: e.revision,
+                                    written_at: StoreTime::from_offset(e.created),
                                 }))
                             }
                         },
@@ -587,5 +601,32 @@ impl Backend for NatsBackend {
                 futures::future::ready(out)
             })
             .boxed())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_clock_never_runs_ahead_of_what_the_server_stamped() {
+        let c = Clock::new();
+        let t0 = Instant::now();
+        c.observe(StoreTime::from_unix_nanos(1_000_000_000_000), t0);
+        let n1 = c.now();
+        assert!(n1 >= StoreTime::from_unix_nanos(1_000_000_000_000));
+        // An older stamp received later loosens nothing.
+        c.observe(StoreTime::from_unix_nanos(5), Instant::now());
+        assert!(c.now() >= n1);
+    }
+
+    #[test]
+    fn scopes_map_to_subject_filters() {
+        assert_eq!(filter_of(""), ">");
+        assert_eq!(filter_of("seat:"), "seat.>");
+        assert_eq!(
+            subject_of(BucketId::Leases, "seat:alice"),
+            "$KV.crewlet_leases.seat.alice"
+        );
     }
 }

@@ -242,6 +242,7 @@ contract!(
     concurrent_updates_at_one_revision_have_exactly_one_winner,
     ledger_record_written_by_one_node_is_found_by_a_peer,
     removal_markers_are_listed_and_purged_through_their_own_revision,
+    keys_outside_the_grammar_are_refused_with_a_typed_error,
 );
 
 async fn claim_mints_epoch_one_for_a_fresh_resource<B: Backend>(fx: Fx<B>) {
@@ -1063,6 +1064,40 @@ async fn removal_markers_are_listed_and_purged_through_their_own_revision<B: Bac
     s.create(b, "seat:a", Bytes::from_static(b"3"))
         .await
         .expect("create after purge");
+}
+
+async fn keys_outside_the_grammar_are_refused_with_a_typed_error<B: Backend>(fx: Fx<B>) {
+    for bad in ["mailbox:alice", "seat:", "seat", ""] {
+        let r = fx.store.claim(req(bad, A)).await;
+        assert!(
+            matches!(r, Err(StoreError::InvalidKey { .. })),
+            "{bad:?}: {r:?}"
+        );
+    }
+    assert!(matches!(
+        fx.store.get(StateBucket::Ledger, "").await,
+        Err(StoreError::InvalidKey { .. })
+    ));
+    assert!(matches!(
+        fx.store
+            .create(StateBucket::Ledger, "a::b", Bytes::new())
+            .await,
+        Err(KvError::Store(StoreError::InvalidKey { .. }))
+    ));
+    // Any other key round-trips, whatever its characters.
+    let k = "evt:Ünï code.1=2 /x";
+    fx.store
+        .create(StateBucket::Ledger, k, Bytes::from_static(b"1"))
+        .await
+        .expect("create");
+    assert_eq!(
+        fx.store
+            .entries(StateBucket::Ledger, "evt:")
+            .await
+            .expect("entries")[0]
+            .key,
+        k
+    );
 }
 
 // ---- NATS only -------------------------------------------------------------

@@ -386,6 +386,9 @@ impl<B: Backend> Coordinator<B> {
         // is free, and reads the epoch counter beside it (the counter's
         // compare-and-set keeps that read honest); every later attempt
         // re-reads the record first.
+        // From here a write may land: a caller that gives up leaves the
+        // guard to give back whatever this claim wrote.
+        guard.armed = true;
         let (first_attempt, counter) = tokio::join!(
             self.be().create(b, key, body.clone()),
             self.be().get(BucketId::Epochs, key)
@@ -736,7 +739,7 @@ impl<B: Backend> Store for Coordinator<B> {
             key: req.resource.clone(),
             claim: claim_id(),
             ttl: self.be().lease_ttl(),
-            armed: true,
+            armed: false,
         };
         self.bounded(self.claim_inner(&req, &mut guard)).await
     }

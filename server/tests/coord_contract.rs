@@ -19,9 +19,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use crewlet::coord::{
-    Backend, BucketId, Claim, ClaimRequest, ClaimStep, Coordinator, CoordinatorOptions, Event,
-    Fault, KvError, Lease, LeaseState, MemoryBackend, Metadata, NatsBackend, NatsOptions,
-    NatsStore, Release, Renewal, StateBucket, Store, StoreError, StoreTime,
+    Backend, BucketId, Claim, ClaimRequest, ClaimStep, ConnectionState, Coordinator,
+    CoordinatorOptions, Event, Fault, KvError, Lease, LeaseState, MemoryBackend, Metadata,
+    NatsBackend, NatsOptions, NatsStore, Release, Renewal, StateBucket, Store, StoreError,
+    StoreTime,
 };
 use crewlet::tasks::Tasks;
 use futures::StreamExt;
@@ -818,6 +819,11 @@ async fn duty_leases_have_their_own_ttl_and_bucket<B: Backend>(fx: Fx<B>) {
 
 async fn lease_ttl_in_force_is_exposed<B: Backend>(fx: Fx<B>) {
     assert_eq!(fx.store.lease_ttl(), TTL);
+    assert_eq!(fx.store.connection(), ConnectionState::Connected);
+    assert_eq!(
+        *fx.store.connection_changes().borrow(),
+        ConnectionState::Connected
+    );
 }
 
 async fn state_buckets_are_compare_and_set<B: Backend>(fx: Fx<B>) {
@@ -1162,13 +1168,18 @@ async fn unreachable_store_answers_every_call_with_a_typed_error() {
         options(Duration::from_secs(60)),
     );
     let l = won(&store, req("seat:alice", A)).await;
+    let mut changes = store.connection_changes();
+    assert_eq!(*changes.borrow_and_update(), ConnectionState::Connected);
     server.kill();
-    let s = store.clone();
-    eventually("the connection to be seen down", || {
-        let s = s.clone();
-        async move { s.connection() != crewlet::coord::ConnectionState::Connected }
-    })
-    .await;
+    // The drop is reported as it happens.
+    tokio::time::timeout(
+        DEADLINE,
+        changes.wait_for(|s| *s == ConnectionState::Disconnected),
+    )
+    .await
+    .expect("the drop reported")
+    .expect("the connection's watch is open");
+    assert_ne!(store.connection(), ConnectionState::Connected);
     // Each call returns a typed error; the guard only proves nothing hangs.
     let guard = store.store_timeout() * 5;
     let claim = tokio::time::timeout(guard, store.claim(req("seat:bob", A)))
@@ -1206,12 +1217,13 @@ async fn unreachable_store_answers_every_call_with_a_typed_error() {
     assert!(floor.is_err());
 
     server.restart().await;
-    let s = store.clone();
-    eventually("the connection to come back", || {
-        let s = s.clone();
-        async move { s.connection() == crewlet::coord::ConnectionState::Connected }
-    })
-    .await;
+    tokio::time::timeout(
+        DEADLINE,
+        changes.wait_for(|s| *s == ConnectionState::Connected),
+    )
+    .await
+    .expect("the reconnect reported")
+    .expect("the connection's watch is open");
     let s = store.clone();
     eventually("claims to work again", || {
         let s = s.clone();

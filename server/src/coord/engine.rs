@@ -728,6 +728,10 @@ impl<B: Backend> Store for Coordinator<B> {
         self.be().connection()
     }
 
+    fn connection_changes(&self) -> tokio::sync::watch::Receiver<ConnectionState> {
+        self.be().connection_changes()
+    }
+
     async fn now(&self) -> Result<StoreTime, StoreError> {
         Ok(self.be().now())
     }

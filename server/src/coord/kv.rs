@@ -126,6 +126,8 @@ pub trait Backend: Send + Sync + 'static {
     /// Now on the store's clock; never ahead of the store.
     fn now(&self) -> StoreTime;
     fn connection(&self) -> ConnectionState;
+    /// Every change of the connection's state, as it happens.
+    fn connection_changes(&self) -> tokio::sync::watch::Receiver<ConnectionState>;
     /// The key's current value, from the leader; `None` when absent or deleted.
     async fn get(&self, b: BucketId, key: &str) -> Result<Option<RawEntry>, StoreError>;
     /// Write only if the key is absent (or deleted).

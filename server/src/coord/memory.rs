@@ -129,6 +129,8 @@ pub struct MemoryBackend {
     ttl: Duration,
     base: StoreTime,
     start: tokio::time::Instant,
+    /// Always connected: in process there is nothing to lose.
+    connected: Arc<tokio::sync::watch::Sender<ConnectionState>>,
 }
 
 impl MemoryBackend {
@@ -147,6 +149,7 @@ impl MemoryBackend {
             ttl: lease_ttl,
             base,
             start: tokio::time::Instant::now(),
+            connected: Arc::new(tokio::sync::watch::channel(ConnectionState::Connected).0),
         }
     }
 
@@ -185,6 +188,10 @@ impl Backend for MemoryBackend {
 
     fn connection(&self) -> ConnectionState {
         ConnectionState::Connected
+    }
+
+    fn connection_changes(&self) -> tokio::sync::watch::Receiver<ConnectionState> {
+        self.connected.subscribe()
     }
 
     async fn get(&self, b: BucketId, key: &str) -> Result<Option<RawEntry>, StoreError> {

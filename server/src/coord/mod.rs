@@ -231,6 +231,10 @@ pub trait Store: Send + Sync {
     /// The connection's state (always connected in process).
     fn connection(&self) -> ConnectionState;
 
+    /// Every change of the connection's state (what a later issue turns
+    /// into the "store blip" behaviour).
+    fn connection_changes(&self) -> tokio::sync::watch::Receiver<ConnectionState>;
+
     /// Now, on the store's clock (a lower bound on NATS: never ahead of the
     /// server).
     async fn now(&self) -> Result<StoreTime, StoreError>;

@@ -25,6 +25,7 @@ use async_nats::jetstream::{self, kv, stream};
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures::StreamExt;
+use tokio::sync::watch;
 
 use super::kv::{
     Backend, BucketId, RawEntry, RawEvent, RawEventStream, WriteError, Written, decode_key,
@@ -130,6 +131,8 @@ pub struct NatsBackend {
     ttl: Duration,
     timeout: Duration,
     clock: Arc<Clock>,
+    /// Connection changes as the client reports them.
+    events: watch::Receiver<ConnectionState>,
 }
 
 fn stream_name(b: BucketId) -> String {
@@ -163,18 +166,30 @@ impl NatsBackend {
                 "no stream.urls to connect to".into(),
             ));
         }
+        let (events_tx, events) = watch::channel(ConnectionState::Pending);
+        let events_tx = Arc::new(events_tx);
+        let connected = Arc::clone(&events_tx);
         let mut co = async_nats::ConnectOptions::new()
             .name(&opts.name)
             .max_reconnects(None)
             .connection_timeout(opts.store_timeout)
             .request_timeout(Some(opts.store_timeout))
-            .event_callback(|ev| async move {
-                match ev {
-                    async_nats::Event::Connected => tracing::info!("coordination store connected"),
-                    async_nats::Event::Disconnected => {
-                        tracing::warn!("coordination store disconnected; reconnecting")
+            .event_callback(move |ev| {
+                let tx = events_tx.clone();
+                async move {
+                    match ev {
+                        async_nats::Event::Connected => {
+                            tracing::info!("coordination store connected");
+                            tx.send_replace(ConnectionState::Connected);
+                        }
+                        async_nats::Event::Disconnected => {
+                            tracing::warn!("coordination store disconnected; reconnecting");
+                            tx.send_replace(ConnectionState::Disconnected);
+                        }
+                        other => {
+                            tracing::debug!(event = %other, "coordination store connection event")
+                        }
                     }
-                    other => tracing::debug!(event = %other, "coordination store connection event"),
                 }
             });
         if let Some(path) = &opts.creds_file {
@@ -215,6 +230,9 @@ impl NatsBackend {
                 .map_err(|e| StoreError::Unavailable(format!("bucket {}: {e}", b.name())))?;
             stores.insert(b, store);
         }
+        if client.connection_state() == async_nats::connection::State::Connected {
+            connected.send_replace(ConnectionState::Connected);
+        }
         let backend = NatsBackend {
             client,
             js,
@@ -222,6 +240,7 @@ impl NatsBackend {
             ttl,
             timeout: opts.store_timeout,
             clock: Arc::new(Clock::new()),
+            events,
         };
         backend.probe_clock().await?;
         Ok(backend)
@@ -425,6 +444,10 @@ impl Backend for NatsBackend {
             async_nats::connection::State::Disconnected => ConnectionState::Disconnected,
             async_nats::connection::State::Pending => ConnectionState::Pending,
         }
+    }
+
+    fn connection_changes(&self) -> watch::Receiver<ConnectionState> {
+        self.events.clone()
     }
 
     async fn get(&self, b: BucketId, key: &str) -> Result<Option<RawEntry>, StoreError> {

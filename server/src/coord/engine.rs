@@ -82,7 +82,7 @@ impl Default for CoordinatorOptions {
     fn default() -> Self {
         CoordinatorOptions {
             store_timeout: Duration::from_millis(2000),
-            view_idle: Duration::from_secs(60),
+            view_idle: super::view::DEFAULT_IDLE,
             tasks: Tasks::new(),
         }
     }
@@ -938,5 +938,52 @@ impl<B: Backend> Store for Coordinator<B> {
                 futures::future::ready(out)
             })
             .boxed())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resources_map_to_their_buckets() {
+        assert_eq!(
+            bucket_of("seat:a").ok(),
+            Some((BucketId::Leases, ResourceKind::Seat))
+        );
+        assert_eq!(
+            bucket_of("node:n").ok(),
+            Some((BucketId::Leases, ResourceKind::Node))
+        );
+        assert_eq!(
+            bucket_of("worker:w").ok(),
+            Some((BucketId::Duties, ResourceKind::Worker))
+        );
+        assert!(bucket_of("mailbox:a").is_err());
+        assert!(bucket_of("seat:").is_err());
+    }
+
+    #[test]
+    fn a_scope_is_the_prefix_up_to_its_last_colon() {
+        assert_eq!(scope_of(""), "");
+        assert_eq!(scope_of("se"), "");
+        assert_eq!(scope_of("seat:"), "seat:");
+        assert_eq!(scope_of("seat:al"), "seat:");
+        assert_eq!(scope_of("agent:alice:evt"), "agent:alice:");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn local_coordination_opens_the_twin() {
+        let mut config = crate::config::Config::default();
+        config.coordination.lease_ttl_seconds = 7;
+        let store = super::super::open(&config, &Tasks::new())
+            .await
+            .expect("open");
+        assert_eq!(store.lease_ttl(), Duration::from_secs(7));
+        let won = store
+            .claim(ClaimRequest::new("seat:a", "n:1", "n"))
+            .await
+            .expect("claim");
+        assert!(matches!(won, Claim::Won(l) if l.epoch == 1));
     }
 }

@@ -52,6 +52,37 @@ pub type LocalStore = Coordinator<MemoryBackend>;
 /// The fleet store on NATS JetStream KV.
 pub type NatsStore = Coordinator<NatsBackend>;
 
+/// Open the store `config` names: the in-process twin for
+/// `coordination.type = local`, JetStream KV on `stream.urls` for
+/// `embedded-kv` (buckets made or adopted, the TTL in force logged when it
+/// is a peer's). Background work is owned by `tasks`.
+pub async fn open(
+    config: &crate::config::Config,
+    tasks: &crate::tasks::Tasks,
+) -> Result<std::sync::Arc<dyn Store>, StoreError> {
+    let c = &config.coordination;
+    let options = CoordinatorOptions {
+        store_timeout: Duration::from_millis(c.store_timeout_ms),
+        view_idle: view::DEFAULT_IDLE,
+        tasks: tasks.clone(),
+    };
+    match c.kind {
+        crate::config::CoordinationType::Local => Ok(std::sync::Arc::new(Coordinator::new(
+            MemoryBackend::new(Duration::from_secs(c.lease_ttl_seconds)),
+            options,
+        ))),
+        crate::config::CoordinationType::EmbeddedKv => {
+            let backend = NatsBackend::connect(&NatsOptions::from_config(
+                &config.stream,
+                c,
+                &config.node.id,
+            ))
+            .await?;
+            Ok(std::sync::Arc::new(Coordinator::new(backend, options)))
+        }
+    }
+}
+
 /// Everything that can go wrong talking to the store. Cloneable so that a
 /// renewal can carry it in [`Renewal::Unknown`].
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

@@ -1344,6 +1344,24 @@ async fn cluster_leader_kill_claims_and_renews_recover_and_no_lease_is_held_twic
         one_round(&stores, &seats, &mut held, &mut history).await;
     }
 
+    // The live view, brought level from the new leader, answers as a full read does.
+    let key = |l: &Lease| (l.resource.clone(), l.owner.clone(), l.epoch);
+    let listed: Vec<_> = a
+        .list("seat:")
+        .await
+        .expect("list")
+        .iter()
+        .map(key)
+        .collect();
+    let viewed: Vec<_> = a
+        .view("seat:")
+        .await
+        .expect("view")
+        .iter()
+        .map(key)
+        .collect();
+    assert_eq!(viewed, listed);
+
     // No lease held twice: per seat, tenures are disjoint on the store's clock.
     for (seat, tenures) in &history {
         let mut ts = tenures.clone();

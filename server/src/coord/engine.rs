@@ -382,13 +382,14 @@ impl<B: Backend> Coordinator<B> {
         guard.bucket = b;
         guard.ttl = ttl;
 
+        // From here a write may land: a caller that gives up leaves the
+        // guard to give back whatever this claim wrote.
+        guard.armed = true;
+
         // Write 1: the record, claiming. The first attempt assumes the key
         // is free, and reads the epoch counter beside it (the counter's
         // compare-and-set keeps that read honest); every later attempt
         // re-reads the record first.
-        // From here a write may land: a caller that gives up leaves the
-        // guard to give back whatever this claim wrote.
-        guard.armed = true;
         let (first_attempt, counter) = tokio::join!(
             self.be().create(b, key, body.clone()),
             self.be().get(BucketId::Epochs, key)

@@ -24,7 +24,7 @@ use futures::StreamExt;
 use rand::Rng;
 use tokio::sync::Notify;
 
-use super::kv::{self, Backend, BucketId, RawEntry, RawEvent, WriteError, Written};
+use super::kv::{self, Backend, BucketId, RawEntry, RawEvent, RawEventStream, WriteError, Written};
 use super::lease::{
     self, EpochRecord, Found, Lease, LeaseRecord, LeaseState, ResourceKind, StoreTime,
 };
@@ -603,7 +603,7 @@ impl<B: Backend> Coordinator<B> {
         let Some(last) = self.be().last_revision(b, scope).await? else {
             return Ok(Vec::new());
         };
-        let mut stream = self.be().watch(b, scope).await?;
+        let mut stream = self.open_watch(b, scope).await?;
         let mut seen = std::collections::BTreeMap::new();
         loop {
             match tokio::time::timeout(RECHECK, stream.next()).await {
@@ -632,6 +632,22 @@ impl<B: Backend> Coordinator<B> {
             .filter(|(k, _)| k.starts_with(prefix))
             .map(|(_, ev)| ev)
             .collect())
+    }
+
+    /// Open a watch, trying again when an attempt goes unanswered: on a
+    /// cluster that has just lost a member, the server may place the
+    /// watch's consumer on the member that is gone, and that request is
+    /// never answered (server 2.9). The caller's bound still applies.
+    async fn open_watch(&self, b: BucketId, scope: &str) -> Result<RawEventStream, StoreError> {
+        let attempt = (self.inner.timeout / 4).max(Duration::from_millis(200));
+        loop {
+            match tokio::time::timeout(attempt, self.be().watch(b, scope)).await {
+                Ok(r) => return r,
+                Err(_) => {
+                    tracing::debug!(bucket = b.name(), "watch not opened in time; trying again")
+                }
+            }
+        }
     }
 
     /// Every current value under `prefix`.

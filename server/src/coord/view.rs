@@ -29,6 +29,8 @@ use crate::tasks::Tasks;
 pub const DEFAULT_IDLE: Duration = Duration::from_secs(60);
 /// How often a waiting reader re-checks that the write it waits for still exists.
 const RECHECK: Duration = Duration::from_millis(100);
+/// How long one attempt to open the watch may take.
+const WATCH_OPEN: Duration = Duration::from_millis(500);
 /// How long a failed watch waits before it is opened again.
 const REOPEN: Duration = Duration::from_millis(200);
 
@@ -157,7 +159,11 @@ impl LeaseView {
         let tick = (self.idle / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
         let mut idle_check = tokio::time::interval(tick);
         loop {
-            let mut stream = match backend.watch(BucketId::Leases, "").await {
+            // An attempt that goes unanswered (its consumer placed on a
+            // cluster member that is gone) is abandoned and tried again.
+            let opened =
+                tokio::time::timeout(WATCH_OPEN, backend.watch(BucketId::Leases, "")).await;
+            let mut stream = match opened.unwrap_or_else(|_| Err(StoreError::Timeout(WATCH_OPEN))) {
                 Ok(s) => s,
                 Err(e) => {
                     tracing::debug!(error = %e, "lease view: watch could not be opened");

@@ -1109,6 +1109,38 @@ async fn keys_outside_the_grammar_are_refused_with_a_typed_error<B: Backend>(fx:
 // ---- NATS only -------------------------------------------------------------
 
 #[tokio::test]
+async fn user_and_password_reach_an_authenticated_server() {
+    let server = NatsServer::start_with(
+        "authorization {\n  user: crewlet\n  password: s3cret\n}\n",
+        Some(("crewlet", "s3cret")),
+    )
+    .await;
+    let mut o = nats_options(vec![server.url()]);
+    o.user = Some("crewlet".into());
+    o.password = Some("s3cret".into());
+    let store = Coordinator::new(
+        NatsBackend::connect(&o).await.expect("connect"),
+        options(Duration::from_secs(60)),
+    );
+    won(&store, req("seat:alice", A)).await;
+    o.password = Some("wrong".into());
+    let refused = NatsBackend::connect(&o).await;
+    assert!(
+        matches!(refused, Err(StoreError::Unavailable(_))),
+        "a refused login is a typed error"
+    );
+}
+
+#[tokio::test]
+async fn several_urls_reach_whichever_server_answers() {
+    let server = NatsServer::start().await;
+    // The first URL has nobody listening.
+    let dead = format!("nats://127.0.0.1:{}", support::free_port());
+    let store = nats_store(vec![dead, server.url()], options(Duration::from_secs(60))).await;
+    won(&store, req("seat:alice", A)).await;
+}
+
+#[tokio::test]
 async fn buckets_are_made_as_designed() {
     let server = NatsServer::start().await;
     let store = nats_store(vec![server.url()], options(Duration::from_secs(60))).await;

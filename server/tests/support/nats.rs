@@ -40,13 +40,25 @@ pub struct NatsServer {
     config: PathBuf,
     log: PathBuf,
     child: Option<Child>,
+    /// The user and password readiness is polled with.
+    login: Option<(String, String)>,
     dir: tempfile::TempDir,
 }
 
 impl NatsServer {
     /// A single JetStream server.
     pub async fn start() -> NatsServer {
-        let s = NatsServer::configure("n0", free_port(), free_port(), None);
+        let s = NatsServer::configure("n0", free_port(), free_port(), None, "");
+        s.await_ready(&[s.url()]).await;
+        s
+    }
+
+    /// A single JetStream server with `extra` appended to its config (an
+    /// `authorization { … }` block, say); `login` is the user and password
+    /// the harness polls it with, when it needs one.
+    pub async fn start_with(extra: &str, login: Option<(&str, &str)>) -> NatsServer {
+        let mut s = NatsServer::configure("n0", free_port(), free_port(), None, extra);
+        s.login = login.map(|(u, p)| (u.to_string(), p.to_string()));
         s.await_ready(&[s.url()]).await;
         s
     }
@@ -56,6 +68,7 @@ impl NatsServer {
         port: u16,
         monitor_port: u16,
         cluster: Option<(u16, &[u16])>,
+        extra: &str,
     ) -> NatsServer {
         let dir = tempfile::tempdir().expect("temp dir for nats-server");
         let store = dir.path().join("jetstream");
@@ -74,6 +87,7 @@ impl NatsServer {
                 routes.join("\n")
             ));
         }
+        conf.push_str(extra);
         let config = dir.path().join("nats.conf");
         std::fs::write(&config, conf).expect("write nats.conf");
         let log = dir.path().join("nats.log");
@@ -84,6 +98,7 @@ impl NatsServer {
             config,
             log,
             child: None,
+            login: None,
             dir,
         };
         s.spawn();
@@ -111,6 +126,7 @@ impl NatsServer {
     async fn await_ready(&self, urls: &[String]) {
         let urls = urls.to_vec();
         let log = self.log.clone();
+        let login = self.login.clone();
         wait_for(
             &format!(
                 "nats-server {} to serve JetStream (log: {})",
@@ -121,8 +137,9 @@ impl NatsServer {
             Duration::from_millis(50),
             || {
                 let urls = urls.clone();
+                let login = login.clone();
                 async move {
-                    if jetstream_ready(&urls).await {
+                    if jetstream_ready(&urls, login).await {
                         Some(())
                     } else {
                         None
@@ -185,9 +202,13 @@ impl Drop for NatsServer {
 }
 
 /// Whether JetStream answers `$JS.API.INFO` without an error through any of `urls`.
-async fn jetstream_ready(urls: &[String]) -> bool {
+async fn jetstream_ready(urls: &[String], login: Option<(String, String)>) -> bool {
+    let options = match login {
+        Some((u, p)) => async_nats::ConnectOptions::with_user_and_password(u, p),
+        None => async_nats::ConnectOptions::new(),
+    };
     let Ok(Ok(client)) =
-        tokio::time::timeout(Duration::from_secs(1), async_nats::connect(urls.to_vec())).await
+        tokio::time::timeout(Duration::from_secs(1), options.connect(urls.to_vec())).await
     else {
         return false;
     };
@@ -223,7 +244,13 @@ impl NatsCluster {
             .iter()
             .enumerate()
             .map(|(i, (port, monitor, cluster))| {
-                NatsServer::configure(&format!("n{i}"), *port, *monitor, Some((*cluster, &routes)))
+                NatsServer::configure(
+                    &format!("n{i}"),
+                    *port,
+                    *monitor,
+                    Some((*cluster, &routes)),
+                    "",
+                )
             })
             .collect();
         let c = NatsCluster { servers };

@@ -193,7 +193,8 @@ pub struct EventBus {
     node: String,
     incarnation: String,
     tx: broadcast::Sender<FleetEvent>,
-    outbound: Option<mpsc::UnboundedSender<FleetEvent>>,
+    /// Set once the bus is connected to the fleet; shared by every clone.
+    outbound: std::sync::Arc<std::sync::OnceLock<mpsc::UnboundedSender<FleetEvent>>>,
 }
 
 /// Events kept for subscribers that fall behind.
@@ -207,7 +208,7 @@ impl EventBus {
             node: node.to_string(),
             incarnation: incarnation.to_string(),
             tx,
-            outbound: None,
+            outbound: Default::default(),
         }
     }
 
@@ -215,7 +216,7 @@ impl EventBus {
     /// every peer's events from `crewlet.events.>`. The two tasks are owned
     /// by `tasks`.
     pub async fn connect_fleet(
-        &mut self,
+        &self,
         client: async_nats::Client,
         tasks: &Tasks,
     ) -> Result<(), async_nats::SubscribeError> {
@@ -249,7 +250,7 @@ impl EventBus {
                 }
             }
         });
-        self.outbound = Some(out_tx);
+        let _ = self.outbound.set(out_tx);
         Ok(())
     }
 
@@ -275,7 +276,7 @@ impl EventBus {
         } else {
             tracing::info!(target: "crewlet::event", event = %name, detail = %json, "{name}");
         }
-        if let Some(out) = &self.outbound {
+        if let Some(out) = self.outbound.get() {
             let _ = out.send(fleet.clone());
         }
         let _ = self.tx.send(fleet);
@@ -285,6 +286,39 @@ impl EventBus {
     pub fn subscribe(&self) -> broadcast::Receiver<FleetEvent> {
         self.tx.subscribe()
     }
+}
+
+/// A queue event sink that reports through `bus`.
+pub fn queue_sink(bus: &EventBus) -> crate::queue::EventSink {
+    let bus = bus.clone();
+    std::sync::Arc::new(move |e| {
+        use crate::queue::QueueEvent;
+        bus.emit(match e {
+            QueueEvent::DeadLettered {
+                subscription,
+                subject,
+                seq,
+                delivered,
+                reason,
+            } => Event::MessageDeadLettered {
+                subscription,
+                subject,
+                seq,
+                delivered,
+                reason: reason.to_string(),
+            },
+            QueueEvent::Deferred {
+                subscription,
+                seq,
+                reason,
+                ..
+            } => Event::DeliveryDeferred {
+                subscription,
+                seq,
+                reason,
+            },
+        })
+    })
 }
 
 #[cfg(test)]

@@ -113,6 +113,16 @@ impl Watchdog {
         }
     }
 
+    /// Beat for `name` now and retire it when the returned guard drops
+    /// (the loop ended, or its task was cancelled).
+    pub fn watch(&self, name: &str) -> BeatGuard {
+        self.beat(name);
+        BeatGuard {
+            dog: self.clone(),
+            name: name.to_string(),
+        }
+    }
+
     /// A graceful shutdown began: never fire again.
     pub fn disarm(&self) {
         self.inner.armed.store(false, Ordering::SeqCst);
@@ -162,6 +172,24 @@ impl Watchdog {
     /// torn down without a process exit).
     pub fn stop(&self) {
         self.inner.stopped.store(true, Ordering::SeqCst);
+    }
+}
+
+/// Retires a loop's beat when dropped.
+pub struct BeatGuard {
+    dog: Watchdog,
+    name: String,
+}
+
+impl BeatGuard {
+    pub fn beat(&self) {
+        self.dog.beat(&self.name);
+    }
+}
+
+impl Drop for BeatGuard {
+    fn drop(&mut self) {
+        self.dog.retire(&self.name);
     }
 }
 
@@ -220,6 +248,17 @@ mod tests {
             verdict(now, &BTreeMap::new(), Duration::from_secs(45)),
             Verdict::StandDown
         );
+    }
+
+    #[test]
+    fn a_loop_whose_task_ended_stands_the_watchdog_down() {
+        let dog = Watchdog::new(Duration::from_secs(45));
+        {
+            let g = dog.watch("sweep");
+            g.beat();
+            assert_eq!(dog.current(), Verdict::Healthy);
+        }
+        assert_eq!(dog.current(), Verdict::StandDown);
     }
 
     #[test]

@@ -121,11 +121,30 @@ async fn health_answers_without_a_session_with_node_identity_and_protocol_4() {
     assert!(v["incarnation"].as_str().unwrap().starts_with("node-http:"));
     assert_eq!(v["version"], crewlet::VERSION);
     assert_eq!(v["protocol"], 4);
-    assert_eq!(v["seats"], serde_json::json!([]));
     assert!(
         v.get("unproven_seconds").is_none(),
         "only present while a seat is stranded"
     );
+    // A single node holds every seat of its company: /health lists them.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let v: Value = client()
+            .get(n.url("/health"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if v["seats"] == serde_json::json!(["alpha"]) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the seat never appeared: {v}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
     n.stop().await;
 }
 
@@ -376,6 +395,7 @@ async fn a_bearer_token_reads_json_endpoints_and_nothing_else() {
     assert_eq!(v["nodes"][0]["node_id"], "node-http");
     assert_eq!(v["nodes"][0]["protocol"], 4);
     assert_eq!(v["nodes"][0]["roles"], serde_json::json!(["alpha"]));
+    assert!(v["nodes"][0]["presence_expires_at"].is_string());
     assert!(v["nodes"][0]["presence_expires_at"].is_string());
 
     let r = c

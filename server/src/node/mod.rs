@@ -24,7 +24,7 @@ use crate::coord::{
     Coordinator, CoordinatorOptions, MemoryBackend, NatsBackend, NatsOptions, Store,
 };
 use crate::db::{self, DbError};
-use crate::events::EventBus;
+use crate::events::{EventBus, queue_sink};
 use crate::queue::Queue;
 use crate::queue::jetstream::{JetStreamQueue, JetStreamSettings};
 use crate::queue::memory::MemoryQueue;
@@ -194,6 +194,7 @@ impl RunningNode {
 pub async fn backends(
     config: &Config,
     tasks: &Tasks,
+    events: &EventBus,
 ) -> Result<(Arc<dyn Store>, Arc<dyn Queue>, Option<async_nats::Client>), NodeError> {
     let timeout = Duration::from_millis(config.coordination.store_timeout_ms);
     let opts = CoordinatorOptions {
@@ -205,7 +206,7 @@ pub async fn backends(
         CoordinationType::Local => {
             let ttl = Duration::from_secs(config.coordination.lease_ttl_seconds);
             let store: Arc<dyn Store> = Arc::new(Coordinator::new(MemoryBackend::new(ttl), opts));
-            let queue: Arc<dyn Queue> = Arc::new(MemoryQueue::new(crate::queue::log_events()));
+            let queue: Arc<dyn Queue> = Arc::new(MemoryQueue::new(queue_sink(events)));
             Ok((store, queue, None))
         }
         CoordinationType::EmbeddedKv => {
@@ -222,7 +223,7 @@ pub async fn backends(
                     replicas: nats.replicas,
                     timeout,
                 },
-                crate::queue::log_events(),
+                queue_sink(events),
             )
             .await
             .map_err(NodeError::Queue)?;
@@ -246,7 +247,8 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
         .local_addr()
         .map_err(|source| NodeError::Bind { addr, source })?;
 
-    let (store, queue, client) = backends(&config, &tasks).await?;
+    let events = EventBus::new(&info.node_id, info.incarnation.as_str());
+    let (store, queue, client) = backends(&config, &tasks, &events).await?;
     if store.lease_ttl() != Duration::from_secs(config.coordination.lease_ttl_seconds) {
         tracing::info!(
             configured_seconds = config.coordination.lease_ttl_seconds,
@@ -254,7 +256,6 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
             "the lease TTL in force is the fleet's, adopted from the bucket a peer created"
         );
     }
-    let mut events = EventBus::new(&info.node_id, info.incarnation.as_str());
     if let Some(c) = client {
         events
             .connect_fleet(c, &tasks)
@@ -308,6 +309,9 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
         .await
     });
     engine.start();
+    if let Err(e) = engine.arm_watchdog() {
+        tracing::warn!(error = %e, "cannot start the watchdog thread");
+    }
     events.emit(crate::events::Event::NodeStarted {
         version: crate::VERSION.to_string(),
         protocol: PROTOCOL,

@@ -289,14 +289,15 @@ impl SeatEngine {
 
     async fn heartbeat_loop(self: Arc<Self>) {
         let stamp = stamp_interval(self.watchdog.threshold()).min(self.cfg.heartbeat);
+        let beat = self.watchdog.watch("heartbeat");
         let mut next = Instant::now();
         loop {
-            self.watchdog.beat("heartbeat");
+            beat.beat();
             if Instant::now() >= next {
                 next = Instant::now() + self.cfg.heartbeat;
                 self.refresh_presence().await;
                 self.host.heartbeat(self.store.lease_ttl()).await;
-                self.watchdog.beat("heartbeat");
+                beat.beat();
             }
             tokio::time::sleep(stamp.min(next.saturating_duration_since(Instant::now()))).await;
         }
@@ -304,10 +305,11 @@ impl SeatEngine {
 
     async fn sweep_loop(self: Arc<Self>) {
         let stamp = stamp_interval(self.watchdog.threshold()).min(self.cfg.sweep);
+        let beat = self.watchdog.watch("sweep");
         let mut next = Instant::now();
         let mut last_early: Option<Instant> = None;
         loop {
-            self.watchdog.beat("sweep");
+            beat.beat();
             if Instant::now() >= next {
                 next = Instant::now() + self.cfg.sweep;
                 if std::env::var_os("CREWLET_FAULT_WEDGE_SWEEP").is_some() {
@@ -319,7 +321,7 @@ impl SeatEngine {
                     std::thread::sleep(Duration::from_secs(u64::MAX / 4));
                 }
                 self.sweep_once().await;
-                self.watchdog.beat("sweep");
+                beat.beat();
             }
             let wait = stamp.min(next.saturating_duration_since(Instant::now()));
             tokio::select! {

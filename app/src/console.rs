@@ -38,6 +38,10 @@ pub trait Console: Send + Sync + 'static {
     ) -> Result<NewPerson, ConsoleError>;
     /// The newest audited actions, newest first.
     async fn audit(&self, limit: u32) -> Result<Vec<AuditEntry>, ConsoleError>;
+    /// Validate a company file (TOML text) and make its `[company]` and
+    /// `[[roles]]` the fleet's next active revision (operators only;
+    /// audited). Returns the revision number.
+    async fn apply_company(&self, actor: &Person, company_toml: &str) -> Result<u64, ConsoleError>;
 }
 
 /// How the node hands the console to Leptos.

@@ -41,6 +41,18 @@ enum Command {
     /// Read a password on stdin and print its argon2 PHC string for
     /// `[[auth.users]] password_hash`.
     HashPassword,
+    /// Validate a company file and make its [company] and [[roles]] the
+    /// fleet's next active revision, through a running node's HTTP API.
+    Apply {
+        /// The company file to apply.
+        file: PathBuf,
+        /// The node to send it to (default: http://{node.listen of FILE}).
+        #[arg(long)]
+        node: Option<String>,
+        /// An operator API token ([[auth.tokens]]).
+        #[arg(long, env = "CREWLET_TOKEN", hide_env_values = true)]
+        token: String,
+    },
 }
 
 fn main() -> ExitCode {
@@ -49,6 +61,73 @@ fn main() -> ExitCode {
         Command::Check { config } => check(&config),
         Command::Run { config } => run(&config),
         Command::HashPassword => hash_password(),
+        Command::Apply { file, node, token } => apply(&file, node, &token),
+    }
+}
+
+fn apply(path: &Path, node: Option<String>, token: &str) -> ExitCode {
+    // Validate here first: a bad file never reaches the node.
+    let config = match Config::load(path) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("error: cannot read {}: {e}", path.display());
+            return ExitCode::from(2);
+        }
+    };
+    let base = node.unwrap_or_else(|| format!("http://{}", config.node.listen));
+    let url = format!("{}/api/company", base.trim_end_matches('/'));
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let sent = rt.block_on(async {
+        let r = reqwest::Client::new()
+            .post(&url)
+            .bearer_auth(token)
+            .header("content-type", "application/toml")
+            .body(text)
+            .send()
+            .await?;
+        let status = r.status();
+        let body: serde_json::Value = r.json().await.unwrap_or_default();
+        Ok::<_, reqwest::Error>((status, body))
+    });
+    match sent {
+        Ok((status, body)) if status.is_success() => {
+            println!(
+                "applied {}: revision {} is active ({} seats)",
+                path.display(),
+                body["revision"],
+                config.roles.len()
+            );
+            ExitCode::SUCCESS
+        }
+        Ok((status, body)) => {
+            eprintln!(
+                "error: the node refused the company ({status}): {}",
+                body["error"].as_str().unwrap_or("no reason given")
+            );
+            ExitCode::from(if status.is_client_error() { 2 } else { 1 })
+        }
+        Err(e) => {
+            eprintln!(
+                "error: cannot reach the node at {url}: {e}. Is it running? Pass --node URL."
+            );
+            ExitCode::from(1)
+        }
     }
 }
 

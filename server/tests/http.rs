@@ -13,6 +13,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 const TOKEN: &str = "monitoring-token-1234";
+const DEPLOY_TOKEN: &str = "deploy-token-5678";
 
 fn hash(password: &str) -> String {
     static CACHE: OnceLock<std::sync::Mutex<BTreeMap<String, String>>> = OnceLock::new();
@@ -56,11 +57,17 @@ role = "viewer"
 name = "monitoring"
 sha256 = "{token}"
 role = "viewer"
+
+[[auth.tokens]]
+name = "deploy"
+sha256 = "{deploy}"
+role = "operator"
 "#,
             data = dir.path().join("data").display(),
             op = hash("op-pass"),
             view = hash("view-pass"),
             token = hex::encode(Sha256::digest(TOKEN.as_bytes())),
+            deploy = hex::encode(Sha256::digest(DEPLOY_TOKEN.as_bytes())),
         );
         let config = Config::parse("test.toml", &text, &BTreeMap::new()).unwrap();
         let node = node::start(config).await.unwrap();
@@ -470,4 +477,135 @@ async fn first_start_with_nobody_configured_creates_admin_and_keeps_only_a_hash(
         .await
         .unwrap();
     assert_eq!(n, 1);
+}
+
+async fn health_seats(n: &TestNode) -> Value {
+    client()
+        .get(n.url("/health"))
+        .send()
+        .await
+        .unwrap()
+        .json::<Value>()
+        .await
+        .unwrap()["seats"]
+        .clone()
+}
+
+async fn wait_for_seats(n: &TestNode, want: Value) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    loop {
+        let got = health_seats(n).await;
+        if got == want {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "seats stayed {got}, wanted {want}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn an_operator_token_applies_a_company_and_the_new_seat_is_held() {
+    let n = TestNode::start().await;
+    wait_for_seats(&n, serde_json::json!(["alpha"])).await;
+    let file = "[company]\nname = \"Grown\"\n[[roles]]\nhandle = \"alpha\"\n[[roles]]\nhandle = \"beta\"\n";
+    let r = client()
+        .post(n.url("/api/company"))
+        .bearer_auth(DEPLOY_TOKEN)
+        .body(file)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["revision"], 2);
+    wait_for_seats(&n, serde_json::json!(["alpha", "beta"])).await;
+    // Audited under the token's name.
+    let op = client();
+    sign_in(&n, &op, "olivia", "op-pass").await;
+    let log: Vec<Value> = op
+        .post(n.url("/api/audit_log"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(log.iter().any(|e| e["person"] == "token:deploy"
+        && e["action"] == "apply_company"
+        && e["reason"] == "revision 2: 2 seats"
+        && e["result"] == "ok"));
+    n.stop().await;
+}
+
+#[tokio::test]
+async fn applying_a_company_is_refused_to_viewers_and_bad_files_name_the_key() {
+    let n = TestNode::start().await;
+    let r = client()
+        .post(n.url("/api/company"))
+        .bearer_auth(TOKEN)
+        .body("[[roles]]\nhandle = \"x\"\n")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    let r = client()
+        .post(n.url("/api/company"))
+        .bearer_auth(DEPLOY_TOKEN)
+        .body("[[roles]]\nhandel = \"x\"\n")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    let v: Value = r.json().await.unwrap();
+    let msg = v["error"].as_str().unwrap();
+    assert!(
+        msg.contains("roles[0].handel") && msg.contains("`handle`"),
+        "{msg}"
+    );
+    // Nothing changed.
+    wait_for_seats(&n, serde_json::json!(["alpha"])).await;
+    n.stop().await;
+}
+
+#[tokio::test]
+async fn crewlet_apply_sends_a_file_to_a_running_node() {
+    let n = TestNode::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("company.toml");
+    std::fs::write(
+        &file,
+        "[[roles]]\nhandle = \"alpha\"\n[[roles]]\nhandle = \"gamma\"\n",
+    )
+    .unwrap();
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_crewlet"))
+        .args(["apply", "--node", &n.base])
+        .arg(&file)
+        .env("CREWLET_TOKEN", DEPLOY_TOKEN)
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("revision 2 is active"), "{stdout}");
+    wait_for_seats(&n, serde_json::json!(["alpha", "gamma"])).await;
+    // A file that does not validate never leaves the machine: exit 2.
+    std::fs::write(&file, "[[roles]]\nhandle = \"a.b\"\n").unwrap();
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_crewlet"))
+        .args(["apply", "--node", &n.base])
+        .arg(&file)
+        .env("CREWLET_TOKEN", DEPLOY_TOKEN)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("roles[0].handle"));
+    n.stop().await;
 }

@@ -343,7 +343,10 @@ fn public(path: &str) -> bool {
 
 /// JSON endpoints, where a bearer token is accepted in place of a session.
 fn token_path(path: &str) -> bool {
-    path.starts_with("/query/") || path == "/api/events" || path.starts_with("/api/seats/")
+    path.starts_with("/query/")
+        || path == "/api/events"
+        || path == "/api/company"
+        || path.starts_with("/api/seats/")
 }
 
 fn is_safe(m: &Method) -> bool {

@@ -153,6 +153,43 @@ impl Console for NodeConsole {
         })
     }
 
+    async fn apply_company(&self, actor: &Person, company_toml: &str) -> Result<u64, ConsoleError> {
+        if !actor.is_operator() {
+            self.audited(actor, "apply_company", None, "refused: not an operator")
+                .await?;
+            return Err(ConsoleError::Forbidden(format!(
+                "{} is a viewer: only operators may apply a company.",
+                actor.name
+            )));
+        }
+        let config = match crate::config::Config::parse(
+            "the applied company file",
+            company_toml,
+            &Default::default(),
+        ) {
+            Ok(c) => c,
+            Err(e) => {
+                self.audited(actor, "apply_company", None, "refused: invalid file")
+                    .await?;
+                return Err(ConsoleError::Invalid(e.to_string()));
+            }
+        };
+        let store = self.engine.store().clone();
+        match crate::node::company::apply(&*store, &config.company.name, &config.roles).await {
+            Ok(revision) => {
+                let reason = format!("revision {revision}: {} seats", config.roles.len());
+                self.audited(actor, "apply_company", Some(&reason), "ok")
+                    .await?;
+                Ok(revision)
+            }
+            Err(e) => {
+                self.audited(actor, "apply_company", None, "failed: store unavailable")
+                    .await?;
+                Err(unavailable("apply the company", e))
+            }
+        }
+    }
+
     async fn audit(&self, limit: u32) -> Result<Vec<AuditEntry>, ConsoleError> {
         audit::newest(&self.pool, limit.min(1000))
             .await

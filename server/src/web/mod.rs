@@ -140,6 +140,7 @@ pub async fn router(setup: WebSetup<'_>) -> Result<Router, WebError> {
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route("/query/fleet", get(fleet))
+        .route("/api/company", axum::routing::post(apply_company))
         .leptos_routes_with_context(
             &leptos_options,
             routes,
@@ -203,6 +204,28 @@ async fn metrics(
         )],
         body,
     )
+}
+
+/// `POST /api/company`: the body is a company file (TOML); its company
+/// and roles become the next active revision. Operators only.
+async fn apply_company(
+    Extension(console): Extension<SharedConsole>,
+    Extension(person): Extension<app::api::Person>,
+    body: String,
+) -> axum::response::Response {
+    use app::console::ConsoleError;
+    use axum::http::StatusCode;
+    match console.apply_company(&person, &body).await {
+        Ok(revision) => Json(serde_json::json!({ "revision": revision })).into_response(),
+        Err(e) => {
+            let status = match e {
+                ConsoleError::Invalid(_) => StatusCode::BAD_REQUEST,
+                ConsoleError::Forbidden(_) => StatusCode::FORBIDDEN,
+                ConsoleError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            };
+            (status, Json(serde_json::json!({ "error": e.to_string() }))).into_response()
+        }
+    }
 }
 
 async fn fleet(Extension(console): Extension<SharedConsole>) -> axum::response::Response {

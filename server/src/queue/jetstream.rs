@@ -437,22 +437,20 @@ async fn dead_letters(
     let mut out = Vec::new();
     let mut seq = last;
     while seq >= first && seq > 0 && out.len() < limit {
-        match bounded(timeout, stream.get_raw_message(seq)).await? {
-            Ok(m) => {
-                let h = |k: &str| m.headers.get(k).map(|v| v.to_string());
-                out.push(DeadLetter {
-                    subscription: h("Crewlet-Subscription").unwrap_or_default(),
-                    subject: h("Crewlet-Subject").unwrap_or_default(),
-                    seq: h("Crewlet-Seq").and_then(|v| v.parse().ok()).unwrap_or(0),
-                    delivered: h("Crewlet-Delivered")
-                        .and_then(|v| v.parse().ok())
-                        .unwrap_or(0),
-                    msg_id: h("Crewlet-Msg-Id"),
-                    reason: h("Crewlet-Reason").unwrap_or_default(),
-                    payload: m.payload,
-                });
-            }
-            Err(_) => {} // aged out or deleted
+        // A message that aged out or was deleted is skipped.
+        if let Ok(m) = bounded(timeout, stream.get_raw_message(seq)).await? {
+            let h = |k: &str| m.headers.get(k).map(|v| v.to_string());
+            out.push(DeadLetter {
+                subscription: h("Crewlet-Subscription").unwrap_or_default(),
+                subject: h("Crewlet-Subject").unwrap_or_default(),
+                seq: h("Crewlet-Seq").and_then(|v| v.parse().ok()).unwrap_or(0),
+                delivered: h("Crewlet-Delivered")
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0),
+                msg_id: h("Crewlet-Msg-Id"),
+                reason: h("Crewlet-Reason").unwrap_or_default(),
+                payload: m.payload,
+            });
         }
         seq -= 1;
     }

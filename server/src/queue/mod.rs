@@ -342,6 +342,58 @@ pub fn subject_matches(filter: &str, subject: &str) -> bool {
     }
 }
 
+/// Create a seat's three subscriptions (inbox, control, reflect), attaching
+/// nothing. The three are created concurrently.
+pub async fn ensure_seat_mailboxes(
+    q: &dyn Queue,
+    handle: &str,
+    settings: QueueSettings,
+) -> Result<(), QueueError> {
+    let specs = SubscriptionSpec::seat(handle, settings);
+    let results = futures::future::join_all(specs.iter().map(|s| q.ensure_subscription(s))).await;
+    results.into_iter().collect()
+}
+
+/// Seats whose mailboxes the boot walk creates at once.
+pub const BOOT_WALK_CONCURRENCY: usize = 16;
+
+/// The boot walk (seed § The unowned seat): before it claims anything, a
+/// node creates the mailboxes of EVERY seat of the company, not only its
+/// share, so no seat's mail is dropped for want of a subscription. A seat
+/// that fails is named in the error: a mailbox that cannot be created
+/// fails start-up. Logs a progress line every 500 seats.
+pub async fn boot_walk<'a>(
+    q: &dyn Queue,
+    handles: impl IntoIterator<Item = &'a str>,
+    settings: QueueSettings,
+) -> Result<usize, (String, QueueError)> {
+    use futures::StreamExt;
+    let handles: Vec<String> = handles.into_iter().map(str::to_string).collect();
+    let total = handles.len();
+    let started = std::time::Instant::now();
+    let mut done = 0usize;
+    let mut walk = futures::stream::iter(handles)
+        .map(|h: String| async move {
+            ensure_seat_mailboxes(q, &h, settings)
+                .await
+                .map_err(|e| (h.clone(), e))
+        })
+        .buffer_unordered(BOOT_WALK_CONCURRENCY);
+    while let Some(r) = walk.next().await {
+        r?;
+        done += 1;
+        if done.is_multiple_of(500) {
+            tracing::info!(done, total, "creating seat mailboxes");
+        }
+    }
+    tracing::info!(
+        seats = total,
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "seat mailboxes ready"
+    );
+    Ok(total)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -393,56 +445,4 @@ mod tests {
         );
         assert_eq!(seat_mailbox_of(&i("agent-a", "crewlet.outbox.a")), None);
     }
-}
-
-/// Create a seat's three subscriptions (inbox, control, reflect), attaching
-/// nothing. The three are created concurrently.
-pub async fn ensure_seat_mailboxes(
-    q: &dyn Queue,
-    handle: &str,
-    settings: QueueSettings,
-) -> Result<(), QueueError> {
-    let specs = SubscriptionSpec::seat(handle, settings);
-    let results = futures::future::join_all(specs.iter().map(|s| q.ensure_subscription(s))).await;
-    results.into_iter().collect()
-}
-
-/// Seats whose mailboxes the boot walk creates at once.
-pub const BOOT_WALK_CONCURRENCY: usize = 16;
-
-/// The boot walk (seed § The unowned seat): before it claims anything, a
-/// node creates the mailboxes of EVERY seat of the company, not only its
-/// share, so no seat's mail is dropped for want of a subscription. A seat
-/// that fails is named in the error: a mailbox that cannot be created
-/// fails start-up. Logs a progress line every 500 seats.
-pub async fn boot_walk<'a>(
-    q: &dyn Queue,
-    handles: impl IntoIterator<Item = &'a str>,
-    settings: QueueSettings,
-) -> Result<usize, (String, QueueError)> {
-    use futures::StreamExt;
-    let handles: Vec<String> = handles.into_iter().map(str::to_string).collect();
-    let total = handles.len();
-    let started = std::time::Instant::now();
-    let mut done = 0usize;
-    let mut walk = futures::stream::iter(handles)
-        .map(|h: String| async move {
-            ensure_seat_mailboxes(q, &h, settings)
-                .await
-                .map_err(|e| (h.clone(), e))
-        })
-        .buffer_unordered(BOOT_WALK_CONCURRENCY);
-    while let Some(r) = walk.next().await {
-        r?;
-        done += 1;
-        if done % 500 == 0 {
-            tracing::info!(done, total, "creating seat mailboxes");
-        }
-    }
-    tracing::info!(
-        seats = total,
-        elapsed_ms = started.elapsed().as_millis() as u64,
-        "seat mailboxes ready"
-    );
-    Ok(total)
 }

@@ -69,7 +69,11 @@ fn a_node_claims_up_to_its_fair_share_of_ceil_seats_over_live_nodes() {
 #[test]
 fn never_more_than_the_claim_limit_per_pass() {
     let a = node("a", &[]);
-    let p = plan(&snap(&a, &[a.clone()], seats("s", 20, &pl(&[], &[]))));
+    let p = plan(&snap(
+        &a,
+        std::slice::from_ref(&a),
+        seats("s", 20, &pl(&[], &[])),
+    ));
     assert_eq!(p.capacity, 20);
     assert_eq!(p.claims.len(), 4, "claim_limit 4");
 }
@@ -248,7 +252,7 @@ fn a_group_no_live_node_matches_is_reported_unplaceable() {
     let mut ss = seats("s", 2, &pl(&[], &[]));
     ss.push(seat("orphan", pl(&["gone-node"], &[])));
     ss.push(seat("gpu", pl(&[], &["gpu"])));
-    let p = plan(&snap(&a, &[a.clone()], ss));
+    let p = plan(&snap(&a, std::slice::from_ref(&a), ss));
     assert_eq!(p.unplaceable, vec!["orphan", "gpu"]);
     assert!(!p.claims.contains(&"orphan".to_string()));
 }
@@ -256,7 +260,7 @@ fn a_group_no_live_node_matches_is_reported_unplaceable() {
 #[test]
 fn a_draining_node_claims_nothing() {
     let a = node("a", &[]);
-    let mut s = snap(&a, &[a.clone()], seats("s", 3, &pl(&[], &[])));
+    let mut s = snap(&a, std::slice::from_ref(&a), seats("s", 3, &pl(&[], &[])));
     s.draining = true;
     let p = plan(&s);
     assert_eq!(p.withheld, Some(Withheld::Draining));
@@ -266,7 +270,7 @@ fn a_draining_node_claims_nothing() {
 #[test]
 fn a_node_that_is_behind_keeps_its_seats_and_claims_no_new_ones() {
     let a = node("a", &[]);
-    let mut s = snap(&a, &[a.clone()], seats("s", 3, &pl(&[], &[])));
+    let mut s = snap(&a, std::slice::from_ref(&a), seats("s", 3, &pl(&[], &[])));
     s.behind = true;
     s.held = set(&["s000"]);
     let p = plan(&s);
@@ -295,7 +299,7 @@ fn fleet_full_when_presence_counts_cover_every_placeable_seat() {
 #[test]
 fn a_seat_whose_role_is_gone_is_released_as_role_gone() {
     let a = node("a", &[]);
-    let mut s = snap(&a, &[a.clone()], seats("s", 1, &pl(&[], &[])));
+    let mut s = snap(&a, std::slice::from_ref(&a), seats("s", 1, &pl(&[], &[])));
     s.held = set(&["s000", "removed"]);
     let p = plan(&s);
     assert_eq!(
@@ -323,7 +327,7 @@ fn a_seat_whose_placement_moved_away_is_released_as_placement_moved() {
 #[test]
 fn a_single_node_holds_every_seat() {
     let a = node("a", &[]);
-    let mut s = snap(&a, &[a.clone()], seats("s", 9, &pl(&[], &[])));
+    let mut s = snap(&a, std::slice::from_ref(&a), seats("s", 9, &pl(&[], &[])));
     let mut rounds = 0;
     while s.held.len() < 9 {
         let p = plan(&s);
@@ -364,7 +368,7 @@ fn arb_world() -> impl Strategy<Value = World> {
             for i in 0..n_seats {
                 let (k, pin) = kinds.get(i).copied().unwrap_or((0, 0));
                 let p = match k {
-                    0 | 1 | 2 => pl(&[], &[]),
+                    0..=2 => pl(&[], &[]),
                     3 => pl(&[], &["gpu"]),
                     4 => pl(&[], &["eu"]),
                     _ => pl(&[&format!("n{pin}")], &[]),
@@ -372,8 +376,8 @@ fn arb_world() -> impl Strategy<Value = World> {
                 seats.push(seat(&format!("s{i:02}"), p));
             }
             let mut undead = BTreeMap::new();
-            for i in 0..n_undead.min(nodes.len()) {
-                undead.insert(format!("stuck{i}"), nodes[i].node_id.clone());
+            for (i, n) in nodes.iter().enumerate().take(n_undead) {
+                undead.insert(format!("stuck{i}"), n.node_id.clone());
             }
             World {
                 nodes,
@@ -432,8 +436,8 @@ fn round(w: &mut World) -> bool {
             changed = true;
         }
         for h in p.claims {
-            if !w.holder.contains_key(&h) {
-                w.holder.insert(h, me.node_id.clone());
+            if let std::collections::btree_map::Entry::Vacant(e) = w.holder.entry(h) {
+                e.insert(me.node_id.clone());
                 changed = true;
             }
         }

@@ -107,6 +107,8 @@ enum Kind {
 
 struct Fleet {
     kind: Kind,
+    ttl: Duration,
+    store_timeout: Duration,
     /// The twin's store and queue, shared by every node (one process).
     twin: Option<(Arc<dyn Store>, Arc<dyn Queue>)>,
     server: Option<support::nats::NatsServer>,
@@ -150,12 +152,16 @@ impl Fleet {
                 let queue: Arc<dyn Queue> = Arc::new(MemoryQueue::new(log_events()));
                 Fleet {
                     kind,
+                    ttl: TTL,
+                    store_timeout: Duration::from_secs(2),
                     twin: Some((store, queue)),
                     server: None,
                 }
             }
             Kind::Nats => Fleet {
                 kind,
+                ttl: TTL,
+                store_timeout: Duration::from_secs(2),
                 twin: None,
                 server: Some(support::nats::NatsServer::start().await),
             },
@@ -168,16 +174,29 @@ impl Fleet {
         }
         let server = self.server.as_ref().unwrap();
         let mut opts = NatsOptions::new(vec![server.url()]);
-        opts.lease_ttl = TTL;
+        opts.lease_ttl = self.ttl;
+        opts.store_timeout = self.store_timeout;
         opts.name = format!("crewlet-{node}");
         let backend = NatsBackend::connect(&opts).await.unwrap();
         let client = backend.client().clone();
-        let store: Arc<dyn Store> =
-            Arc::new(Coordinator::new(backend, CoordinatorOptions::default()));
+        let store: Arc<dyn Store> = Arc::new(Coordinator::new(
+            backend,
+            CoordinatorOptions {
+                store_timeout: self.store_timeout,
+                ..CoordinatorOptions::default()
+            },
+        ));
         let queue: Arc<dyn Queue> = Arc::new(
-            JetStreamQueue::new(client, JetStreamSettings::default(), log_events())
-                .await
-                .unwrap(),
+            JetStreamQueue::new(
+                client,
+                JetStreamSettings {
+                    replicas: 1,
+                    timeout: self.store_timeout,
+                },
+                log_events(),
+            )
+            .await
+            .unwrap(),
         );
         (store, queue)
     }
@@ -795,4 +814,46 @@ async fn fleet_full_nodes_with_room_try_no_seat() {
     .await;
     a.engine.drain().await;
     b.engine.drain().await;
+}
+
+// ---- NATS only: the store itself goes away ----
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_blip_keeps_the_seat_holds_its_inbox_and_the_next_renew_resumes_it() {
+    let mut f = Fleet::new(Kind::Nats).await;
+    f.ttl = Duration::from_secs(12);
+    f.store_timeout = Duration::from_millis(500);
+    let mut a = f.node("a", &[], &roles("s", 1)).await;
+    f.until("a holds s0", Duration::from_secs(10), || a.count() == 1)
+        .await;
+    let epoch = a.engine.host().may_start("s0").unwrap();
+    f.server.as_mut().unwrap().kill();
+    f.until("an unanswered renew", Duration::from_secs(10), || {
+        a.events()
+            .iter()
+            .any(|e| matches!(e.event, Event::SeatRenewUnknown { .. }))
+    })
+    .await;
+    // Kept, but deaf and not admitting: the blip says nothing about ownership.
+    assert!(a.held().contains("s0"), "{:#?}", a.events());
+    assert_eq!(a.engine.host().inbox_quiesced("s0"), Some(true));
+    f.until("admission to refuse", Duration::from_secs(5), || {
+        a.engine.host().may_start("s0").is_none()
+    })
+    .await;
+    f.server.as_mut().unwrap().restart().await;
+    // Both edges: the next successful renew lifts the hold.
+    f.until(
+        "the inbox to consume again",
+        Duration::from_secs(20),
+        || a.engine.host().inbox_quiesced("s0") == Some(false),
+    )
+    .await;
+    assert_eq!(
+        a.engine.host().may_start("s0"),
+        Some(epoch),
+        "the same tenure"
+    );
+    assert!(a.detached().is_empty(), "nothing was released over a blip");
+    a.engine.drain().await;
 }

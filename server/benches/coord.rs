@@ -204,8 +204,9 @@ async fn main() {
 
     println!(
         "\ncoordination store on one nats-server 2.9 (loopback) and on the in-process twin; \
-         {SAMPLES} samples per row. A claim is 3 writes + 2 reads in 4 round trips (the \
-         counter read rides beside the first write); a renewal is 1 write + 1 read.\n"
+         {SAMPLES} samples per row. A claim is 3 writes + 2 reads in 3 round trips (the \
+         counter read rides beside the first write, the timestamp read right behind the \
+         token write); a renewal is 1 write + 1 pipelined read.\n"
     );
     println!("| op | leases held | p50 µs | p99 µs | p50 ratio 10,000/10 |");
     println!("|---|---:|---:|---:|---:|");

@@ -475,7 +475,10 @@ impl<B: Backend> Coordinator<B> {
         let mut expected = r1;
         let mut written = None;
         for _ in 0..MAX_ATTEMPTS {
-            let res = self.be().update(b, key, body.clone(), expected).await;
+            let res = self
+                .be()
+                .update_stamped(b, key, body.clone(), expected)
+                .await;
             match self.after_write(ClaimStep::Token, res) {
                 Ok(w) => {
                     written = Some(w);
@@ -535,7 +538,11 @@ impl<B: Backend> Coordinator<B> {
         let mut expected = lease.revision;
         let mut expires = lease.expires_at;
         for _ in 0..MAX_ATTEMPTS {
-            match self.be().update(b, key, body.clone(), expected).await {
+            match self
+                .be()
+                .update_stamped(b, key, body.clone(), expected)
+                .await
+            {
                 Ok(w) => {
                     let at = self.stamp(b, key, w).await?;
                     if !lease::landed_in_time(expires, at) {

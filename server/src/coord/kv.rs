@@ -140,6 +140,17 @@ pub trait Backend: Send + Sync + 'static {
         value: Bytes,
         expected: Revision,
     ) -> Result<Written, WriteError>;
+    /// `update`, with the write's store timestamp when the backend can learn
+    /// it without another round trip (`None` leaves the caller to read it).
+    async fn update_stamped(
+        &self,
+        b: BucketId,
+        key: &str,
+        value: Bytes,
+        expected: Revision,
+    ) -> Result<Written, WriteError> {
+        self.update(b, key, value, expected).await
+    }
     /// Delete only if the key's last write is `expected`.
     async fn delete(&self, b: BucketId, key: &str, expected: Revision) -> Result<(), WriteError>;
     /// The store timestamp of `key`'s write `revision`, if it still exists.

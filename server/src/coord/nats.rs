@@ -16,6 +16,7 @@
 //! elapsed since it was received, a lower bound.
 
 use std::collections::HashMap;
+use std::future::IntoFuture;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -339,6 +340,16 @@ impl NatsBackend {
         "$JS.API"
     }
 
+    fn publish_error(&self, e: jetstream::context::PublishError) -> WriteError {
+        match e.kind() {
+            jetstream::context::PublishErrorKind::WrongLastSequence => WriteError::Conflict,
+            jetstream::context::PublishErrorKind::TimedOut => {
+                WriteError::Unknown(StoreError::Timeout(self.timeout))
+            }
+            _ => WriteError::Unknown(self.unavailable(e)),
+        }
+    }
+
     fn observe(&self, t: time::OffsetDateTime) -> StoreTime {
         let at = StoreTime::from_offset(t);
         self.clock.observe(at, Instant::now());
@@ -519,6 +530,46 @@ impl Backend for NatsBackend {
                 written_at: None,
             })
             .map_err(|e| self.write_error(e))
+    }
+
+    /// The compare-and-set write, and pipelined right behind it on the same
+    /// connection a read of the key's last message from the leader. On a
+    /// single server the two are handled in order, so the read sees the
+    /// write and gives its timestamp without a second round trip; when it
+    /// does not (a replicated stream stores the write later), the caller
+    /// reads the write by its revision.
+    async fn update_stamped(
+        &self,
+        b: BucketId,
+        key: &str,
+        value: Bytes,
+        expected: Revision,
+    ) -> Result<Written, WriteError> {
+        let store = self.store(b).map_err(WriteError::Unknown)?;
+        let subject = subject_of(b, key);
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(
+            async_nats::header::NATS_EXPECTED_LAST_SUBJECT_SEQUENCE,
+            async_nats::HeaderValue::from(expected),
+        );
+        let ack = self
+            .js
+            .publish_with_headers(subject.clone(), headers, value)
+            .await
+            .map_err(|e| self.publish_error(e))?;
+        let (ack, last) = tokio::join!(
+            ack.into_future(),
+            store.stream.get_last_raw_message_by_subject(&subject)
+        );
+        let ack = ack.map_err(|e| self.publish_error(e))?;
+        let written_at = match last {
+            Ok(m) if m.sequence == ack.sequence => Some(self.observe(m.time)),
+            _ => None,
+        };
+        Ok(Written {
+            revision: ack.sequence,
+            written_at,
+        })
     }
 
     async fn delete(&self, b: BucketId, key: &str, expected: Revision) -> Result<(), WriteError> {

@@ -373,13 +373,6 @@ impl SeatEngine {
                 return;
             }
         };
-        let seat_leases = match self.store.list("seat:").await {
-            Ok(l) => l,
-            Err(e) => {
-                tracing::warn!(error = %e, "the seat leases cannot be read; this pass concludes nothing");
-                return;
-            }
-        };
         let mut presence: Vec<Presence> = presence_leases.iter().filter_map(presence_of).collect();
         // This node as it is now, whatever its row said a heartbeat ago.
         presence.retain(|p| p.node_id != self.cfg.node_id);
@@ -392,20 +385,7 @@ impl SeatEngine {
                 seats_held: Some(self.seats_held_count(&company) as u32),
             });
         }
-        let preferred: std::collections::BTreeMap<String, String> = seat_leases
-            .iter()
-            .filter_map(|l| {
-                l.resource
-                    .strip_prefix("seat:")
-                    .map(|h| (h.to_string(), l.preferred.clone()))
-            })
-            .collect();
-        let held_elsewhere: BTreeSet<String> = seat_leases
-            .iter()
-            .filter(|l| l.owner != self.cfg.owner)
-            .filter_map(|l| l.resource.strip_prefix("seat:").map(str::to_string))
-            .collect();
-        let snap = Snapshot {
+        let mut snap = Snapshot {
             node_id: self.cfg.node_id.clone(),
             labels: self.cfg.labels.clone(),
             seats: company
@@ -414,20 +394,50 @@ impl SeatEngine {
                 .map(|r| SeatSpec {
                     handle: r.handle.clone(),
                     placement: r.placement.clone(),
-                    preferred: preferred.get(&r.handle).cloned(),
+                    preferred: None,
                 })
                 .collect(),
             presence,
             held: self.host.held().into_iter().collect(),
             undead: self.host.undead().into_iter().collect(),
-            held_elsewhere,
+            held_elsewhere: BTreeSet::new(),
             draining: self.host.is_draining(),
             behind: self.behind.load(std::sync::atomic::Ordering::SeqCst),
             unserviceable: withdrawn,
             claim_limit: self.cfg.claim_limit,
             release_limit: self.cfg.release_limit,
         };
-        let plan = placement::plan(&snap);
+        let mut plan = placement::plan(&snap);
+        // Only a pass that would claim reads the seat leases: a full node,
+        // or a fleet whose presence counts say it is full, reads the
+        // presence rows and nothing else (seed § Mixed-version fleets).
+        if !plan.claims.is_empty() {
+            match self.store.list("seat:").await {
+                Ok(leases) => {
+                    let preferred: std::collections::BTreeMap<&str, &str> = leases
+                        .iter()
+                        .filter_map(|l| {
+                            l.resource
+                                .strip_prefix("seat:")
+                                .map(|h| (h, l.preferred.as_str()))
+                        })
+                        .collect();
+                    for s in &mut snap.seats {
+                        s.preferred = preferred.get(s.handle.as_str()).map(|p| p.to_string());
+                    }
+                    snap.held_elsewhere = leases
+                        .iter()
+                        .filter(|l| l.owner != self.cfg.owner)
+                        .filter_map(|l| l.resource.strip_prefix("seat:").map(str::to_string))
+                        .collect();
+                    plan = placement::plan(&snap);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "the seat leases cannot be read; claiming nothing this pass");
+                    plan.claims.clear();
+                }
+            }
+        }
 
         {
             let mut last = self

@@ -1,0 +1,390 @@
+//! Fleet-scale benchmarks of the seat engine: prints a table, asserts
+//! nothing. `cargo bench -p server --bench fleet` (starts its own
+//! nats-server).
+//!
+//! Rows, each beside its baseline from the same run (issue 5):
+//! - messages received by an idle node per sweep, 2,001 seats with a peer
+//!   holding 1,001 (from the server's `/connz` for that node's connection),
+//!   against a pass that reads every seat lease — goal ≤ 10;
+//! - sweep time at 10,000 seats on the twin (one thread: ≈ CPU) — goal ≤ 5 ms;
+//! - dark time per seat after a node is killed, as a ratio to TTL + sweep
+//!   — goal ≤ 1.0, and on a graceful drain.
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crewlet::config::{PlacementConfig, RoleConfig};
+use crewlet::coord::{
+    Claim, ClaimRequest, Coordinator, CoordinatorOptions, MemoryBackend, Metadata, NatsBackend,
+    NatsOptions, Store,
+};
+use crewlet::events::{Event, EventBus};
+use crewlet::node::company;
+use crewlet::queue::jetstream::{JetStreamQueue, JetStreamSettings};
+use crewlet::queue::memory::MemoryQueue;
+use crewlet::queue::{
+    Delivery, Disposition, Handler, Queue, QueueSettings, handler_fn, log_events,
+};
+use crewlet::seat::host::{Fence, SeatContext, SeatHooks};
+use crewlet::seat::sweep::{EngineConfig, SeatEngine};
+use crewlet::tasks::Tasks;
+use serde_json::json;
+
+/// Seats attached under a hold: no fetch traffic, only the engine's own.
+struct Held;
+
+#[async_trait::async_trait]
+impl SeatHooks for Held {
+    async fn pause_holds(
+        &self,
+        _s: &SeatContext,
+    ) -> Result<Vec<String>, crewlet::seat::host::HookError> {
+        Ok(vec!["bench".into()])
+    }
+    fn inbox_handler(&self, _s: &SeatContext, _f: Fence) -> Arc<dyn Handler> {
+        handler_fn(|_d: Delivery| async { Disposition::Ack })
+    }
+}
+
+fn roles(n: usize) -> Vec<RoleConfig> {
+    (0..n)
+        .map(|i| RoleConfig {
+            handle: format!("seat-{i:05}"),
+            agent: Default::default(),
+            placement: PlacementConfig::default(),
+        })
+        .collect()
+}
+
+fn engine_cfg(id: &str, ttl: Duration, beat: Duration, sweep: Duration) -> EngineConfig {
+    let _ = ttl;
+    EngineConfig {
+        node_id: id.into(),
+        owner: format!("{id}:bench"),
+        labels: vec![],
+        protocol: 4,
+        heartbeat: beat,
+        sweep,
+        claim_limit: 4,
+        release_limit: 2,
+        release_wait: beat,
+        queue: QueueSettings::default(),
+    }
+}
+
+async fn nats(
+    server: &support::nats::NatsServer,
+    name: &str,
+    ttl: Duration,
+) -> (Arc<dyn Store>, Arc<dyn Queue>) {
+    let mut o = NatsOptions::new(vec![server.url()]);
+    o.lease_ttl = ttl;
+    o.name = name.to_string();
+    let b = NatsBackend::connect(&o).await.expect("connect");
+    let client = b.client().clone();
+    let store: Arc<dyn Store> = Arc::new(Coordinator::new(b, CoordinatorOptions::default()));
+    let queue: Arc<dyn Queue> = Arc::new(
+        JetStreamQueue::new(client, JetStreamSettings::default(), log_events())
+            .await
+            .expect("streams"),
+    );
+    (store, queue)
+}
+
+async fn out_msgs(server: &support::nats::NatsServer, conn_name: &str) -> u64 {
+    let url = format!("{}/connz?limit=1024", server.monitor_url());
+    let body: serde_json::Value = reqwest::get(&url)
+        .await
+        .expect("connz")
+        .json()
+        .await
+        .expect("json");
+    body["connections"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|c| c["name"] == conn_name)
+        .map(|c| c["out_msgs"].as_u64().unwrap_or(0))
+        .sum()
+}
+
+async fn engine(
+    id: &str,
+    store: Arc<dyn Store>,
+    queue: Arc<dyn Queue>,
+    cfg: EngineConfig,
+    events: EventBus,
+) -> Arc<SeatEngine> {
+    let tasks = Tasks::new();
+    let first = company::active(&*store).await.unwrap().expect("company");
+    let rx = company::follow(store.clone(), first, &tasks);
+    let _ = id;
+    SeatEngine::new(cfg, store, queue, Arc::new(Held), events, rx, tasks)
+        .await
+        .expect("engine")
+}
+
+/// Messages the idle node receives per sweep.
+async fn idle_messages() -> (f64, f64) {
+    let server = support::nats::NatsServer::start().await;
+    let ttl = Duration::from_secs(3600);
+    let (store, queue) = nats(&server, "crewlet-idle", ttl).await;
+    let (peer_store, _) = nats(&server, "crewlet-peer", ttl).await;
+    let company = roles(2001);
+    company::apply(&*store, "bench", &company).await.unwrap();
+    // The peer holds 1,001 seats and says so on its presence row.
+    for r in &company[..1001] {
+        let req = ClaimRequest::new(format!("seat:{}", r.handle), "peer:bench", "peer");
+        assert!(matches!(
+            peer_store.claim(req).await.unwrap(),
+            Claim::Won(_)
+        ));
+    }
+    let mut meta = Metadata::new();
+    meta.insert("seats_held".into(), json!(1001));
+    meta.insert("labels".into(), json!([]));
+    peer_store
+        .claim(ClaimRequest::new("node:peer", "peer:bench", "peer").with_metadata(meta))
+        .await
+        .unwrap();
+    let events = EventBus::new("idle", "idle:bench");
+    let idle = engine(
+        "idle",
+        store.clone(),
+        queue,
+        engine_cfg("idle", ttl, Duration::from_secs(15), Duration::from_secs(5)),
+        events,
+    )
+    .await;
+    for r in &company[1001..] {
+        idle.host().claim(&r.handle).await.unwrap();
+    }
+    idle.refresh_presence().await;
+    // Warm up (the live view, connections), then measure passes.
+    idle.sweep_once().await;
+    let passes = 20;
+    let before = out_msgs(&server, "crewlet-idle").await;
+    for _ in 0..passes {
+        idle.sweep_once().await;
+    }
+    let after = out_msgs(&server, "crewlet-idle").await;
+    let per_sweep = (after - before) as f64 / passes as f64;
+    // Baseline: a pass that reads every seat lease to learn nothing is free.
+    let before = out_msgs(&server, "crewlet-idle").await;
+    for _ in 0..passes {
+        let _ = store.list("node:").await.unwrap();
+        let _ = store.list("seat:").await.unwrap();
+    }
+    let after = out_msgs(&server, "crewlet-idle").await;
+    let baseline = (after - before) as f64 / passes as f64;
+    idle.crash().await;
+    (per_sweep, baseline)
+}
+
+fn pct(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    sorted[(((sorted.len() - 1) as f64) * p).round() as usize]
+}
+
+/// The sweep at 10,000 seats on the twin, a node of ten at its share.
+async fn sweep_time() -> (Duration, Duration, Duration) {
+    let ttl = Duration::from_secs(3600);
+    let store: Arc<dyn Store> = Arc::new(Coordinator::new(
+        MemoryBackend::new(ttl),
+        CoordinatorOptions::default(),
+    ));
+    let queue: Arc<dyn Queue> = Arc::new(MemoryQueue::new(log_events()));
+    let company = roles(10_000);
+    company::apply(&*store, "bench", &company).await.unwrap();
+    for n in 0..9 {
+        let mut meta = Metadata::new();
+        meta.insert("seats_held".into(), json!(1000));
+        store
+            .claim(
+                ClaimRequest::new(
+                    format!("node:peer{n}"),
+                    format!("peer{n}:1"),
+                    format!("peer{n}"),
+                )
+                .with_metadata(meta),
+            )
+            .await
+            .unwrap();
+    }
+    for r in &company[1000..] {
+        let owner = format!(
+            "peer{}:1",
+            (r.handle.len() + r.handle.as_bytes()[9] as usize) % 9
+        );
+        store
+            .claim(ClaimRequest::new(
+                format!("seat:{}", r.handle),
+                owner,
+                "peer",
+            ))
+            .await
+            .unwrap();
+    }
+    let e = engine(
+        "me",
+        store.clone(),
+        queue,
+        engine_cfg("me", ttl, Duration::from_secs(15), Duration::from_secs(5)),
+        EventBus::new("me", "me:1"),
+    )
+    .await;
+    for r in &company[..1000] {
+        e.host().claim(&r.handle).await.unwrap();
+    }
+    e.refresh_presence().await;
+    let mut samples = Vec::new();
+    for _ in 0..50 {
+        let t = Instant::now();
+        e.sweep_once().await;
+        samples.push(t.elapsed());
+    }
+    samples.sort();
+    // Baseline: the same pass reading every seat lease as well.
+    let mut base = Vec::new();
+    for _ in 0..50 {
+        let t = Instant::now();
+        let _ = store.list("seat:").await.unwrap();
+        e.sweep_once().await;
+        base.push(t.elapsed());
+    }
+    base.sort();
+    e.crash().await;
+    (pct(&samples, 0.5), pct(&samples, 0.99), pct(&base, 0.5))
+}
+
+/// Dark time per seat: kill -9 (crash) and graceful drain, on NATS.
+async fn dark_time() -> (Vec<Duration>, Vec<Duration>, Duration) {
+    let server = support::nats::NatsServer::start().await;
+    let ttl = Duration::from_secs(3);
+    let beat = Duration::from_secs(1);
+    let sweep = Duration::from_secs(1);
+    let seats = 16;
+    let (sa, qa) = nats(&server, "crewlet-a", ttl).await;
+    company::apply(&*sa, "bench", &roles(seats)).await.unwrap();
+    let run = |id: &'static str, s: Arc<dyn Store>, q: Arc<dyn Queue>| async move {
+        let bus = EventBus::new(id, &format!("{id}:bench"));
+        let rx = bus.subscribe();
+        let e = engine(id, s, q, engine_cfg(id, ttl, beat, sweep), bus).await;
+        e.start();
+        (e, rx)
+    };
+    let (a, mut rx_a) = run("a", sa, qa).await;
+    let (sb, qb) = nats(&server, "crewlet-b", ttl).await;
+    let (b, _rx_b) = run("b", sb, qb).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !(a.host().held().len() == seats / 2 && b.host().held().len() == seats / 2) {
+        assert!(Instant::now() < deadline, "no even split");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    while rx_a.try_recv().is_ok() {}
+    // kill -9: b stops renewing and serving at once.
+    let moved: Vec<String> = b.host().held();
+    let t0 = Instant::now();
+    b.crash().await;
+    let mut attached: BTreeMap<String, Duration> = BTreeMap::new();
+    while attached.len() < moved.len() {
+        match tokio::time::timeout(Duration::from_secs(30), rx_a.recv()).await {
+            Ok(Ok(e)) => {
+                if let Event::SeatAttached { seat, .. } = e.event
+                    && moved.contains(&seat)
+                {
+                    attached.insert(seat, t0.elapsed());
+                }
+            }
+            _ => break,
+        }
+    }
+    let mut killed: Vec<Duration> = attached.into_values().collect();
+    killed.sort();
+    // Graceful drain: a gives everything to a fresh c.
+    let (sc, qc) = nats(&server, "crewlet-c", ttl).await;
+    let (c, mut rx_c) = run("c", sc, qc).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while c.host().held().len() != seats / 2 {
+        assert!(Instant::now() < deadline, "no split with c");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    while rx_c.try_recv().is_ok() {}
+    let moving: Vec<String> = a.host().held();
+    let mut detached_at: BTreeMap<String, Instant> = BTreeMap::new();
+    let drain = {
+        let a = a.clone();
+        tokio::spawn(async move { a.drain().await })
+    };
+    while let Ok(Ok(e)) = tokio::time::timeout(Duration::from_millis(50), rx_a.recv()).await {
+        if let Event::SeatDetached { seat, .. } = e.event {
+            detached_at.insert(seat, Instant::now());
+        }
+    }
+    let _ = drain.await;
+    let mut drained = Vec::new();
+    let mut pending: Vec<String> = moving.clone();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !pending.is_empty() && Instant::now() < deadline {
+        if let Ok(Ok(e)) = tokio::time::timeout(Duration::from_millis(200), rx_c.recv()).await
+            && let Event::SeatAttached { seat, .. } = e.event
+            && let Some(i) = pending.iter().position(|s| *s == seat)
+        {
+            pending.remove(i);
+            if let Some(d) = detached_at.get(&seat) {
+                drained.push(d.elapsed());
+            }
+        }
+    }
+    drained.sort();
+    c.crash().await;
+    (killed, drained, ttl + sweep)
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.0} ms", d.as_secs_f64() * 1000.0)
+}
+
+#[tokio::main]
+async fn main() {
+    let (idle, idle_base) = idle_messages().await;
+    let (p50, p99, base50) = sweep_time().await;
+    let (killed, drained, bound) = dark_time().await;
+    println!();
+    println!(
+        "| seat engine (loopback, single nats-server) | measured | baseline (same run) | goal |"
+    );
+    println!("|---|---|---|---|");
+    println!(
+        "| messages to an idle node per sweep (2,001 seats, a peer holding 1,001) | {idle:.1} | {idle_base:.0} (a pass reading every seat lease) | ≤ 10 |"
+    );
+    println!(
+        "| sweep at 10,000 seats, a node of ten at its share (twin, one thread) | p50 {} / p99 {} | p50 {} (pass + read every seat lease) | ≤ 5 ms |",
+        ms(p50),
+        ms(p99),
+        ms(base50)
+    );
+    let k50 = pct(&killed, 0.5);
+    let kmax = killed.last().copied().unwrap_or_default();
+    println!(
+        "| dark time per seat after kill -9 ({} seats, TTL 3 s, sweep 1 s) | p50 {} / max {} — ratio {:.2} / {:.2} | TTL + sweep = {} | ratio ≤ 1.0 |",
+        killed.len(),
+        ms(k50),
+        ms(kmax),
+        k50.as_secs_f64() / bound.as_secs_f64(),
+        kmax.as_secs_f64() / bound.as_secs_f64(),
+        ms(bound)
+    );
+    println!(
+        "| dark time per seat on a graceful drain ({} seats; release → peer attached) | p50 {} / max {} | one sweep = 1000 ms | — |",
+        drained.len(),
+        ms(pct(&drained, 0.5)),
+        ms(drained.last().copied().unwrap_or_default())
+    );
+}

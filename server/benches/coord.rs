@@ -1,12 +1,18 @@
 //! Coordination store benchmark: prints a table, asserts nothing.
 //!
-//! Run: `cargo bench -p server --bench coord`. Starts its own nats-server
-//! (one per row group, single server, loopback) and measures, each beside
+//! Run: `cargo bench -p server --bench coord`. Starts its own nats-servers
+//! (single server, loopback, one per scenario) and measures, each row beside
 //! its baseline in one run:
 //! - claim and renew latency p50/p99 with 10 vs 10,000 leases held;
 //! - the protocol-floor question ("is any live presence or seat lease held
 //!   at a lower protocol?") answered from the live view, with 10 vs 10,000
-//!   leases held.
+//!   leases held;
+//! - the primitives a claim is made of (one compare-and-set write, one read
+//!   from the leader), for scale;
+//! - the same on the in-process twin.
+//!
+//! The 10 and the 10,000 scenario are sampled alternately, one sample each
+//! in turn, so whatever else the machine is doing weighs on both alike.
 //!
 //! Goal (issue 3): claim p50 ≤ 0.5 ms on single-server loopback, and every
 //! row flat (10,000 / 10 ratio ≤ 1.2).
@@ -18,14 +24,15 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use crewlet::coord::{
-    Backend, BucketId, Claim, ClaimRequest, Coordinator, CoordinatorOptions, Lease, LocalStore,
-    MemoryBackend, NatsBackend, NatsOptions, Renewal, Store,
+    Backend, BucketId, Claim, ClaimRequest, Coordinator, CoordinatorOptions, Lease, MemoryBackend,
+    NatsBackend, NatsOptions, Renewal, Store,
 };
 use crewlet::tasks::Tasks;
 use support::nats::NatsServer;
 
 const SAMPLES: usize = 1000;
 const OWNER: &str = "bench-node:00000001";
+const HELD: [usize; 2] = [10, 10_000];
 
 struct Row {
     op: String,
@@ -60,153 +67,213 @@ fn options() -> CoordinatorOptions {
     }
 }
 
-async fn claim(store: &impl Store, resource: &str, protocol: u32) -> Result<Lease, String> {
-    match store
-        .claim(ClaimRequest::new(resource, OWNER, "bench-node").with_protocol(protocol))
-        .await
-    {
+async fn claim<B: Backend>(
+    store: &Coordinator<B>,
+    resource: &str,
+    protocol: u32,
+) -> Result<Lease, String> {
+    let req = ClaimRequest::new(resource, OWNER, "bench-node").with_protocol(protocol);
+    match store.claim(req).await {
         Ok(Claim::Won(l)) => Ok(l),
         other => Err(format!("claim {resource}: {other:?}")),
     }
 }
 
-/// Hold `held` leases, then measure claims, renewals and the floor.
-async fn measure(
-    store: &impl Store,
+/// One store holding `held` leases (one of them a presence lease at a
+/// lower protocol, so the floor has something to find).
+struct Scenario<B: Backend> {
     held: usize,
-    rows: &mut Vec<Row>,
-    tag: &'static str,
-) -> Result<(), String> {
+    store: Coordinator<B>,
+    leases: Vec<Lease>,
+    _server: Option<NatsServer>,
+}
+
+async fn fill<B: Backend>(
+    store: Coordinator<B>,
+    held: usize,
+    server: Option<NatsServer>,
+) -> Result<Scenario<B>, String> {
+    claim(&store, "node:old-node", 3).await?;
     let mut leases = Vec::with_capacity(held);
-    // One presence lease at a lower protocol, so the floor has something to find.
-    claim(store, "node:old-node", 3).await?;
     for i in 0..held.saturating_sub(1) {
-        leases.push(claim(store, &format!("seat:held{i:05}"), 4).await?);
+        leases.push(claim(&store, &format!("seat:held{i:05}"), 4).await?);
     }
-
-    let mut samples = Vec::with_capacity(SAMPLES);
-    for i in 0..SAMPLES {
-        let r = format!("seat:m{i:05}");
-        let t = Instant::now();
-        let l = claim(store, &r, 4).await?;
-        samples.push(t.elapsed());
-        // Give it back so the held count stays what the row says.
-        store.release(&l, OWNER).await.map_err(|e| e.to_string())?;
-    }
-    rows.push(row(label(tag, "claim"), held, samples));
-
-    let mut samples = Vec::with_capacity(SAMPLES);
-    for i in 0..SAMPLES {
-        let Some(idx) = (!leases.is_empty()).then(|| i % leases.len()) else {
-            break;
-        };
-        let t = Instant::now();
-        let r = store.renew(&leases[idx], OWNER, None).await;
-        samples.push(t.elapsed());
-        match r {
-            Renewal::Renewed(l) => leases[idx] = l,
-            other => return Err(format!("renew: {other:?}")),
-        }
-    }
-    rows.push(row(label(tag, "renew"), held, samples));
-
-    let t = Instant::now();
-    let floor = store.protocol_floor(4).await.map_err(|e| e.to_string())?;
-    rows.push(Row {
-        op: label(tag, "floor, view cold start"),
+    Ok(Scenario {
         held,
-        p50: t.elapsed(),
-        p99: t.elapsed(),
-    });
-    if floor != Some(3) {
-        return Err(format!("the floor should be 3, read {floor:?}"));
-    }
-    let mut samples = Vec::with_capacity(SAMPLES);
-    for _ in 0..SAMPLES {
-        let t = Instant::now();
-        store.protocol_floor(4).await.map_err(|e| e.to_string())?;
-        samples.push(t.elapsed());
-    }
-    rows.push(row(label(tag, "protocol floor (live view)"), held, samples));
-    Ok(())
+        store,
+        leases,
+        _server: server,
+    })
 }
 
-fn label(tag: &str, op: &str) -> String {
-    format!("{tag} {op}")
-}
-
-async fn nats_rows(held: usize, rows: &mut Vec<Row>) -> Result<(), String> {
+async fn nats_scenario(held: usize) -> Result<Scenario<NatsBackend>, String> {
     let server = NatsServer::start().await;
     let mut o = NatsOptions::new(vec![server.url()]);
     o.lease_ttl = Duration::from_secs(600);
     o.store_timeout = Duration::from_secs(5);
     let backend = NatsBackend::connect(&o).await.map_err(|e| e.to_string())?;
-    let store = Coordinator::new(backend, options());
-    measure(&store, held, rows, "nats").await?;
-    baseline(store.backend(), held, rows).await
+    fill(Coordinator::new(backend, options()), held, Some(server)).await
 }
 
-/// The primitives a claim is made of, on the same server: one
-/// compare-and-set write, and one read from the leader.
-async fn baseline(be: &NatsBackend, held: usize, rows: &mut Vec<Row>) -> Result<(), String> {
-    let key = "seat:baseline";
-    let mut rev = be
-        .create(BucketId::Leases, key, Bytes::from_static(b"{}"))
-        .await
-        .map_err(|e| format!("{e:?}"))?
-        .revision;
-    let mut writes = Vec::with_capacity(SAMPLES);
-    let mut reads = Vec::with_capacity(SAMPLES);
-    for _ in 0..SAMPLES {
-        let t = Instant::now();
-        rev = be
-            .update(BucketId::Leases, key, Bytes::from_static(b"{}"), rev)
-            .await
-            .map_err(|e| format!("{e:?}"))?
-            .revision;
-        writes.push(t.elapsed());
-        let t = Instant::now();
-        be.get(BucketId::Leases, key)
-            .await
-            .map_err(|e| e.to_string())?;
-        reads.push(t.elapsed());
+async fn twin_scenario(held: usize) -> Result<Scenario<MemoryBackend>, String> {
+    let backend = MemoryBackend::new(Duration::from_secs(600));
+    fill(Coordinator::new(backend, options()), held, None).await
+}
+
+/// Claim, renew and floor rows for both scenarios, sampled alternately.
+async fn measure<B: Backend>(
+    tag: &str,
+    sc: &mut [Scenario<B>],
+    rows: &mut Vec<Row>,
+) -> Result<(), String> {
+    let mut claims = vec![Vec::with_capacity(SAMPLES); sc.len()];
+    let mut renews = vec![Vec::with_capacity(SAMPLES); sc.len()];
+    let mut floors = vec![Vec::with_capacity(SAMPLES); sc.len()];
+    let mut cold = vec![Duration::ZERO; sc.len()];
+
+    for i in 0..SAMPLES {
+        for (j, s) in sc.iter_mut().enumerate() {
+            let t = Instant::now();
+            let l = claim(&s.store, &format!("seat:m{i:05}"), 4).await?;
+            claims[j].push(t.elapsed());
+            // Given back, so the held count stays what the row says.
+            s.store
+                .release(&l, OWNER)
+                .await
+                .map_err(|e| e.to_string())?;
+        }
     }
-    rows.push(row(label("nats", "baseline: one CAS write"), held, writes));
-    rows.push(row(label("nats", "baseline: one leader read"), held, reads));
+    for i in 0..SAMPLES {
+        for (j, s) in sc.iter_mut().enumerate() {
+            let idx = i % s.leases.len().max(1);
+            let Some(lease) = s.leases.get(idx) else {
+                continue;
+            };
+            let t = Instant::now();
+            let r = s.store.renew(lease, OWNER, None).await;
+            renews[j].push(t.elapsed());
+            match r {
+                Renewal::Renewed(l) => s.leases[idx] = l,
+                other => return Err(format!("renew: {other:?}")),
+            }
+        }
+    }
+    for (j, s) in sc.iter().enumerate() {
+        let t = Instant::now();
+        let floor = s.store.protocol_floor(4).await.map_err(|e| e.to_string())?;
+        cold[j] = t.elapsed();
+        if floor != Some(3) {
+            return Err(format!("the floor should be 3, read {floor:?}"));
+        }
+    }
+    for _ in 0..SAMPLES {
+        for (j, s) in sc.iter().enumerate() {
+            let t = Instant::now();
+            s.store.protocol_floor(4).await.map_err(|e| e.to_string())?;
+            floors[j].push(t.elapsed());
+        }
+    }
+    for (j, s) in sc.iter().enumerate() {
+        rows.push(row(
+            format!("{tag} claim"),
+            s.held,
+            std::mem::take(&mut claims[j]),
+        ));
+        rows.push(row(
+            format!("{tag} renew"),
+            s.held,
+            std::mem::take(&mut renews[j]),
+        ));
+        rows.push(row(
+            format!("{tag} protocol floor (live view)"),
+            s.held,
+            std::mem::take(&mut floors[j]),
+        ));
+        rows.push(Row {
+            op: format!("{tag} protocol floor, view cold start (once)"),
+            held: s.held,
+            p50: cold[j],
+            p99: cold[j],
+        });
+    }
     Ok(())
 }
 
-async fn twin_rows(held: usize, rows: &mut Vec<Row>) -> Result<(), String> {
-    let store: LocalStore =
-        Coordinator::new(MemoryBackend::new(Duration::from_secs(600)), options());
-    measure(&store, held, rows, "twin").await
+/// The primitives a claim is made of, on the same servers: one
+/// compare-and-set write, and one read from the leader.
+async fn baseline(sc: &[Scenario<NatsBackend>], rows: &mut Vec<Row>) -> Result<(), String> {
+    let key = "seat:baseline";
+    let mut revs = Vec::new();
+    for s in sc {
+        let w = s
+            .store
+            .backend()
+            .create(BucketId::Leases, key, Bytes::from_static(b"{}"))
+            .await
+            .map_err(|e| format!("{e:?}"))?;
+        revs.push(w.revision);
+    }
+    let mut writes = vec![Vec::with_capacity(SAMPLES); sc.len()];
+    let mut reads = vec![Vec::with_capacity(SAMPLES); sc.len()];
+    for _ in 0..SAMPLES {
+        for (j, s) in sc.iter().enumerate() {
+            let be = s.store.backend();
+            let t = Instant::now();
+            revs[j] = be
+                .update(BucketId::Leases, key, Bytes::from_static(b"{}"), revs[j])
+                .await
+                .map_err(|e| format!("{e:?}"))?
+                .revision;
+            writes[j].push(t.elapsed());
+            let t = Instant::now();
+            be.get(BucketId::Leases, key)
+                .await
+                .map_err(|e| e.to_string())?;
+            reads[j].push(t.elapsed());
+        }
+    }
+    for (j, s) in sc.iter().enumerate() {
+        let w = std::mem::take(&mut writes[j]);
+        let r = std::mem::take(&mut reads[j]);
+        rows.push(row("nats baseline: one CAS write".into(), s.held, w));
+        rows.push(row("nats baseline: one leader read".into(), s.held, r));
+    }
+    Ok(())
 }
 
 fn us(d: Duration) -> String {
     format!("{:.0}", d.as_secs_f64() * 1e6)
 }
 
+async fn run(rows: &mut Vec<Row>) -> Result<(), String> {
+    let mut nats = Vec::new();
+    for held in HELD {
+        nats.push(nats_scenario(held).await?);
+    }
+    measure("nats", &mut nats, rows).await?;
+    baseline(&nats, rows).await?;
+    drop(nats);
+    let mut twin = Vec::new();
+    for held in HELD {
+        twin.push(twin_scenario(held).await?);
+    }
+    measure("twin", &mut twin, rows).await
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let mut rows = Vec::new();
-    for held in [10, 10_000] {
-        if let Err(e) = nats_rows(held, &mut rows).await {
-            eprintln!("nats with {held} held: {e}");
-            std::process::exit(1);
-        }
-    }
-    for held in [10, 10_000] {
-        if let Err(e) = twin_rows(held, &mut rows).await {
-            eprintln!("twin with {held} held: {e}");
-            std::process::exit(1);
-        }
+    if let Err(e) = run(&mut rows).await {
+        eprintln!("coord bench: {e}");
+        std::process::exit(1);
     }
 
     println!(
         "\ncoordination store on one nats-server 2.9 (loopback) and on the in-process twin; \
-         {SAMPLES} samples per row. A claim is 3 writes + 2 reads in 3 round trips (the \
-         counter read rides beside the first write, the timestamp read right behind the \
-         token write); a renewal is 1 write + 1 pipelined read.\n"
+         {SAMPLES} samples per row, the 10 and 10,000 scenarios sampled alternately. A claim \
+         is 3 writes + 2 reads in 3 round trips (the counter read rides beside the first \
+         write, the timestamp read right behind the token write); a renewal is 1 write + 1 \
+         pipelined read.\n"
     );
     println!("| op | leases held | p50 µs | p99 µs | p50 ratio 10,000/10 |");
     println!("|---|---:|---:|---:|---:|");
@@ -214,14 +281,15 @@ async fn main() {
         (
             !r.op.starts_with("nats"),
             r.op.contains("baseline"),
+            r.op.contains("cold"),
             r.op.clone(),
             r.held,
         )
     });
     for r in &rows {
-        let base = rows.iter().find(|b| b.op == r.op && b.held == 10);
+        let base = rows.iter().find(|b| b.op == r.op && b.held == HELD[0]);
         let ratio = match base {
-            Some(b) if r.held != 10 && !b.p50.is_zero() => {
+            Some(b) if r.held != HELD[0] && !b.p50.is_zero() => {
                 format!("{:.2}", r.p50.as_secs_f64() / b.p50.as_secs_f64())
             }
             _ => String::new(),

@@ -269,7 +269,9 @@ async fn dark_time() -> (Vec<Duration>, Vec<Duration>, Duration) {
     let ttl = Duration::from_secs(3);
     let beat = Duration::from_secs(1);
     let sweep = Duration::from_secs(1);
-    let seats = 16;
+    // Three nodes of four seats: a dead node's seats split between the two
+    // survivors, each within one pass's claim limit.
+    let seats = 12;
     let (sa, qa) = nats(&server, "crewlet-a", ttl).await;
     company::apply(&*sa, "bench", &roles(seats)).await.unwrap();
     let run = |id: &'static str, s: Arc<dyn Store>, q: Arc<dyn Queue>| async move {
@@ -282,28 +284,33 @@ async fn dark_time() -> (Vec<Duration>, Vec<Duration>, Duration) {
     let (a, mut rx_a) = run("a", sa, qa).await;
     let (sb, qb) = nats(&server, "crewlet-b", ttl).await;
     let (b, _rx_b) = run("b", sb, qb).await;
+    let (sd, qd) = nats(&server, "crewlet-d", ttl).await;
+    let (d, mut rx_d) = run("d", sd, qd).await;
+    let third = seats / 3;
     let deadline = Instant::now() + Duration::from_secs(60);
-    while !(a.host().held().len() == seats / 2 && b.host().held().len() == seats / 2) {
+    while ![&a, &b, &d].iter().all(|n| n.host().held().len() == third) {
         assert!(Instant::now() < deadline, "no even split");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     while rx_a.try_recv().is_ok() {}
+    while rx_d.try_recv().is_ok() {}
     // kill -9: b stops renewing and serving at once.
     let moved: Vec<String> = b.host().held();
     let t0 = Instant::now();
     b.crash().await;
     let mut attached: BTreeMap<String, Duration> = BTreeMap::new();
-    while attached.len() < moved.len() {
-        match tokio::time::timeout(Duration::from_secs(30), rx_a.recv()).await {
-            Ok(Ok(e)) => {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while attached.len() < moved.len() && Instant::now() < deadline {
+        for rx in [&mut rx_a, &mut rx_d] {
+            while let Ok(e) = rx.try_recv() {
                 if let Event::SeatAttached { seat, .. } = e.event
                     && moved.contains(&seat)
                 {
-                    attached.insert(seat, t0.elapsed());
+                    attached.entry(seat).or_insert(t0.elapsed());
                 }
             }
-            _ => break,
         }
+        tokio::time::sleep(Duration::from_millis(2)).await;
     }
     let mut killed: Vec<Duration> = attached.into_values().collect();
     killed.sort();
@@ -311,11 +318,12 @@ async fn dark_time() -> (Vec<Duration>, Vec<Duration>, Duration) {
     let (sc, qc) = nats(&server, "crewlet-c", ttl).await;
     let (c, mut rx_c) = run("c", sc, qc).await;
     let deadline = Instant::now() + Duration::from_secs(60);
-    while c.host().held().len() != seats / 2 {
+    while ![&a, &c, &d].iter().all(|n| n.host().held().len() == third) {
         assert!(Instant::now() < deadline, "no split with c");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     while rx_c.try_recv().is_ok() {}
+    while rx_d.try_recv().is_ok() {}
     let moving: Vec<String> = a.host().held();
     let mut detached_at: BTreeMap<String, Instant> = BTreeMap::new();
     let drain = {
@@ -332,18 +340,23 @@ async fn dark_time() -> (Vec<Duration>, Vec<Duration>, Duration) {
     let mut pending: Vec<String> = moving.clone();
     let deadline = Instant::now() + Duration::from_secs(30);
     while !pending.is_empty() && Instant::now() < deadline {
-        if let Ok(Ok(e)) = tokio::time::timeout(Duration::from_millis(200), rx_c.recv()).await
-            && let Event::SeatAttached { seat, .. } = e.event
-            && let Some(i) = pending.iter().position(|s| *s == seat)
-        {
-            pending.remove(i);
-            if let Some(d) = detached_at.get(&seat) {
-                drained.push(d.elapsed());
+        for rx in [&mut rx_c, &mut rx_d] {
+            while let Ok(e) = rx.try_recv() {
+                if let Event::SeatAttached { seat, .. } = e.event
+                    && let Some(i) = pending.iter().position(|s| *s == seat)
+                {
+                    pending.remove(i);
+                    if let Some(at) = detached_at.get(&seat) {
+                        drained.push(at.elapsed());
+                    }
+                }
             }
         }
+        tokio::time::sleep(Duration::from_millis(2)).await;
     }
     drained.sort();
     c.crash().await;
+    d.crash().await;
     (killed, drained, ttl + sweep)
 }
 

@@ -3,7 +3,10 @@
 //! before it claims anything (seed § The unowned seat: 1.7 ms a seat).
 //! Prints a table; asserts nothing about time.
 //!
-//! `cargo bench -p server --bench queue` (starts its own nats-server).
+//! `cargo bench -p server --bench queue` (starts its own nats-server, its
+//! store in the temp dir: `TMPDIR=/dev/shm` keeps it in memory, which
+//! separates the server's cost from the disk's — each consumer create
+//! writes the consumer's state to the store).
 
 #[path = "../tests/support/mod.rs"]
 mod support;

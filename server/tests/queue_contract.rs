@@ -95,6 +95,7 @@ contract!(
     subscriptions_are_listed_and_deleted_explicitly,
     a_publish_with_a_seen_message_id_is_deduplicated,
     an_unsettled_delivery_comes_back_after_the_ack_window,
+    the_boot_walk_creates_every_seats_mailboxes_idempotently_and_names_a_mismatch,
 );
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -588,4 +589,30 @@ async fn an_unsettled_delivery_comes_back_after_the_ack_window(b: Backend) {
     assert_eq!((&d.payload[..], d.delivered), (&b"stuck"[..], 2));
     successor.detach().await;
     a.detach().await;
+}
+
+async fn the_boot_walk_creates_every_seats_mailboxes_idempotently_and_names_a_mismatch(b: Backend) {
+    let q = &*b.queue;
+    let handles: Vec<String> = (0..40).map(|i| format!("walk-{i}")).collect();
+    let n = crewlet::queue::boot_walk(q, handles.iter().map(String::as_str), settings())
+        .await
+        .unwrap();
+    assert_eq!(n, 40);
+    let subs = q.list_subscriptions().await.unwrap();
+    assert_eq!(subs.len(), 120, "inbox, control and reflect for every seat");
+    // Again: nothing changes, nothing fails.
+    crewlet::queue::boot_walk(q, handles.iter().map(String::as_str), settings())
+        .await
+        .unwrap();
+    assert_eq!(q.list_subscriptions().await.unwrap().len(), 120);
+    // A mailbox made with other settings is refused, naming the seat.
+    let other = QueueSettings {
+        max_deliveries: 25,
+        ack_wait: Duration::from_secs(60),
+    };
+    let (seat, err) = crewlet::queue::boot_walk(q, ["walk-7"], other)
+        .await
+        .unwrap_err();
+    assert_eq!(seat, "walk-7");
+    assert!(matches!(err, QueueError::SettingsMismatch { .. }), "{err}");
 }

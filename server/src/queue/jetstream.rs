@@ -208,6 +208,67 @@ impl Queue for JetStreamQueue {
         Ok(())
     }
 
+    async fn ensure_subscriptions(
+        &self,
+        specs: &[SubscriptionSpec],
+    ) -> Result<(), (String, QueueError)> {
+        // One listing of what exists, then a create for each missing one:
+        // the same compare-then-create, without a lookup per subscription.
+        let mut existing = std::collections::HashMap::new();
+        let mut list = self.agents.consumers();
+        let deadline = tokio::time::Instant::now() + self.settings.timeout * 10;
+        loop {
+            let next = tokio::time::timeout_at(deadline, list.next())
+                .await
+                .map_err(|_| {
+                    (
+                        "(listing)".to_string(),
+                        QueueError::Timeout(self.settings.timeout * 10),
+                    )
+                })?;
+            match next {
+                Some(Ok(info)) => {
+                    existing.insert(info.name.clone(), info.config);
+                }
+                Some(Err(e)) => return Err(("(listing)".to_string(), backend(e))),
+                None => break,
+            }
+        }
+        for spec in specs {
+            let want = wanted(spec);
+            match existing.get(&spec.name) {
+                Some(c) => {
+                    let same = c.filter_subject == want.filter_subject
+                        && c.ack_wait == want.ack_wait
+                        && c.description == want.description;
+                    if !same {
+                        let existing = pull::Config {
+                            description: c.description.clone(),
+                            ack_wait: c.ack_wait,
+                            filter_subject: c.filter_subject.clone(),
+                            ..Default::default()
+                        };
+                        return Err((
+                            spec.name.clone(),
+                            QueueError::SettingsMismatch {
+                                name: spec.name.clone(),
+                                existing: describe_existing(&existing),
+                                wanted: spec.describe(),
+                            },
+                        ));
+                    }
+                }
+                None => {
+                    bounded(self.settings.timeout, self.agents.create_consumer(want))
+                        .await
+                        .map_err(|e| (spec.name.clone(), e))?
+                        .map_err(|e| (spec.name.clone(), backend(e)))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
     async fn delete_subscription(&self, name: &str) -> Result<bool, QueueError> {
         match bounded(self.settings.timeout, self.agents.delete_consumer(name)).await? {
             Ok(_) => Ok(true),

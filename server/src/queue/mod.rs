@@ -300,6 +300,20 @@ pub trait Queue: Send + Sync + 'static {
     /// Idempotent; an existing subscription with other settings is an
     /// error naming both, never silently rewritten.
     async fn ensure_subscription(&self, spec: &SubscriptionSpec) -> Result<(), QueueError>;
+    /// Ensure many subscriptions at once (the boot walk). The default does
+    /// them one by one; a backend may read what exists once and create only
+    /// what is missing. A failure names the subscription.
+    async fn ensure_subscriptions(
+        &self,
+        specs: &[SubscriptionSpec],
+    ) -> Result<(), (String, QueueError)> {
+        for s in specs {
+            self.ensure_subscription(s)
+                .await
+                .map_err(|e| (s.name.clone(), e))?;
+        }
+        Ok(())
+    }
     /// Delete a subscription and everything it retains. `false` when there
     /// was none.
     async fn delete_subscription(&self, name: &str) -> Result<bool, QueueError>;
@@ -354,36 +368,38 @@ pub async fn ensure_seat_mailboxes(
     results.into_iter().collect()
 }
 
-/// Seats whose mailboxes the boot walk creates at once.
-pub const BOOT_WALK_CONCURRENCY: usize = 16;
-
 /// The boot walk (seed § The unowned seat): before it claims anything, a
 /// node creates the mailboxes of EVERY seat of the company, not only its
-/// share, so no seat's mail is dropped for want of a subscription. A seat
-/// that fails is named in the error: a mailbox that cannot be created
-/// fails start-up. Logs a progress line every 500 seats.
+/// share, so no seat's mail is dropped for want of a subscription. What
+/// exists is compared, what is missing is created; a subscription that
+/// cannot be created fails start-up, naming its seat. Logs a progress line
+/// every 500 seats.
 pub async fn boot_walk<'a>(
     q: &dyn Queue,
     handles: impl IntoIterator<Item = &'a str>,
     settings: QueueSettings,
 ) -> Result<usize, (String, QueueError)> {
-    use futures::StreamExt;
-    let handles: Vec<String> = handles.into_iter().map(str::to_string).collect();
+    let handles: Vec<&str> = handles.into_iter().collect();
     let total = handles.len();
     let started = std::time::Instant::now();
-    let mut done = 0usize;
-    let mut walk = futures::stream::iter(handles)
-        .map(|h: String| async move {
-            ensure_seat_mailboxes(q, &h, settings)
-                .await
-                .map_err(|e| (h.clone(), e))
-        })
-        .buffer_unordered(BOOT_WALK_CONCURRENCY);
-    while let Some(r) = walk.next().await {
-        r?;
-        done += 1;
-        if done.is_multiple_of(500) {
-            tracing::info!(done, total, "creating seat mailboxes");
+    for (i, chunk) in handles.chunks(500).enumerate() {
+        let specs: Vec<SubscriptionSpec> = chunk
+            .iter()
+            .flat_map(|h| SubscriptionSpec::seat(h, settings))
+            .collect();
+        q.ensure_subscriptions(&specs).await.map_err(|(name, e)| {
+            let seat = name
+                .split_once('-')
+                .map_or(name.as_str(), |(_, h)| h)
+                .to_string();
+            (seat, e)
+        })?;
+        if total > 500 {
+            tracing::info!(
+                done = (i * 500 + chunk.len()),
+                total,
+                "creating seat mailboxes"
+            );
         }
     }
     tracing::info!(

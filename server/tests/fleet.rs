@@ -857,3 +857,115 @@ async fn a_store_blip_keeps_the_seat_holds_its_inbox_and_the_next_renew_resumes_
     assert!(a.detached().is_empty(), "nothing was released over a blip");
     a.engine.drain().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_teardown_still_failing_re_raises_its_alarm_every_twenty_heartbeats() {
+    let f = Fleet::new(Kind::Twin).await;
+    let hooks = Arc::new(TestHooks::default());
+    hooks.failing_release.lock().unwrap().insert("s0".into());
+    let mut a = f
+        .node_with("a", &[], &roles("s", 1), hooks.clone(), 4)
+        .await;
+    f.until("a holds s0", Duration::from_secs(10), || a.count() == 1)
+        .await;
+    a.engine.host().release("s0", DetachReason::Rebalance).await;
+    tokio::time::sleep(BEAT * 45).await;
+    let alarms: Vec<(u32, u64)> = a
+        .events()
+        .iter()
+        .filter_map(|e| match &e.event {
+            Event::SeatStillUnproven {
+                attempts,
+                elapsed_seconds,
+                ..
+            } => Some((*attempts, *elapsed_seconds)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(alarms.len(), 2, "once per twenty heartbeats: {alarms:?}");
+    assert_eq!(alarms[0].0, 21);
+    assert_eq!(alarms[1].0, 41);
+    // Attempt 1 was the release itself; one retry per heartbeat since.
+    assert!(
+        alarms[0].1 >= 19 && alarms[1].1 >= 39,
+        "the alarm carries the elapsed time: {alarms:?}"
+    );
+    let unproven = a.engine.host().status()[0].unproven_for.unwrap();
+    assert!(unproven >= BEAT * 44, "{unproven:?}");
+    hooks.failing_release.lock().unwrap().clear();
+    a.engine.drain().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn many_revisions_in_one_interval_bring_at_most_one_pass_forward() {
+    let f = Fleet::new(Kind::Twin).await;
+    let mut a = f.node("a", &[], &roles("s", 1)).await;
+    f.until("a holds s0", Duration::from_secs(10), || a.count() == 1)
+        .await;
+    // Mid-interval, five applies in a row, each adding a role.
+    tokio::time::sleep(SWEEP * 3 + Duration::from_millis(300)).await;
+    a.events();
+    let before = a.seen.len();
+    for n in 2..=6 {
+        company::apply(&*a.store, "Test company", &roles("s", n))
+            .await
+            .unwrap();
+    }
+    // Absence over most of one interval: only one early pass ran.
+    tokio::time::sleep(SWEEP - Duration::from_millis(100)).await;
+    let sweeps = a.events()[before..]
+        .iter()
+        .filter(|e| matches!(e.event, Event::SeatSweep { .. }))
+        .count();
+    assert_eq!(sweeps, 1, "one early pass, however many revisions arrived");
+    assert!(
+        a.count() >= 5,
+        "the early pass claimed the new seats (claim limit 4)"
+    );
+    f.until("every new seat held", SWEEP * 3, || a.count() == 6)
+        .await;
+    a.engine.drain().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_emitted_on_one_node_reaches_every_peers_bus_once() {
+    let server = support::nats::NatsServer::start().await;
+    let tasks = Tasks::new();
+    let a = EventBus::new("a", "a:1");
+    let b = EventBus::new("b", "b:1");
+    for bus in [&a, &b] {
+        let client = async_nats::connect(server.url()).await.unwrap();
+        bus.connect_fleet(client, &tasks).await.unwrap();
+    }
+    let mut at_b = b.subscribe();
+    let mut at_a = a.subscribe();
+    // The subscriptions are live once a round trip has passed; retry the
+    // emit until b hears it (condition with a deadline).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let got = loop {
+        a.emit(Event::SeatClaimed {
+            seat: "x".into(),
+            epoch: 9,
+        });
+        if let Ok(Ok(e)) = tokio::time::timeout(Duration::from_millis(200), at_b.recv()).await {
+            break e;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "b never heard a");
+    };
+    assert_eq!(got.node, "a");
+    assert_eq!(
+        got.event,
+        Event::SeatClaimed {
+            seat: "x".into(),
+            epoch: 9
+        }
+    );
+    // a's own subscribers hear it from a, never echoed back from the fleet.
+    let mut own = 0;
+    while let Ok(e) = at_a.try_recv() {
+        assert_eq!(e.incarnation, "a:1");
+        own += 1;
+    }
+    assert!(own >= 1);
+    tasks.shutdown().await;
+}

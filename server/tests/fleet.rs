@@ -969,3 +969,34 @@ async fn an_event_emitted_on_one_node_reaches_every_peers_bus_once() {
     assert!(own >= 1);
     tasks.shutdown().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_lost_lease_is_a_fenced_release_and_nothing_is_given_back_twice() {
+    let f = Fleet::new(Kind::Twin).await;
+    let mut a = f.node("a", &[], &roles("s", 1)).await;
+    f.until("a holds s0", Duration::from_secs(10), || a.count() == 1)
+        .await;
+    // The tenure ends behind the host's back (as a lapse and a peer's
+    // claim would end it): the next renew answers Lost.
+    let lease = a.store.lease("seat:s0").await.unwrap().unwrap();
+    a.store.release(&lease, &lease.owner).await.unwrap();
+    f.until("the lost seat detached", Duration::from_secs(10), || {
+        a.detached()
+            .iter()
+            .any(|(s, r)| s == "s0" && *r == DetachReason::Lost)
+    })
+    .await;
+    // It is claimed again under a new epoch, never renewed under the old.
+    f.until("s0 claimed again", Duration::from_secs(10), || {
+        a.count() == 1
+    })
+    .await;
+    let again = a.store.lease("seat:s0").await.unwrap().unwrap();
+    assert!(
+        again.epoch > lease.epoch,
+        "{} then {}",
+        lease.epoch,
+        again.epoch
+    );
+    a.engine.drain().await;
+}

@@ -609,3 +609,72 @@ async fn crewlet_apply_sends_a_file_to_a_running_node() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("roles[0].handle"));
     n.stop().await;
 }
+
+#[tokio::test]
+async fn dead_letters_can_be_read_with_a_token_and_a_poison_message_shows_up() {
+    use crewlet::queue::{Delivery, Disposition, handler_fn};
+    let n = TestNode::start().await;
+    let engine = n.node.as_ref().unwrap().engine.clone();
+    let r = client()
+        .get(n.url("/api/dead-letters"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(r.json::<Value>().await.unwrap(), serde_json::json!([]));
+    // A subscription of its own, so the seat's held inbox is untouched.
+    let q = engine.queue().clone();
+    let spec = crewlet::queue::SubscriptionSpec::new(
+        "probe".into(),
+        "crewlet.agent.alpha.probe".into(),
+        Default::default(),
+    );
+    q.ensure_subscription(&spec).await.unwrap();
+    q.publish(
+        &spec.subject,
+        Some("m-1"),
+        bytes::Bytes::from_static(b"{broken"),
+    )
+    .await
+    .unwrap();
+    let a = q
+        .attach(
+            "probe",
+            &[],
+            handler_fn(|_d: Delivery| async { Disposition::Poison("not an envelope".into()) }),
+        )
+        .await
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let list = loop {
+        let v: Value = client()
+            .get(n.url("/api/dead-letters?limit=5"))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if v.as_array().is_some_and(|l| !l.is_empty()) {
+            break v;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no dead letter listed"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    assert_eq!(list[0]["subscription"], "probe");
+    assert_eq!(list[0]["msg_id"], "m-1");
+    assert_eq!(list[0]["payload"], "{broken");
+    assert!(
+        list[0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("not an envelope")
+    );
+    a.detach().await;
+    n.stop().await;
+}

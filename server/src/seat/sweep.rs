@@ -161,6 +161,10 @@ impl SeatEngine {
         &self.store
     }
 
+    pub fn queue(&self) -> &Arc<dyn Queue> {
+        &self.queue
+    }
+
     pub fn events(&self) -> &EventBus {
         &self.events
     }

@@ -346,6 +346,7 @@ fn token_path(path: &str) -> bool {
     path.starts_with("/query/")
         || path == "/api/events"
         || path == "/api/company"
+        || path == "/api/dead-letters"
         || path.starts_with("/api/seats/")
 }
 

@@ -141,6 +141,7 @@ pub async fn router(setup: WebSetup<'_>) -> Result<Router, WebError> {
         .route("/metrics", get(metrics))
         .route("/query/fleet", get(fleet))
         .route("/api/company", axum::routing::post(apply_company))
+        .route("/api/dead-letters", get(dead_letters))
         .leptos_routes_with_context(
             &leptos_options,
             routes,
@@ -225,6 +226,44 @@ async fn apply_company(
             };
             (status, Json(serde_json::json!({ "error": e.to_string() }))).into_response()
         }
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct DeadLetterQuery {
+    #[serde(default)]
+    limit: Option<usize>,
+}
+
+/// `GET /api/dead-letters?limit=N`: the newest dead letters (default 100),
+/// newest first, for a person to inspect.
+async fn dead_letters(
+    Extension(engine): Extension<Arc<SeatEngine>>,
+    axum::extract::Query(q): axum::extract::Query<DeadLetterQuery>,
+) -> axum::response::Response {
+    let limit = q.limit.unwrap_or(100).min(1000);
+    match engine.queue().dead_letters(limit).await {
+        Ok(list) => Json(
+            list.into_iter()
+                .map(|d| {
+                    serde_json::json!({
+                        "subscription": d.subscription,
+                        "subject": d.subject,
+                        "seq": d.seq,
+                        "delivered": d.delivered,
+                        "msg_id": d.msg_id,
+                        "reason": d.reason,
+                        "payload": String::from_utf8_lossy(&d.payload),
+                    })
+                })
+                .collect::<Vec<_>>(),
+        )
+        .into_response(),
+        Err(e) => (
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            Json(serde_json::json!({ "error": e.to_string() })),
+        )
+            .into_response(),
     }
 }
 

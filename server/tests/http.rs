@@ -133,25 +133,7 @@ async fn health_answers_without_a_session_with_node_identity_and_protocol_4() {
         "only present while a seat is stranded"
     );
     // A single node holds every seat of its company: /health lists them.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
-        let v: Value = client()
-            .get(n.url("/health"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        if v["seats"] == serde_json::json!(["alpha"]) {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the seat never appeared: {v}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    wait_for_seats(&n, serde_json::json!(["alpha"])).await;
     n.stop().await;
 }
 

@@ -40,6 +40,16 @@ pub struct SeatContext {
     pub lease: Lease,
 }
 
+impl SeatContext {
+    pub fn of(handle: &str, lease: &Lease) -> SeatContext {
+        SeatContext {
+            handle: handle.to_string(),
+            epoch: lease.epoch,
+            lease: lease.clone(),
+        }
+    }
+}
+
 /// A hook step that failed, in words.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{step}: {message}")]
@@ -516,11 +526,7 @@ impl SeatHost {
                 seat: handle.to_string(),
             });
         }
-        let ctx = SeatContext {
-            handle: handle.to_string(),
-            epoch: lease.epoch,
-            lease: lease.clone(),
-        };
+        let ctx = SeatContext::of(handle, &lease);
         match self.teardown(&ctx).await {
             Ok(()) => {
                 lock(&self.inner.seats).remove(handle);
@@ -663,11 +669,7 @@ impl SeatHost {
         let Some(lease) = lock(&self.inner.seats).get(handle).map(|e| e.lease.clone()) else {
             return;
         };
-        let ctx = SeatContext {
-            handle: handle.to_string(),
-            epoch: lease.epoch,
-            lease: lease.clone(),
-        };
+        let ctx = SeatContext::of(handle, &lease);
         match self.teardown(&ctx).await {
             Ok(()) => {
                 let attempts = lock(&self.inner.seats)

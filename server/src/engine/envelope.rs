@@ -1,0 +1,139 @@
+//! The inbox envelope: the JSON users' systems publish to
+//! `crewlet.agent.{handle}.inbox` (README § The inbox envelope).
+//!
+//! `id` is the event id (the completion ledger's key), `type` says what it
+//! is, `body` is free JSON; `thread` and `message_id` are the chat identity
+//! a later turn may answer; `from` and `sent_at` say who and when. Decoding
+//! is strict about the fields it needs and ignores the ones it does not
+//! know; anything that does not decode is poison — dead-lettered at once,
+//! never retried. This module does no I/O.
+
+use serde::{Deserialize, Serialize};
+
+/// The trigger types that run a turn and are consulted in, and recorded
+/// to, the completion ledger (seed § The completion ledger). The set is
+/// closed: any other type contributes nothing to the work key.
+pub const LEDGERED: [&str; 4] = [
+    "task_assigned",
+    "external_notification",
+    "a2a_request",
+    "a2a_message",
+];
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Envelope {
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub body: serde_json::Value,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thread: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sent_at: Option<String>,
+}
+
+/// Why a payload is not an envelope.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum EnvelopeError {
+    #[error("not an envelope: {0}")]
+    Json(String),
+    #[error("`{0}` must not be empty")]
+    Empty(&'static str),
+    #[error("`id` {0:?} is too long (at most 256 bytes)")]
+    IdTooLong(String),
+}
+
+impl Envelope {
+    /// Decode one inbox payload.
+    pub fn decode(payload: &[u8]) -> Result<Envelope, EnvelopeError> {
+        let e: Envelope =
+            serde_json::from_slice(payload).map_err(|err| EnvelopeError::Json(err.to_string()))?;
+        e.check()?;
+        Ok(e)
+    }
+
+    /// The checks a decoded (or about to be published) envelope must pass.
+    pub fn check(&self) -> Result<(), EnvelopeError> {
+        if self.id.trim().is_empty() {
+            return Err(EnvelopeError::Empty("id"));
+        }
+        if self.id.len() > 256 {
+            return Err(EnvelopeError::IdTooLong(self.id.chars().take(40).collect()));
+        }
+        if self.kind.trim().is_empty() {
+            return Err(EnvelopeError::Empty("type"));
+        }
+        Ok(())
+    }
+
+    /// Does this type run a turn (and go through the ledger)?
+    pub fn is_ledgered(&self) -> bool {
+        LEDGERED.contains(&self.kind.as_str())
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_envelope_round_trips_and_unknown_fields_are_ignored() {
+        let raw = br#"{"id":"evt-1","type":"task_assigned","body":{"title":"x"},"thread":"t","message_id":"m","from":"alice","sent_at":"2026-11-30T07:00:00Z","extra":1}"#;
+        let e = Envelope::decode(raw).unwrap();
+        assert_eq!(e.id, "evt-1");
+        assert!(e.is_ledgered());
+        assert_eq!(Envelope::decode(&e.encode()).unwrap(), e);
+    }
+
+    #[test]
+    fn what_does_not_decode_is_poison_with_a_reason() {
+        assert!(matches!(
+            Envelope::decode(b"{not json"),
+            Err(EnvelopeError::Json(_))
+        ));
+        assert!(matches!(
+            Envelope::decode(br#"{"type":"task_assigned"}"#),
+            Err(EnvelopeError::Json(m)) if m.contains("id")
+        ));
+        assert_eq!(
+            Envelope::decode(br#"{"id":" ","type":"x"}"#),
+            Err(EnvelopeError::Empty("id"))
+        );
+        assert_eq!(
+            Envelope::decode(br#"{"id":"a","type":""}"#),
+            Err(EnvelopeError::Empty("type"))
+        );
+    }
+
+    #[test]
+    fn only_the_four_turn_types_are_ledgered() {
+        for (kind, ledgered) in [
+            ("task_assigned", true),
+            ("external_notification", true),
+            ("a2a_request", true),
+            ("a2a_message", true),
+            ("observability", false),
+            ("reflection_due", false),
+        ] {
+            let e = Envelope {
+                id: "i".into(),
+                kind: kind.into(),
+                body: serde_json::Value::Null,
+                thread: None,
+                message_id: None,
+                from: None,
+                sent_at: None,
+            };
+            assert_eq!(e.is_ledgered(), ledgered, "{kind}");
+        }
+    }
+}

@@ -42,6 +42,15 @@ pub trait Console: Send + Sync + 'static {
     /// `[[roles]]` the fleet's next active revision (operators only;
     /// audited). Returns the revision number.
     async fn apply_company(&self, actor: &Person, company_toml: &str) -> Result<u64, ConsoleError>;
+    /// Publish one envelope (JSON: `type` required; `id`, `body`, `thread`,
+    /// `message_id`, `from` optional) to a seat's inbox (operators only;
+    /// audited). Returns the envelope's id.
+    async fn send_to_inbox(
+        &self,
+        actor: &Person,
+        handle: &str,
+        envelope_json: &str,
+    ) -> Result<String, ConsoleError>;
 }
 
 /// How the node hands the console to Leptos.

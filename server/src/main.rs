@@ -53,6 +53,28 @@ enum Command {
         #[arg(long, env = "CREWLET_TOKEN", hide_env_values = true)]
         token: String,
     },
+    /// Publish one envelope to a seat's inbox through a running node's HTTP
+    /// API (POST /api/seats/{handle}/inbox).
+    Send {
+        /// The seat's handle.
+        #[arg(long)]
+        seat: String,
+        /// The envelope's type (task_assigned, external_notification,
+        /// a2a_request, a2a_message, or a type that runs no turn).
+        #[arg(long = "type")]
+        kind: String,
+        /// The event id (the completion ledger's key); generated if absent.
+        #[arg(long)]
+        id: Option<String>,
+        /// The node to send through.
+        #[arg(long, default_value = "http://127.0.0.1:3000")]
+        node: String,
+        /// An operator API token ([[auth.tokens]]).
+        #[arg(long, env = "CREWLET_TOKEN", hide_env_values = true)]
+        token: String,
+        /// The envelope's body: JSON (a bare word is sent as a JSON string).
+        body: String,
+    },
 }
 
 fn main() -> ExitCode {
@@ -62,6 +84,76 @@ fn main() -> ExitCode {
         Command::Run { config } => run(&config),
         Command::HashPassword => hash_password(),
         Command::Apply { file, node, token } => apply(&file, node, &token),
+        Command::Send {
+            seat,
+            kind,
+            id,
+            node,
+            token,
+            body,
+        } => send(&seat, &kind, id, &node, &token, &body),
+    }
+}
+
+/// POST `body` to `url` with the bearer token: the answer's status and JSON.
+fn post(
+    url: &str,
+    token: &str,
+    content_type: &str,
+    body: String,
+) -> Result<(reqwest::StatusCode, serde_json::Value), String> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the runtime: {e}"))?;
+    rt.block_on(async {
+        let r = reqwest::Client::new()
+            .post(url)
+            .bearer_auth(token)
+            .header("content-type", content_type)
+            .body(body)
+            .send()
+            .await
+            .map_err(|e| {
+                format!("cannot reach the node at {url}: {e}. Is it running? Pass --node URL.")
+            })?;
+        let status = r.status();
+        let json: serde_json::Value = r.json().await.unwrap_or_default();
+        Ok((status, json))
+    })
+}
+
+fn send(
+    seat: &str,
+    kind: &str,
+    id: Option<String>,
+    node: &str,
+    token: &str,
+    body: &str,
+) -> ExitCode {
+    let body: serde_json::Value =
+        serde_json::from_str(body).unwrap_or_else(|_| serde_json::Value::String(body.to_string()));
+    let mut envelope = serde_json::json!({ "type": kind, "body": body });
+    if let Some(id) = id {
+        envelope["id"] = serde_json::json!(id);
+    }
+    let url = format!("{}/api/seats/{seat}/inbox", node.trim_end_matches('/'));
+    match post(&url, token, "application/json", envelope.to_string()) {
+        Ok((status, answer)) if status.is_success() => {
+            println!("sent {} to {seat}", answer["id"].as_str().unwrap_or("?"));
+            ExitCode::SUCCESS
+        }
+        Ok((status, answer)) => {
+            eprintln!(
+                "error: the node refused the envelope ({status}): {}",
+                answer["error"].as_str().unwrap_or("no reason given")
+            );
+            ExitCode::from(if status.is_client_error() { 2 } else { 1 })
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(1)
+        }
     }
 }
 
@@ -83,28 +175,7 @@ fn apply(path: &Path, node: Option<String>, token: &str) -> ExitCode {
     };
     let base = node.unwrap_or_else(|| format!("http://{}", config.node.listen));
     let url = format!("{}/api/company", base.trim_end_matches('/'));
-    let rt = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: cannot start the runtime: {e}");
-            return ExitCode::from(1);
-        }
-    };
-    let sent = rt.block_on(async {
-        let r = reqwest::Client::new()
-            .post(&url)
-            .bearer_auth(token)
-            .header("content-type", "application/toml")
-            .body(text)
-            .send()
-            .await?;
-        let status = r.status();
-        let body: serde_json::Value = r.json().await.unwrap_or_default();
-        Ok::<_, reqwest::Error>((status, body))
-    });
+    let sent = post(&url, token, "application/toml", text);
     match sent {
         Ok((status, body)) if status.is_success() => {
             println!(

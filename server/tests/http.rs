@@ -660,3 +660,143 @@ async fn dead_letters_can_be_read_with_a_token_and_a_poison_message_shows_up() {
     a.detach().await;
     n.stop().await;
 }
+
+async fn inbox_pending(n: &TestNode, handle: &str) -> u64 {
+    let engine = n.node.as_ref().unwrap().engine.clone();
+    engine
+        .queue()
+        .pending(&crewlet::queue::inbox_group(handle))
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn an_operator_publishes_an_envelope_to_a_seats_inbox_and_it_is_kept() {
+    let n = TestNode::start().await;
+    wait_for_seats(&n, serde_json::json!(["alpha"])).await;
+    let r = client()
+        .post(n.url("/api/seats/alpha/inbox"))
+        .bearer_auth(DEPLOY_TOKEN)
+        .body(r#"{"id":"evt-7","type":"task_assigned","body":{"title":"write the report"}}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(r.json::<Value>().await.unwrap()["id"], "evt-7");
+    // Held by the seat's inbox (nothing consumes it on this build): kept.
+    assert_eq!(inbox_pending(&n, "alpha").await, 1);
+    // The same id again is not published twice.
+    let again = client()
+        .post(n.url("/api/seats/alpha/inbox"))
+        .bearer_auth(DEPLOY_TOKEN)
+        .body(r#"{"id":"evt-7","type":"task_assigned"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(again.status(), StatusCode::OK);
+    assert_eq!(inbox_pending(&n, "alpha").await, 1);
+    n.stop().await;
+}
+
+#[tokio::test]
+async fn a_bad_envelope_or_seat_is_refused_with_the_reason_and_viewers_cannot_send() {
+    let n = TestNode::start().await;
+    for (seat, body, token, status, says) in [
+        (
+            "alpha",
+            "{not json",
+            DEPLOY_TOKEN,
+            StatusCode::BAD_REQUEST,
+            "not JSON",
+        ),
+        (
+            "alpha",
+            r#"{"body":1}"#,
+            DEPLOY_TOKEN,
+            StatusCode::BAD_REQUEST,
+            "type",
+        ),
+        (
+            "alpha",
+            r#"{"type":""}"#,
+            DEPLOY_TOKEN,
+            StatusCode::BAD_REQUEST,
+            "`type` must not be empty",
+        ),
+        (
+            "nobody",
+            r#"{"type":"task_assigned"}"#,
+            DEPLOY_TOKEN,
+            StatusCode::BAD_REQUEST,
+            "not in the active company",
+        ),
+        (
+            "alpha",
+            r#"{"type":"task_assigned"}"#,
+            TOKEN,
+            StatusCode::FORBIDDEN,
+            "only operators",
+        ),
+    ] {
+        let r = client()
+            .post(n.url(&format!("/api/seats/{seat}/inbox")))
+            .bearer_auth(token)
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), status, "{body}");
+        let v: Value = r.json().await.unwrap();
+        assert!(v["error"].as_str().unwrap().contains(says), "{body}: {v}");
+    }
+    n.stop().await;
+}
+
+#[tokio::test]
+async fn crewlet_send_publishes_one_envelope_through_a_node() {
+    let n = TestNode::start().await;
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_crewlet"))
+        .args([
+            "send",
+            "--node",
+            &n.base,
+            "--seat",
+            "alpha",
+            "--type",
+            "task_assigned",
+            "--id",
+            "cli-1",
+            r#"{"title":"from the command line"}"#,
+        ])
+        .env("CREWLET_TOKEN", DEPLOY_TOKEN)
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("sent cli-1 to alpha"), "{stdout}");
+    assert_eq!(inbox_pending(&n, "alpha").await, 1);
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_crewlet"))
+        .args([
+            "send",
+            "--node",
+            &n.base,
+            "--seat",
+            "ghost",
+            "--type",
+            "task_assigned",
+            "x",
+        ])
+        .env("CREWLET_TOKEN", DEPLOY_TOKEN)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not in the active company"));
+    n.stop().await;
+}

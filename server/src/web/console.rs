@@ -190,6 +190,84 @@ impl Console for NodeConsole {
         }
     }
 
+    async fn send_to_inbox(
+        &self,
+        actor: &Person,
+        handle: &str,
+        envelope_json: &str,
+    ) -> Result<String, ConsoleError> {
+        use crate::engine::envelope::Envelope;
+        let refuse = |why: &str| format!("refused: {why}");
+        if !actor.is_operator() {
+            audit::record(
+                &self.pool,
+                &actor.name,
+                "send",
+                Some(handle),
+                None,
+                &refuse("not an operator"),
+            )
+            .await
+            .map_err(|e| unavailable("write the audit log", e))?;
+            return Err(ConsoleError::Forbidden(format!(
+                "{} is a viewer: only operators may send to a seat's inbox.",
+                actor.name
+            )));
+        }
+        if !self.engine.company().handles().any(|h| h == handle) {
+            return Err(ConsoleError::Invalid(format!(
+                "seat {handle:?} is not in the active company; check the handle (GET /query/fleet lists the seats held)."
+            )));
+        }
+        let mut value: serde_json::Value = serde_json::from_str(envelope_json)
+            .map_err(|e| ConsoleError::Invalid(format!("the envelope is not JSON: {e}")))?;
+        let Some(obj) = value.as_object_mut() else {
+            return Err(ConsoleError::Invalid(
+                "the envelope must be a JSON object with at least \"type\"".into(),
+            ));
+        };
+        if !obj.contains_key("id") {
+            let r: u64 = rand::random();
+            obj.insert("id".into(), serde_json::json!(format!("evt-{r:016x}")));
+        }
+        obj.entry("from")
+            .or_insert_with(|| serde_json::json!(actor.name));
+        obj.entry("sent_at")
+            .or_insert_with(|| serde_json::json!(audit::now_rfc3339()));
+        let envelope: Envelope = serde_json::from_value(value)
+            .map_err(|e| ConsoleError::Invalid(format!("the envelope is not valid: {e}")))?;
+        envelope
+            .check()
+            .map_err(|e| ConsoleError::Invalid(format!("the envelope is not valid: {e}")))?;
+        let fresh = self
+            .engine
+            .queue()
+            .publish(
+                &crate::queue::inbox_subject(handle),
+                Some(&envelope.id),
+                bytes::Bytes::from(envelope.encode()),
+            )
+            .await
+            .map_err(|e| unavailable("publish to the inbox", e))?;
+        let reason = format!("type {}, id {}", envelope.kind, envelope.id);
+        let result = if fresh {
+            "ok"
+        } else {
+            "duplicate id: not published again"
+        };
+        audit::record(
+            &self.pool,
+            &actor.name,
+            "send",
+            Some(handle),
+            Some(&reason),
+            result,
+        )
+        .await
+        .map_err(|e| unavailable("write the audit log", e))?;
+        Ok(envelope.id)
+    }
+
     async fn audit(&self, limit: u32) -> Result<Vec<AuditEntry>, ConsoleError> {
         audit::newest(&self.pool, limit.min(1000))
             .await

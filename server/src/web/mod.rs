@@ -142,6 +142,10 @@ pub async fn router(setup: WebSetup<'_>) -> Result<Router, WebError> {
         .route("/query/fleet", get(fleet))
         .route("/api/company", axum::routing::post(apply_company))
         .route("/api/dead-letters", get(dead_letters))
+        .route(
+            "/api/seats/{handle}/inbox",
+            axum::routing::post(send_to_inbox),
+        )
         .leptos_routes_with_context(
             &leptos_options,
             routes,
@@ -214,19 +218,35 @@ async fn apply_company(
     Extension(person): Extension<app::api::Person>,
     body: String,
 ) -> axum::response::Response {
-    use app::console::ConsoleError;
-    use axum::http::StatusCode;
     match console.apply_company(&person, &body).await {
         Ok(revision) => Json(serde_json::json!({ "revision": revision })).into_response(),
-        Err(e) => {
-            let status = match e {
-                ConsoleError::Invalid(_) => StatusCode::BAD_REQUEST,
-                ConsoleError::Forbidden(_) => StatusCode::FORBIDDEN,
-                ConsoleError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
-            };
-            (status, Json(serde_json::json!({ "error": e.to_string() }))).into_response()
-        }
+        Err(e) => console_error(e),
     }
+}
+
+/// `POST /api/seats/{handle}/inbox`: publish one envelope to the seat's
+/// inbox (operators only). Answers `{"id": …}`.
+async fn send_to_inbox(
+    Extension(console): Extension<SharedConsole>,
+    Extension(person): Extension<app::api::Person>,
+    axum::extract::Path(handle): axum::extract::Path<String>,
+    body: String,
+) -> axum::response::Response {
+    match console.send_to_inbox(&person, &handle, &body).await {
+        Ok(id) => Json(serde_json::json!({ "id": id })).into_response(),
+        Err(e) => console_error(e),
+    }
+}
+
+fn console_error(e: app::console::ConsoleError) -> axum::response::Response {
+    use app::console::ConsoleError;
+    use axum::http::StatusCode;
+    let status = match e {
+        ConsoleError::Invalid(_) => StatusCode::BAD_REQUEST,
+        ConsoleError::Forbidden(_) => StatusCode::FORBIDDEN,
+        ConsoleError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+    };
+    (status, Json(serde_json::json!({ "error": e.to_string() }))).into_response()
 }
 
 #[derive(serde::Deserialize)]

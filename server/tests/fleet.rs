@@ -1000,3 +1000,25 @@ async fn a_lost_lease_is_a_fenced_release_and_nothing_is_given_back_twice() {
     );
     a.engine.drain().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_gone_for_longer_than_the_ttl_fences_the_seat_as_grace_expired() {
+    let mut f = Fleet::new(Kind::Nats).await;
+    f.store_timeout = Duration::from_millis(500);
+    let mut a = f.node("a", &[], &roles("s", 1)).await;
+    f.until("a holds s0", Duration::from_secs(10), || a.count() == 1)
+        .await;
+    f.server.as_mut().unwrap().kill();
+    // Past the TTL no renew has proven anything: a peer may hold the seat
+    // now, so this node detaches first and abandons what is in flight.
+    f.until("the seat fenced", TTL * 4, || {
+        a.detached()
+            .iter()
+            .any(|(s, r)| s == "s0" && *r == DetachReason::GraceExpired)
+    })
+    .await;
+    assert_eq!(a.count(), 0);
+    assert_eq!(a.engine.host().may_start("s0"), None);
+    f.server.as_mut().unwrap().restart().await;
+    a.engine.crash().await;
+}

@@ -147,6 +147,10 @@ pub struct StreamSection {
     pub password: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub creds_file: Option<PathBuf>,
+    /// Deliveries a message may spend before it is dead-lettered.
+    pub max_deliveries: u64,
+    /// How long a fetched message may stay unsettled before it comes back.
+    pub ack_wait_seconds: u64,
 }
 
 impl Default for StreamSection {
@@ -157,6 +161,8 @@ impl Default for StreamSection {
             user: None,
             password: None,
             creds_file: None,
+            max_deliveries: 25,
+            ack_wait_seconds: 1800,
         }
     }
 }

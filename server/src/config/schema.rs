@@ -41,6 +41,7 @@ fn exemplar(agent: AgentConfig) -> Config {
             user: Some("u".into()),
             password: Some("p".into()),
             creds_file: Some(PathBuf::from("x.creds")),
+            ..StreamSection::default()
         },
         company: CompanySection::default(),
         roles: vec![RoleConfig {

@@ -136,6 +136,25 @@ fn sweep_must_be_shorter_than_the_ttl() {
 }
 
 #[test]
+fn the_delivery_budget_and_ack_window_are_configurable_and_range_checked() {
+    let c = parse("").unwrap();
+    assert_eq!(
+        (c.stream.max_deliveries, c.stream.ack_wait_seconds),
+        (25, 1800)
+    );
+    let c = parse("[stream]\nmax_deliveries = 5\nack_wait_seconds = 60\n").unwrap();
+    assert_eq!(
+        (c.stream.max_deliveries, c.stream.ack_wait_seconds),
+        (5, 60)
+    );
+    one("[stream]\nmax_deliveries = 0\n", "stream.max_deliveries");
+    one(
+        "[stream]\nack_wait_seconds = 0\n",
+        "stream.ack_wait_seconds",
+    );
+}
+
+#[test]
 fn numbers_are_range_checked() {
     one(
         "[coordination]\nclaim_limit = 0\n",

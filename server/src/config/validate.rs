@@ -242,6 +242,23 @@ pub(super) fn check(c: &Config) -> Vec<Problem> {
         );
     }
 
+    if !(1..=1000).contains(&st.max_deliveries) {
+        p(
+            "stream.max_deliveries",
+            Some(st.max_deliveries.to_string()),
+            "must be between 1 and 1000",
+            "the default is 25 (sized for handoffs as well as failures)".into(),
+        );
+    }
+    if !(1..=86_400).contains(&st.ack_wait_seconds) {
+        p(
+            "stream.ack_wait_seconds",
+            Some(st.ack_wait_seconds.to_string()),
+            "must be between 1 and 86400",
+            "the default is 1800 (30 minutes)".into(),
+        );
+    }
+
     // [company]
     if c.company.name.trim().is_empty() {
         p(

@@ -57,7 +57,10 @@ impl EngineConfig {
             claim_limit: c.coordination.claim_limit as usize,
             release_limit: c.coordination.release_limit as usize,
             release_wait: Duration::from_secs(c.coordination.heartbeat_seconds),
-            queue: QueueSettings::default(),
+            queue: QueueSettings {
+                max_deliveries: c.stream.max_deliveries,
+                ack_wait: Duration::from_secs(c.stream.ack_wait_seconds),
+            },
         }
     }
 }

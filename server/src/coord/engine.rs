@@ -1000,9 +1000,10 @@ mod tests {
     async fn local_coordination_opens_the_twin() {
         let mut config = crate::config::Config::default();
         config.coordination.lease_ttl_seconds = 7;
-        let store = super::super::open(&config, &Tasks::new())
+        let (store, client) = super::super::open(&config, &Tasks::new())
             .await
             .expect("open");
+        assert!(client.is_none(), "no NATS connection on local coordination");
         assert_eq!(store.lease_ttl(), Duration::from_secs(7));
         let won = store
             .claim(ClaimRequest::new("seat:a", "n:1", "n"))

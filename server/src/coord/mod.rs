@@ -55,11 +55,12 @@ pub type NatsStore = Coordinator<NatsBackend>;
 /// Open the store `config` names: the in-process twin for
 /// `coordination.type = local`, JetStream KV on `stream.urls` for
 /// `embedded-kv` (buckets made or adopted, the TTL in force logged when it
-/// is a peer's). Background work is owned by `tasks`.
+/// is a peer's). Background work is owned by `tasks`. On a fleet the NATS
+/// connection comes back too, for the queue and the event bus to share.
 pub async fn open(
     config: &crate::config::Config,
     tasks: &crate::tasks::Tasks,
-) -> Result<std::sync::Arc<dyn Store>, StoreError> {
+) -> Result<(std::sync::Arc<dyn Store>, Option<async_nats::Client>), StoreError> {
     let c = &config.coordination;
     let options = CoordinatorOptions {
         store_timeout: Duration::from_millis(c.store_timeout_ms),
@@ -67,10 +68,13 @@ pub async fn open(
         tasks: tasks.clone(),
     };
     match c.kind {
-        crate::config::CoordinationType::Local => Ok(std::sync::Arc::new(Coordinator::new(
-            MemoryBackend::new(Duration::from_secs(c.lease_ttl_seconds)),
-            options,
-        ))),
+        crate::config::CoordinationType::Local => Ok((
+            std::sync::Arc::new(Coordinator::new(
+                MemoryBackend::new(Duration::from_secs(c.lease_ttl_seconds)),
+                options,
+            )),
+            None,
+        )),
         crate::config::CoordinationType::EmbeddedKv => {
             let backend = NatsBackend::connect(&NatsOptions::from_config(
                 &config.stream,
@@ -78,7 +82,11 @@ pub async fn open(
                 &config.node.id,
             ))
             .await?;
-            Ok(std::sync::Arc::new(Coordinator::new(backend, options)))
+            let client = backend.client().clone();
+            Ok((
+                std::sync::Arc::new(Coordinator::new(backend, options)),
+                Some(client),
+            ))
         }
     }
 }

@@ -20,9 +20,7 @@ use tokio::net::TcpListener;
 use std::time::Duration;
 
 use crate::config::{Config, CoordinationType, PROTOCOL, PlacementConfig};
-use crate::coord::{
-    Coordinator, CoordinatorOptions, MemoryBackend, NatsBackend, NatsOptions, Store,
-};
+use crate::coord::Store;
 use crate::db::{self, DbError};
 use crate::events::{EventBus, queue_sink};
 use crate::queue::Queue;
@@ -190,46 +188,38 @@ impl RunningNode {
     }
 }
 
-/// The coordination store and queue a config asks for.
+/// The coordination store and queue a config asks for; on a fleet they
+/// share one NATS connection, which comes back for the event bus.
 pub async fn backends(
     config: &Config,
     tasks: &Tasks,
     events: &EventBus,
 ) -> Result<(Arc<dyn Store>, Arc<dyn Queue>, Option<async_nats::Client>), NodeError> {
-    let timeout = Duration::from_millis(config.coordination.store_timeout_ms);
-    let opts = CoordinatorOptions {
-        store_timeout: timeout,
-        view_idle: Duration::from_secs(60),
-        tasks: tasks.clone(),
-    };
-    match config.coordination.kind {
-        CoordinationType::Local => {
-            let ttl = Duration::from_secs(config.coordination.lease_ttl_seconds);
-            let store: Arc<dyn Store> = Arc::new(Coordinator::new(MemoryBackend::new(ttl), opts));
-            let queue: Arc<dyn Queue> = Arc::new(MemoryQueue::new(queue_sink(events)));
-            Ok((store, queue, None))
-        }
-        CoordinationType::EmbeddedKv => {
-            let nats =
-                NatsOptions::from_config(&config.stream, &config.coordination, &config.node.id);
-            let backend = NatsBackend::connect(&nats)
-                .await
-                .map_err(NodeError::Store)?;
-            let client = backend.client().clone();
-            let store: Arc<dyn Store> = Arc::new(Coordinator::new(backend, opts));
-            let queue = JetStreamQueue::new(
-                client.clone(),
+    let (store, client) = crate::coord::open(config, tasks)
+        .await
+        .map_err(NodeError::Store)?;
+    let queue: Arc<dyn Queue> = match &client {
+        None => Arc::new(MemoryQueue::new(queue_sink(events))),
+        Some(c) => Arc::new(
+            JetStreamQueue::new(
+                c.clone(),
                 JetStreamSettings {
-                    replicas: nats.replicas,
-                    timeout,
+                    // The same replica count the coordination buckets use.
+                    replicas: crate::coord::NatsOptions::from_config(
+                        &config.stream,
+                        &config.coordination,
+                        &config.node.id,
+                    )
+                    .replicas,
+                    timeout: Duration::from_millis(config.coordination.store_timeout_ms),
                 },
                 queue_sink(events),
             )
             .await
-            .map_err(NodeError::Queue)?;
-            Ok((store, Arc::new(queue), Some(client)))
-        }
-    }
+            .map_err(NodeError::Queue)?,
+        ),
+    };
+    Ok((store, queue, client))
 }
 
 /// Start a node: database, incarnation, first person, coordination and

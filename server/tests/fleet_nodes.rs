@@ -1,0 +1,141 @@
+//! Whole nodes (`node::start`, as `crewlet run` starts them) on one real
+//! nats-server: they share the company, split its seats, show each other
+//! in `/query/fleet`, and a drained node's seats move to its peer.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use crewlet::config::Config;
+use crewlet::node::{self, RunningNode};
+use serde_json::Value;
+
+fn config(id: &str, url: &str, dir: &std::path::Path) -> Config {
+    let text = format!(
+        r#"
+[node]
+id = "{id}"
+listen = "127.0.0.1:0"
+data_dir = "{data}"
+
+[coordination]
+type = "embedded-kv"
+lease_ttl_seconds = 3
+heartbeat_seconds = 1
+sweep_seconds = 1
+
+[stream]
+type = "nats"
+urls = ["{url}"]
+
+[company]
+name = "Fleet company"
+
+[[roles]]
+handle = "s0"
+[[roles]]
+handle = "s1"
+[[roles]]
+handle = "s2"
+[[roles]]
+handle = "s3"
+
+[[auth.tokens]]
+name = "monitoring"
+sha256 = "{sha}"
+role = "viewer"
+"#,
+        data = dir.join(id).display(),
+        sha = "5e884898da28047151d0e56f8dc6292773603d0d6aabbdd62a11ef721d1542d8",
+    );
+    Config::parse("fleet.toml", &text, &BTreeMap::new()).unwrap()
+}
+
+/// sha256("password"), the token above.
+const TOKEN: &str = "password";
+
+async fn fleet_view(n: &RunningNode) -> Value {
+    reqwest::Client::new()
+        .get(format!("http://{}/query/fleet", n.addr))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+async fn until(what: &str, within: Duration, mut cond: impl AsyncFnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + within;
+    while !cond().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn seats_of(view: &Value, node: &str) -> Vec<String> {
+    view["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|n| n["node_id"] == node)
+        .flat_map(|n| n["seats"].as_array().unwrap().iter())
+        .map(|s| s["handle"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_nodes_on_one_nats_split_the_company_and_a_drain_hands_seats_over() {
+    let server = support::nats::NatsServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let a = node::start(config("node-a", &server.url(), dir.path()))
+        .await
+        .unwrap();
+    let b = node::start(config("node-b", &server.url(), dir.path()))
+        .await
+        .unwrap();
+    until(
+        "a 2/2 split seen from either node",
+        Duration::from_secs(30),
+        async || {
+            let v = fleet_view(&a).await;
+            seats_of(&v, "node-a").len() == 2 && seats_of(&v, "node-b").len() == 2
+        },
+    )
+    .await;
+    let v = fleet_view(&b).await;
+    assert_eq!(v["answered_by"], "node-b");
+    assert_eq!(v["coordination"], "embedded-kv");
+    for n in v["nodes"].as_array().unwrap() {
+        assert_eq!(n["status"], "serving");
+        assert_eq!(n["protocol"], 4);
+        assert!(n["presence_expires_at"].is_string());
+        for s in n["seats"].as_array().unwrap() {
+            assert!(s["epoch"].as_u64().unwrap() >= 1);
+            assert!(
+                s["since"].as_str().unwrap().contains('T'),
+                "since is RFC 3339: {s}"
+            );
+        }
+    }
+    // A graceful stop is a drain: its seats are released and b takes them.
+    a.shutdown().await.unwrap();
+    until(
+        "b to hold every seat",
+        Duration::from_secs(10),
+        async || seats_of(&fleet_view(&b).await, "node-b").len() == 4,
+    )
+    .await;
+    let v = fleet_view(&b).await;
+    assert_eq!(
+        v["nodes"].as_array().unwrap().len(),
+        1,
+        "the drained node left: {v}"
+    );
+    b.shutdown().await.unwrap();
+}

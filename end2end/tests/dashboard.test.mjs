@@ -31,6 +31,11 @@ test('an operator signs in, the page hydrates and Settings › Nodes shows this 
   await row.waitFor();
   assert.match(await row.innerText(), /serving/);
   assert.match(await row.innerText(), /alpha-agent, beta-agent/);
+  // A single node holds every seat: each listed with its epoch and since.
+  await row.locator('details.seats summary').click();
+  await row.locator('li[data-seat="alpha-agent"]').waitFor();
+  const seat = await row.locator('li[data-seat="alpha-agent"]').innerText();
+  assert.match(seat, /epoch 1 · since \d\d:\d\d/);
   assert.match(await page.locator('.person').innerText(), /olivia/);
   await page.screenshot({ path: join(resultsDir, 'nodes-1280.png'), fullPage: true });
   for (const [path, heading] of [

@@ -41,9 +41,9 @@ fn Fleet(fleet: FleetView) -> impl IntoView {
             )}
         </p>
         <InfoNotice>
-            "Seats appear under each node once placement runs: every seat with its epoch and "
+            "Each node's seats are listed under it with their epoch and "
             <em>"since"</em>
-            " (when its tenure began). Alarms for stranded, unplaceable or protocol-blocked seats appear above this table."
+            " (when the tenure began; it moves only when the epoch does). Live updates and alarms for stranded, unplaceable or protocol-blocked seats come with the live event stream."
         </InfoNotice>
         <div class="table-wrap">
             <table class="nodes">
@@ -86,8 +86,43 @@ fn NodeRow(node: NodeView) -> impl IntoView {
             <td>{list(&node.roles)}</td>
             <td>{list(&node.labels)}</td>
             <td>{node.protocol}</td>
-            <td>{node.presence_expires_at.clone().unwrap_or_else(|| "local (no lease)".into())}</td>
-            <td>{node.seats.len()}</td>
+            <td>
+                {match node.presence_expires_at.clone() {
+                    Some(at) => {
+                        let short = at.get(11..19).unwrap_or(&at).to_string();
+                        view! {
+                            "until "
+                            <time datetime=at.clone() title=at>{short}</time>
+                        }
+                            .into_any()
+                    }
+                    None => view! { "no lease" }.into_any(),
+                }}
+            </td>
+            <td>
+                <details class="seats">
+                    <summary>{format!("{} seat{}", node.seats.len(), if node.seats.len() == 1 { "" } else { "s" })}</summary>
+                    <ul>
+                        {node
+                            .seats
+                            .iter()
+                            .map(|s| {
+                                let since = s.since.clone();
+                                let short = since.get(11..16).unwrap_or(&since).to_string();
+                                view! {
+                                    <li data-seat=s.handle.clone()>
+                                        <span class="mono">{s.handle.clone()}</span>
+                                        <span class="muted small">
+                                            {format!(" · epoch {} · since ", s.epoch)}
+                                            <time datetime=since.clone() title=since.clone()>{short}</time>
+                                        </span>
+                                    </li>
+                                }
+                            })
+                            .collect_view()}
+                    </ul>
+                </details>
+            </td>
         </tr>
     }
 }

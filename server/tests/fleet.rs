@@ -762,8 +762,10 @@ async fn admission_lapses_one_heartbeat_after_the_last_successful_renew() {
     host.claim("s0").await.unwrap();
     let epoch = host.may_start("s0").expect("fresh right after the claim");
     // No renew for longer than a heartbeat: admission refuses, and says so.
-    tokio::time::sleep(BEAT + Duration::from_millis(10)).await;
-    assert_eq!(host.may_start("s0"), None);
+    f.until("admission to refuse", BEAT * 2, || {
+        host.may_start("s0").is_none()
+    })
+    .await;
     let stale = std::iter::from_fn(|| rx.try_recv().ok())
         .any(|e| matches!(e.event, Event::SeatAdmissionStale { ref seat, .. } if seat == "s0"));
     assert!(stale, "seat_admission_stale was reported");
@@ -869,7 +871,16 @@ async fn a_teardown_still_failing_re_raises_its_alarm_every_twenty_heartbeats() 
     f.until("a holds s0", Duration::from_secs(10), || a.count() == 1)
         .await;
     a.engine.host().release("s0", DetachReason::Rebalance).await;
-    tokio::time::sleep(BEAT * 45).await;
+    let still_unproven = |a: &mut TestNode| {
+        a.events()
+            .iter()
+            .filter(|e| matches!(e.event, Event::SeatStillUnproven { .. }))
+            .count()
+    };
+    f.until("two re-raised alarms", BEAT * 60, || {
+        still_unproven(&mut a) >= 2
+    })
+    .await;
     let alarms: Vec<(u32, u64)> = a
         .events()
         .iter()
@@ -891,7 +902,10 @@ async fn a_teardown_still_failing_re_raises_its_alarm_every_twenty_heartbeats() 
         "the alarm carries the elapsed time: {alarms:?}"
     );
     let unproven = a.engine.host().status()[0].unproven_for.unwrap();
-    assert!(unproven >= BEAT * 44, "{unproven:?}");
+    assert!(
+        unproven >= BEAT * 39,
+        "the status carries the same duration: {unproven:?}"
+    );
     hooks.failing_release.lock().unwrap().clear();
     a.engine.drain().await;
 }

@@ -461,6 +461,16 @@ async fn first_start_with_nobody_configured_creates_admin_and_keeps_only_a_hash(
     assert_eq!(n, 1);
 }
 
+/// Run the `crewlet` binary with the operator token in CREWLET_TOKEN.
+async fn crewlet_cli(args: &[&str], file: Option<&std::path::Path>) -> std::process::Output {
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_crewlet"));
+    cmd.args(args).env("CREWLET_TOKEN", DEPLOY_TOKEN);
+    if let Some(f) = file {
+        cmd.arg(f);
+    }
+    cmd.output().await.unwrap()
+}
+
 async fn health_seats(n: &TestNode) -> Value {
     client()
         .get(n.url("/health"))
@@ -562,13 +572,7 @@ async fn crewlet_apply_sends_a_file_to_a_running_node() {
         "[[roles]]\nhandle = \"alpha\"\n[[roles]]\nhandle = \"gamma\"\n",
     )
     .unwrap();
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_crewlet"))
-        .args(["apply", "--node", &n.base])
-        .arg(&file)
-        .env("CREWLET_TOKEN", DEPLOY_TOKEN)
-        .output()
-        .await
-        .unwrap();
+    let out = crewlet_cli(&["apply", "--node", &n.base], Some(&file)).await;
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(
         out.status.code(),
@@ -580,13 +584,7 @@ async fn crewlet_apply_sends_a_file_to_a_running_node() {
     wait_for_seats(&n, serde_json::json!(["alpha", "gamma"])).await;
     // A file that does not validate never leaves the machine: exit 2.
     std::fs::write(&file, "[[roles]]\nhandle = \"a.b\"\n").unwrap();
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_crewlet"))
-        .args(["apply", "--node", &n.base])
-        .arg(&file)
-        .env("CREWLET_TOKEN", DEPLOY_TOKEN)
-        .output()
-        .await
-        .unwrap();
+    let out = crewlet_cli(&["apply", "--node", &n.base], Some(&file)).await;
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("roles[0].handle"));
     n.stop().await;
@@ -755,8 +753,8 @@ async fn a_bad_envelope_or_seat_is_refused_with_the_reason_and_viewers_cannot_se
 #[tokio::test]
 async fn crewlet_send_publishes_one_envelope_through_a_node() {
     let n = TestNode::start().await;
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_crewlet"))
-        .args([
+    let out = crewlet_cli(
+        &[
             "send",
             "--node",
             &n.base,
@@ -767,11 +765,10 @@ async fn crewlet_send_publishes_one_envelope_through_a_node() {
             "--id",
             "cli-1",
             r#"{"title":"from the command line"}"#,
-        ])
-        .env("CREWLET_TOKEN", DEPLOY_TOKEN)
-        .output()
-        .await
-        .unwrap();
+        ],
+        None,
+    )
+    .await;
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(
         out.status.code(),
@@ -781,8 +778,8 @@ async fn crewlet_send_publishes_one_envelope_through_a_node() {
     );
     assert!(stdout.contains("sent cli-1 to alpha"), "{stdout}");
     assert_eq!(inbox_pending(&n, "alpha").await, 1);
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_crewlet"))
-        .args([
+    let out = crewlet_cli(
+        &[
             "send",
             "--node",
             &n.base,
@@ -791,11 +788,10 @@ async fn crewlet_send_publishes_one_envelope_through_a_node() {
             "--type",
             "task_assigned",
             "x",
-        ])
-        .env("CREWLET_TOKEN", DEPLOY_TOKEN)
-        .output()
-        .await
-        .unwrap();
+        ],
+        None,
+    )
+    .await;
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not in the active company"));
     n.stop().await;

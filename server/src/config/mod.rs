@@ -193,14 +193,92 @@ pub struct RoleConfig {
 }
 
 /// What runs the seat's turns.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
 pub enum AgentConfig {
-    #[default]
-    Echo,
-    Command {
-        argv: Vec<String>,
-    },
+    /// The built-in agent: a diary note and an episode per trigger, its
+    /// outbound effect on `crewlet.outbox.{handle}`.
+    Echo(EchoConfig),
+    /// The seat's own child process, speaking JSON lines (README § The
+    /// command agent).
+    Command(CommandConfig),
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        AgentConfig::Echo(EchoConfig::default())
+    }
+}
+
+/// How a turn of the echo agent breaks on purpose (tests and drills).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EchoFailure {
+    /// `fail_round` fails before its outbound effect is posted.
+    BeforeOutside,
+    /// `fail_round` posts its outbound effect, then the next round fails.
+    AfterOutside,
+    /// `fail_round` panics.
+    Panic,
+}
+
+/// The echo agent's settings.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EchoConfig {
+    /// Rounds per turn (at least 1); the outbound effect is posted in the
+    /// last one.
+    pub rounds: u32,
+    /// How long each round thinks, in milliseconds.
+    pub round_delay_ms: u64,
+    /// Break the turn in this round (0: never).
+    pub fail_round: u32,
+    /// How `fail_round` breaks.
+    pub fail: EchoFailure,
+}
+
+impl Default for EchoConfig {
+    fn default() -> Self {
+        EchoConfig {
+            rounds: 1,
+            round_delay_ms: 0,
+            fail_round: 0,
+            fail: EchoFailure::BeforeOutside,
+        }
+    }
+}
+
+/// The command agent's settings.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CommandConfig {
+    /// The program and its arguments.
+    pub argv: Vec<String>,
+    /// How long the release hook waits for the child to exit after
+    /// SIGTERM before it calls the teardown failed (the seat goes undead).
+    #[serde(default = "default_stop_wait_ms")]
+    pub stop_wait_ms: u64,
+    /// How long the engine waits for the child's answer to one round.
+    #[serde(default = "default_round_timeout_seconds")]
+    pub round_timeout_seconds: u64,
+}
+
+fn default_stop_wait_ms() -> u64 {
+    2000
+}
+
+fn default_round_timeout_seconds() -> u64 {
+    600
+}
+
+impl CommandConfig {
+    pub fn new(argv: Vec<String>) -> CommandConfig {
+        CommandConfig {
+            argv,
+            stop_wait_ms: default_stop_wait_ms(),
+            round_timeout_seconds: default_round_timeout_seconds(),
+        }
+    }
 }
 
 /// Where a seat may run: node ids and/or labels it needs. Empty = anywhere.

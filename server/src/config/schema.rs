@@ -109,10 +109,8 @@ fn merge(into: &mut BTreeMap<String, Shape>, from: BTreeMap<String, Shape>) {
 fn known() -> BTreeMap<String, Shape> {
     let mut root = BTreeMap::new();
     for agent in [
-        AgentConfig::Echo,
-        AgentConfig::Command {
-            argv: vec!["x".into()],
-        },
+        AgentConfig::Echo(EchoConfig::default()),
+        AgentConfig::Command(CommandConfig::new(vec!["x".into()])),
     ] {
         let v = toml::Value::try_from(exemplar(agent)).expect("exemplar config serializes");
         if let Shape::Table(t) = shape_of(&v) {

@@ -288,14 +288,34 @@ pub(super) fn check(c: &Config) -> Vec<Problem> {
                 "give every role its own handle".into(),
             );
         }
-        if let AgentConfig::Command { argv } = &r.agent
-            && (argv.is_empty() || argv[0].trim().is_empty())
+        if let AgentConfig::Command(c) = &r.agent
+            && (c.argv.is_empty() || c.argv[0].trim().is_empty())
         {
             p(
                 &format!("roles[{i}].agent.argv"),
                 Some("[]".into()),
                 "a command agent needs a program to run",
                 "set argv = [\"python3\", \"agent.py\"]".into(),
+            );
+        }
+        if let AgentConfig::Echo(e) = &r.agent
+            && e.rounds == 0
+        {
+            p(
+                &format!("roles[{i}].agent.rounds"),
+                Some("0".into()),
+                "a turn has at least one round",
+                "set rounds = 1 (or leave it out)".into(),
+            );
+        }
+        if let AgentConfig::Echo(e) = &r.agent
+            && e.fail_round > e.rounds
+        {
+            p(
+                &format!("roles[{i}].agent.fail_round"),
+                Some(e.fail_round.to_string()),
+                "is past the turn's last round, so it would never fail",
+                format!("use a round from 1 to {} (or 0 for never)", e.rounds),
             );
         }
         for (j, n) in r.placement.nodes.iter().enumerate() {

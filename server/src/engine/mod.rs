@@ -1,6 +1,7 @@
-//! The turn engine: what reaches a seat's inbox ([`envelope`]) and the
-//! completion ledger that keeps a finished trigger from running twice
-//! ([`ledger`]). Agents and dispatch build on these.
+//! The turn engine: what reaches a seat's inbox ([`envelope`]), what runs a
+//! turn ([`agent`]) and the completion ledger that keeps a finished trigger
+//! from running twice ([`ledger`]).
 
+pub mod agent;
 pub mod envelope;
 pub mod ledger;

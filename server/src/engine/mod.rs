@@ -3,5 +3,6 @@
 //! from running twice ([`ledger`]).
 
 pub mod agent;
+pub mod command;
 pub mod envelope;
 pub mod ledger;

@@ -1,0 +1,496 @@
+//! The command agent: the seat's own child process, speaking JSON lines on
+//! its stdin and stdout (README § The command agent).
+//!
+//! The child is started in the acquire hook and sent SIGTERM in the release
+//! hook. Each round writes one line to the child and reads lines until one
+//! answers the running turn: a line that is not JSON, or that names another
+//! turn (a late answer to a turn that was aborted or abandoned), is logged
+//! and skipped. The child's stderr is forwarded to the log line by line.
+//!
+//! The pipes and the child handle sit behind separate locks (always taken
+//! pipes first) so the release hook never waits for a round in flight.
+//! Reading and writing keep their progress in [`Pipes`], so a round whose
+//! future is dropped half-way leaves the agent usable: a half-read line is
+//! finished by the next read, and a half-written line is closed by a bare
+//! newline before the next message (the child sees one line that is not
+//! JSON and skips it).
+
+use std::io;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command};
+use tokio::sync::Mutex;
+
+use super::agent::{Agent, AgentError, Step, ToolCall, ToolResult, TurnInput};
+use crate::config::CommandConfig;
+
+/// How long a round that lost the child's pipes waits to reap it, so the
+/// error can carry its exit status.
+const REAP_WAIT: Duration = Duration::from_millis(500);
+
+/// How long an abort line may take to write (a child that stopped reading
+/// its stdin must not hold up the end of a turn).
+const ABORT_WRITE_WAIT: Duration = Duration::from_secs(2);
+
+/// The longest piece of a skipped line that is logged.
+const LOGGED_LINE_CHARS: usize = 200;
+
+/// The engine's ends of the child's stdin and stdout.
+struct Pipes {
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    /// The line being read, kept across dropped rounds.
+    partial: Vec<u8>,
+    /// A write was cut off mid-line: the next write closes that line first.
+    torn: bool,
+    /// stdout reached its end or a pipe failed: the child is lost.
+    closed: bool,
+}
+
+/// Why a round ended without an answer from the child.
+enum Failure {
+    /// The child sent an error, or an answer that does not decode.
+    Agent(AgentError),
+    /// stdout reached its end.
+    Eof,
+    /// Writing to stdin or reading stdout failed.
+    Io(io::Error),
+}
+
+#[derive(Deserialize)]
+struct CallsAnswer {
+    calls: Vec<ToolCall>,
+}
+
+#[derive(Deserialize)]
+struct DoneAnswer {
+    #[serde(default)]
+    result: Value,
+    #[serde(default)]
+    answered: Vec<String>,
+}
+
+#[derive(Deserialize)]
+struct ErrorAnswer {
+    message: String,
+}
+
+/// A seat's child process, run as its [`Agent`].
+pub struct CommandAgent {
+    seat: String,
+    node: String,
+    cfg: CommandConfig,
+    pipes: Mutex<Option<Pipes>>,
+    child: Mutex<Option<Child>>,
+    /// The held child's pid; 0 when no child is held.
+    pid: AtomicU32,
+}
+
+impl CommandAgent {
+    /// The agent of `seat` on `node`. Nothing runs until [`Agent::start`].
+    pub fn new(seat: &str, node: &str, cfg: &CommandConfig) -> CommandAgent {
+        CommandAgent {
+            seat: seat.to_string(),
+            node: node.to_string(),
+            cfg: cfg.clone(),
+            pipes: Mutex::new(None),
+            child: Mutex::new(None),
+            pid: AtomicU32::new(0),
+        }
+    }
+
+    /// The pid of the child process this agent holds: running, or not yet
+    /// reaped after a failed stop. `None` before the first start and once
+    /// the child has been reaped.
+    pub fn pid(&self) -> Option<u32> {
+        match self.pid.load(Ordering::SeqCst) {
+            0 => None,
+            pid => Some(pid),
+        }
+    }
+
+    fn program(&self) -> String {
+        self.cfg.argv.join(" ")
+    }
+
+    fn forget_child(&self, child: &mut Option<Child>) {
+        *child = None;
+        self.pid.store(0, Ordering::SeqCst);
+    }
+
+    /// Is the held child still running? A child found exited is reaped.
+    fn running(&self, child: &mut Option<Child>) -> bool {
+        let Some(c) = child.as_mut() else {
+            return false;
+        };
+        match c.try_wait() {
+            Ok(None) => true,
+            Ok(Some(status)) => {
+                tracing::warn!(seat = %self.seat, "the agent process exited ({status})");
+                self.forget_child(child);
+                false
+            }
+            Err(e) => {
+                tracing::warn!(seat = %self.seat, error = %e, "cannot poll the agent process");
+                true
+            }
+        }
+    }
+
+    /// Start the child. The caller holds both locks; a child still held
+    /// (one that closed its stdout but did not exit) is dropped, which
+    /// kills it.
+    fn spawn(
+        &self,
+        pipes: &mut Option<Pipes>,
+        child: &mut Option<Child>,
+    ) -> Result<(), AgentError> {
+        let Some((program, args)) = self.cfg.argv.split_first() else {
+            return Err(AgentError::new(
+                "the command agent has no program to run (argv is empty)",
+            ));
+        };
+        let mut spawned = Command::new(program)
+            .args(args)
+            .env("CREWLET_SEAT", &self.seat)
+            .env("CREWLET_NODE", &self.node)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| AgentError(format!("cannot start `{}`: {e}", self.program())))?;
+        let (Some(stdin), Some(stdout)) = (spawned.stdin.take(), spawned.stdout.take()) else {
+            return Err(AgentError(format!(
+                "cannot start `{}`: its stdin and stdout were not piped",
+                self.program()
+            )));
+        };
+        if let Some(stderr) = spawned.stderr.take() {
+            tokio::spawn(forward_stderr(self.seat.clone(), stderr));
+        }
+        if let Some(old) = child.as_ref() {
+            tracing::warn!(
+                seat = %self.seat,
+                pid = old.id(),
+                "the old agent process closed its stdout but is still running; it is replaced"
+            );
+        }
+        let pid = spawned.id().unwrap_or(0);
+        *child = Some(spawned);
+        self.pid.store(pid, Ordering::SeqCst);
+        *pipes = Some(Pipes {
+            stdin,
+            stdout: BufReader::new(stdout),
+            partial: Vec::new(),
+            torn: false,
+            closed: false,
+        });
+        tracing::info!(seat = %self.seat, pid, program = %self.program(), "agent process started");
+        Ok(())
+    }
+
+    /// Write `message`, then read until a line answers `turn_id`.
+    async fn exchange(
+        &self,
+        p: &mut Pipes,
+        message: &Value,
+        turn_id: &str,
+    ) -> Result<Step, Failure> {
+        write_line(p, message).await.map_err(Failure::Io)?;
+        loop {
+            let Some(line) = read_line(p).await.map_err(Failure::Io)? else {
+                return Err(Failure::Eof);
+            };
+            if let Some(answer) = self.answer(&line, turn_id) {
+                return answer.map_err(Failure::Agent);
+            }
+        }
+    }
+
+    /// What one line of stdout says about `turn_id`: `None` when it says
+    /// nothing (skipped).
+    fn answer(&self, raw: &[u8], turn_id: &str) -> Option<Result<Step, AgentError>> {
+        let text = String::from_utf8_lossy(raw);
+        let text = text.trim();
+        if text.is_empty() {
+            return None;
+        }
+        let v: Value = match serde_json::from_str(text) {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::warn!(
+                    seat = %self.seat,
+                    line = %clip(text),
+                    "agent stdout: not a JSON line, skipped ({e})"
+                );
+                return None;
+            }
+        };
+        let answers = v.get("turn_id").and_then(Value::as_str);
+        if answers != Some(turn_id) {
+            tracing::warn!(
+                seat = %self.seat,
+                turn_id,
+                answers = answers.unwrap_or("(none)"),
+                "agent stdout: an answer for another turn, skipped"
+            );
+            return None;
+        }
+        let kind = v
+            .get("type")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string();
+        let decoded = match kind.as_str() {
+            "calls" => serde_json::from_value::<CallsAnswer>(v).map(|a| Ok(Step::Calls(a.calls))),
+            "done" => serde_json::from_value::<DoneAnswer>(v).map(|a| {
+                Ok(Step::Done {
+                    result: a.result,
+                    answered: a.answered,
+                })
+            }),
+            "error" => serde_json::from_value::<ErrorAnswer>(v).map(|a| {
+                Err(AgentError(format!(
+                    "the agent process reported an error: {}",
+                    a.message
+                )))
+            }),
+            _ => {
+                tracing::warn!(
+                    seat = %self.seat,
+                    turn_id,
+                    kind = %kind,
+                    "agent stdout: an answer of unknown type, skipped"
+                );
+                return None;
+            }
+        };
+        Some(decoded.unwrap_or_else(|e| {
+            Err(AgentError(format!(
+                "the agent process's `{kind}` answer to turn {turn_id} does not decode: {e}"
+            )))
+        }))
+    }
+
+    /// The child's pipes were lost `during` a round: mark them closed and
+    /// say why, with the exit status when the child can be reaped.
+    async fn lost(&self, p: &mut Pipes, during: &str, cause: Option<io::Error>) -> AgentError {
+        p.closed = true;
+        let mut child = self.child.lock().await;
+        let status = match child.as_mut() {
+            Some(c) => tokio::time::timeout(REAP_WAIT, c.wait())
+                .await
+                .ok()
+                .and_then(Result::ok),
+            None => None,
+        };
+        if let Some(status) = status {
+            self.forget_child(&mut child);
+            return AgentError(format!("the agent process exited ({status}) {during}"));
+        }
+        let pid = self
+            .pid()
+            .map(|p| format!(" (pid {p})"))
+            .unwrap_or_default();
+        match cause {
+            Some(e) => AgentError(format!(
+                "the agent process{pid} lost its pipes {during}: {e}"
+            )),
+            None => AgentError(format!(
+                "the agent process{pid} closed its stdout {during} but has not exited"
+            )),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Agent for CommandAgent {
+    async fn start(&self) -> Result<(), AgentError> {
+        let mut pipes = self.pipes.lock().await;
+        let mut child = self.child.lock().await;
+        let open = pipes.as_ref().is_some_and(|p| !p.closed);
+        if self.running(&mut child) && open {
+            return Ok(());
+        }
+        self.spawn(&mut pipes, &mut child)
+    }
+
+    async fn round(
+        &self,
+        turn: &TurnInput,
+        round: u32,
+        results: Vec<ToolResult>,
+    ) -> Result<Step, AgentError> {
+        let mut pipes = self.pipes.lock().await;
+        if round <= 1 {
+            let mut child = self.child.lock().await;
+            let open = pipes.as_ref().is_some_and(|p| !p.closed);
+            if !(self.running(&mut child) && open) {
+                tracing::warn!(
+                    seat = %self.seat,
+                    turn_id = %turn.turn_id,
+                    "the agent process is not running; it is started again"
+                );
+                self.spawn(&mut pipes, &mut child)?;
+            }
+        }
+        let Some(p) = pipes.as_mut().filter(|p| !p.closed) else {
+            return Err(AgentError(format!(
+                "the agent process is not running (it was lost before round {round} of turn {})",
+                turn.turn_id
+            )));
+        };
+        let message = if round <= 1 {
+            json!({ "type": "turn", "turn": turn })
+        } else {
+            json!({
+                "type": "results",
+                "turn_id": turn.turn_id,
+                "round": round,
+                "results": results,
+            })
+        };
+        let limit = Duration::from_secs(self.cfg.round_timeout_seconds);
+        let during = format!("before it answered round {round} of turn {}", turn.turn_id);
+        match tokio::time::timeout(limit, self.exchange(p, &message, &turn.turn_id)).await {
+            Ok(Ok(step)) => Ok(step),
+            Ok(Err(Failure::Agent(e))) => Err(e),
+            Ok(Err(Failure::Eof)) => Err(self.lost(p, &during, None).await),
+            Ok(Err(Failure::Io(e))) => Err(self.lost(p, &during, Some(e)).await),
+            Err(_) => Err(AgentError(format!(
+                "the agent process did not answer round {round} of turn {} within {}s (round_timeout_seconds)",
+                turn.turn_id, self.cfg.round_timeout_seconds
+            ))),
+        }
+    }
+
+    async fn abort(&self, turn_id: &str, reason: &str) {
+        let mut pipes = self.pipes.lock().await;
+        let Some(p) = pipes.as_mut().filter(|p| !p.closed) else {
+            return;
+        };
+        let message = json!({ "type": "abort", "turn_id": turn_id, "reason": reason });
+        match tokio::time::timeout(ABORT_WRITE_WAIT, write_line(p, &message)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::debug!(seat = %self.seat, turn_id, error = %e, "cannot send the abort line");
+            }
+            Err(_) => {
+                tracing::debug!(seat = %self.seat, turn_id, "the abort line did not go out in time");
+            }
+        }
+    }
+
+    async fn stop(&self) -> Result<(), AgentError> {
+        let mut child = self.child.lock().await;
+        let Some(c) = child.as_mut() else {
+            return Ok(());
+        };
+        if let Ok(Some(status)) = c.try_wait() {
+            tracing::info!(seat = %self.seat, "agent process reaped ({status})");
+            self.forget_child(&mut child);
+            self.drop_pipes();
+            return Ok(());
+        }
+        let Some(pid) = c.id() else {
+            self.forget_child(&mut child);
+            self.drop_pipes();
+            return Ok(());
+        };
+        // The child is not reaped yet, so its pid cannot have been reused.
+        let sent = unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
+        if sent != 0 {
+            tracing::warn!(
+                seat = %self.seat,
+                pid,
+                error = %io::Error::last_os_error(),
+                "cannot send SIGTERM to the agent process"
+            );
+        }
+        let wait = Duration::from_millis(self.cfg.stop_wait_ms);
+        match tokio::time::timeout(wait, c.wait()).await {
+            Ok(Ok(status)) => {
+                tracing::info!(seat = %self.seat, pid, "agent process stopped ({status})");
+                self.forget_child(&mut child);
+                self.drop_pipes();
+                Ok(())
+            }
+            Ok(Err(e)) => Err(AgentError(format!(
+                "cannot wait for the agent process (pid {pid}): {e}"
+            ))),
+            Err(_) => Err(AgentError(format!(
+                "the agent process (pid {pid}) did not exit within {}ms of SIGTERM",
+                self.cfg.stop_wait_ms
+            ))),
+        }
+    }
+}
+
+impl CommandAgent {
+    /// Let go of a stopped child's pipes, unless a round holds them (the
+    /// next round 1 replaces them anyway).
+    fn drop_pipes(&self) {
+        if let Ok(mut pipes) = self.pipes.try_lock() {
+            *pipes = None;
+        }
+    }
+}
+
+/// Write one JSON line and flush it.
+async fn write_line(p: &mut Pipes, message: &Value) -> io::Result<()> {
+    let mut bytes = Vec::new();
+    if p.torn {
+        bytes.push(b'\n');
+    }
+    serde_json::to_writer(&mut bytes, message)?;
+    bytes.push(b'\n');
+    p.torn = true;
+    p.stdin.write_all(&bytes).await?;
+    p.stdin.flush().await?;
+    p.torn = false;
+    Ok(())
+}
+
+/// Read one line of stdout (without its newline); `None` at its end.
+async fn read_line(p: &mut Pipes) -> io::Result<Option<Vec<u8>>> {
+    p.stdout.read_until(b'\n', &mut p.partial).await?;
+    if p.partial.is_empty() {
+        return Ok(None);
+    }
+    let mut line = std::mem::take(&mut p.partial);
+    if line.last() == Some(&b'\n') {
+        line.pop();
+    }
+    Ok(Some(line))
+}
+
+/// Log the child's stderr line by line until the pipe closes.
+async fn forward_stderr(seat: String, stderr: ChildStderr) {
+    let mut reader = BufReader::new(stderr);
+    let mut buf = Vec::new();
+    loop {
+        buf.clear();
+        match reader.read_until(b'\n', &mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {
+                let line = String::from_utf8_lossy(&buf);
+                tracing::info!(seat = %seat, "agent stderr: {}", line.trim_end());
+            }
+        }
+    }
+}
+
+fn clip(text: &str) -> String {
+    if text.chars().count() <= LOGGED_LINE_CHARS {
+        return text.to_string();
+    }
+    let mut clipped: String = text.chars().take(LOGGED_LINE_CHARS).collect();
+    clipped.push('…');
+    clipped
+}

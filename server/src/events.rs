@@ -146,6 +146,73 @@ pub enum Event {
         seq: u64,
         reason: String,
     },
+    /// A turn began: the ledgered triggers it runs, under which epoch.
+    TurnStarted {
+        seat: String,
+        turn_id: String,
+        work_key: Option<String>,
+        epoch: u64,
+        trigger_ids: Vec<String>,
+        delivered: u64,
+    },
+    /// A turn ended: `outcome` is completed, failed, fenced, stopped or
+    /// panicked; `recorded` says whether its triggers went into the
+    /// completion ledger, `disposition` what the queue was told.
+    TurnCompleted {
+        seat: String,
+        turn_id: String,
+        work_key: Option<String>,
+        epoch: u64,
+        outcome: String,
+        rounds: u32,
+        calls: u32,
+        reached_outside: bool,
+        recorded: bool,
+        disposition: String,
+        delivered: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<String>,
+    },
+    /// A trigger that will not run (again), and why: `already_done`,
+    /// `answered_in_thread`, `broke_after_outside_call`,
+    /// `fenced_after_outside_call`, `panicked`, `stopped_by_person`.
+    TurnTriggerSkipped {
+        seat: String,
+        trigger_id: String,
+        reason: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        turn_id: Option<String>,
+    },
+    /// A turn panicked; the seat's last error is set.
+    #[serde(rename = "turn.guard_breach")]
+    TurnGuardBreach {
+        seat: String,
+        turn_id: String,
+        kind: String,
+        error: String,
+    },
+    /// A delivery of a type that runs no turn was logged and dropped.
+    TurnTriggerIgnored {
+        seat: String,
+        trigger_id: String,
+        #[serde(rename = "type")]
+        kind: String,
+    },
+    SeatPaused {
+        seat: String,
+        by: String,
+        reason: Option<String>,
+        stop_running_turn: bool,
+    },
+    SeatResumed {
+        seat: String,
+        by: String,
+    },
+    /// A person asked the seat's running turn to stop.
+    TurnStopRequested {
+        seat: String,
+        by: String,
+    },
 }
 
 impl Event {
@@ -165,6 +232,7 @@ impl Event {
                 | Event::SeatsUnplaceable { .. }
                 | Event::SeatClaimsBlockedByOlderProtocol { .. }
                 | Event::MessageDeadLettered { .. }
+                | Event::TurnGuardBreach { .. }
         )
     }
 

@@ -11,6 +11,7 @@ pub mod db;
 pub mod engine;
 pub mod events;
 pub mod logging;
+pub mod memory;
 pub mod node;
 pub mod queue;
 pub mod seat;

@@ -173,11 +173,7 @@ mod tests {
                     };
                     let expected = open_world == Some(true)
                         || (backing == Backing::Mcp && read_only != Some(true));
-                    assert_eq!(
-                        reached_outside(backing, a),
-                        expected,
-                        "{backing:?} {a:?}"
-                    );
+                    assert_eq!(reached_outside(backing, a), expected, "{backing:?} {a:?}");
                 }
             }
         }

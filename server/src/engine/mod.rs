@@ -4,5 +4,12 @@
 
 pub mod agent;
 pub mod command;
+pub mod echo;
 pub mod envelope;
 pub mod ledger;
+pub mod outbox;
+pub mod pause;
+pub mod routing;
+pub mod runtime;
+pub mod tools;
+pub mod turn;

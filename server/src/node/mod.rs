@@ -12,7 +12,6 @@ use std::sync::Arc;
 
 pub mod company;
 pub mod fleet;
-pub mod hooks;
 
 use rand::Rng;
 use tokio::net::TcpListener;
@@ -22,6 +21,8 @@ use std::time::Duration;
 use crate::config::{Config, CoordinationType, PROTOCOL, PlacementConfig};
 use crate::coord::Store;
 use crate::db::{self, DbError};
+use crate::engine::outbox::{MemoryOutbox, NatsOutbox, Outbox};
+use crate::engine::runtime::{TurnEngine, TurnSetup};
 use crate::events::{EventBus, queue_sink};
 use crate::queue::Queue;
 use crate::queue::jetstream::{JetStreamQueue, JetStreamSettings};
@@ -149,6 +150,7 @@ pub struct RunningNode {
     pub addr: SocketAddr,
     pub info: NodeInfo,
     pub engine: Arc<SeatEngine>,
+    pub turns: Arc<TurnEngine>,
     tasks: Tasks,
     server: tokio::task::JoinHandle<Result<(), std::io::Error>>,
 }
@@ -246,6 +248,23 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
             "the lease TTL in force is the fleet's, adopted from the bucket a peer created"
         );
     }
+    let outbox: Arc<dyn Outbox> = match &client {
+        None => Arc::new(MemoryOutbox::new()),
+        Some(c) => Arc::new(
+            NatsOutbox::new(
+                c.clone(),
+                crate::coord::NatsOptions::from_config(
+                    &config.stream,
+                    &config.coordination,
+                    &config.node.id,
+                )
+                .replicas,
+                Duration::from_millis(config.coordination.store_timeout_ms),
+            )
+            .await
+            .map_err(|e| NodeError::Queue(crate::queue::QueueError::Backend(e.to_string())))?,
+        ),
+    };
     if let Some(c) = client {
         events
             .connect_fleet(c, &tasks)
@@ -256,11 +275,30 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
         .await
         .map_err(NodeError::Company)?;
     let company_rx = company::follow(store.clone(), first, &tasks);
+    let turns = TurnEngine::new(TurnSetup {
+        node_id: info.node_id.clone(),
+        incarnation: info.incarnation.to_string(),
+        store: store.clone(),
+        queue: queue.clone(),
+        outbox,
+        memory: crate::memory::MemoryStore::new(pool.clone()),
+        events: events.clone(),
+        company: company_rx.clone(),
+    });
+    if std::env::var("CREWLET_FAULT_STALL_BEFORE_ACK").as_deref() == Ok("1") {
+        tracing::warn!(
+            "fault injection: turns never ack after their effects (CREWLET_FAULT_STALL_BEFORE_ACK=1)"
+        );
+        turns
+            .faults
+            .stall_before_ack
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
     let engine = SeatEngine::new(
         EngineConfig::from_config(&config, info.incarnation.as_str()),
         store.clone(),
         queue.clone(),
-        Arc::new(hooks::NodeHooks),
+        turns.clone(),
         events.clone(),
         company_rx,
         tasks.clone(),
@@ -318,6 +356,7 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
         addr,
         info,
         engine,
+        turns,
         tasks,
         server,
     })

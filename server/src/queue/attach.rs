@@ -72,6 +72,8 @@ pub struct Attachment {
 
 /// How long one fetch waits for a message before the loop looks again.
 pub const FETCH_WAIT: Duration = Duration::from_secs(5);
+/// How long a coalescing fetch waits for one more waiting message.
+pub const COALESCE_WAIT: Duration = Duration::from_millis(10);
 
 impl Attachment {
     pub(crate) fn start(
@@ -222,52 +224,95 @@ async fn consume(l: Loop) {
                 continue;
             }
         };
+        // Coalesce: whatever else is already waiting, up to the handler's
+        // limit, goes in the same partition.
+        let mut batch = vec![(delivery, settle)];
+        let limit = l.handler.batch_limit().max(1);
+        while batch.len() < limit && l.gate.borrow().open() && !l.cancel.is_cancelled() {
+            match l.source.next(COALESCE_WAIT).await {
+                Ok(Some(f)) => batch.push((f.delivery, f.settle)),
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::debug!(subscription = %l.subscription, error = %e, "coalescing fetch failed");
+                    break;
+                }
+            }
+        }
         // A hold or quiesce that arrived during the fetch: hand it back.
         if !l.gate.borrow().open() || l.cancel.is_cancelled() {
-            settle_or_log("return", &l.subscription, settle.nak().await).await;
+            for (_, settle) in batch {
+                settle_or_log("return", &l.subscription, settle.nak().await).await;
+            }
             continue;
         }
-        if delivery.delivered > l.max_deliveries {
-            let reason = DeadLetterReason::MaxDeliveries(delivery.delivered - 1);
-            dead_letter(&l, &delivery, settle, reason).await;
+        let mut live = Vec::with_capacity(batch.len());
+        for (delivery, settle) in batch {
+            if delivery.delivered > l.max_deliveries {
+                let reason = DeadLetterReason::MaxDeliveries(delivery.delivered - 1);
+                dead_letter(&l, &delivery, settle, reason).await;
+            } else {
+                live.push((delivery, settle));
+            }
+        }
+        if live.is_empty() {
             continue;
         }
-        let (subject, seq) = (delivery.subject.clone(), delivery.seq);
+        let deliveries: Vec<Delivery> = live.iter().map(|(d, _)| d.clone()).collect();
         let _ = l.busy.send(true);
         let outcome = tokio::select! {
             _ = l.cancel.cancelled() => None,
-            r = AssertUnwindSafe(l.handler.handle(delivery.clone())).catch_unwind() => Some(r),
+            r = AssertUnwindSafe(async {
+                if deliveries.len() == 1 {
+                    vec![l.handler.handle(deliveries[0].clone()).await]
+                } else {
+                    l.handler.handle_batch(deliveries.clone()).await
+                }
+            }).catch_unwind() => Some(r),
         };
         let _ = l.busy.send(false);
-        match outcome {
+        let dispositions = match outcome {
             None => {
-                // Detached with this message in flight: it goes back.
-                settle_or_log("return", &l.subscription, settle.nak().await).await;
+                // Detached with these in flight: they go back.
+                for (_, settle) in live {
+                    settle_or_log("return", &l.subscription, settle.nak().await).await;
+                }
                 return;
             }
             Some(Err(_panic)) => {
-                tracing::error!(subscription = %l.subscription, seq, "a handler panicked; the delivery goes back");
-                settle_or_log("return", &l.subscription, settle.nak().await).await;
+                tracing::error!(subscription = %l.subscription, "a handler panicked; the deliveries go back");
+                vec![Disposition::Nak; live.len()]
             }
-            Some(Ok(Disposition::Ack)) => {
-                settle_or_log("ack", &l.subscription, settle.ack().await).await;
-            }
-            Some(Ok(Disposition::Nak)) => {
-                settle_or_log("return", &l.subscription, settle.nak().await).await;
-            }
-            Some(Ok(Disposition::Defer(reason))) => {
-                // Quiesce first, so the next fetch cannot race the hand-back.
-                l.gate.send_modify(|g| g.quiesced = true);
-                settle_or_log("return", &l.subscription, settle.nak().await).await;
-                (l.events)(QueueEvent::Deferred {
-                    subscription: l.subscription.clone(),
-                    subject,
-                    seq,
-                    reason,
-                });
-            }
-            Some(Ok(Disposition::Poison(why))) => {
-                dead_letter(&l, &delivery, settle, DeadLetterReason::Poison(why)).await;
+            Some(Ok(d)) => d,
+        };
+        // Quiesce before any hand-back of a Defer, so the next fetch
+        // cannot race it.
+        if dispositions
+            .iter()
+            .any(|d| matches!(d, Disposition::Defer(_)))
+        {
+            l.gate.send_modify(|g| g.quiesced = true);
+        }
+        for (i, (delivery, settle)) in live.into_iter().enumerate() {
+            let (subject, seq) = (delivery.subject.clone(), delivery.seq);
+            match dispositions.get(i).cloned().unwrap_or(Disposition::Nak) {
+                Disposition::Ack => {
+                    settle_or_log("ack", &l.subscription, settle.ack().await).await;
+                }
+                Disposition::Nak => {
+                    settle_or_log("return", &l.subscription, settle.nak().await).await;
+                }
+                Disposition::Defer(reason) => {
+                    settle_or_log("return", &l.subscription, settle.nak().await).await;
+                    (l.events)(QueueEvent::Deferred {
+                        subscription: l.subscription.clone(),
+                        subject,
+                        seq,
+                        reason,
+                    });
+                }
+                Disposition::Poison(why) => {
+                    dead_letter(&l, &delivery, settle, DeadLetterReason::Poison(why)).await;
+                }
             }
         }
     }

@@ -271,6 +271,23 @@ pub enum QueueError {
 #[async_trait::async_trait]
 pub trait Handler: Send + Sync + 'static {
     async fn handle(&self, delivery: Delivery) -> Disposition;
+
+    /// How many waiting deliveries the loop may hand over at once (a
+    /// seat's pending triggers coalesce into one partition). 1: one by one.
+    fn batch_limit(&self) -> usize {
+        1
+    }
+
+    /// Handle several deliveries at once; one disposition per delivery, in
+    /// order (a missing one counts as Nak). Only called with more than one
+    /// delivery when `batch_limit` is above 1.
+    async fn handle_batch(&self, deliveries: Vec<Delivery>) -> Vec<Disposition> {
+        let mut out = Vec::with_capacity(deliveries.len());
+        for d in deliveries {
+            out.push(self.handle(d).await);
+        }
+        out
+    }
 }
 
 /// A handler from an async closure.

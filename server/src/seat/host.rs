@@ -124,6 +124,8 @@ struct SeatEntry {
     undead_since: Option<Instant>,
     attempts: u32,
     last_error: String,
+    /// A fenced release has begun: the turn's fence is closed from here.
+    fenced: bool,
 }
 
 /// A seat as the host reports it.
@@ -200,9 +202,31 @@ impl Fence {
     /// Does this node still hold the seat at the epoch the turn began under?
     pub fn holds(&self) -> bool {
         self.host.upgrade().is_some_and(|h| {
-            lock(&h.seats)
-                .get(&self.handle)
-                .is_some_and(|e| e.phase == Phase::Attached && e.lease.epoch == self.epoch)
+            lock(&h.seats).get(&self.handle).is_some_and(|e| {
+                e.phase == Phase::Attached && !e.fenced && e.lease.epoch == self.epoch
+            })
+        })
+    }
+
+    /// Take or drop a named hold on the seat's inbox, if this node still
+    /// holds it at this epoch.
+    pub fn hold(&self, name: &str, on: bool) -> bool {
+        self.host.upgrade().is_some_and(|h| {
+            let seats = lock(&h.seats);
+            match seats.get(&self.handle) {
+                Some(e) if e.lease.epoch == self.epoch => match &e.inbox {
+                    Some(a) => {
+                        if on {
+                            a.hold(name)
+                        } else {
+                            a.unhold(name)
+                        }
+                        true
+                    }
+                    None => false,
+                },
+                _ => false,
+            }
         })
     }
 
@@ -401,6 +425,7 @@ impl SeatHost {
                 undead_since: None,
                 attempts: 0,
                 last_error: String::new(),
+                fenced: false,
             },
         );
         let ctx = SeatContext {
@@ -486,7 +511,12 @@ impl SeatHost {
             let mut seats = lock(&self.inner.seats);
             match seats.get_mut(handle) {
                 Some(e) if e.phase != Phase::Undead => Some((
-                    e.lease.clone(),
+                    {
+                        // A fenced release closes the fence before anything
+                        // else: a running turn stops at its next check.
+                        e.fenced = reason.is_fenced();
+                        e.lease.clone()
+                    },
                     e.inbox.take(),
                     e.control.take(),
                     e.reflect.take(),

@@ -1,0 +1,182 @@
+//! The built-in `echo` agent: for each trigger a diary note, one
+//! work-keyed episode per turn, and its outbound effect posted on
+//! `crewlet.outbox.{handle}` in the turn's last round.
+//!
+//! It breaks on purpose when told to (the role's settings, or an `echo`
+//! object in a trigger's body overriding them): fail a round before or
+//! after its outbound effect, or panic — so every path of the broken-turn
+//! policy can be driven. A trigger's body may also carry `forward_to` (a
+//! seat handle: an `a2a_message` to it) and `answered` (chat message ids
+//! the turn reports it answered in its thread).
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use super::agent::{Agent, AgentError, Annotations, Step, ToolCall, ToolResult, TurnInput};
+use crate::config::{EchoConfig, EchoFailure};
+
+/// A trigger's `echo` override: any of the role's settings, plus
+/// `fail_deliveries` (break only while the delivery count is at most this;
+/// 0: on every delivery).
+#[derive(Clone, Debug, Default, serde::Deserialize)]
+#[serde(default)]
+struct Override {
+    rounds: Option<u32>,
+    round_delay_ms: Option<u64>,
+    fail_round: Option<u32>,
+    fail: Option<EchoFailure>,
+    fail_deliveries: Option<u64>,
+}
+
+/// The echo agent of one seat.
+pub struct EchoAgent {
+    cfg: EchoConfig,
+}
+
+struct Plan {
+    rounds: u32,
+    delay: Duration,
+    fail_round: u32,
+    fail: EchoFailure,
+}
+
+impl EchoAgent {
+    pub fn new(cfg: EchoConfig) -> EchoAgent {
+        EchoAgent { cfg }
+    }
+
+    fn plan(&self, turn: &TurnInput) -> Plan {
+        let o: Override = turn
+            .triggers
+            .iter()
+            .find_map(|t| t.body.get("echo"))
+            .and_then(|v| serde_json::from_value(v.clone()).ok())
+            .unwrap_or_default();
+        let mut fail_round = o.fail_round.unwrap_or(self.cfg.fail_round);
+        if let Some(n) = o.fail_deliveries
+            && n > 0
+            && turn.delivered > n
+        {
+            fail_round = 0;
+        }
+        Plan {
+            rounds: o.rounds.unwrap_or(self.cfg.rounds).max(1),
+            delay: Duration::from_millis(o.round_delay_ms.unwrap_or(self.cfg.round_delay_ms)),
+            fail_round,
+            fail: o.fail.unwrap_or(self.cfg.fail),
+        }
+    }
+}
+
+fn call(id: String, name: &str, args: Value) -> ToolCall {
+    ToolCall {
+        id,
+        name: name.into(),
+        args,
+        annotations: Annotations::default(),
+    }
+}
+
+fn outbound(turn: &TurnInput, round: u32) -> ToolCall {
+    let ids: Vec<&str> = turn.triggers.iter().map(|t| t.id.as_str()).collect();
+    call(
+        format!("r{round}-post"),
+        "post_outbox",
+        json!({
+            "text": format!("echo of {}", ids.join(", ")),
+            "triggers": turn.triggers.iter().map(|t| json!({"id": t.id, "type": t.kind, "body": t.body})).collect::<Vec<_>>(),
+        }),
+    )
+}
+
+#[async_trait::async_trait]
+impl Agent for EchoAgent {
+    async fn round(
+        &self,
+        turn: &TurnInput,
+        round: u32,
+        results: Vec<ToolResult>,
+    ) -> Result<Step, AgentError> {
+        let plan = self.plan(turn);
+        if !plan.delay.is_zero() {
+            tokio::time::sleep(plan.delay).await;
+        }
+        if plan.fail_round > 0 {
+            if round == plan.fail_round {
+                match plan.fail {
+                    EchoFailure::BeforeOutside => {
+                        return Err(AgentError::new(format!(
+                            "echo: round {round} fails before its outbound effect, as configured"
+                        )));
+                    }
+                    EchoFailure::Panic => {
+                        panic!("echo: round {round} panics, as configured");
+                    }
+                    EchoFailure::AfterOutside => {
+                        return Ok(Step::Calls(vec![outbound(turn, round)]));
+                    }
+                }
+            }
+            if round == plan.fail_round + 1 && plan.fail == EchoFailure::AfterOutside {
+                return Err(AgentError::new(format!(
+                    "echo: round {round} fails after the outbound effect of round {}, as configured",
+                    plan.fail_round
+                )));
+            }
+        }
+        if round < plan.rounds {
+            return Ok(Step::Calls(vec![call(
+                format!("r{round}-diary"),
+                "diary_write",
+                json!({"text": format!("turn {} round {round}: thinking", turn.turn_id)}),
+            )]));
+        }
+        if round == plan.rounds {
+            let mut calls: Vec<ToolCall> = turn
+                .triggers
+                .iter()
+                .enumerate()
+                .map(|(i, t)| {
+                    call(
+                        format!("r{round}-diary-{i}"),
+                        "diary_write",
+                        json!({"text": format!("saw {} {} in turn {}", t.kind, t.id, turn.turn_id)}),
+                    )
+                })
+                .collect();
+            calls.push(call(
+                format!("r{round}-episode"),
+                "episode_write",
+                json!({"summary": format!("echoed {} trigger(s)", turn.triggers.len())}),
+            ));
+            for (i, t) in turn.triggers.iter().enumerate() {
+                if let Some(to) = t.body.get("forward_to").and_then(Value::as_str) {
+                    calls.push(call(
+                        format!("r{round}-a2a-{i}"),
+                        "a2a_message",
+                        json!({"to": to, "text": format!("forwarded from {}: {}", turn.seat, t.id)}),
+                    ));
+                }
+            }
+            calls.push(outbound(turn, round));
+            return Ok(Step::Calls(calls));
+        }
+        let failed: Vec<&str> = results
+            .iter()
+            .filter(|r| !r.ok)
+            .filter_map(|r| r.error.as_deref())
+            .collect();
+        let answered: Vec<String> = turn
+            .triggers
+            .iter()
+            .filter_map(|t| t.body.get("answered").and_then(Value::as_array))
+            .flatten()
+            .filter_map(|v| v.as_str().map(str::to_string))
+            .collect();
+        Ok(Step::Done {
+            result: json!({"echoed": turn.triggers.len(), "tool_errors": failed}),
+            answered,
+        })
+    }
+}

@@ -1,0 +1,199 @@
+//! The outbox: where an agent's outbound effects go, one JSON [`Effect`]
+//! per effect on `crewlet.outbox.{handle}`.
+//!
+//! On a fleet it is the JetStream stream `CREWLET_OUTBOX` (limits
+//! retention, seven days), which users' systems subscribe to and the chaos
+//! checker reads; on a single node with no stream it is kept in process
+//! (the newest 10,000). Either way [`Outbox::read`] lists what was posted,
+//! oldest first.
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use async_nats::jetstream::{self as js, consumer, stream};
+use futures::StreamExt;
+use serde::{Deserialize, Serialize};
+
+/// The stream outbound effects are kept on.
+pub const OUTBOX_STREAM: &str = "CREWLET_OUTBOX";
+/// How long an effect is kept on the stream.
+pub const OUTBOX_AGE: Duration = Duration::from_secs(7 * 24 * 3600);
+/// Effects the in-process outbox keeps.
+const KEPT: usize = 10_000;
+
+/// `crewlet.outbox.{handle}`
+pub fn outbox_subject(handle: &str) -> String {
+    format!("crewlet.outbox.{handle}")
+}
+
+/// One outbound effect, as an agent's turn reported it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Effect {
+    /// The work's identity (stable across re-runs); `None` when unkeyed.
+    pub work_key: Option<String>,
+    /// The event ids of the triggers the turn ran.
+    pub trigger_ids: Vec<String>,
+    pub seat: String,
+    pub node: String,
+    pub incarnation: String,
+    pub epoch: u64,
+    pub turn_id: String,
+    /// What kind of effect (`post_outbox`, `a2a_message`).
+    pub kind: String,
+    #[serde(default)]
+    pub body: serde_json::Value,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum OutboxError {
+    #[error("cannot create the outbox stream {OUTBOX_STREAM}: {0}")]
+    Stream(String),
+    #[error("cannot post to the outbox: {0}")]
+    Post(String),
+    #[error("cannot read the outbox: {0}")]
+    Read(String),
+}
+
+/// Where effects are posted.
+#[async_trait::async_trait]
+pub trait Outbox: Send + Sync + 'static {
+    async fn post(&self, effect: &Effect) -> Result<(), OutboxError>;
+    /// Every effect kept (of `seat`, when given), oldest first.
+    async fn read(&self, seat: Option<&str>) -> Result<Vec<Effect>, OutboxError>;
+}
+
+/// The in-process outbox of a single node.
+#[derive(Default)]
+pub struct MemoryOutbox {
+    kept: Mutex<VecDeque<Effect>>,
+}
+
+impl MemoryOutbox {
+    pub fn new() -> MemoryOutbox {
+        MemoryOutbox::default()
+    }
+}
+
+#[async_trait::async_trait]
+impl Outbox for MemoryOutbox {
+    async fn post(&self, effect: &Effect) -> Result<(), OutboxError> {
+        let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+        if kept.len() >= KEPT {
+            kept.pop_front();
+        }
+        kept.push_back(effect.clone());
+        Ok(())
+    }
+
+    async fn read(&self, seat: Option<&str>) -> Result<Vec<Effect>, OutboxError> {
+        let kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+        Ok(kept
+            .iter()
+            .filter(|e| seat.is_none_or(|s| e.seat == s))
+            .cloned()
+            .collect())
+    }
+}
+
+/// The outbox on JetStream.
+pub struct NatsOutbox {
+    js: js::Context,
+    stream: stream::Stream,
+    timeout: Duration,
+}
+
+impl NatsOutbox {
+    /// Create (or find) `CREWLET_OUTBOX`.
+    pub async fn new(
+        client: async_nats::Client,
+        replicas: usize,
+        timeout: Duration,
+    ) -> Result<NatsOutbox, OutboxError> {
+        let mut js = js::new(client);
+        js.set_timeout(timeout);
+        let stream = tokio::time::timeout(
+            timeout,
+            js.get_or_create_stream(stream::Config {
+                name: OUTBOX_STREAM.into(),
+                subjects: vec!["crewlet.outbox.>".into()],
+                retention: stream::RetentionPolicy::Limits,
+                storage: stream::StorageType::File,
+                max_age: OUTBOX_AGE,
+                num_replicas: replicas,
+                ..Default::default()
+            }),
+        )
+        .await
+        .map_err(|_| OutboxError::Stream(format!("no answer within {timeout:?}")))?
+        .map_err(|e| OutboxError::Stream(e.to_string()))?;
+        Ok(NatsOutbox {
+            js,
+            stream,
+            timeout,
+        })
+    }
+}
+
+#[async_trait::async_trait]
+impl Outbox for NatsOutbox {
+    async fn post(&self, effect: &Effect) -> Result<(), OutboxError> {
+        let body = serde_json::to_vec(effect).map_err(|e| OutboxError::Post(e.to_string()))?;
+        let ack = self
+            .js
+            .publish(outbox_subject(&effect.seat), body.into())
+            .await
+            .map_err(|e| OutboxError::Post(e.to_string()))?;
+        tokio::time::timeout(self.timeout, ack)
+            .await
+            .map_err(|_| OutboxError::Post(format!("no answer within {:?}", self.timeout)))?
+            .map_err(|e| OutboxError::Post(e.to_string()))?;
+        Ok(())
+    }
+
+    async fn read(&self, seat: Option<&str>) -> Result<Vec<Effect>, OutboxError> {
+        let read = |e: &dyn std::fmt::Display| OutboxError::Read(e.to_string());
+        let mut info = self.stream.clone();
+        let total = info.info().await.map_err(|e| read(&e))?.state.messages;
+        if total == 0 {
+            return Ok(Vec::new());
+        }
+        let filter = seat.map(outbox_subject).unwrap_or_default();
+        let c = self
+            .stream
+            .create_consumer(consumer::pull::Config {
+                filter_subject: filter,
+                ack_policy: consumer::AckPolicy::None,
+                deliver_policy: consumer::DeliverPolicy::All,
+                inactive_threshold: Duration::from_secs(30),
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| read(&e))?;
+        let mut out = Vec::new();
+        loop {
+            let mut batch = c
+                .fetch()
+                .max_messages(500)
+                .expires(Duration::from_millis(200))
+                .messages()
+                .await
+                .map_err(|e| read(&e))?;
+            let mut got = 0;
+            while let Some(m) = batch.next().await {
+                let m = m.map_err(|e| read(&e))?;
+                got += 1;
+                match serde_json::from_slice::<Effect>(&m.payload) {
+                    Ok(e) => out.push(e),
+                    Err(err) => {
+                        tracing::debug!(subject = %m.subject, error = %err, "an outbox message that is not an effect")
+                    }
+                }
+            }
+            if got == 0 {
+                break;
+            }
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,567 @@
+//! The turn engine of one node: the seat hooks that start a seat's agent,
+//! attach its control subscription, attach its inbox already held when it
+//! is paused — and the inbox handler that dispatches turns.
+//!
+//! Dispatch, per coalesced partition of a seat's waiting deliveries:
+//! decode (what does not decode is poison) → types that run no turn are
+//! logged and acked → `may_start` (else Defer) → the completion ledger is
+//! read (fail open) and what it holds is skipped (`turn_trigger_skipped`) →
+//! the turn runs its rounds under the fence → [`settle`] decides → the
+//! ledger is written after the effects (fail open) → Ack, Nak or Defer.
+//! One turn runs at a time per seat (the inbox attachment is serial).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+
+use tokio::sync::watch;
+
+use super::agent::{Agent, TurnInput};
+use super::command::CommandAgent;
+use super::echo::EchoAgent;
+use super::envelope::Envelope;
+use super::ledger::{self, SkipReason};
+use super::outbox::Outbox;
+use super::pause::{self, ControlMessage, PAUSE_HOLD};
+use super::tools::Tools;
+use super::turn::{self, Ending, TurnGuard, Verdict, settle};
+use crate::config::AgentConfig;
+use crate::coord::Store;
+use crate::events::{Event, EventBus};
+use crate::memory::MemoryStore;
+use crate::node::company::Company;
+use crate::queue::{Attachment, Delivery, Disposition, Handler, Queue, control_group};
+use crate::seat::host::{Fence, HookError, SeatContext, SeatHooks};
+
+/// Waiting deliveries of one seat coalesced into one partition, at most.
+pub const PARTITION_LIMIT: usize = 16;
+
+/// Faults a drill (or a test) can switch on.
+#[derive(Debug, Default)]
+pub struct Faults {
+    /// After a turn's effects and its ledger record, never answer the
+    /// queue: what a node that dies before the ack leaves behind
+    /// (`CREWLET_FAULT_STALL_BEFORE_ACK=1`).
+    pub stall_before_ack: AtomicBool,
+}
+
+/// What the turn engine is built from.
+pub struct TurnSetup {
+    pub node_id: String,
+    pub incarnation: String,
+    pub store: Arc<dyn Store>,
+    pub queue: Arc<dyn Queue>,
+    pub outbox: Arc<dyn Outbox>,
+    pub memory: MemoryStore,
+    pub events: EventBus,
+    pub company: watch::Receiver<Company>,
+}
+
+/// One seat as the engine runs it.
+struct SeatRuntime {
+    handle: String,
+    agent: Arc<dyn Agent>,
+    fence: Mutex<Option<Fence>>,
+    /// The running turn's id, if one runs.
+    running: Mutex<Option<String>>,
+    /// A person's stop of the running turn: (turn id, who).
+    stop: Mutex<Option<(String, String)>>,
+    last_error: Mutex<Option<String>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A seat as the engine reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SeatTurns {
+    pub handle: String,
+    pub running_turn: Option<String>,
+    pub last_error: Option<String>,
+}
+
+/// The turn engine. Give it to the seat host as its hooks.
+pub struct TurnEngine {
+    me: Weak<TurnEngine>,
+    node_id: String,
+    store: Arc<dyn Store>,
+    queue: Arc<dyn Queue>,
+    outbox: Arc<dyn Outbox>,
+    events: EventBus,
+    company: watch::Receiver<Company>,
+    tools: Tools,
+    seats: Mutex<HashMap<String, Arc<SeatRuntime>>>,
+    pub faults: Faults,
+}
+
+impl TurnEngine {
+    pub fn new(s: TurnSetup) -> Arc<TurnEngine> {
+        Arc::new_cyclic(|me| TurnEngine {
+            me: me.clone(),
+            node_id: s.node_id,
+            tools: Tools {
+                incarnation: s.incarnation,
+                outbox: s.outbox.clone(),
+                queue: s.queue.clone(),
+                memory: s.memory,
+                company: s.company.clone(),
+            },
+            store: s.store,
+            queue: s.queue,
+            outbox: s.outbox,
+            events: s.events,
+            company: s.company,
+            seats: Mutex::new(HashMap::new()),
+            faults: Faults::default(),
+        })
+    }
+
+    pub fn outbox(&self) -> &Arc<dyn Outbox> {
+        &self.outbox
+    }
+
+    pub fn memory(&self) -> &MemoryStore {
+        &self.tools.memory
+    }
+
+    /// The seats whose agent runs here, with their running turn and last
+    /// error.
+    pub fn seats(&self) -> Vec<SeatTurns> {
+        let mut v: Vec<SeatTurns> = lock(&self.seats)
+            .values()
+            .map(|r| SeatTurns {
+                handle: r.handle.clone(),
+                running_turn: lock(&r.running).clone(),
+                last_error: lock(&r.last_error).clone(),
+            })
+            .collect();
+        v.sort_by(|a, b| a.handle.cmp(&b.handle));
+        v
+    }
+
+    fn runtime(&self, handle: &str) -> Option<Arc<SeatRuntime>> {
+        lock(&self.seats).get(handle).cloned()
+    }
+
+    fn agent_for(&self, handle: &str) -> Result<Arc<dyn Agent>, HookError> {
+        let company = self.company.borrow().clone();
+        let role = company
+            .roles
+            .iter()
+            .find(|r| r.handle == handle)
+            .ok_or_else(|| {
+                HookError::new(
+                    "children",
+                    format!(
+                        "no role {handle:?} in company revision {}",
+                        company.revision
+                    ),
+                )
+            })?;
+        Ok(match &role.agent {
+            AgentConfig::Echo(c) => Arc::new(EchoAgent::new(c.clone())),
+            AgentConfig::Command(c) => Arc::new(CommandAgent::new(handle, &self.node_id, c)),
+        })
+    }
+
+    /// Apply the seat's pause record to its inbox. `Err` when the record
+    /// cannot be read.
+    async fn apply_pause(&self, handle: &str) -> Result<bool, String> {
+        let paused = pause::read(&*self.store, handle)
+            .await
+            .map_err(|e| e.to_string())?
+            .is_some();
+        if let Some(fence) = self.runtime(handle).and_then(|r| lock(&r.fence).clone()) {
+            fence.hold(PAUSE_HOLD, paused);
+        }
+        Ok(paused)
+    }
+
+    async fn control(&self, handle: &str, d: Delivery) -> Disposition {
+        let m: ControlMessage = match serde_json::from_slice(&d.payload) {
+            Ok(m) => m,
+            Err(e) => return Disposition::Poison(format!("not a control message: {e}")),
+        };
+        match m {
+            ControlMessage::PauseChanged => match self.apply_pause(handle).await {
+                Ok(paused) => {
+                    tracing::info!(seat = handle, paused, "the seat's pause changed");
+                    Disposition::Ack
+                }
+                Err(e) => {
+                    tracing::warn!(seat = handle, error = %e, "cannot read the seat's pause; trying again");
+                    Disposition::Nak
+                }
+            },
+            ControlMessage::Stop { by, .. } => {
+                match self.runtime(handle) {
+                    Some(rt) => match lock(&rt.running).clone() {
+                        Some(turn_id) => {
+                            tracing::info!(seat = handle, %by, %turn_id, "stopping the running turn at its next round");
+                            *lock(&rt.stop) = Some((turn_id, by));
+                        }
+                        None => tracing::info!(seat = handle, %by, "a stop with no turn running"),
+                    },
+                    None => {
+                        tracing::info!(seat = handle, %by, "a stop for a seat whose agent is not running here")
+                    }
+                }
+                Disposition::Ack
+            }
+        }
+    }
+
+    /// Dispatch one partition of a seat's deliveries.
+    async fn dispatch(
+        &self,
+        rt: &Arc<SeatRuntime>,
+        fence: &Fence,
+        ds: Vec<Delivery>,
+    ) -> Vec<Disposition> {
+        let handle = rt.handle.clone();
+        let mut out: Vec<Option<Disposition>> = vec![None; ds.len()];
+        // (index, envelope, delivered) of the triggers that run a turn.
+        let mut partition: Vec<(usize, Envelope, u64)> = Vec::new();
+        for (i, d) in ds.iter().enumerate() {
+            match Envelope::decode(&d.payload) {
+                Err(e) => out[i] = Some(Disposition::Poison(e.to_string())),
+                Ok(env) if !env.is_ledgered() => {
+                    self.events.emit(Event::TurnTriggerIgnored {
+                        seat: handle.clone(),
+                        trigger_id: env.id.clone(),
+                        kind: env.kind.clone(),
+                    });
+                    out[i] = Some(Disposition::Ack);
+                }
+                Ok(env) => partition.push((i, env, d.delivered)),
+            }
+        }
+        if !partition.is_empty() {
+            self.run_partition(rt, fence, partition, &mut out).await;
+        }
+        out.into_iter()
+            .map(|d| d.unwrap_or(Disposition::Nak))
+            .collect()
+    }
+
+    async fn run_partition(
+        &self,
+        rt: &Arc<SeatRuntime>,
+        fence: &Fence,
+        partition: Vec<(usize, Envelope, u64)>,
+        out: &mut [Option<Disposition>],
+    ) {
+        let handle = rt.handle.clone();
+        match fence.may_start() {
+            Some(epoch) if epoch == fence.epoch() => {}
+            _ => {
+                let why = format!("seat {handle:?} is not owned here");
+                for (i, _, _) in &partition {
+                    out[*i] = Some(Disposition::Defer(why.clone()));
+                }
+                return;
+            }
+        }
+        let envelopes: Vec<Envelope> = partition.iter().map(|(_, e, _)| e.clone()).collect();
+        let (done, answered, _read) = ledger::read(&*self.store, &handle, &envelopes).await;
+        let screened = ledger::screen(&envelopes, &done, &answered);
+        for (t, reason) in &screened.skipped {
+            self.events.emit(Event::TurnTriggerSkipped {
+                seat: handle.clone(),
+                trigger_id: t.id.clone(),
+                reason: match reason {
+                    SkipReason::AlreadyDone => "already_done",
+                    SkipReason::AnsweredInThread => "answered_in_thread",
+                }
+                .into(),
+                turn_id: None,
+            });
+        }
+        let runs: Vec<&(usize, Envelope, u64)> = partition
+            .iter()
+            .filter(|(_, e, _)| screened.run.iter().any(|r| r.id == e.id))
+            .collect();
+        for (i, e, _) in &partition {
+            if !runs.iter().any(|(j, _, _)| j == i) {
+                // Skipped by the ledger (or a duplicate id in the same
+                // partition, which the turn already covers).
+                out[*i] = Some(Disposition::Ack);
+                let _ = e;
+            }
+        }
+        if runs.is_empty() {
+            return;
+        }
+        // One trigger per event id, in arrival order.
+        let mut triggers: Vec<Envelope> = Vec::new();
+        for (_, e, _) in &runs {
+            if !triggers.iter().any(|t| t.id == e.id) {
+                triggers.push(e.clone());
+            }
+        }
+        let turn = TurnInput {
+            turn_id: uuid::Uuid::new_v4().to_string(),
+            seat: handle.clone(),
+            epoch: fence.epoch(),
+            node: self.node_id.clone(),
+            work_key: ledger::work_key(&triggers),
+            delivered: runs.iter().map(|(_, _, d)| *d).max().unwrap_or(1),
+            triggers,
+        };
+        self.events.emit(Event::TurnStarted {
+            seat: handle.clone(),
+            turn_id: turn.turn_id.clone(),
+            work_key: turn.work_key.clone(),
+            epoch: turn.epoch,
+            trigger_ids: turn.triggers.iter().map(|t| t.id.clone()).collect(),
+            delivered: turn.delivered,
+        });
+        *lock(&rt.running) = Some(turn.turn_id.clone());
+        *lock(&rt.stop) = None;
+        let guard = Guard {
+            fence: fence.clone(),
+            rt: rt.clone(),
+            turn_id: turn.turn_id.clone(),
+        };
+        let record = turn::run(&*rt.agent, &self.tools, &guard, &turn).await;
+        *lock(&rt.running) = None;
+        *lock(&rt.stop) = None;
+        let s = settle(&record.ending, record.reached_outside);
+        if !matches!(record.ending, Ending::Done { .. }) {
+            rt.agent.abort(&turn.turn_id, record.ending.name()).await;
+        }
+        if s.record {
+            let answered_ids = match &record.ending {
+                Ending::Done { answered, .. } => answered.clone(),
+                _ => Vec::new(),
+            };
+            ledger::record(
+                &*self.store,
+                &handle,
+                &turn.triggers,
+                &answered_ids,
+                &turn.turn_id,
+            )
+            .await;
+        }
+        let verdict = match s.verdict {
+            Verdict::Ack => Disposition::Ack,
+            Verdict::Nak => Disposition::Nak,
+            Verdict::Defer => Disposition::Defer(format!(
+                "seat {handle:?} moved during turn {}",
+                turn.turn_id
+            )),
+        };
+        self.events.emit(Event::TurnCompleted {
+            seat: handle.clone(),
+            turn_id: turn.turn_id.clone(),
+            work_key: turn.work_key.clone(),
+            epoch: turn.epoch,
+            outcome: record.ending.name().into(),
+            rounds: record.rounds,
+            calls: record.calls,
+            reached_outside: record.reached_outside,
+            recorded: s.record,
+            disposition: match s.verdict {
+                Verdict::Ack => "ack",
+                Verdict::Nak => "nak",
+                Verdict::Defer => "defer",
+            }
+            .into(),
+            delivered: turn.delivered,
+            error: record.ending.error(),
+        });
+        if let Some(reason) = s.given_up {
+            for t in &turn.triggers {
+                self.events.emit(Event::TurnTriggerSkipped {
+                    seat: handle.clone(),
+                    trigger_id: t.id.clone(),
+                    reason: reason.into(),
+                    turn_id: Some(turn.turn_id.clone()),
+                });
+            }
+        }
+        if s.guard_breach {
+            let error = record.ending.error().unwrap_or_default();
+            *lock(&rt.last_error) = Some(error.clone());
+            self.events.emit(Event::TurnGuardBreach {
+                seat: handle.clone(),
+                turn_id: turn.turn_id.clone(),
+                kind: "unhandled_exception".into(),
+                error,
+            });
+        }
+        if s.record && self.faults.stall_before_ack.load(Ordering::SeqCst) {
+            tracing::warn!(seat = %handle, turn_id = %turn.turn_id, "fault injection: the turn's effects shipped and are recorded; never acking");
+            std::future::pending::<()>().await;
+        }
+        for (i, _, _) in runs {
+            out[*i] = Some(verdict.clone());
+        }
+    }
+}
+
+struct Guard {
+    fence: Fence,
+    rt: Arc<SeatRuntime>,
+    turn_id: String,
+}
+
+impl TurnGuard for Guard {
+    fn holds(&self) -> bool {
+        self.fence.holds()
+    }
+
+    fn stop_requested(&self) -> Option<String> {
+        lock(&self.rt.stop)
+            .as_ref()
+            .filter(|(t, _)| *t == self.turn_id)
+            .map(|(_, by)| by.clone())
+    }
+}
+
+/// A seat's inbox handler: coalesces and dispatches.
+struct InboxHandler {
+    engine: Weak<TurnEngine>,
+    rt: Arc<SeatRuntime>,
+    fence: Fence,
+}
+
+#[async_trait::async_trait]
+impl Handler for InboxHandler {
+    async fn handle(&self, d: Delivery) -> Disposition {
+        self.handle_batch(vec![d])
+            .await
+            .pop()
+            .unwrap_or(Disposition::Nak)
+    }
+
+    fn batch_limit(&self) -> usize {
+        PARTITION_LIMIT
+    }
+
+    async fn handle_batch(&self, ds: Vec<Delivery>) -> Vec<Disposition> {
+        let n = ds.len();
+        match self.engine.upgrade() {
+            Some(e) => e.dispatch(&self.rt, &self.fence, ds).await,
+            None => vec![Disposition::Defer("the node is stopping".into()); n],
+        }
+    }
+}
+
+struct ControlHandler {
+    engine: Weak<TurnEngine>,
+    handle: String,
+}
+
+#[async_trait::async_trait]
+impl Handler for ControlHandler {
+    async fn handle(&self, d: Delivery) -> Disposition {
+        match self.engine.upgrade() {
+            Some(e) => e.control(&self.handle, d).await,
+            None => Disposition::Nak,
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl SeatHooks for TurnEngine {
+    async fn start_children(&self, seat: &SeatContext) -> Result<(), HookError> {
+        let agent = match self.runtime(&seat.handle) {
+            // A runtime left by a release that has not finished yet.
+            Some(rt) => rt.agent.clone(),
+            None => self.agent_for(&seat.handle)?,
+        };
+        agent
+            .start()
+            .await
+            .map_err(|e| HookError::new("children", e.to_string()))?;
+        lock(&self.seats)
+            .entry(seat.handle.clone())
+            .or_insert_with(|| {
+                Arc::new(SeatRuntime {
+                    handle: seat.handle.clone(),
+                    agent,
+                    fence: Mutex::new(None),
+                    running: Mutex::new(None),
+                    stop: Mutex::new(None),
+                    last_error: Mutex::new(None),
+                })
+            });
+        Ok(())
+    }
+
+    async fn attach_control(&self, seat: &SeatContext) -> Result<Option<Attachment>, HookError> {
+        let handler = Arc::new(ControlHandler {
+            engine: self.me.clone(),
+            handle: seat.handle.clone(),
+        });
+        self.queue
+            .attach(&control_group(&seat.handle), &[], handler)
+            .await
+            .map(Some)
+            .map_err(|e| HookError::new("control attach", e.to_string()))
+    }
+
+    async fn pause_holds(&self, seat: &SeatContext) -> Result<Vec<String>, HookError> {
+        match pause::read(&*self.store, &seat.handle).await {
+            Ok(Some(p)) => {
+                tracing::info!(seat = %seat.handle, by = %p.by, "the seat is paused; its inbox attaches held");
+                Ok(vec![PAUSE_HOLD.to_string()])
+            }
+            Ok(None) => Ok(Vec::new()),
+            // Unknown is not "not paused".
+            Err(e) => Err(HookError::new("pause holds", e.to_string())),
+        }
+    }
+
+    fn inbox_handler(&self, seat: &SeatContext, fence: Fence) -> Arc<dyn Handler> {
+        let rt = match self.runtime(&seat.handle) {
+            Some(rt) => rt,
+            None => {
+                // start_children always runs first; this is only reached if
+                // a hook order changes. Build what it would have.
+                let agent: Arc<dyn Agent> = self
+                    .agent_for(&seat.handle)
+                    .unwrap_or_else(|_| Arc::new(EchoAgent::new(Default::default())));
+                let rt = Arc::new(SeatRuntime {
+                    handle: seat.handle.clone(),
+                    agent,
+                    fence: Mutex::new(None),
+                    running: Mutex::new(None),
+                    stop: Mutex::new(None),
+                    last_error: Mutex::new(None),
+                });
+                lock(&self.seats).insert(seat.handle.clone(), rt.clone());
+                rt
+            }
+        };
+        *lock(&rt.fence) = Some(fence.clone());
+        Arc::new(InboxHandler {
+            engine: self.me.clone(),
+            rt,
+            fence,
+        })
+    }
+
+    async fn established(&self, seat: &SeatContext) {
+        // A pause written while the hook ran may have been read (and its
+        // nudge consumed) before the inbox existed: read it once more.
+        if let Err(e) = self.apply_pause(&seat.handle).await {
+            tracing::warn!(seat = %seat.handle, error = %e, "cannot re-read the seat's pause after attaching");
+        }
+    }
+
+    async fn release(&self, seat: &SeatContext) -> Result<(), HookError> {
+        let Some(rt) = self.runtime(&seat.handle) else {
+            return Ok(());
+        };
+        rt.agent
+            .stop()
+            .await
+            .map_err(|e| HookError::new("children", e.to_string()))?;
+        lock(&self.seats).remove(&seat.handle);
+        Ok(())
+    }
+}

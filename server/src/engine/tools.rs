@@ -1,0 +1,257 @@
+//! The engine's built-in tools, executed by the engine (never by the
+//! agent) after the fence check: `post_outbox`, `a2a_message`,
+//! `diary_write`, `episode_write`, `read_memory`.
+//!
+//! Each tool carries its own annotations, and whether a call reached
+//! outside the engine is decided by [`reached_outside`] over them:
+//! `post_outbox` and `a2a_message` are open-world (the outbound effect, and
+//! a colleague woken), the memory tools are not. A call refused before any
+//! I/O (bad arguments, an unknown recipient, an unknown tool) reached
+//! nothing.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use tokio::sync::watch;
+
+use super::agent::{Annotations, Backing, ToolCall, ToolResult, TurnInput, reached_outside};
+use super::envelope::Envelope;
+use super::outbox::{Effect, Outbox};
+use super::routing;
+use crate::memory::MemoryStore;
+use crate::node::company::Company;
+use crate::queue::Queue;
+
+/// The built-in tools and their own annotations.
+pub const BUILT_IN: [(&str, Annotations); 5] = [
+    (
+        "post_outbox",
+        Annotations {
+            read_only: Some(false),
+            open_world: Some(true),
+        },
+    ),
+    (
+        "a2a_message",
+        Annotations {
+            read_only: Some(false),
+            open_world: Some(true),
+        },
+    ),
+    (
+        "diary_write",
+        Annotations {
+            read_only: Some(false),
+            open_world: Some(false),
+        },
+    ),
+    (
+        "episode_write",
+        Annotations {
+            read_only: Some(false),
+            open_world: Some(false),
+        },
+    ),
+    (
+        "read_memory",
+        Annotations {
+            read_only: Some(true),
+            open_world: Some(false),
+        },
+    ),
+];
+
+/// A built-in tool's annotations; `None` for a name that is not one.
+pub fn annotations_of(name: &str) -> Option<Annotations> {
+    BUILT_IN.iter().find(|(n, _)| *n == name).map(|(_, a)| *a)
+}
+
+/// The tool executor of one node.
+#[derive(Clone)]
+pub struct Tools {
+    pub incarnation: String,
+    pub outbox: Arc<dyn Outbox>,
+    pub queue: Arc<dyn Queue>,
+    pub memory: MemoryStore,
+    pub company: watch::Receiver<Company>,
+}
+
+/// Why a call failed: refused before any I/O (it reached nothing), or
+/// failed in its I/O (it may have reached outside).
+enum ToolError {
+    Refused(String),
+    Failed(String),
+}
+
+fn text_arg(call: &ToolCall, key: &str) -> Result<String, ToolError> {
+    match call.args.get(key) {
+        Some(Value::String(s)) if !s.trim().is_empty() => Ok(s.clone()),
+        Some(other) if !other.is_null() => Err(ToolError::Refused(format!(
+            "{}: `{key}` must be a non-empty string, not {other}",
+            call.name
+        ))),
+        _ => Err(ToolError::Refused(format!(
+            "{}: `{key}` is required",
+            call.name
+        ))),
+    }
+}
+
+impl Tools {
+    fn effect(&self, turn: &TurnInput, kind: &str, body: Value) -> Effect {
+        Effect {
+            work_key: turn.work_key.clone(),
+            trigger_ids: turn.triggers.iter().map(|t| t.id.clone()).collect(),
+            seat: turn.seat.clone(),
+            node: turn.node.clone(),
+            incarnation: self.incarnation.clone(),
+            epoch: turn.epoch,
+            turn_id: turn.turn_id.clone(),
+            kind: kind.to_string(),
+            body,
+        }
+    }
+
+    /// The id of an a2a message: the same for every re-run of the same
+    /// work (so the queue's dedupe window collapses a repeat), distinct
+    /// per call.
+    fn a2a_id(turn: &TurnInput, call: &ToolCall, to: &str) -> String {
+        let work = turn.work_key.as_deref().unwrap_or(&turn.turn_id);
+        let mut h = Sha256::new();
+        for part in [work, turn.seat.as_str(), to, call.id.as_str()] {
+            h.update(part.as_bytes());
+            h.update([0u8]);
+        }
+        format!("a2a-{}", &hex::encode(h.finalize())[..32])
+    }
+
+    async fn run(&self, turn: &TurnInput, call: &ToolCall) -> Result<Value, ToolError> {
+        match call.name.as_str() {
+            "post_outbox" => {
+                let body = if call.args.is_null() {
+                    json!({})
+                } else {
+                    call.args.clone()
+                };
+                self.outbox
+                    .post(&self.effect(turn, "post_outbox", body))
+                    .await
+                    .map_err(|e| ToolError::Failed(e.to_string()))?;
+                Ok(json!({"posted": true}))
+            }
+            "a2a_message" => {
+                let to = text_arg(call, "to")?;
+                let text = text_arg(call, "text")?;
+                let company = self.company.borrow().clone();
+                let Some(route) = routing::resolve(&company, &to) else {
+                    return Err(ToolError::Refused(format!(
+                        "a2a_message: no seat {to:?} in the company {:?}",
+                        company.name
+                    )));
+                };
+                let id = Self::a2a_id(turn, call, &to);
+                let envelope = Envelope {
+                    id: id.clone(),
+                    kind: "a2a_message".into(),
+                    body: json!({
+                        "text": text,
+                        "from_seat": turn.seat,
+                        "from_agent_id": routing::agent_id(&company.name, &turn.seat).to_string(),
+                        "to_agent_id": route.agent_id.to_string(),
+                    }),
+                    thread: None,
+                    message_id: None,
+                    from: Some(turn.seat.clone()),
+                    sent_at: Some(crate::audit::now_rfc3339()),
+                };
+                self.queue
+                    .publish(
+                        &route.inbox_subject,
+                        Some(&id),
+                        Bytes::from(envelope.encode()),
+                    )
+                    .await
+                    .map_err(|e| ToolError::Failed(format!("a2a_message: {e}")))?;
+                let effect =
+                    json!({"to": to, "agent_id": route.agent_id.to_string(), "envelope_id": id});
+                if let Err(e) = self
+                    .outbox
+                    .post(&self.effect(turn, "a2a_message", effect.clone()))
+                    .await
+                {
+                    tracing::warn!(seat = %turn.seat, error = %e, "the a2a message went out; its outbox record did not");
+                }
+                Ok(effect)
+            }
+            "diary_write" => {
+                let text = text_arg(call, "text")?;
+                let written = self
+                    .memory
+                    .diary_write(&turn.seat, &text, turn.work_key.as_deref())
+                    .await
+                    .map_err(|e| ToolError::Failed(format!("diary_write: {e}")))?;
+                Ok(json!({"written": written}))
+            }
+            "episode_write" => {
+                let summary = text_arg(call, "summary")?;
+                let written = self
+                    .memory
+                    .episode_write(
+                        &turn.seat,
+                        turn.work_key.as_deref(),
+                        &summary,
+                        &turn.turn_id,
+                    )
+                    .await
+                    .map_err(|e| ToolError::Failed(format!("episode_write: {e}")))?;
+                Ok(json!({"written": written}))
+            }
+            "read_memory" => {
+                let limit = call
+                    .args
+                    .get("limit")
+                    .and_then(Value::as_u64)
+                    .unwrap_or(20)
+                    .min(200) as u32;
+                let diary = self
+                    .memory
+                    .diary(&turn.seat, limit)
+                    .await
+                    .map_err(|e| ToolError::Failed(format!("read_memory: {e}")))?;
+                let episodes = self
+                    .memory
+                    .episodes(&turn.seat, limit)
+                    .await
+                    .map_err(|e| ToolError::Failed(format!("read_memory: {e}")))?;
+                Ok(json!({"diary": diary, "episodes": episodes}))
+            }
+            other => Err(ToolError::Refused(format!(
+                "no tool named {other:?}; the tools are post_outbox, a2a_message, diary_write, episode_write, read_memory"
+            ))),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl super::turn::ToolRunner for Tools {
+    async fn execute(&self, turn: &TurnInput, call: &ToolCall) -> (ToolResult, bool) {
+        // A built-in tool's own annotations rule; what the agent claimed
+        // about it cannot make an outbound effect read-only.
+        let Some(own) = annotations_of(&call.name) else {
+            return (
+                ToolResult::err(&call.id, format!("no tool named {:?}", call.name)),
+                false,
+            );
+        };
+        let counts = reached_outside(Backing::FirstParty, own);
+        match self.run(turn, call).await {
+            Ok(output) => (ToolResult::ok(&call.id, output), counts),
+            Err(ToolError::Refused(e)) => (ToolResult::err(&call.id, e), false),
+            // The call left: whether it landed is unknown, so a tool that
+            // reaches outside counts.
+            Err(ToolError::Failed(e)) => (ToolResult::err(&call.id, e), counts),
+        }
+    }
+}

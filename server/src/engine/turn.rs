@@ -1,0 +1,269 @@
+//! One turn: rounds between an agent and the engine's tools, the in-turn
+//! fence, a person's stop, and — as a pure function — what a turn's ending
+//! means for its triggers (seed § A turn that broke halfway, § Fencing).
+//!
+//! [`run`] drives the rounds. The fence (the epoch the turn was admitted
+//! under) is checked at the top of every round and again before each tool
+//! call; a person's stop is honoured at the round boundary, after the
+//! ownership check (a turn on a seat that moved is the successor's to stop
+//! or not). A panic anywhere in the turn is caught here and never unwinds
+//! into the queue. [`settle`] turns the ending and the turn's own record of
+//! whether it reached outside the engine into: record in the ledger or
+//! not, and Ack, Nak or Defer.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use futures::FutureExt;
+
+use super::agent::{Agent, Step, ToolCall, ToolResult, TurnInput};
+
+/// How a turn ended.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Ending {
+    /// The agent said it was done.
+    Done {
+        result: serde_json::Value,
+        answered: Vec<String>,
+    },
+    /// The agent (or the round limit) broke the turn.
+    Broke(String),
+    /// The fence tripped: this node no longer holds the seat at the
+    /// turn's epoch.
+    Fenced,
+    /// A person stopped it (`ErrStoppedByPerson`).
+    Stopped { by: String },
+    /// It panicked.
+    Panicked(String),
+}
+
+impl Ending {
+    /// The outcome's name in events.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Ending::Done { .. } => "completed",
+            Ending::Broke(_) => "failed",
+            Ending::Fenced => "fenced",
+            Ending::Stopped { .. } => "stopped",
+            Ending::Panicked(_) => "panicked",
+        }
+    }
+
+    pub fn error(&self) -> Option<String> {
+        match self {
+            Ending::Broke(e) | Ending::Panicked(e) => Some(e.clone()),
+            Ending::Stopped { by } => Some(format!("stopped by {by}")),
+            Ending::Fenced => Some("the seat is no longer held here at this epoch".into()),
+            Ending::Done { .. } => None,
+        }
+    }
+}
+
+/// What happens to a turn's triggers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    Ack,
+    /// Redelivered, and runs again.
+    Nak,
+    /// Handed back at once, the attachment quiesced: the seat's owner is
+    /// entitled to it.
+    Defer,
+}
+
+/// [`settle`]'s answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Settlement {
+    /// Record the triggers in the completion ledger.
+    pub record: bool,
+    pub verdict: Verdict,
+    /// When the triggers will not come back although the turn did not
+    /// finish: why (published as `turn_trigger_skipped`).
+    pub given_up: Option<&'static str>,
+    /// Publish `turn.guard_breach` and set the seat's last error.
+    pub guard_breach: bool,
+}
+
+/// Pure: what a turn's ending means, from the turn's own record of whether
+/// a call reached outside the engine.
+pub fn settle(ending: &Ending, reached_outside: bool) -> Settlement {
+    let s = |record, verdict, given_up, guard_breach| Settlement {
+        record,
+        verdict,
+        given_up,
+        guard_breach,
+    };
+    match ending {
+        Ending::Done { .. } => s(true, Verdict::Ack, None, false),
+        // A successor would reach the same defect, having repeated
+        // whatever came before it.
+        Ending::Panicked(_) => s(true, Verdict::Ack, Some("panicked"), true),
+        // The person stopped it so that it would not go on.
+        Ending::Stopped { .. } => s(true, Verdict::Ack, Some("stopped_by_person"), false),
+        Ending::Broke(_) if reached_outside => {
+            s(true, Verdict::Ack, Some("broke_after_outside_call"), false)
+        }
+        Ending::Broke(_) => s(false, Verdict::Nak, None, false),
+        Ending::Fenced if reached_outside => {
+            s(true, Verdict::Ack, Some("fenced_after_outside_call"), false)
+        }
+        Ending::Fenced => s(false, Verdict::Defer, None, false),
+    }
+}
+
+/// The seat as a running turn sees it: the fence and a person's stop.
+pub trait TurnGuard: Send + Sync {
+    /// Does this node still hold the seat at the turn's epoch?
+    fn holds(&self) -> bool;
+    /// Has a person asked this turn to stop? (`Some(who)`)
+    fn stop_requested(&self) -> Option<String>;
+}
+
+/// What executes one tool call: its result, and whether the call reached
+/// outside the engine.
+#[async_trait::async_trait]
+pub trait ToolRunner: Send + Sync {
+    async fn execute(&self, turn: &TurnInput, call: &ToolCall) -> (ToolResult, bool);
+}
+
+/// A turn's own record.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TurnRecord {
+    pub ending: Ending,
+    pub reached_outside: bool,
+    pub rounds: u32,
+    pub calls: u32,
+}
+
+/// Rounds a turn may take before it is broken off.
+pub const MAX_ROUNDS: u32 = 64;
+
+/// Run one turn to its ending. Never panics: a panic in the agent or a
+/// tool is caught and reported as [`Ending::Panicked`].
+pub async fn run(
+    agent: &dyn Agent,
+    tools: &dyn ToolRunner,
+    guard: &dyn TurnGuard,
+    turn: &TurnInput,
+) -> TurnRecord {
+    let outside = Arc::new(AtomicBool::new(false));
+    let rounds = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let calls = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let body = async {
+        let mut results: Vec<ToolResult> = Vec::new();
+        for round in 1..=MAX_ROUNDS {
+            // Ownership first: a turn on a seat that moved is the
+            // successor's to stop or not.
+            if !guard.holds() {
+                return Ending::Fenced;
+            }
+            if let Some(by) = guard.stop_requested() {
+                return Ending::Stopped { by };
+            }
+            rounds.store(round, Ordering::SeqCst);
+            let step = match agent.round(turn, round, std::mem::take(&mut results)).await {
+                Ok(s) => s,
+                Err(e) => return Ending::Broke(e.to_string()),
+            };
+            match step {
+                Step::Done { result, answered } => return Ending::Done { result, answered },
+                Step::Calls(list) => {
+                    for call in &list {
+                        if !guard.holds() {
+                            return Ending::Fenced;
+                        }
+                        calls.fetch_add(1, Ordering::SeqCst);
+                        let (result, reached) = tools.execute(turn, call).await;
+                        if reached {
+                            outside.store(true, Ordering::SeqCst);
+                        }
+                        results.push(result);
+                    }
+                }
+            }
+        }
+        Ending::Broke(format!(
+            "the agent did not finish within {MAX_ROUNDS} rounds"
+        ))
+    };
+    let ending = match AssertUnwindSafe(body).catch_unwind().await {
+        Ok(e) => e,
+        Err(panic) => {
+            let message = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic with no message".into());
+            tracing::error!(seat = %turn.seat, turn_id = %turn.turn_id, panic = %message, "turn_phase_panicked");
+            Ending::Panicked(message)
+        }
+    };
+    TurnRecord {
+        ending,
+        reached_outside: outside.load(Ordering::SeqCst),
+        rounds: rounds.load(Ordering::SeqCst),
+        calls: calls.load(Ordering::SeqCst),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn done() -> Ending {
+        Ending::Done {
+            result: serde_json::Value::Null,
+            answered: vec![],
+        }
+    }
+
+    #[test]
+    fn every_ending_settles_as_the_seed_says() {
+        for outside in [false, true] {
+            let d = settle(&done(), outside);
+            assert_eq!((d.record, d.verdict), (true, Verdict::Ack));
+            let p = settle(&Ending::Panicked("x".into()), outside);
+            assert_eq!(
+                (p.record, p.verdict, p.guard_breach),
+                (true, Verdict::Ack, true),
+                "a panic is recorded and acked whatever the record says"
+            );
+            let s = settle(&Ending::Stopped { by: "ann".into() }, outside);
+            assert_eq!(
+                (s.record, s.verdict),
+                (true, Verdict::Ack),
+                "a person's stop is not deferred"
+            );
+            assert_eq!(s.given_up, Some("stopped_by_person"));
+        }
+        let b = settle(&Ending::Broke("x".into()), false);
+        assert_eq!(
+            (b.record, b.verdict, b.given_up),
+            (false, Verdict::Nak, None),
+            "nothing reached outside: redelivered, runs again"
+        );
+        let b = settle(&Ending::Broke("x".into()), true);
+        assert_eq!(
+            (b.record, b.verdict),
+            (true, Verdict::Ack),
+            "a call reached outside: recorded and acked, the rest is lost"
+        );
+        assert_eq!(b.given_up, Some("broke_after_outside_call"));
+        let f = settle(&Ending::Fenced, false);
+        assert_eq!(
+            (f.record, f.verdict),
+            (false, Verdict::Defer),
+            "fenced because the seat moved: deferred to the owner"
+        );
+        let f = settle(&Ending::Fenced, true);
+        assert_eq!((f.record, f.verdict), (true, Verdict::Ack));
+        for e in [
+            done(),
+            Ending::Broke("x".into()),
+            Ending::Fenced,
+            Ending::Stopped { by: "a".into() },
+        ] {
+            assert!(!settle(&e, true).guard_breach && !settle(&e, false).guard_breach);
+        }
+    }
+}

@@ -1,0 +1,869 @@
+//! Turns as behaviour, on the in-process twin (tokio's paused clock) and on
+//! a real nats-server: the completion ledger across a crash, partial
+//! overlap, the in-turn fence, the broken-turn policy, a person's pause and
+//! stop, a command agent that will not die, and org-derived routing — the
+//! seed's § Fencing, § The completion ledger, § A turn that broke halfway
+//! and § Routing, as behaviour.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use crewlet::config::{AgentConfig, CommandConfig, EchoConfig, PlacementConfig, RoleConfig};
+use crewlet::coord::{
+    Coordinator, CoordinatorOptions, MemoryBackend, NatsBackend, NatsOptions, Store,
+};
+use crewlet::engine::envelope::Envelope;
+use crewlet::engine::outbox::{Effect, MemoryOutbox, NatsOutbox, Outbox};
+use crewlet::engine::pause::{self, PauseRecord};
+use crewlet::engine::routing;
+use crewlet::engine::runtime::{TurnEngine, TurnSetup};
+use crewlet::events::{DetachReason, Event, EventBus, FleetEvent};
+use crewlet::memory::MemoryStore;
+use crewlet::node::company;
+use crewlet::queue::jetstream::{JetStreamQueue, JetStreamSettings};
+use crewlet::queue::memory::MemoryQueue;
+use crewlet::queue::{Queue, QueueSettings, inbox_group, inbox_subject, log_events};
+use crewlet::seat::sweep::{EngineConfig, SeatEngine};
+use crewlet::tasks::Tasks;
+use serde_json::json;
+use tokio::sync::broadcast;
+
+const TTL: Duration = Duration::from_secs(3);
+const BEAT: Duration = Duration::from_secs(1);
+const SWEEP: Duration = Duration::from_secs(1);
+const COMPANY: &str = "Turn company";
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Kind {
+    Twin,
+    Nats,
+}
+
+struct Fleet {
+    kind: Kind,
+    twin: Option<(Arc<dyn Store>, Arc<dyn Queue>, Arc<dyn Outbox>)>,
+    server: Option<support::nats::NatsServer>,
+}
+
+struct Node {
+    engine: Arc<SeatEngine>,
+    turns: Arc<TurnEngine>,
+    store: Arc<dyn Store>,
+    queue: Arc<dyn Queue>,
+    outbox: Arc<dyn Outbox>,
+    events: broadcast::Receiver<FleetEvent>,
+    seen: Vec<FleetEvent>,
+    _dir: tempfile::TempDir,
+}
+
+fn echo_role(handle: &str) -> RoleConfig {
+    RoleConfig {
+        handle: handle.into(),
+        agent: AgentConfig::Echo(EchoConfig::default()),
+        placement: PlacementConfig::default(),
+    }
+}
+
+fn pinned(handle: &str, node: &str) -> RoleConfig {
+    RoleConfig {
+        placement: PlacementConfig {
+            nodes: vec![node.into()],
+            labels: vec![],
+        },
+        ..echo_role(handle)
+    }
+}
+
+fn trigger(id: &str, body: serde_json::Value) -> Envelope {
+    Envelope {
+        id: id.into(),
+        kind: "task_assigned".into(),
+        body,
+        thread: None,
+        message_id: None,
+        from: Some("tests".into()),
+        sent_at: None,
+    }
+}
+
+impl Fleet {
+    async fn new(kind: Kind) -> Fleet {
+        match kind {
+            Kind::Twin => Fleet {
+                kind,
+                twin: Some((
+                    Arc::new(Coordinator::new(
+                        MemoryBackend::new(TTL),
+                        CoordinatorOptions::default(),
+                    )),
+                    Arc::new(MemoryQueue::new(log_events())),
+                    Arc::new(MemoryOutbox::new()),
+                )),
+                server: None,
+            },
+            Kind::Nats => Fleet {
+                kind,
+                twin: None,
+                server: Some(support::nats::NatsServer::start().await),
+            },
+        }
+    }
+
+    async fn backends(&self, id: &str) -> (Arc<dyn Store>, Arc<dyn Queue>, Arc<dyn Outbox>) {
+        if let Some((s, q, o)) = &self.twin {
+            return (s.clone(), q.clone(), o.clone());
+        }
+        let server = self.server.as_ref().unwrap();
+        let mut opts = NatsOptions::new(vec![server.url()]);
+        opts.lease_ttl = TTL;
+        opts.name = format!("crewlet-{id}");
+        let backend = NatsBackend::connect(&opts).await.unwrap();
+        let client = backend.client().clone();
+        let store: Arc<dyn Store> =
+            Arc::new(Coordinator::new(backend, CoordinatorOptions::default()));
+        let queue: Arc<dyn Queue> = Arc::new(
+            JetStreamQueue::new(client.clone(), JetStreamSettings::default(), log_events())
+                .await
+                .unwrap(),
+        );
+        let outbox: Arc<dyn Outbox> = Arc::new(
+            NatsOutbox::new(client, 1, Duration::from_secs(2))
+                .await
+                .unwrap(),
+        );
+        (store, queue, outbox)
+    }
+
+    /// Start node `id`; the first node writes `roles` as the company.
+    async fn node(&self, id: &str, roles: &[RoleConfig]) -> Node {
+        let (store, queue, outbox) = self.backends(id).await;
+        let owner = crewlet::node::Incarnation::mint(id).to_string();
+        let events = EventBus::new(id, &owner);
+        let rx = events.subscribe();
+        let tasks = Tasks::new();
+        let first = match company::active(&*store).await.unwrap() {
+            Some(c) => c,
+            None => {
+                company::apply(&*store, COMPANY, roles).await.unwrap();
+                company::active(&*store).await.unwrap().unwrap()
+            }
+        };
+        let company_rx = company::follow(store.clone(), first, &tasks);
+        let dir = tempfile::tempdir().unwrap();
+        let pool = crewlet::db::open(dir.path(), &crewlet::db::MIGRATOR)
+            .await
+            .unwrap();
+        let turns = TurnEngine::new(TurnSetup {
+            node_id: id.into(),
+            incarnation: owner.clone(),
+            store: store.clone(),
+            queue: queue.clone(),
+            outbox: outbox.clone(),
+            memory: MemoryStore::new(pool),
+            events: events.clone(),
+            company: company_rx.clone(),
+        });
+        let cfg = EngineConfig {
+            node_id: id.into(),
+            owner,
+            labels: vec![],
+            protocol: 4,
+            heartbeat: BEAT,
+            sweep: SWEEP,
+            claim_limit: 4,
+            release_limit: 2,
+            release_wait: BEAT,
+            queue: QueueSettings::default(),
+        };
+        let engine = SeatEngine::new(
+            cfg,
+            store.clone(),
+            queue.clone(),
+            turns.clone(),
+            events,
+            company_rx,
+            tasks,
+        )
+        .await
+        .unwrap();
+        engine.start();
+        Node {
+            engine,
+            turns,
+            store,
+            queue,
+            outbox,
+            events: rx,
+            seen: Vec::new(),
+            _dir: dir,
+        }
+    }
+
+    /// Wait (on the fleet's clock) until `cond` holds, for at most `within`.
+    async fn until(&self, what: &str, within: Duration, mut cond: impl FnMut() -> bool) {
+        let deadline = tokio::time::Instant::now() + within;
+        while !cond() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "timed out after {within:?} waiting for {what}"
+            );
+            tokio::time::sleep(Duration::from_millis(if self.kind == Kind::Twin {
+                100
+            } else {
+                20
+            }))
+            .await;
+        }
+    }
+
+    /// The same, for a condition that needs I/O.
+    async fn until_async<F, Fut>(&self, what: &str, within: Duration, mut cond: F)
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
+        let deadline = tokio::time::Instant::now() + within;
+        while !cond().await {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "timed out after {within:?} waiting for {what}"
+            );
+            tokio::time::sleep(Duration::from_millis(if self.kind == Kind::Twin {
+                100
+            } else {
+                20
+            }))
+            .await;
+        }
+    }
+}
+
+impl Node {
+    fn holds(&self, handle: &str) -> bool {
+        self.engine.host().held().iter().any(|h| h == handle)
+    }
+
+    fn events(&mut self) -> &[FleetEvent] {
+        while let Ok(e) = self.events.try_recv() {
+            self.seen.push(e);
+        }
+        &self.seen
+    }
+
+    /// Every event of this node matching `f`.
+    fn matching<T>(&mut self, f: impl Fn(&Event) -> Option<T>) -> Vec<T> {
+        self.events().iter().filter_map(|e| f(&e.event)).collect()
+    }
+
+    /// (outcome, disposition, recorded, delivered, rounds) of every turn
+    /// that ran trigger `id`.
+    fn turns_of(&mut self, id: &str) -> Vec<(String, String, bool, u64, u32)> {
+        let started: Vec<String> = self.matching(|e| match e {
+            Event::TurnStarted {
+                turn_id,
+                trigger_ids,
+                ..
+            } if trigger_ids.iter().any(|t| t == id) => Some(turn_id.clone()),
+            _ => None,
+        });
+        self.matching(|e| match e {
+            Event::TurnCompleted {
+                turn_id,
+                outcome,
+                disposition,
+                recorded,
+                delivered,
+                rounds,
+                ..
+            } if started.contains(turn_id) => Some((
+                outcome.clone(),
+                disposition.clone(),
+                *recorded,
+                *delivered,
+                *rounds,
+            )),
+            _ => None,
+        })
+    }
+
+    fn started_with(&mut self, id: &str) -> Vec<(Vec<String>, u64)> {
+        self.matching(|e| match e {
+            Event::TurnStarted {
+                trigger_ids,
+                delivered,
+                ..
+            } if trigger_ids.iter().any(|t| t == id) => Some((trigger_ids.clone(), *delivered)),
+            _ => None,
+        })
+    }
+
+    fn skipped(&mut self, id: &str) -> Vec<String> {
+        self.matching(|e| match e {
+            Event::TurnTriggerSkipped {
+                trigger_id, reason, ..
+            } if trigger_id == id => Some(reason.clone()),
+            _ => None,
+        })
+    }
+
+    async fn publish(&self, handle: &str, e: &Envelope) {
+        self.queue
+            .publish(&inbox_subject(handle), None, Bytes::from(e.encode()))
+            .await
+            .unwrap();
+    }
+
+    async fn effects_of(&self, id: &str) -> Vec<Effect> {
+        self.outbox
+            .read(None)
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|e| e.kind == "post_outbox" && e.trigger_ids.iter().any(|t| t == id))
+            .collect()
+    }
+
+    async fn pending(&self, handle: &str) -> u64 {
+        self.queue.pending(&inbox_group(handle)).await.unwrap()
+    }
+}
+
+macro_rules! both {
+    ($($name:ident),* $(,)?) => {
+        // The twin runs in real time here: a turn writes the node's SQLite
+        // store from a worker thread, and tokio's paused clock would jump
+        // ahead (past leases and pool timeouts) while it waits on one.
+        mod twin {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::Fleet::new(super::Kind::Twin).await).await;
+                }
+            )*
+        }
+        mod nats {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::Fleet::new(super::Kind::Nats).await).await;
+                }
+            )*
+        }
+    };
+}
+
+both!(
+    a_turn_runs_once_and_its_effect_names_the_work_and_the_epoch,
+    a_crash_after_the_effects_and_before_the_ack_is_skipped_on_the_new_holder,
+    a_partial_overlap_runs_only_the_new_trigger,
+    a_turn_fenced_mid_round_costs_one_delivery_and_the_new_owner_runs_it,
+    a_panic_is_acked_once_not_twenty_five_times,
+    a_failure_after_an_outside_call_does_not_repeat_that_call,
+    a_failure_before_any_outside_call_is_redelivered_and_runs_again,
+    a_pause_holds_mail_across_a_seat_move_until_resume,
+    stop_ends_the_running_turn_at_the_next_round_and_the_trigger_does_not_come_back,
+    an_a2a_message_is_routed_by_the_company_to_the_seat_on_another_node,
+    a_message_answered_in_its_thread_is_skipped_on_redelivery,
+    a_type_that_runs_no_turn_is_acked_and_what_does_not_decode_is_dead_lettered,
+);
+
+const WAIT: Duration = Duration::from_secs(20);
+
+async fn a_turn_runs_once_and_its_effect_names_the_work_and_the_epoch(f: Fleet) {
+    let mut a = f.node("a", &[echo_role("s0")]).await;
+    f.until("a holds s0", WAIT, || a.holds("s0")).await;
+    a.publish("s0", &trigger("E1", json!({"title": "hello"})))
+        .await;
+    f.until("the turn completes", WAIT, || !a.turns_of("E1").is_empty())
+        .await;
+    assert_eq!(
+        a.turns_of("E1"),
+        vec![("completed".into(), "ack".into(), true, 1, 2)]
+    );
+    let effects = a.effects_of("E1").await;
+    assert_eq!(effects.len(), 1, "{effects:?}");
+    let e = &effects[0];
+    assert_eq!(e.seat, "s0");
+    assert_eq!(e.node, "a");
+    assert_eq!(e.epoch, 1);
+    assert_eq!(
+        e.work_key,
+        crewlet::engine::ledger::work_key(&[trigger("E1", json!({}))])
+    );
+    let memory = a.turns.memory();
+    assert_eq!(memory.episodes("s0", 10).await.unwrap().len(), 1);
+    assert!(!memory.diary("s0", 10).await.unwrap().is_empty());
+    f.until_async("the inbox is empty", WAIT, || async {
+        a.pending("s0").await == 0
+    })
+    .await;
+}
+
+async fn a_crash_after_the_effects_and_before_the_ack_is_skipped_on_the_new_holder(f: Fleet) {
+    let mut a = f.node("a", &[echo_role("s0")]).await;
+    f.until("a holds s0", WAIT, || a.holds("s0")).await;
+    a.turns
+        .faults
+        .stall_before_ack
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    a.publish("s0", &trigger("E1", json!({}))).await;
+    f.until("a's turn is recorded", WAIT, || {
+        a.turns_of("E1").iter().any(|t| t.2)
+    })
+    .await;
+    assert_eq!(a.effects_of("E1").await.len(), 1);
+    // The node dies between the effects and the ack.
+    a.engine.crash().await;
+    let mut b = f.node("b", &[]).await;
+    f.until("b holds s0", WAIT, || b.holds("s0")).await;
+    f.until("b skips the redelivery", WAIT, || {
+        b.skipped("E1").contains(&"already_done".to_string())
+    })
+    .await;
+    assert!(b.turns_of("E1").is_empty(), "b ran no turn for E1");
+    assert_eq!(
+        b.effects_of("E1").await.len(),
+        1,
+        "the effect shipped once, by a"
+    );
+    f.until_async("the inbox is empty", WAIT, || async {
+        b.pending("s0").await == 0
+    })
+    .await;
+}
+
+async fn a_partial_overlap_runs_only_the_new_trigger(f: Fleet) {
+    let mut a = f.node("a", &[echo_role("s0")]).await;
+    f.until("a holds s0", WAIT, || a.holds("s0")).await;
+    let host = a.engine.host().clone();
+    let hold = |on: bool| host.hold("s0", "test", on);
+    // A and B arrive together and run as one turn.
+    assert!(hold(true));
+    a.publish("s0", &trigger("A", json!({}))).await;
+    a.publish("s0", &trigger("B", json!({}))).await;
+    assert!(hold(false));
+    f.until("A+B ran", WAIT, || !a.turns_of("A").is_empty())
+        .await;
+    assert_eq!(a.started_with("A")[0].0, vec!["A", "B"]);
+    // A+B+C arrives (A and B again, say a producer's retry).
+    assert!(hold(true));
+    for id in ["A", "B", "C"] {
+        a.publish("s0", &trigger(id, json!({}))).await;
+    }
+    assert!(hold(false));
+    f.until("C ran", WAIT, || !a.turns_of("C").is_empty()).await;
+    assert_eq!(
+        a.started_with("C"),
+        vec![(vec!["C".to_string()], 1)],
+        "only C runs"
+    );
+    assert_eq!(a.skipped("A"), vec!["already_done"]);
+    assert_eq!(a.skipped("B"), vec!["already_done"]);
+    assert_eq!(a.effects_of("A").await.len(), 1);
+    assert_eq!(a.effects_of("C").await.len(), 1);
+    f.until_async("the inbox is empty", WAIT, || async {
+        a.pending("s0").await == 0
+    })
+    .await;
+}
+
+async fn a_turn_fenced_mid_round_costs_one_delivery_and_the_new_owner_runs_it(f: Fleet) {
+    let mut a = f.node("a", &[echo_role("s0")]).await;
+    f.until("a holds s0", WAIT, || a.holds("s0")).await;
+    let mut b = f.node("b", &[]).await;
+    a.publish(
+        "s0",
+        &trigger("E1", json!({"echo": {"rounds": 4, "round_delay_ms": 700}})),
+    )
+    .await;
+    f.until("a's turn started", WAIT, || {
+        !a.started_with("E1").is_empty()
+    })
+    .await;
+    // The lease is lost under the running turn (the heartbeat's verdict),
+    // and a stops claiming so that b takes the seat.
+    a.engine.host().release("s0", DetachReason::Lost).await;
+    a.engine.drain().await;
+    f.until("b holds s0", WAIT, || b.holds("s0")).await;
+    f.until("b ran E1", WAIT, || !b.turns_of("E1").is_empty())
+        .await;
+    let b_turns = b.turns_of("E1");
+    assert_eq!(b_turns[0].0, "completed");
+    assert_eq!(b_turns[0].3, 2, "one handoff cost one delivery");
+    assert!(a.turns_of("E1").iter().all(|t| t.0 != "completed"));
+    let effects = a.effects_of("E1").await;
+    assert_eq!(effects.len(), 1, "{effects:?}");
+    assert_eq!(effects[0].node, "b");
+    assert_eq!(effects[0].epoch, 2);
+}
+
+async fn a_panic_is_acked_once_not_twenty_five_times(f: Fleet) {
+    let mut a = f.node("a", &[echo_role("s0")]).await;
+    f.until("a holds s0", WAIT, || a.holds("s0")).await;
+    a.publish(
+        "s0",
+        &trigger("P", json!({"echo": {"fail_round": 1, "fail": "panic"}})),
+    )
+    .await;
+    f.until("the panicked turn ends", WAIT, || {
+        !a.turns_of("P").is_empty()
+    })
+    .await;
+    // A later trigger runs: the seat kept consuming, and P did not come back.
+    a.publish("s0", &trigger("after", json!({}))).await;
+    f.until("the next trigger ran", WAIT, || {
+        !a.turns_of("after").is_empty()
+    })
+    .await;
+    f.until_async("the inbox is empty", WAIT, || async {
+        a.pending("s0").await == 0
+    })
+    .await;
+    assert_eq!(
+        a.turns_of("P"),
+        vec![("panicked".into(), "ack".into(), true, 1, 1)]
+    );
+    assert_eq!(a.skipped("P"), vec!["panicked"]);
+    let breaches = a.matching(|e| match e {
+        Event::TurnGuardBreach { seat, kind, .. } => Some((seat.clone(), kind.clone())),
+        _ => None,
+    });
+    assert_eq!(
+        breaches,
+        vec![("s0".to_string(), "unhandled_exception".to_string())]
+    );
+    let seat = a.turns.seats().into_iter().find(|s| s.handle == "s0");
+    assert!(
+        seat.and_then(|s| s.last_error)
+            .is_some_and(|e| e.contains("panics")),
+        "the seat's last error is set"
+    );
+    assert!(a.queue.dead_letters(10).await.unwrap().is_empty());
+}
+
+async fn a_failure_after_an_outside_call_does_not_repeat_that_call(f: Fleet) {
+    let mut a = f.node("a", &[echo_role("s0")]).await;
+    f.until("a holds s0", WAIT, || a.holds("s0")).await;
+    a.publish(
+        "s0",
+        &trigger(
+            "X",
+            json!({"echo": {"fail_round": 1, "fail": "after_outside"}}),
+        ),
+    )
+    .await;
+    f.until("the broken turn ends", WAIT, || !a.turns_of("X").is_empty())
+        .await;
+    a.publish("s0", &trigger("after", json!({}))).await;
+    f.until("the next trigger ran", WAIT, || {
+        !a.turns_of("after").is_empty()
+    })
+    .await;
+    f.until_async("the inbox is empty", WAIT, || async {
+        a.pending("s0").await == 0
+    })
+    .await;
+    assert_eq!(
+        a.turns_of("X"),
+        vec![("failed".into(), "ack".into(), true, 1, 2)]
+    );
+    assert_eq!(a.skipped("X"), vec!["broke_after_outside_call"]);
+    assert_eq!(
+        a.effects_of("X").await.len(),
+        1,
+        "the outside call was made once"
+    );
+}
+
+async fn a_failure_before_any_outside_call_is_redelivered_and_runs_again(f: Fleet) {
+    let mut a = f.node("a", &[echo_role("s0")]).await;
+    f.until("a holds s0", WAIT, || a.holds("s0")).await;
+    a.publish(
+        "s0",
+        &trigger(
+            "Y",
+            json!({"echo": {"fail_round": 1, "fail": "before_outside", "fail_deliveries": 1}}),
+        ),
+    )
+    .await;
+    f.until("Y ran twice", WAIT, || a.turns_of("Y").len() >= 2)
+        .await;
+    assert_eq!(
+        a.turns_of("Y"),
+        vec![
+            ("failed".into(), "nak".into(), false, 1, 1),
+            ("completed".into(), "ack".into(), true, 2, 2)
+        ]
+    );
+    assert!(a.skipped("Y").is_empty());
+    assert_eq!(a.effects_of("Y").await.len(), 1);
+}
+
+async fn a_pause_holds_mail_across_a_seat_move_until_resume(f: Fleet) {
+    let mut a = f.node("a", &[echo_role("s0")]).await;
+    f.until("a holds s0", WAIT, || a.holds("s0")).await;
+    let record = PauseRecord {
+        by: "ann".into(),
+        at: "2026-11-30T08:00:00Z".into(),
+        reason: Some("checking its mail".into()),
+        stop_running_turn: false,
+    };
+    assert!(
+        pause::pause(&*a.store, &*a.queue, "s0", record)
+            .await
+            .unwrap()
+    );
+    let host = a.engine.host().clone();
+    f.until("a holds the inbox", WAIT, || {
+        host.inbox_quiesced("s0") == Some(true)
+    })
+    .await;
+    a.publish("s0", &trigger("M", json!({}))).await;
+    let mut b = f.node("b", &[]).await;
+    a.engine.drain().await;
+    f.until("b holds s0", WAIT, || b.holds("s0")).await;
+    let bhost = b.engine.host().clone();
+    assert_eq!(
+        bhost.inbox_quiesced("s0"),
+        Some(true),
+        "b attached the paused seat already held"
+    );
+    // Two sweeps and heartbeats later the mail is still waiting.
+    let until = tokio::time::Instant::now() + SWEEP * 2;
+    while tokio::time::Instant::now() < until {
+        assert!(b.started_with("M").is_empty(), "no turn while paused");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(b.pending("s0").await, 1);
+    assert!(a.started_with("M").is_empty());
+    assert!(
+        pause::resume(&*b.store, &*b.queue, "s0").await.unwrap(),
+        "it was paused"
+    );
+    f.until("b runs M after the resume", WAIT, || {
+        !b.turns_of("M").is_empty()
+    })
+    .await;
+    assert_eq!(b.turns_of("M")[0].0, "completed");
+}
+
+async fn stop_ends_the_running_turn_at_the_next_round_and_the_trigger_does_not_come_back(f: Fleet) {
+    let mut a = f.node("a", &[echo_role("s0")]).await;
+    f.until("a holds s0", WAIT, || a.holds("s0")).await;
+    a.publish(
+        "s0",
+        &trigger("L", json!({"echo": {"rounds": 6, "round_delay_ms": 500}})),
+    )
+    .await;
+    f.until("the long turn started", WAIT, || {
+        !a.started_with("L").is_empty()
+    })
+    .await;
+    pause::stop(&*a.queue, "s0", "ann").await.unwrap();
+    f.until("the turn ends", WAIT, || !a.turns_of("L").is_empty())
+        .await;
+    let t = &a.turns_of("L")[0];
+    assert_eq!((t.0.as_str(), t.1.as_str(), t.2), ("stopped", "ack", true));
+    assert!(t.4 < 6, "it stopped before its last round (ran {})", t.4);
+    assert_eq!(a.skipped("L"), vec!["stopped_by_person"]);
+    assert!(
+        a.effects_of("L").await.is_empty(),
+        "its outbound effect never went"
+    );
+    f.until_async("the inbox is empty", WAIT, || async {
+        a.pending("s0").await == 0
+    })
+    .await;
+    // Recorded: a redelivery of the same trigger is a skip.
+    a.publish("s0", &trigger("L", json!({}))).await;
+    f.until("the copy is skipped", WAIT, || {
+        a.skipped("L").contains(&"already_done".to_string())
+    })
+    .await;
+    assert_eq!(a.turns_of("L").len(), 1);
+}
+
+async fn an_a2a_message_is_routed_by_the_company_to_the_seat_on_another_node(f: Fleet) {
+    let roles = [pinned("s0", "a"), pinned("s1", "b")];
+    let mut a = f.node("a", &roles).await;
+    let mut b = f.node("b", &roles).await;
+    f.until("a holds s0", WAIT, || a.holds("s0")).await;
+    f.until("b holds s1", WAIT, || b.holds("s1")).await;
+    a.publish("s0", &trigger("F", json!({"forward_to": "s1"})))
+        .await;
+    f.until("a ran F", WAIT, || !a.turns_of("F").is_empty())
+        .await;
+    let a2a = |b: &mut Node| {
+        b.matching(|e| match e {
+            Event::TurnStarted {
+                seat, trigger_ids, ..
+            } if seat == "s1" => Some(trigger_ids.clone()),
+            _ => None,
+        })
+    };
+    f.until("b runs the a2a message on s1", WAIT, || {
+        !a2a(&mut b).is_empty()
+    })
+    .await;
+    // The envelope names both agents by their org-derived ids.
+    let ids = a2a(&mut b)[0].clone();
+    assert!(ids[0].starts_with("a2a-"), "{ids:?}");
+    let sent: Vec<Effect> = a
+        .outbox
+        .read(Some("s0"))
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.kind == "a2a_message")
+        .collect();
+    assert_eq!(sent.len(), 1);
+    assert_eq!(
+        sent[0].body["agent_id"],
+        json!(routing::agent_id(COMPANY, "s1").to_string())
+    );
+    assert_eq!(sent[0].body["envelope_id"], json!(ids[0]));
+}
+
+async fn a_message_answered_in_its_thread_is_skipped_on_redelivery(f: Fleet) {
+    let mut a = f.node("a", &[echo_role("s0")]).await;
+    f.until("a holds s0", WAIT, || a.holds("s0")).await;
+    // A later turn reports it answered chat message m-1 in its thread.
+    a.publish("s0", &trigger("T2", json!({"answered": ["m-1"]})))
+        .await;
+    f.until("T2 ran", WAIT, || !a.turns_of("T2").is_empty())
+        .await;
+    // The earlier message's redelivery arrives afterwards.
+    let mut waiting = trigger("T1", json!({}));
+    waiting.kind = "external_notification".into();
+    waiting.message_id = Some("m-1".into());
+    a.publish("s0", &waiting).await;
+    f.until("T1 is skipped", WAIT, || {
+        a.skipped("T1").contains(&"answered_in_thread".to_string())
+    })
+    .await;
+    assert!(a.turns_of("T1").is_empty());
+}
+
+async fn a_type_that_runs_no_turn_is_acked_and_what_does_not_decode_is_dead_lettered(f: Fleet) {
+    let mut a = f.node("a", &[echo_role("s0")]).await;
+    f.until("a holds s0", WAIT, || a.holds("s0")).await;
+    let mut obs = trigger("O", json!({}));
+    obs.kind = "observability".into();
+    a.publish("s0", &obs).await;
+    a.queue
+        .publish(&inbox_subject("s0"), None, Bytes::from_static(b"{not json"))
+        .await
+        .unwrap();
+    f.until_async("one dead letter", WAIT, || async {
+        a.queue.dead_letters(10).await.unwrap().len() == 1
+    })
+    .await;
+    f.until_async("the inbox is empty", WAIT, || async {
+        a.pending("s0").await == 0
+    })
+    .await;
+    let ignored = a.matching(|e| match e {
+        Event::TurnTriggerIgnored { trigger_id, .. } => Some(trigger_id.clone()),
+        _ => None,
+    });
+    assert_eq!(ignored, vec!["O"]);
+    assert!(a.turns_of("O").is_empty());
+}
+
+/// A child that ignores SIGTERM: the release hook cannot prove its
+/// teardown, the seat goes undead (still leased), and the next retry after
+/// the child dies releases it.
+async fn a_command_agent_that_ignores_sigterm_makes_the_seat_undead_until_it_dies(f: Fleet) {
+    let dir = tempfile::tempdir().unwrap();
+    let pidfile = dir.path().join("pid");
+    let script = dir.path().join("stubborn.py");
+    std::fs::write(
+        &script,
+        "import os, signal, sys\n\
+         signal.signal(signal.SIGTERM, signal.SIG_IGN)\n\
+         open(sys.argv[1], 'w').write(str(os.getpid()))\n\
+         for line in sys.stdin:\n    pass\n\
+         signal.pause()\n",
+    )
+    .unwrap();
+    let mut cfg = CommandConfig::new(vec![
+        "python3".into(),
+        script.display().to_string(),
+        pidfile.display().to_string(),
+    ]);
+    cfg.stop_wait_ms = 300;
+    let role = RoleConfig {
+        handle: "cmd".into(),
+        agent: AgentConfig::Command(cfg),
+        placement: PlacementConfig::default(),
+    };
+    let mut a = f.node("a", &[role, echo_role("other")]).await;
+    f.until("a holds cmd", WAIT, || a.holds("cmd")).await;
+    f.until("the child wrote its pid", WAIT, || {
+        std::fs::read_to_string(&pidfile).is_ok_and(|s| !s.is_empty())
+    })
+    .await;
+    let pid: i32 = std::fs::read_to_string(&pidfile).unwrap().parse().unwrap();
+    // The role leaves the company: the seat is released, the child will
+    // not die.
+    company::apply(&*a.store, COMPANY, &[echo_role("other")])
+        .await
+        .unwrap();
+    f.until("the seat goes undead", WAIT, || {
+        a.engine.host().undead() == vec!["cmd".to_string()]
+    })
+    .await;
+    assert!(
+        a.matching(|e| match e {
+            Event::SeatReleaseUnproven { seat, error, .. } if seat == "cmd" => Some(error.clone()),
+            _ => None,
+        })
+        .iter()
+        .any(|e| e.contains(&pid.to_string())),
+        "the alarm names the child"
+    );
+    let lease = a.store.lease("seat:cmd").await.unwrap();
+    assert!(lease.is_some(), "an undead seat keeps its lease");
+    // An operator kills it.
+    let killed = std::process::Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    f.until("the seat is released", WAIT, || {
+        a.engine.host().undead().is_empty()
+    })
+    .await;
+    assert!(
+        !a.matching(|e| match e {
+            Event::SeatReleaseRecovered { seat, .. } if seat == "cmd" => Some(()),
+            _ => None,
+        })
+        .is_empty()
+    );
+    f.until_async("the lease is given back", WAIT, || async {
+        a.store.lease("seat:cmd").await.unwrap().is_none()
+    })
+    .await;
+}
+
+// A child process and tokio's paused clock do not mix (the clock jumps
+// while the runtime waits on the child), so both backends run in real time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twin_a_command_agent_that_ignores_sigterm_makes_the_seat_undead_until_it_dies() {
+    a_command_agent_that_ignores_sigterm_makes_the_seat_undead_until_it_dies(
+        Fleet::new(Kind::Twin).await,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_a_command_agent_that_ignores_sigterm_makes_the_seat_undead_until_it_dies() {
+    a_command_agent_that_ignores_sigterm_makes_the_seat_undead_until_it_dies(
+        Fleet::new(Kind::Nats).await,
+    )
+    .await;
+}

@@ -141,3 +141,13 @@ pub struct NewPerson {
     pub role: PersonRole,
     pub password: String,
 }
+
+/// What a person's pause, resume or stop of a seat came to, as the JSON API
+/// answers it: `{"seat": "alpha", "result": "paused"}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SeatActionResult {
+    pub seat: String,
+    /// One short phrase: `paused`, `already paused (updated)`, `resumed`,
+    /// `was not paused` or `stop requested`.
+    pub result: String,
+}

@@ -7,7 +7,9 @@
 
 use std::sync::Arc;
 
-use crate::api::{AuditEntry, FleetView, NewPerson, Person, PersonRole, PersonView};
+use crate::api::{
+    AuditEntry, FleetView, NewPerson, Person, PersonRole, PersonView, SeatActionResult,
+};
 
 /// A failure the dashboard shows to a person as a sentence.
 #[derive(Debug, thiserror::Error)]
@@ -18,6 +20,9 @@ pub enum ConsoleError {
     /// The person may not do this.
     #[error("{0}")]
     Forbidden(String),
+    /// The thing acted on does not exist; the message names it.
+    #[error("{0}")]
+    NotFound(String),
     /// Something the node depends on failed; the message says what.
     #[error("{0}")]
     Unavailable(String),
@@ -51,6 +56,28 @@ pub trait Console: Send + Sync + 'static {
         handle: &str,
         envelope_json: &str,
     ) -> Result<String, ConsoleError>;
+    /// Pause a seat fleet-wide: its holder holds the inbox until a resume;
+    /// with `stop_running_turn` the running turn also stops at its next
+    /// round (operators only; audited). Pausing a paused seat updates the
+    /// pause (`already paused (updated)`).
+    async fn pause(
+        &self,
+        actor: &Person,
+        handle: &str,
+        reason: Option<String>,
+        stop_running_turn: bool,
+    ) -> Result<SeatActionResult, ConsoleError>;
+    /// Resume a paused seat (operators only; audited). Resuming a seat that
+    /// is not paused answers `was not paused`.
+    async fn resume(&self, actor: &Person, handle: &str) -> Result<SeatActionResult, ConsoleError>;
+    /// Ask a seat's running turn to stop at its next round (operators only;
+    /// audited).
+    async fn stop(
+        &self,
+        actor: &Person,
+        handle: &str,
+        reason: Option<String>,
+    ) -> Result<SeatActionResult, ConsoleError>;
 }
 
 /// How the node hands the console to Leptos.

@@ -15,6 +15,9 @@ pub enum AppError {
     Forbidden(String),
     #[error("{0}")]
     Invalid(String),
+    /// The thing asked about does not exist; the sentence names it.
+    #[error("{0}")]
+    NotFound(String),
     #[error("{0}")]
     Unavailable(String),
     /// The request never reached the node, or its answer could not be read.
@@ -42,6 +45,7 @@ impl From<crate::console::ConsoleError> for AppError {
         match e {
             ConsoleError::Invalid(m) => AppError::Invalid(m),
             ConsoleError::Forbidden(m) => AppError::Forbidden(m),
+            ConsoleError::NotFound(m) => AppError::NotFound(m),
             ConsoleError::Unavailable(m) => AppError::Unavailable(m),
         }
     }

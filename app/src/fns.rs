@@ -8,7 +8,7 @@
 
 use leptos::prelude::*;
 
-use crate::api::{AuditEntry, FleetView, NewPerson, Person, PersonView};
+use crate::api::{AuditEntry, FleetView, NewPerson, Person, PersonView, SeatActionResult};
 use crate::error::AppError;
 
 #[cfg(feature = "ssr")]
@@ -52,6 +52,7 @@ pub mod ssr {
         status(match e {
             ConsoleError::Invalid(_) => StatusCode::BAD_REQUEST,
             ConsoleError::Forbidden(_) => StatusCode::FORBIDDEN,
+            ConsoleError::NotFound(_) => StatusCode::NOT_FOUND,
             ConsoleError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
         });
         e.into()
@@ -99,4 +100,43 @@ pub async fn add_person(name: String, role: String) -> Result<NewPerson, AppErro
 pub async fn audit_log() -> Result<Vec<AuditEntry>, AppError> {
     ssr::person().await?;
     ssr::console()?.audit(200).await.map_err(ssr::fail)
+}
+
+/// Pause a seat fleet-wide; with `stop_running_turn` its running turn also
+/// stops at its next round (operators only; audited).
+#[server(endpoint = "pause_seat")]
+pub async fn pause_seat(
+    handle: String,
+    #[server(default)] reason: Option<String>,
+    #[server(default)] stop_running_turn: bool,
+) -> Result<SeatActionResult, AppError> {
+    let actor = ssr::person().await?;
+    ssr::console()?
+        .pause(&actor, &handle, reason, stop_running_turn)
+        .await
+        .map_err(ssr::fail)
+}
+
+/// Resume a paused seat (operators only; audited).
+#[server(endpoint = "resume_seat")]
+pub async fn resume_seat(handle: String) -> Result<SeatActionResult, AppError> {
+    let actor = ssr::person().await?;
+    ssr::console()?
+        .resume(&actor, &handle)
+        .await
+        .map_err(ssr::fail)
+}
+
+/// Ask a seat's running turn to stop at its next round (operators only;
+/// audited).
+#[server(endpoint = "stop_seat_turn")]
+pub async fn stop_seat_turn(
+    handle: String,
+    #[server(default)] reason: Option<String>,
+) -> Result<SeatActionResult, AppError> {
+    let actor = ssr::person().await?;
+    ssr::console()?
+        .stop(&actor, &handle, reason)
+        .await
+        .map_err(ssr::fail)
 }

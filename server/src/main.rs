@@ -75,6 +75,56 @@ enum Command {
         /// The envelope's body: JSON (a bare word is sent as a JSON string).
         body: String,
     },
+    /// Pause a seat fleet-wide through a running node's HTTP API (POST
+    /// /api/seats/{handle}/pause): its holder holds the inbox until a
+    /// resume. Exits 0 when done, 1 when refused or failed.
+    Pause {
+        /// The seat's handle.
+        #[arg(long)]
+        seat: String,
+        /// Why (kept with the pause and in the audit log).
+        #[arg(long)]
+        reason: Option<String>,
+        /// Also stop the running turn at its next round.
+        #[arg(long)]
+        stop_running_turn: bool,
+        #[command(flatten)]
+        api: Api,
+    },
+    /// Resume a paused seat through a running node's HTTP API (POST
+    /// /api/seats/{handle}/resume). Exits 0 when done, 1 when refused or
+    /// failed.
+    Resume {
+        /// The seat's handle.
+        #[arg(long)]
+        seat: String,
+        #[command(flatten)]
+        api: Api,
+    },
+    /// Ask a seat's running turn to stop at its next round through a
+    /// running node's HTTP API (POST /api/seats/{handle}/stop). Exits 0 when
+    /// asked, 1 when refused or failed.
+    Stop {
+        /// The seat's handle.
+        #[arg(long)]
+        seat: String,
+        /// Why (kept in the audit log).
+        #[arg(long)]
+        reason: Option<String>,
+        #[command(flatten)]
+        api: Api,
+    },
+}
+
+/// Where a running node's HTTP API is, and the token to use it.
+#[derive(clap::Args)]
+struct Api {
+    /// The node to talk to.
+    #[arg(long, default_value = "http://127.0.0.1:3000")]
+    node: String,
+    /// An operator API token ([[auth.tokens]]).
+    #[arg(long, env = "CREWLET_TOKEN", hide_env_values = true)]
+    token: String,
 }
 
 fn main() -> ExitCode {
@@ -92,6 +142,52 @@ fn main() -> ExitCode {
             token,
             body,
         } => send(&seat, &kind, id, &node, &token, &body),
+        Command::Pause {
+            seat,
+            reason,
+            stop_running_turn,
+            api,
+        } => seat_action(
+            &api,
+            &seat,
+            "pause",
+            serde_json::json!({ "reason": reason, "stop_running_turn": stop_running_turn }),
+        ),
+        Command::Resume { seat, api } => seat_action(&api, &seat, "resume", serde_json::json!({})),
+        Command::Stop { seat, reason, api } => {
+            seat_action(&api, &seat, "stop", serde_json::json!({ "reason": reason }))
+        }
+    }
+}
+
+/// POST /api/seats/{seat}/{action} and print the node's answer: `seat:
+/// result` on success (exit 0), the node's reason on stderr otherwise
+/// (exit 1).
+fn seat_action(api: &Api, seat: &str, action: &str, body: serde_json::Value) -> ExitCode {
+    let url = format!(
+        "{}/api/seats/{seat}/{action}",
+        api.node.trim_end_matches('/')
+    );
+    match post(&url, &api.token, "application/json", body.to_string()) {
+        Ok((status, answer)) if status.is_success() => {
+            println!(
+                "{}: {}",
+                answer["seat"].as_str().unwrap_or(seat),
+                answer["result"].as_str().unwrap_or("done")
+            );
+            ExitCode::SUCCESS
+        }
+        Ok((status, answer)) => {
+            eprintln!(
+                "error: the node refused to {action} {seat} ({status}): {}",
+                answer["error"].as_str().unwrap_or("no reason given")
+            );
+            ExitCode::from(1)
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(1)
+        }
     }
 }
 

@@ -796,3 +796,503 @@ async fn crewlet_send_publishes_one_envelope_through_a_node() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("not in the active company"));
     n.stop().await;
 }
+
+/// The newest audit rows for `action`, oldest first, read by an operator.
+async fn audit_rows(n: &TestNode, action: &str) -> Vec<Value> {
+    let op = client();
+    sign_in(n, &op, "olivia", "op-pass").await;
+    let mut log: Vec<Value> = op
+        .post(n.url("/api/audit_log"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    log.retain(|e| e["action"] == action);
+    log.reverse();
+    log
+}
+
+async fn seat_pause(n: &TestNode, handle: &str) -> Option<crewlet::engine::pause::PauseRecord> {
+    let engine = n.node.as_ref().unwrap().engine.clone();
+    crewlet::engine::pause::read(&**engine.store(), handle)
+        .await
+        .unwrap()
+}
+
+/// Every event already on `rx` (the console emits before it answers).
+fn events_so_far(
+    rx: &mut tokio::sync::broadcast::Receiver<crewlet::events::FleetEvent>,
+) -> Vec<crewlet::events::Event> {
+    let mut out = Vec::new();
+    while let Ok(e) = rx.try_recv() {
+        out.push(e.event);
+    }
+    out
+}
+
+#[tokio::test]
+async fn a_viewer_cannot_pause_and_the_refusal_is_audited() {
+    let n = TestNode::start().await;
+    let viewer = client();
+    sign_in(&n, &viewer, "victor", "view-pass").await;
+    let r = viewer
+        .post(n.url("/api/seats/alpha/pause"))
+        .body(r#"{"reason":"curious","stop_running_turn":true}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    let v: Value = r.json().await.unwrap();
+    let msg = v["error"].as_str().unwrap();
+    assert!(msg.contains("only operators may pause a seat"), "{msg}");
+    // A viewer's token is refused the same way.
+    let r = client()
+        .post(n.url("/api/seats/alpha/pause"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+
+    assert_eq!(seat_pause(&n, "alpha").await, None, "nothing was paused");
+    let rows = audit_rows(&n, "seat.pause").await;
+    let got: Vec<(&str, &str, &str, &str)> = rows
+        .iter()
+        .map(|e| {
+            (
+                e["person"].as_str().unwrap(),
+                e["seat"].as_str().unwrap(),
+                e["reason"].as_str().unwrap_or(""),
+                e["result"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            ("victor", "alpha", "curious", "refused: not an operator"),
+            ("token:monitoring", "alpha", "", "refused: not an operator"),
+        ]
+    );
+    n.stop().await;
+}
+
+#[tokio::test]
+async fn an_operator_pauses_and_resumes_a_seat_and_both_are_audited() {
+    use crewlet::events::Event;
+    let n = TestNode::start().await;
+    let mut events = n.node.as_ref().unwrap().engine.events().subscribe();
+    let op = client();
+    sign_in(&n, &op, "olivia", "op-pass").await;
+    let r = op
+        .post(n.url("/api/seats/alpha/pause"))
+        .body(r#"{"reason":"  rotating the API keys  "}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(
+        r.json::<Value>().await.unwrap(),
+        serde_json::json!({"seat": "alpha", "result": "paused"})
+    );
+    let record = seat_pause(&n, "alpha")
+        .await
+        .expect("the pause is recorded");
+    assert_eq!(record.by, "olivia");
+    assert_eq!(record.reason.as_deref(), Some("rotating the API keys"));
+    assert!(!record.stop_running_turn);
+    assert!(!record.at.is_empty());
+
+    // The resume comes through an operator token.
+    let r = client()
+        .post(n.url("/api/seats/alpha/resume"))
+        .bearer_auth(DEPLOY_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(
+        r.json::<Value>().await.unwrap(),
+        serde_json::json!({"seat": "alpha", "result": "resumed"})
+    );
+    assert_eq!(seat_pause(&n, "alpha").await, None, "the pause is gone");
+
+    let ours: Vec<Event> = events_so_far(&mut events)
+        .into_iter()
+        .filter(|e| matches!(e, Event::SeatPaused { .. } | Event::SeatResumed { .. }))
+        .collect();
+    assert_eq!(
+        ours,
+        vec![
+            Event::SeatPaused {
+                seat: "alpha".into(),
+                by: "olivia".into(),
+                reason: Some("rotating the API keys".into()),
+                stop_running_turn: false,
+            },
+            Event::SeatResumed {
+                seat: "alpha".into(),
+                by: "token:deploy".into(),
+            },
+        ]
+    );
+    let pauses = audit_rows(&n, "seat.pause").await;
+    let resumes = audit_rows(&n, "seat.resume").await;
+    assert_eq!(pauses.len(), 1, "{pauses:?}");
+    assert_eq!(pauses[0]["person"], "olivia");
+    assert_eq!(pauses[0]["seat"], "alpha");
+    assert_eq!(pauses[0]["reason"], "rotating the API keys");
+    assert_eq!(pauses[0]["result"], "paused");
+    assert_eq!(resumes.len(), 1, "{resumes:?}");
+    assert_eq!(resumes[0]["person"], "token:deploy");
+    assert_eq!(resumes[0]["seat"], "alpha");
+    assert_eq!(resumes[0]["result"], "resumed");
+    n.stop().await;
+}
+
+#[tokio::test]
+async fn pausing_a_paused_seat_updates_the_pause_and_resuming_twice_says_it_was_not_paused() {
+    let n = TestNode::start().await;
+    let pause = |body: &'static str| {
+        client()
+            .post(n.url("/api/seats/alpha/pause"))
+            .bearer_auth(DEPLOY_TOKEN)
+            .body(body)
+            .send()
+    };
+    let first: Value = pause("").await.unwrap().json().await.unwrap();
+    assert_eq!(first["result"], "paused");
+    assert_eq!(seat_pause(&n, "alpha").await.unwrap().reason, None);
+    let again: Value = pause(r#"{"reason":"still busy","stop_running_turn":true}"#)
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        again["result"],
+        "already paused (updated); the running turn stops at its next round"
+    );
+    let record = seat_pause(&n, "alpha").await.unwrap();
+    assert_eq!(record.reason.as_deref(), Some("still busy"));
+    assert!(record.stop_running_turn);
+    for want in ["resumed", "was not paused"] {
+        let v: Value = client()
+            .post(n.url("/api/seats/alpha/resume"))
+            .bearer_auth(DEPLOY_TOKEN)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(v["result"], want);
+    }
+    let results: Vec<Value> = audit_rows(&n, "seat.resume")
+        .await
+        .into_iter()
+        .map(|e| e["result"].clone())
+        .collect();
+    assert_eq!(
+        results,
+        vec![
+            serde_json::json!("resumed"),
+            serde_json::json!("was not paused")
+        ]
+    );
+    n.stop().await;
+}
+
+#[tokio::test]
+async fn pausing_an_unknown_seat_names_it() {
+    let n = TestNode::start().await;
+    for action in ["pause", "resume", "stop"] {
+        let r = client()
+            .post(n.url(&format!("/api/seats/ghost/{action}")))
+            .bearer_auth(DEPLOY_TOKEN)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::NOT_FOUND, "{action}");
+        let v: Value = r.json().await.unwrap();
+        let msg = v["error"].as_str().unwrap();
+        assert!(
+            msg.contains("\"ghost\"") && msg.contains("not in the active company"),
+            "{action}: {msg}"
+        );
+    }
+    assert_eq!(seat_pause(&n, "ghost").await, None);
+    let rows = audit_rows(&n, "seat.pause").await;
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0]["seat"], "ghost");
+    assert_eq!(rows[0]["result"], "refused: no such seat");
+    n.stop().await;
+}
+
+#[tokio::test]
+async fn a_malformed_pause_body_is_refused_naming_the_field() {
+    let n = TestNode::start().await;
+    for (action, body, says) in [
+        (
+            "pause",
+            r#"{"stop_running_turn":"yes"}"#,
+            "stop_running_turn:",
+        ),
+        ("pause", r#"{"reason":7}"#, "reason:"),
+        ("pause", r#"{"reasn":"typo"}"#, "reasn:"),
+        ("pause", "{not json", "not JSON"),
+        ("pause", "[]", "not a JSON object"),
+        (
+            "stop",
+            r#"{"stop_running_turn":true}"#,
+            "stop_running_turn:",
+        ),
+        ("resume", r#"{"reason":"x"}"#, "reason:"),
+    ] {
+        let r = client()
+            .post(n.url(&format!("/api/seats/alpha/{action}")))
+            .bearer_auth(DEPLOY_TOKEN)
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::BAD_REQUEST, "{action} {body}");
+        let v: Value = r.json().await.unwrap();
+        let msg = v["error"].as_str().unwrap();
+        assert!(msg.contains(says), "{action} {body}: {msg}");
+    }
+    let long = "x".repeat(501);
+    let r = client()
+        .post(n.url("/api/seats/alpha/pause"))
+        .bearer_auth(DEPLOY_TOKEN)
+        .body(serde_json::json!({ "reason": long }).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    let v: Value = r.json().await.unwrap();
+    assert!(v["error"].as_str().unwrap().starts_with("reason:"), "{v}");
+    assert_eq!(seat_pause(&n, "alpha").await, None, "nothing was paused");
+    n.stop().await;
+}
+
+#[tokio::test]
+async fn stop_is_operator_only_and_audited() {
+    use crewlet::events::Event;
+    let n = TestNode::start().await;
+    let mut events = n.node.as_ref().unwrap().engine.events().subscribe();
+    let r = client()
+        .post(n.url("/api/seats/alpha/stop"))
+        .bearer_auth(TOKEN)
+        .body(r#"{"reason":"looping"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    let v: Value = r.json().await.unwrap();
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap()
+            .contains("only operators may stop a seat's turn"),
+        "{v}"
+    );
+    let r = client()
+        .post(n.url("/api/seats/alpha/stop"))
+        .bearer_auth(DEPLOY_TOKEN)
+        .body(r#"{"reason":"looping"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(
+        r.json::<Value>().await.unwrap(),
+        serde_json::json!({"seat": "alpha", "result": "stop requested"})
+    );
+    let stops: Vec<Event> = events_so_far(&mut events)
+        .into_iter()
+        .filter(|e| matches!(e, Event::TurnStopRequested { .. }))
+        .collect();
+    assert_eq!(
+        stops,
+        vec![Event::TurnStopRequested {
+            seat: "alpha".into(),
+            by: "token:deploy".into()
+        }]
+    );
+    // A stop is not a pause.
+    assert_eq!(seat_pause(&n, "alpha").await, None);
+    let rows: Vec<(String, String, String)> = audit_rows(&n, "seat.stop_turn")
+        .await
+        .iter()
+        .map(|e| {
+            (
+                e["person"].as_str().unwrap().to_string(),
+                e["reason"].as_str().unwrap().to_string(),
+                e["result"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        vec![
+            (
+                "token:monitoring".to_string(),
+                "looping".to_string(),
+                "refused: not an operator".to_string()
+            ),
+            (
+                "token:deploy".to_string(),
+                "looping".to_string(),
+                "stop requested".to_string()
+            ),
+        ]
+    );
+    n.stop().await;
+}
+
+#[tokio::test]
+async fn crewlet_pause_and_resume_talk_to_the_api() {
+    let n = TestNode::start().await;
+    for command in ["pause", "resume", "stop"] {
+        let out = crewlet_cli(&[command, "--help"], None).await;
+        assert_eq!(out.status.code(), Some(0), "{command} --help");
+        let help = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            help.contains("--seat") && help.contains("--token"),
+            "{help}"
+        );
+    }
+    let out = crewlet_cli(
+        &[
+            "pause",
+            "--node",
+            &n.base,
+            "--seat",
+            "alpha",
+            "--reason",
+            "deploying",
+            "--stop-running-turn",
+        ],
+        None,
+    )
+    .await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        stdout.trim(),
+        "alpha: paused; the running turn stops at its next round"
+    );
+    let record = seat_pause(&n, "alpha").await.expect("paused");
+    assert_eq!(record.by, "token:deploy");
+    assert_eq!(record.reason.as_deref(), Some("deploying"));
+    assert!(record.stop_running_turn);
+
+    let out = crewlet_cli(&["resume", "--node", &n.base, "--seat", "alpha"], None).await;
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "alpha: resumed"
+    );
+    assert_eq!(seat_pause(&n, "alpha").await, None);
+
+    let out = crewlet_cli(&["stop", "--node", &n.base, "--seat", "alpha"], None).await;
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "alpha: stop requested"
+    );
+
+    // A refusal exits 1 with the node's reason.
+    let out = crewlet_cli(&["pause", "--node", &n.base, "--seat", "ghost"], None).await;
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("\"ghost\"") && stderr.contains("not in the active company"),
+        "{stderr}"
+    );
+    let mut viewer = tokio::process::Command::new(env!("CARGO_BIN_EXE_crewlet"));
+    viewer
+        .args([
+            "resume", "--node", &n.base, "--seat", "alpha", "--token", TOKEN,
+        ])
+        .env_remove("CREWLET_TOKEN");
+    let out = viewer.output().await.unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("only operators may resume a seat"));
+    n.stop().await;
+}
+
+#[tokio::test]
+async fn a_cross_site_pause_is_refused_even_for_a_signed_in_operator() {
+    let n = TestNode::start().await;
+    let op = client();
+    sign_in(&n, &op, "olivia", "op-pass").await;
+    let r = op
+        .post(n.url("/api/seats/alpha/pause"))
+        .header("origin", "http://evil.example")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    assert_eq!(seat_pause(&n, "alpha").await, None);
+    n.stop().await;
+}
+
+#[tokio::test]
+async fn the_dashboards_seat_functions_pause_resume_and_stop_for_operators_only() {
+    let n = TestNode::start().await;
+    let op = client();
+    sign_in(&n, &op, "olivia", "op-pass").await;
+    let r = op
+        .post(n.url("/api/pause_seat"))
+        .form(&[("handle", "alpha"), ("reason", "from the Seats page")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(
+        r.json::<Value>().await.unwrap(),
+        serde_json::json!({"seat": "alpha", "result": "paused"})
+    );
+    let record = seat_pause(&n, "alpha").await.expect("paused");
+    assert_eq!(record.reason.as_deref(), Some("from the Seats page"));
+    assert!(!record.stop_running_turn);
+    let r = op
+        .post(n.url("/api/resume_seat"))
+        .form(&[("handle", "alpha")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.json::<Value>().await.unwrap()["result"], "resumed");
+    let r = op
+        .post(n.url("/api/pause_seat"))
+        .form(&[("handle", "ghost")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+
+    let viewer = client();
+    sign_in(&n, &viewer, "victor", "view-pass").await;
+    let r = viewer
+        .post(n.url("/api/stop_seat_turn"))
+        .form(&[("handle", "alpha")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    let body = r.text().await.unwrap();
+    assert!(
+        body.contains("only operators may stop a seat's turn"),
+        "{body}"
+    );
+    n.stop().await;
+}

@@ -8,11 +8,15 @@ use std::sync::Arc;
 
 use sqlx::SqlitePool;
 
-use app::api::{AuditEntry, FleetView, NewPerson, Person, PersonRole, PersonView};
+use app::api::{
+    AuditEntry, FleetView, NewPerson, Person, PersonRole, PersonView, SeatActionResult,
+};
 use app::console::{Console, ConsoleError};
 
 use crate::audit;
 use crate::config::CoordinationType;
+use crate::engine::pause::{self, PauseError, PauseRecord};
+use crate::events::Event;
 use crate::node::NodeInfo;
 use crate::node::fleet::read_fleet;
 use crate::seat::sweep::SeatEngine;
@@ -55,6 +59,155 @@ impl NodeConsole {
                     "The audit log cannot be written, so nothing was done.".into(),
                 )
             })
+    }
+}
+
+/// The longest reason a person may give for a pause or a stop.
+pub const MAX_REASON_CHARS: usize = 500;
+
+/// A person's action on one seat, as the audit log names it.
+#[derive(Clone, Copy)]
+enum SeatAction {
+    Pause,
+    Resume,
+    Stop,
+}
+
+impl SeatAction {
+    fn audit_name(self) -> &'static str {
+        match self {
+            SeatAction::Pause => "seat.pause",
+            SeatAction::Resume => "seat.resume",
+            SeatAction::Stop => "seat.stop_turn",
+        }
+    }
+
+    fn verb(self) -> &'static str {
+        match self {
+            SeatAction::Pause => "pause a seat",
+            SeatAction::Resume => "resume a seat",
+            SeatAction::Stop => "stop a seat's turn",
+        }
+    }
+}
+
+impl NodeConsole {
+    /// Write one audit row about `seat`. A failure is reported to the person
+    /// (the action, if done, stays done).
+    async fn audited_seat(
+        &self,
+        actor: &Person,
+        action: SeatAction,
+        seat: &str,
+        reason: Option<&str>,
+        result: &str,
+    ) -> Result<(), ConsoleError> {
+        audit::record(
+            &self.pool,
+            &actor.name,
+            action.audit_name(),
+            Some(seat),
+            reason,
+            result,
+        )
+        .await
+        .map_err(|e| unavailable("write the audit log", e))
+    }
+
+    /// The checks every seat action passes before it is done: the person is
+    /// an operator, the seat is in the active company, the reason is
+    /// short. Each refusal is audited. Returns the trimmed reason (an empty
+    /// one is none).
+    async fn admit_seat_action(
+        &self,
+        actor: &Person,
+        action: SeatAction,
+        handle: &str,
+        reason: Option<String>,
+    ) -> Result<Option<String>, ConsoleError> {
+        let reason = reason
+            .map(|r| r.trim().to_string())
+            .filter(|r| !r.is_empty());
+        if !actor.is_operator() {
+            self.audited_seat(
+                actor,
+                action,
+                handle,
+                reason.as_deref(),
+                "refused: not an operator",
+            )
+            .await?;
+            return Err(ConsoleError::Forbidden(format!(
+                "{} is a viewer: only operators may {}.",
+                actor.name,
+                action.verb()
+            )));
+        }
+        if !self.engine.company().handles().any(|h| h == handle) {
+            let e = PauseError::NoSuchSeat(handle.to_string());
+            self.audited_seat(
+                actor,
+                action,
+                handle,
+                reason.as_deref(),
+                "refused: no such seat",
+            )
+            .await?;
+            return Err(seat_failure(handle, e));
+        }
+        if let Some(r) = &reason {
+            let n = r.chars().count();
+            if n > MAX_REASON_CHARS {
+                self.audited_seat(actor, action, handle, None, "refused: reason too long")
+                    .await?;
+                return Err(ConsoleError::Invalid(format!(
+                    "reason: at most {MAX_REASON_CHARS} characters (this one has {n})."
+                )));
+            }
+        }
+        Ok(reason)
+    }
+
+    /// Audit a seat action the engine could not do, and say why.
+    async fn failed_seat_action(
+        &self,
+        actor: &Person,
+        action: SeatAction,
+        handle: &str,
+        reason: Option<&str>,
+        e: PauseError,
+    ) -> ConsoleError {
+        let result = match (&e, action) {
+            (PauseError::NoSuchSeat(_), _) => "refused: no such seat",
+            (PauseError::Store(_), _) => "failed: the coordination store is unavailable",
+            (PauseError::Queue(_), SeatAction::Pause) => {
+                "failed: the pause is recorded, but the seat's holder could not be told"
+            }
+            (PauseError::Queue(_), SeatAction::Resume) => {
+                "failed: the pause is removed, but the seat's holder could not be told"
+            }
+            (PauseError::Queue(_), SeatAction::Stop) => {
+                "failed: the seat's control subject is unavailable"
+            }
+        };
+        if let Err(audit_error) = self
+            .audited_seat(actor, action, handle, reason, result)
+            .await
+        {
+            return audit_error;
+        }
+        seat_failure(handle, e)
+    }
+}
+
+/// The sentence a person sees for a seat action that was not done.
+fn seat_failure(handle: &str, e: PauseError) -> ConsoleError {
+    match e {
+        PauseError::NoSuchSeat(_) => ConsoleError::NotFound(format!(
+            "seat {handle:?} is not in the active company; check the handle (GET /query/fleet lists the seats held)."
+        )),
+        PauseError::Store(e) => unavailable("reach the coordination store", e),
+        PauseError::Queue(e) => unavailable("reach the seat's control subject", e),
     }
 }
 
@@ -266,6 +419,112 @@ impl Console for NodeConsole {
         .await
         .map_err(|e| unavailable("write the audit log", e))?;
         Ok(envelope.id)
+    }
+
+    async fn pause(
+        &self,
+        actor: &Person,
+        handle: &str,
+        reason: Option<String>,
+        stop_running_turn: bool,
+    ) -> Result<SeatActionResult, ConsoleError> {
+        let action = SeatAction::Pause;
+        let reason = self
+            .admit_seat_action(actor, action, handle, reason)
+            .await?;
+        let record = PauseRecord {
+            by: actor.name.clone(),
+            at: audit::now_rfc3339(),
+            reason: reason.clone(),
+            stop_running_turn,
+        };
+        let engine = &self.engine;
+        let fresh = match pause::pause(&**engine.store(), &**engine.queue(), handle, record).await {
+            Ok(fresh) => fresh,
+            Err(e) => {
+                return Err(self
+                    .failed_seat_action(actor, action, handle, reason.as_deref(), e)
+                    .await);
+            }
+        };
+        engine.events().emit(Event::SeatPaused {
+            seat: handle.to_string(),
+            by: actor.name.clone(),
+            reason: reason.clone(),
+            stop_running_turn,
+        });
+        let mut result = if fresh {
+            "paused".to_string()
+        } else {
+            "already paused (updated)".to_string()
+        };
+        if stop_running_turn {
+            result.push_str("; the running turn stops at its next round");
+        }
+        self.audited_seat(actor, action, handle, reason.as_deref(), &result)
+            .await?;
+        Ok(SeatActionResult {
+            seat: handle.to_string(),
+            result,
+        })
+    }
+
+    async fn resume(&self, actor: &Person, handle: &str) -> Result<SeatActionResult, ConsoleError> {
+        let action = SeatAction::Resume;
+        self.admit_seat_action(actor, action, handle, None).await?;
+        let engine = &self.engine;
+        let was_paused = match pause::resume(&**engine.store(), &**engine.queue(), handle).await {
+            Ok(was) => was,
+            Err(e) => {
+                return Err(self
+                    .failed_seat_action(actor, action, handle, None, e)
+                    .await);
+            }
+        };
+        let result = if was_paused {
+            engine.events().emit(Event::SeatResumed {
+                seat: handle.to_string(),
+                by: actor.name.clone(),
+            });
+            "resumed"
+        } else {
+            "was not paused"
+        };
+        self.audited_seat(actor, action, handle, None, result)
+            .await?;
+        Ok(SeatActionResult {
+            seat: handle.to_string(),
+            result: result.to_string(),
+        })
+    }
+
+    async fn stop(
+        &self,
+        actor: &Person,
+        handle: &str,
+        reason: Option<String>,
+    ) -> Result<SeatActionResult, ConsoleError> {
+        let action = SeatAction::Stop;
+        let reason = self
+            .admit_seat_action(actor, action, handle, reason)
+            .await?;
+        let engine = &self.engine;
+        if let Err(e) = pause::stop(&**engine.queue(), handle, &actor.name).await {
+            return Err(self
+                .failed_seat_action(actor, action, handle, reason.as_deref(), e)
+                .await);
+        }
+        engine.events().emit(Event::TurnStopRequested {
+            seat: handle.to_string(),
+            by: actor.name.clone(),
+        });
+        let result = "stop requested";
+        self.audited_seat(actor, action, handle, reason.as_deref(), result)
+            .await?;
+        Ok(SeatActionResult {
+            seat: handle.to_string(),
+            result: result.to_string(),
+        })
     }
 
     async fn audit(&self, limit: u32) -> Result<Vec<AuditEntry>, ConsoleError> {

@@ -146,6 +146,9 @@ pub async fn router(setup: WebSetup<'_>) -> Result<Router, WebError> {
             "/api/seats/{handle}/inbox",
             axum::routing::post(send_to_inbox),
         )
+        .route("/api/seats/{handle}/pause", post(pause_seat))
+        .route("/api/seats/{handle}/resume", post(resume_seat))
+        .route("/api/seats/{handle}/stop", post(stop_seat_turn))
         .leptos_routes_with_context(
             &leptos_options,
             routes,
@@ -238,12 +241,135 @@ async fn send_to_inbox(
     }
 }
 
+/// The body of a seat action: a JSON object whose fields are all optional
+/// (an empty body is `{}`). Each field's type is checked here so that a
+/// malformed body is refused with the field's name.
+struct SeatActionBody {
+    reason: Option<String>,
+    stop_running_turn: bool,
+}
+
+impl SeatActionBody {
+    /// Read `body`, which may carry only the fields in `allowed`.
+    fn parse(body: &str, allowed: &[&str]) -> Result<SeatActionBody, app::console::ConsoleError> {
+        use app::console::ConsoleError;
+        let mut out = SeatActionBody {
+            reason: None,
+            stop_running_turn: false,
+        };
+        if body.trim().is_empty() {
+            return Ok(out);
+        }
+        let hint = if allowed.is_empty() {
+            "send no body (or {})".to_string()
+        } else {
+            let fields = allowed
+                .iter()
+                .map(|f| format!("\"{f}\""))
+                .collect::<Vec<_>>()
+                .join(" and ");
+            format!("send a JSON object with {fields}, each optional")
+        };
+        let value: serde_json::Value = serde_json::from_str(body)
+            .map_err(|e| ConsoleError::Invalid(format!("the body is not JSON ({e}); {hint}.")))?;
+        let serde_json::Value::Object(map) = value else {
+            return Err(ConsoleError::Invalid(format!(
+                "the body is not a JSON object; {hint}."
+            )));
+        };
+        for (key, v) in map {
+            if !allowed.contains(&key.as_str()) {
+                return Err(ConsoleError::Invalid(format!(
+                    "{key}: not a field of this request; {hint}."
+                )));
+            }
+            match (key.as_str(), v) {
+                (_, serde_json::Value::Null) => {}
+                ("reason", serde_json::Value::String(r)) => out.reason = Some(r),
+                ("reason", _) => {
+                    return Err(ConsoleError::Invalid(
+                        "reason: must be a string (or absent).".into(),
+                    ));
+                }
+                ("stop_running_turn", serde_json::Value::Bool(b)) => out.stop_running_turn = b,
+                ("stop_running_turn", _) => {
+                    return Err(ConsoleError::Invalid(
+                        "stop_running_turn: must be true or false (or absent).".into(),
+                    ));
+                }
+                _ => {}
+            }
+        }
+        Ok(out)
+    }
+}
+
+fn seat_action_answer(
+    r: Result<app::api::SeatActionResult, app::console::ConsoleError>,
+) -> axum::response::Response {
+    match r {
+        Ok(done) => Json(done).into_response(),
+        Err(e) => console_error(e),
+    }
+}
+
+/// `POST /api/seats/{handle}/pause`: body `{"reason", "stop_running_turn"}`
+/// (both optional). Pauses the seat fleet-wide (operators only). Answers
+/// `{"seat", "result"}`.
+async fn pause_seat(
+    Extension(console): Extension<SharedConsole>,
+    Extension(person): Extension<app::api::Person>,
+    axum::extract::Path(handle): axum::extract::Path<String>,
+    body: String,
+) -> axum::response::Response {
+    let body = match SeatActionBody::parse(&body, &["reason", "stop_running_turn"]) {
+        Ok(b) => b,
+        Err(e) => return console_error(e),
+    };
+    seat_action_answer(
+        console
+            .pause(&person, &handle, body.reason, body.stop_running_turn)
+            .await,
+    )
+}
+
+/// `POST /api/seats/{handle}/resume`: no body. Resumes the seat (operators
+/// only). Answers `{"seat", "result"}`.
+async fn resume_seat(
+    Extension(console): Extension<SharedConsole>,
+    Extension(person): Extension<app::api::Person>,
+    axum::extract::Path(handle): axum::extract::Path<String>,
+    body: String,
+) -> axum::response::Response {
+    if let Err(e) = SeatActionBody::parse(&body, &[]) {
+        return console_error(e);
+    }
+    seat_action_answer(console.resume(&person, &handle).await)
+}
+
+/// `POST /api/seats/{handle}/stop`: body `{"reason"}` (optional). Asks the
+/// seat's running turn to stop at its next round (operators only). Answers
+/// `{"seat", "result"}`.
+async fn stop_seat_turn(
+    Extension(console): Extension<SharedConsole>,
+    Extension(person): Extension<app::api::Person>,
+    axum::extract::Path(handle): axum::extract::Path<String>,
+    body: String,
+) -> axum::response::Response {
+    let body = match SeatActionBody::parse(&body, &["reason"]) {
+        Ok(b) => b,
+        Err(e) => return console_error(e),
+    };
+    seat_action_answer(console.stop(&person, &handle, body.reason).await)
+}
+
 fn console_error(e: app::console::ConsoleError) -> axum::response::Response {
     use app::console::ConsoleError;
     use axum::http::StatusCode;
     let status = match e {
         ConsoleError::Invalid(_) => StatusCode::BAD_REQUEST,
         ConsoleError::Forbidden(_) => StatusCode::FORBIDDEN,
+        ConsoleError::NotFound(_) => StatusCode::NOT_FOUND,
         ConsoleError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
     };
     (status, Json(serde_json::json!({ "error": e.to_string() }))).into_response()

@@ -337,3 +337,47 @@ fn redacted_toml_hides_every_secret() {
     let back: toml::Table = shown.parse().unwrap();
     assert!(back.contains_key("auth"));
 }
+
+#[test]
+fn echo_settings_parse_and_a_turn_needs_a_round() {
+    let c = parse(
+        "[[roles]]\nhandle = \"a\"\nagent = { kind = \"echo\", rounds = 3, round_delay_ms = 10, fail_round = 2, fail = \"after_outside\" }\n",
+    )
+    .unwrap();
+    assert_eq!(
+        c.roles[0].agent,
+        AgentConfig::Echo(EchoConfig {
+            rounds: 3,
+            round_delay_ms: 10,
+            fail_round: 2,
+            fail: EchoFailure::AfterOutside,
+        })
+    );
+    let p = one(
+        "[[roles]]\nhandle = \"a\"\nagent = { kind = \"echo\", rounds = 0 }\n",
+        "roles[0].agent.rounds",
+    );
+    assert_eq!(p.value.as_deref(), Some("0"));
+    let p = one(
+        "[[roles]]\nhandle = \"a\"\nagent = { kind = \"echo\", rounds = 2, fail_round = 3 }\n",
+        "roles[0].agent.fail_round",
+    );
+    assert!(p.fix.contains("1 to 2"), "{p:?}");
+}
+
+#[test]
+fn command_settings_have_documented_defaults_and_unknown_ones_are_refused() {
+    let c = parse("[[roles]]\nhandle = \"a\"\nagent = { kind = \"command\", argv = [\"python3\", \"a.py\"] }\n")
+        .unwrap();
+    assert_eq!(
+        c.roles[0].agent,
+        AgentConfig::Command(CommandConfig {
+            argv: vec!["python3".into(), "a.py".into()],
+            stop_wait_ms: 2000,
+            round_timeout_seconds: 600,
+        })
+    );
+    problems(
+        "[[roles]]\nhandle = \"a\"\nagent = { kind = \"command\", argv = [\"x\"], stop_wait = 1 }\n",
+    );
+}

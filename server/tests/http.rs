@@ -2,8 +2,11 @@
 //! the sign-in gate, roles, bearer tokens, cross-site refusal, the rate
 //! limit and the session cookie.
 
+mod support;
+
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
+use std::time::Duration;
 
 use crewlet::config::Config;
 use crewlet::node::{self, RunningNode};
@@ -659,6 +662,33 @@ async fn dead_letters_can_be_read_with_a_token_and_a_poison_message_shows_up() {
     n.stop().await;
 }
 
+/// The outbound effects the node's turns posted for trigger `id`.
+async fn effects_for(n: &TestNode, id: &str) -> usize {
+    let turns = n.node.as_ref().unwrap().turns.clone();
+    turns
+        .outbox()
+        .read(None)
+        .await
+        .unwrap()
+        .iter()
+        .filter(|e| e.trigger_ids.iter().any(|t| t == id))
+        .count()
+}
+
+/// Wait until the seat's turn for `id` posted its effect and the inbox is
+/// empty.
+async fn wait_for_turn(n: &TestNode, handle: &str, id: &str) {
+    support::wait_for(
+        &format!("the turn for {id} to post its effect and be acknowledged"),
+        Duration::from_secs(20),
+        Duration::from_millis(20),
+        || async {
+            (effects_for(n, id).await >= 1 && inbox_pending(n, handle).await == 0).then_some(())
+        },
+    )
+    .await;
+}
+
 async fn inbox_pending(n: &TestNode, handle: &str) -> u64 {
     let engine = n.node.as_ref().unwrap().engine.clone();
     engine
@@ -669,7 +699,7 @@ async fn inbox_pending(n: &TestNode, handle: &str) -> u64 {
 }
 
 #[tokio::test]
-async fn an_operator_publishes_an_envelope_to_a_seats_inbox_and_it_is_kept() {
+async fn an_operator_publishes_an_envelope_to_a_seats_inbox_and_its_turn_runs_once() {
     let n = TestNode::start().await;
     wait_for_seats(&n, serde_json::json!(["alpha"])).await;
     let r = client()
@@ -681,9 +711,10 @@ async fn an_operator_publishes_an_envelope_to_a_seats_inbox_and_it_is_kept() {
         .unwrap();
     assert_eq!(r.status(), StatusCode::OK);
     assert_eq!(r.json::<Value>().await.unwrap()["id"], "evt-7");
-    // Held by the seat's inbox (nothing consumes it on this build): kept.
-    assert_eq!(inbox_pending(&n, "alpha").await, 1);
-    // The same id again is not published twice.
+    // The seat's echo agent runs it, posts its effect, and it is acked.
+    wait_for_turn(&n, "alpha", "evt-7").await;
+    // The same id again runs no second turn (deduped at the publish, and
+    // the completion ledger holds it besides).
     let again = client()
         .post(n.url("/api/seats/alpha/inbox"))
         .bearer_auth(DEPLOY_TOKEN)
@@ -692,7 +723,14 @@ async fn an_operator_publishes_an_envelope_to_a_seats_inbox_and_it_is_kept() {
         .await
         .unwrap();
     assert_eq!(again.status(), StatusCode::OK);
-    assert_eq!(inbox_pending(&n, "alpha").await, 1);
+    support::wait_for(
+        "the copy to be settled",
+        Duration::from_secs(20),
+        Duration::from_millis(20),
+        || async { (inbox_pending(&n, "alpha").await == 0).then_some(()) },
+    )
+    .await;
+    assert_eq!(effects_for(&n, "evt-7").await, 1);
     n.stop().await;
 }
 
@@ -777,7 +815,7 @@ async fn crewlet_send_publishes_one_envelope_through_a_node() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(stdout.contains("sent cli-1 to alpha"), "{stdout}");
-    assert_eq!(inbox_pending(&n, "alpha").await, 1);
+    wait_for_turn(&n, "alpha", "cli-1").await;
     let out = crewlet_cli(
         &[
             "send",
@@ -1295,4 +1333,58 @@ async fn the_dashboards_seat_functions_pause_resume_and_stop_for_operators_only(
         "{body}"
     );
     n.stop().await;
+}
+
+#[tokio::test]
+async fn a_turn_that_panics_is_acked_and_health_shows_the_seats_last_error() {
+    let n = TestNode::start().await;
+    wait_for_seats(&n, serde_json::json!(["alpha"])).await;
+    let r = client()
+        .post(n.url("/api/seats/alpha/inbox"))
+        .bearer_auth(DEPLOY_TOKEN)
+        .body(r#"{"id":"boom-1","type":"task_assigned","body":{"echo":{"fail_round":1,"fail":"panic"}}}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let health = support::wait_for(
+        "health to show the seat's last error",
+        Duration::from_secs(20),
+        Duration::from_millis(20),
+        || async {
+            let h = health_seats_raw(&n).await;
+            h.get("last_errors")
+                .and_then(|e| e.get("alpha"))
+                .is_some()
+                .then_some(h)
+        },
+    )
+    .await;
+    assert!(
+        health["last_errors"]["alpha"]
+            .as_str()
+            .unwrap()
+            .contains("panics"),
+        "{health}"
+    );
+    support::wait_for(
+        "the panicked trigger to be acknowledged",
+        Duration::from_secs(20),
+        Duration::from_millis(20),
+        || async { (inbox_pending(&n, "alpha").await == 0).then_some(()) },
+    )
+    .await;
+    assert_eq!(effects_for(&n, "boom-1").await, 0);
+    n.stop().await;
+}
+
+async fn health_seats_raw(n: &TestNode) -> Value {
+    client()
+        .get(n.url("/health"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
 }

@@ -42,9 +42,12 @@ enum Kind {
     Nats,
 }
 
+/// The store, queue and outbox one fleet shares.
+type Backends = (Arc<dyn Store>, Arc<dyn Queue>, Arc<dyn Outbox>);
+
 struct Fleet {
     kind: Kind,
-    twin: Option<(Arc<dyn Store>, Arc<dyn Queue>, Arc<dyn Outbox>)>,
+    twin: Option<Backends>,
     server: Option<support::nats::NatsServer>,
 }
 
@@ -112,7 +115,7 @@ impl Fleet {
         }
     }
 
-    async fn backends(&self, id: &str) -> (Arc<dyn Store>, Arc<dyn Queue>, Arc<dyn Outbox>) {
+    async fn backends(&self, id: &str) -> Backends {
         if let Some((s, q, o)) = &self.twin {
             return (s.clone(), q.clone(), o.clone());
         }

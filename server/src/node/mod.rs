@@ -325,6 +325,7 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
         site_root: site,
         addr,
         engine: engine.clone(),
+        turns: turns.clone(),
     })
     .await?;
     let token = tasks.token();

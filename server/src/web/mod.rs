@@ -58,6 +58,7 @@ pub struct WebSetup<'a> {
     pub site_root: PathBuf,
     pub addr: SocketAddr,
     pub engine: Arc<SeatEngine>,
+    pub turns: Arc<crate::engine::runtime::TurnEngine>,
 }
 
 /// `GET /health`.
@@ -72,6 +73,10 @@ pub struct Health {
     /// Seat → seconds its teardown has been failing; only while one is.
     #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub unproven_seconds: std::collections::BTreeMap<String, u64>,
+    /// Seat → the last error that broke one of its turns here (a panic);
+    /// only while there is one.
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub last_errors: std::collections::BTreeMap<String, String>,
 }
 
 /// Build the whole HTTP surface. Creates `admin` on a node nobody can sign
@@ -85,6 +90,7 @@ pub async fn router(setup: WebSetup<'_>) -> Result<Router, WebError> {
         site_root,
         addr,
         engine,
+        turns,
     } = setup;
 
     let store = SqliteStore::new(pool.clone())
@@ -164,6 +170,7 @@ pub async fn router(setup: WebSetup<'_>) -> Result<Router, WebError> {
         .layer(Extension(auth))
         .layer(Extension(info))
         .layer(Extension(engine))
+        .layer(Extension(turns))
         .layer(Extension(console))
         .with_state(leptos_options);
     Ok(app)
@@ -172,6 +179,7 @@ pub async fn router(setup: WebSetup<'_>) -> Result<Router, WebError> {
 async fn health(
     Extension(info): Extension<Arc<NodeInfo>>,
     Extension(engine): Extension<Arc<SeatEngine>>,
+    Extension(turns): Extension<Arc<crate::engine::runtime::TurnEngine>>,
 ) -> Json<Health> {
     let status = engine.host().status();
     Json(Health {
@@ -183,6 +191,11 @@ async fn health(
         unproven_seconds: status
             .iter()
             .filter_map(|s| s.unproven_for.map(|d| (s.handle.clone(), d.as_secs())))
+            .collect(),
+        last_errors: turns
+            .seats()
+            .into_iter()
+            .filter_map(|s| s.last_error.map(|e| (s.handle, e)))
             .collect(),
     })
 }

@@ -67,6 +67,40 @@ pub struct Config {
     pub roles: Vec<RoleConfig>,
     pub auth: AuthSection,
     pub logging: LoggingSection,
+    pub memory: MemorySection,
+}
+
+/// A seat's memory: how it is carried between nodes and kept.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MemorySection {
+    /// How often each held seat's new memory rows are published to the
+    /// changelog (a crash loses at most this much).
+    pub flush_seconds: u64,
+    /// How long a memory read waits for the seat's holder on another node.
+    pub scatter_budget_ms: u64,
+    /// Diary notes older than this many days are swept (0: never).
+    pub diary_days: u64,
+    /// Diary notes kept per seat, newest first (0: no cap).
+    pub diary_cap: u64,
+    /// The company's embedding model, if any: a carried vector of this
+    /// model and width replaces a stored one of no model, another model or
+    /// another width.
+    pub vector_model: String,
+    pub vector_dims: u32,
+}
+
+impl Default for MemorySection {
+    fn default() -> Self {
+        MemorySection {
+            flush_seconds: 30,
+            scatter_budget_ms: 2000,
+            diary_days: 30,
+            diary_cap: 1000,
+            vector_model: String::new(),
+            vector_dims: 0,
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -68,6 +68,7 @@ fn exemplar(agent: AgentConfig) -> Config {
             file: Some(PathBuf::from("x.log")),
             ..LoggingSection::default()
         },
+        memory: MemorySection::default(),
     }
 }
 

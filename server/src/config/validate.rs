@@ -397,6 +397,31 @@ pub(super) fn check(c: &Config) -> Vec<Problem> {
         }
     }
 
+    // [memory]
+    if c.memory.flush_seconds == 0 {
+        p(
+            "memory.flush_seconds",
+            Some("0".into()),
+            "memory would never be carried to the seat's next holder",
+            "use a positive number of seconds (default 30)".into(),
+        );
+    }
+    if c.memory.scatter_budget_ms == 0 {
+        p(
+            "memory.scatter_budget_ms",
+            Some("0".into()),
+            "a memory read could never wait for the seat's holder",
+            "use a positive number of milliseconds (default 2000)".into(),
+        );
+    }
+    if c.memory.vector_model.is_empty() != (c.memory.vector_dims == 0) {
+        p(
+            "memory.vector_dims",
+            Some(c.memory.vector_dims.to_string()),
+            "an embedding model needs its width, and a width needs its model",
+            "set both memory.vector_model and memory.vector_dims, or neither".into(),
+        );
+    }
     // [logging]
     if let Some(f) = &c.logging.file
         && f.as_os_str().is_empty()

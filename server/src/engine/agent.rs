@@ -145,6 +145,13 @@ pub trait Agent: Send + Sync + 'static {
         results: Vec<ToolResult>,
     ) -> Result<Step, AgentError>;
 
+    /// Post-turn reflection, run where the seat is held (a
+    /// `reflection_due` wake on the seat's reflect subject): a diary note
+    /// to keep, or `None`.
+    async fn reflect(&self, _wake: &serde_json::Value) -> Result<Option<String>, AgentError> {
+        Ok(None)
+    }
+
     /// The turn ended before the agent said it was done (fenced, stopped,
     /// broken): drop whatever it keeps for it.
     async fn abort(&self, _turn_id: &str, _reason: &str) {}

@@ -92,6 +92,19 @@ fn outbound(turn: &TurnInput, round: u32) -> ToolCall {
 
 #[async_trait::async_trait]
 impl Agent for EchoAgent {
+    async fn reflect(&self, wake: &Value) -> Result<Option<String>, AgentError> {
+        let turn = wake.get("turn_id").and_then(Value::as_str).unwrap_or("?");
+        let ids: Vec<&str> = wake
+            .get("trigger_ids")
+            .and_then(Value::as_array)
+            .map(|a| a.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        Ok(Some(format!(
+            "reflection on turn {turn}: answered {}",
+            ids.join(", ")
+        )))
+    }
+
     async fn round(
         &self,
         turn: &TurnInput,

@@ -29,8 +29,12 @@ use crate::config::AgentConfig;
 use crate::coord::Store;
 use crate::events::{Event, EventBus};
 use crate::memory::MemoryStore;
+use crate::memory::changelog::{self, Changelog};
 use crate::node::company::Company;
-use crate::queue::{Attachment, Delivery, Disposition, Handler, Queue, control_group};
+use crate::queue::{
+    Attachment, Delivery, Disposition, Handler, Queue, control_group, reflect_group,
+    reflect_subject,
+};
 use crate::seat::host::{Fence, HookError, SeatContext, SeatHooks};
 
 /// Waiting deliveries of one seat coalesced into one partition, at most.
@@ -53,6 +57,7 @@ pub struct TurnSetup {
     pub queue: Arc<dyn Queue>,
     pub outbox: Arc<dyn Outbox>,
     pub memory: MemoryStore,
+    pub changelog: Arc<dyn Changelog>,
     pub events: EventBus,
     pub company: watch::Receiver<Company>,
 }
@@ -88,6 +93,7 @@ pub struct TurnEngine {
     store: Arc<dyn Store>,
     queue: Arc<dyn Queue>,
     outbox: Arc<dyn Outbox>,
+    changelog: Arc<dyn Changelog>,
     events: EventBus,
     company: watch::Receiver<Company>,
     tools: Tools,
@@ -110,6 +116,7 @@ impl TurnEngine {
             store: s.store,
             queue: s.queue,
             outbox: s.outbox,
+            changelog: s.changelog,
             events: s.events,
             company: s.company,
             seats: Mutex::new(HashMap::new()),
@@ -138,6 +145,105 @@ impl TurnEngine {
             .collect();
         v.sort_by(|a, b| a.handle.cmp(&b.handle));
         v
+    }
+
+    /// One changelog cycle: publish each of `held`'s rows stamped since
+    /// the last flush. A seat that fails is logged and tried next cycle.
+    pub async fn flush_memory(&self, held: &[String]) -> usize {
+        let mut n = 0;
+        for h in held {
+            match changelog::flush(&self.tools.memory, &*self.changelog, h).await {
+                Ok(k) => n += k,
+                Err(e) => {
+                    tracing::warn!(seat = %h, error = %e, "cannot publish the seat's memory; trying again next cycle")
+                }
+            }
+        }
+        n
+    }
+
+    async fn reflect(&self, handle: &str, d: Delivery) -> Disposition {
+        let wake: serde_json::Value = match serde_json::from_slice(&d.payload) {
+            Ok(v) => v,
+            Err(e) => return Disposition::Poison(format!("not a reflection wake: {e}")),
+        };
+        let Some(rt) = self.runtime(handle) else {
+            return Disposition::Nak;
+        };
+        let work_key = wake
+            .get("work_key")
+            .and_then(|v| v.as_str())
+            .map(str::to_string);
+        match rt.agent.reflect(&wake).await {
+            Ok(Some(note)) => match self
+                .tools
+                .memory
+                .diary_write(handle, &note, work_key.as_deref())
+                .await
+            {
+                Ok(_) => Disposition::Ack,
+                Err(e) => {
+                    tracing::warn!(seat = handle, error = %e, "cannot write the reflection; trying again");
+                    Disposition::Nak
+                }
+            },
+            Ok(None) => Disposition::Ack,
+            Err(e) => {
+                tracing::warn!(seat = handle, error = %e, "reflection failed; dropped");
+                Disposition::Ack
+            }
+        }
+    }
+
+    /// After a finished turn: the conversation ledger and counterparty
+    /// profiles (both keyed so a re-run writes nothing twice), and a
+    /// reflection wake on the seat's own reflect subject.
+    async fn after_turn(&self, turn: &TurnInput) {
+        let memory = &self.tools.memory;
+        for t in &turn.triggers {
+            if let Some(thread) = &t.thread {
+                let text = match &t.body {
+                    serde_json::Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                };
+                if let Err(e) = memory
+                    .conversation_add(
+                        &turn.seat,
+                        thread,
+                        t.message_id.as_deref(),
+                        t.from.as_deref().unwrap_or("unknown"),
+                        &text,
+                    )
+                    .await
+                {
+                    tracing::warn!(seat = %turn.seat, error = %e, "cannot write the conversation ledger");
+                }
+            }
+            if let Some(from) = &t.from
+                && let Err(e) = memory
+                    .counterparty_seen(&turn.seat, from, turn.work_key.as_deref())
+                    .await
+            {
+                tracing::warn!(seat = %turn.seat, error = %e, "cannot count the interaction");
+            }
+        }
+        let wake = serde_json::json!({
+            "type": "reflection_due",
+            "turn_id": turn.turn_id,
+            "work_key": turn.work_key,
+            "trigger_ids": turn.triggers.iter().map(|t| t.id.clone()).collect::<Vec<_>>(),
+        });
+        if let Err(e) = self
+            .queue
+            .publish(
+                &reflect_subject(&turn.seat),
+                Some(&format!("reflect-{}", turn.turn_id)),
+                bytes::Bytes::from(wake.to_string()),
+            )
+            .await
+        {
+            tracing::warn!(seat = %turn.seat, error = %e, "cannot wake the seat's reflection");
+        }
     }
 
     fn runtime(&self, handle: &str) -> Option<Arc<SeatRuntime>> {
@@ -328,7 +434,9 @@ impl TurnEngine {
         *lock(&rt.running) = None;
         *lock(&rt.stop) = None;
         let s = settle(&record.ending, record.reached_outside);
-        if !matches!(record.ending, Ending::Done { .. }) {
+        if matches!(record.ending, Ending::Done { .. }) {
+            self.after_turn(&turn).await;
+        } else {
             rt.agent.abort(&turn.turn_id, record.ending.name()).await;
         }
         if s.record {
@@ -450,6 +558,21 @@ impl Handler for InboxHandler {
     }
 }
 
+struct ReflectHandler {
+    engine: Weak<TurnEngine>,
+    handle: String,
+}
+
+#[async_trait::async_trait]
+impl Handler for ReflectHandler {
+    async fn handle(&self, d: Delivery) -> Disposition {
+        match self.engine.upgrade() {
+            Some(e) => e.reflect(&self.handle, d).await,
+            None => Disposition::Nak,
+        }
+    }
+}
+
 struct ControlHandler {
     engine: Weak<TurnEngine>,
     handle: String,
@@ -490,6 +613,35 @@ impl SeatHooks for TurnEngine {
                 })
             });
         Ok(())
+    }
+
+    async fn hydrate_memory(&self, seat: &SeatContext) -> Result<(), HookError> {
+        let h = changelog::hydrate(&self.tools.memory, &*self.changelog, &seat.handle)
+            .await
+            .map_err(|e| HookError::new("memory hydration", e.to_string()))?;
+        tracing::info!(
+            seat = %seat.handle,
+            inserted = h.inserted,
+            kept_local = h.kept_local,
+            vectors_taken = h.vectors_taken,
+            replaced = h.replaced,
+            collided = h.collided,
+            unreadable = h.unreadable,
+            "seat memory hydrated"
+        );
+        Ok(())
+    }
+
+    async fn attach_reflect(&self, seat: &SeatContext) -> Result<Option<Attachment>, HookError> {
+        let handler = Arc::new(ReflectHandler {
+            engine: self.me.clone(),
+            handle: seat.handle.clone(),
+        });
+        self.queue
+            .attach(&reflect_group(&seat.handle), &[], handler)
+            .await
+            .map(Some)
+            .map_err(|e| HookError::new("reflect attach", e.to_string()))
     }
 
     async fn attach_control(&self, seat: &SeatContext) -> Result<Option<Attachment>, HookError> {
@@ -554,13 +706,17 @@ impl SeatHooks for TurnEngine {
     }
 
     async fn release(&self, seat: &SeatContext) -> Result<(), HookError> {
-        let Some(rt) = self.runtime(&seat.handle) else {
-            return Ok(());
-        };
-        rt.agent
-            .stop()
+        if let Some(rt) = self.runtime(&seat.handle) {
+            rt.agent
+                .stop()
+                .await
+                .map_err(|e| HookError::new("children", e.to_string()))?;
+        }
+        // The last flush, after the reflect subscription is gone: nothing
+        // writes the seat's memory here after it.
+        changelog::flush(&self.tools.memory, &*self.changelog, &seat.handle)
             .await
-            .map_err(|e| HookError::new("children", e.to_string()))?;
+            .map_err(|e| HookError::new("memory flush", e.to_string()))?;
         lock(&self.seats).remove(&seat.handle);
         Ok(())
     }

@@ -24,6 +24,7 @@ use crate::db::{self, DbError};
 use crate::engine::outbox::{MemoryOutbox, NatsOutbox, Outbox};
 use crate::engine::runtime::{TurnEngine, TurnSetup};
 use crate::events::{EventBus, queue_sink};
+use crate::memory::changelog::{Changelog, MemoryChangelog, NatsChangelog};
 use crate::queue::Queue;
 use crate::queue::jetstream::{JetStreamQueue, JetStreamSettings};
 use crate::queue::memory::MemoryQueue;
@@ -265,7 +266,7 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
             .map_err(|e| NodeError::Queue(crate::queue::QueueError::Backend(e.to_string())))?,
         ),
     };
-    if let Some(c) = client {
+    if let Some(c) = client.clone() {
         events
             .connect_fleet(c, &tasks)
             .await
@@ -275,13 +276,39 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
         .await
         .map_err(NodeError::Company)?;
     let company_rx = company::follow(store.clone(), first, &tasks);
+    let changelog: Arc<dyn Changelog> = match &client {
+        None => Arc::new(MemoryChangelog::new()),
+        Some(c) => Arc::new(
+            NatsChangelog::new(
+                c.clone(),
+                crate::coord::NatsOptions::from_config(
+                    &config.stream,
+                    &config.coordination,
+                    &config.node.id,
+                )
+                .replicas,
+                Duration::from_millis(config.coordination.store_timeout_ms),
+            )
+            .await
+            .map_err(|e| NodeError::Queue(crate::queue::QueueError::Backend(e.to_string())))?,
+        ),
+    };
+    let memory = crate::memory::MemoryStore::new(pool.clone())
+        .with_diary_days(config.memory.diary_days)
+        .with_current_vector((!config.memory.vector_model.is_empty()).then(|| {
+            (
+                config.memory.vector_model.clone(),
+                config.memory.vector_dims,
+            )
+        }));
     let turns = TurnEngine::new(TurnSetup {
         node_id: info.node_id.clone(),
         incarnation: info.incarnation.to_string(),
         store: store.clone(),
         queue: queue.clone(),
         outbox,
-        memory: crate::memory::MemoryStore::new(pool.clone()),
+        memory,
+        changelog,
         events: events.clone(),
         company: company_rx.clone(),
     });
@@ -338,6 +365,24 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
         .await
     });
     engine.start();
+    {
+        // The memory changelog's cycle: each held seat's new rows.
+        let (engine, turns) = (engine.clone(), turns.clone());
+        let every = Duration::from_secs(config.memory.flush_seconds);
+        tasks.spawn("memory-flush", async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                let held = engine.host().held();
+                let n = turns.flush_memory(&held).await;
+                if n > 0 {
+                    tracing::debug!(rows = n, seats = held.len(), "memory changelog cycle");
+                }
+            }
+        });
+    }
     if let Err(e) = engine.arm_watchdog() {
         tracing::warn!(error = %e, "cannot start the watchdog thread");
     }

@@ -35,3 +35,4 @@ where
         tokio::time::sleep(every).await;
     }
 }
+pub mod turnfleet;

@@ -1,0 +1,253 @@
+//! The memory changelog (seed § A seat's memory follows it): every memory
+//! row published on its own subject, `crewlet.memory.{handle}.{table}.{row
+//! id}`, on a stream that keeps exactly one message per subject — the
+//! current value of every row, not a log of every write.
+//!
+//! A cycle (every `memory.flush_seconds`) publishes each held seat's rows
+//! stamped past the highest change sequence the last cycle published; the
+//! release hook flushes once more before the lease goes, so a graceful
+//! handoff loses nothing and a crash loses at most one cycle. The acquire
+//! hook replays the seat's subjects into the local store before the inbox
+//! attaches ([`hydrate`]); a hydration that fails refuses the seat. Deletes
+//! are not replicated. On NATS the stream is `CREWLET_MEMORY`; a single
+//! node with no stream keeps it in process.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use async_nats::jetstream::{self as js, consumer, stream};
+use futures::StreamExt;
+
+use super::store::{Applied, ApplyError, CarriedRow, MemoryStore};
+
+/// The changelog stream.
+pub const MEMORY_STREAM: &str = "CREWLET_MEMORY";
+
+/// `crewlet.memory.{handle}.{table}.{row id}`
+pub fn memory_subject(handle: &str, row: &CarriedRow) -> String {
+    format!("crewlet.memory.{handle}.{}.{}", row.table.name(), row.id)
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ChangelogError {
+    #[error("cannot create the memory changelog {MEMORY_STREAM}: {0}")]
+    Stream(String),
+    #[error("cannot publish to the memory changelog: {0}")]
+    Publish(String),
+    #[error("cannot read the memory changelog: {0}")]
+    Read(String),
+    #[error("the node's memory store: {0}")]
+    Db(#[from] sqlx::Error),
+}
+
+/// Where memory rows are carried.
+#[async_trait::async_trait]
+pub trait Changelog: Send + Sync + 'static {
+    async fn publish(&self, handle: &str, row: &CarriedRow) -> Result<(), ChangelogError>;
+    /// The current value of every row of the seat.
+    async fn replay(&self, handle: &str) -> Result<Vec<CarriedRow>, ChangelogError>;
+}
+
+/// The in-process changelog of a single node.
+#[derive(Default)]
+pub struct MemoryChangelog {
+    subjects: Mutex<BTreeMap<String, CarriedRow>>,
+}
+
+impl MemoryChangelog {
+    pub fn new() -> MemoryChangelog {
+        MemoryChangelog::default()
+    }
+}
+
+#[async_trait::async_trait]
+impl Changelog for MemoryChangelog {
+    async fn publish(&self, handle: &str, row: &CarriedRow) -> Result<(), ChangelogError> {
+        self.subjects
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(memory_subject(handle, row), row.clone());
+        Ok(())
+    }
+
+    async fn replay(&self, handle: &str) -> Result<Vec<CarriedRow>, ChangelogError> {
+        let prefix = format!("crewlet.memory.{handle}.");
+        Ok(self
+            .subjects
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|(s, _)| s.starts_with(&prefix))
+            .map(|(_, r)| r.clone())
+            .collect())
+    }
+}
+
+/// The changelog on JetStream.
+pub struct NatsChangelog {
+    js: js::Context,
+    stream: stream::Stream,
+    timeout: Duration,
+}
+
+impl NatsChangelog {
+    /// Create (or find) `CREWLET_MEMORY`.
+    pub async fn new(
+        client: async_nats::Client,
+        replicas: usize,
+        timeout: Duration,
+    ) -> Result<NatsChangelog, ChangelogError> {
+        let mut js = js::new(client);
+        js.set_timeout(timeout);
+        let stream = tokio::time::timeout(
+            timeout,
+            js.get_or_create_stream(stream::Config {
+                name: MEMORY_STREAM.into(),
+                subjects: vec!["crewlet.memory.>".into()],
+                retention: stream::RetentionPolicy::Limits,
+                storage: stream::StorageType::File,
+                max_messages_per_subject: 1,
+                num_replicas: replicas,
+                ..Default::default()
+            }),
+        )
+        .await
+        .map_err(|_| ChangelogError::Stream(format!("no answer within {timeout:?}")))?
+        .map_err(|e| ChangelogError::Stream(e.to_string()))?;
+        Ok(NatsChangelog {
+            js,
+            stream,
+            timeout,
+        })
+    }
+}
+
+#[async_trait::async_trait]
+impl Changelog for NatsChangelog {
+    async fn publish(&self, handle: &str, row: &CarriedRow) -> Result<(), ChangelogError> {
+        let body = serde_json::to_vec(row).map_err(|e| ChangelogError::Publish(e.to_string()))?;
+        let ack = self
+            .js
+            .publish(memory_subject(handle, row), body.into())
+            .await
+            .map_err(|e| ChangelogError::Publish(e.to_string()))?;
+        tokio::time::timeout(self.timeout, ack)
+            .await
+            .map_err(|_| ChangelogError::Publish(format!("no answer within {:?}", self.timeout)))?
+            .map_err(|e| ChangelogError::Publish(e.to_string()))?;
+        Ok(())
+    }
+
+    async fn replay(&self, handle: &str) -> Result<Vec<CarriedRow>, ChangelogError> {
+        let read = |e: &dyn std::fmt::Display| ChangelogError::Read(e.to_string());
+        let c = tokio::time::timeout(
+            self.timeout,
+            self.stream.create_consumer(consumer::pull::Config {
+                filter_subject: format!("crewlet.memory.{handle}.>"),
+                ack_policy: consumer::AckPolicy::None,
+                deliver_policy: consumer::DeliverPolicy::LastPerSubject,
+                inactive_threshold: Duration::from_secs(30),
+                ..Default::default()
+            }),
+        )
+        .await
+        .map_err(|_| ChangelogError::Read(format!("no answer within {:?}", self.timeout)))?
+        .map_err(|e| read(&e))?;
+        let pending = c.cached_info().num_pending;
+        let mut out = Vec::new();
+        while (out.len() as u64) < pending {
+            let mut batch = c
+                .fetch()
+                .max_messages(500)
+                .expires(Duration::from_millis(500))
+                .messages()
+                .await
+                .map_err(|e| read(&e))?;
+            let mut got = 0;
+            while let Some(m) = batch.next().await {
+                let m = m.map_err(|e| read(&e))?;
+                got += 1;
+                match serde_json::from_slice::<CarriedRow>(&m.payload) {
+                    Ok(r) => out.push(r),
+                    Err(err) => {
+                        // Counted, so the replay still ends; the row is
+                        // skipped (it would refuse the seat everywhere).
+                        tracing::warn!(subject = %m.subject, error = %err, "an unreadable memory row; skipped");
+                        out.push(CarriedRow {
+                            table: super::store::Table::AgentDiary,
+                            id: String::new(),
+                            seq: -1,
+                            row: Default::default(),
+                        });
+                    }
+                }
+            }
+            if got == 0 {
+                return Err(ChangelogError::Read(format!(
+                    "the changelog said {pending} rows of seat {handle} and stopped after {}",
+                    out.len()
+                )));
+            }
+        }
+        out.retain(|r| r.seq >= 0);
+        Ok(out)
+    }
+}
+
+/// Publish the seat's rows stamped since the last flush. Returns how many.
+pub async fn flush(
+    store: &MemoryStore,
+    log: &dyn Changelog,
+    handle: &str,
+) -> Result<usize, ChangelogError> {
+    let last = store.last_published(handle).await?;
+    let rows = store.rows_since(handle, last).await?;
+    let Some(top) = rows.iter().map(|r| r.seq).max() else {
+        return Ok(0);
+    };
+    for r in &rows {
+        log.publish(handle, r).await?;
+    }
+    store.mark_published(handle, top).await?;
+    Ok(rows.len())
+}
+
+/// What a hydration did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Hydrated {
+    pub inserted: usize,
+    pub kept_local: usize,
+    pub vectors_taken: usize,
+    pub replaced: usize,
+    pub collided: usize,
+    /// Rows that could not be read (named in the log), skipped.
+    pub unreadable: usize,
+}
+
+/// Replay the seat's subjects into the local store by the seed's rules.
+/// An unreachable changelog or an unwritable store is an error (the seat
+/// is refused); a row that collides, or that cannot be read, is skipped.
+pub async fn hydrate(
+    store: &MemoryStore,
+    log: &dyn Changelog,
+    handle: &str,
+) -> Result<Hydrated, ChangelogError> {
+    let rows = log.replay(handle).await?;
+    let mut h = Hydrated::default();
+    for r in &rows {
+        match store.apply_carried(handle, r).await {
+            Ok(Applied::Inserted) => h.inserted += 1,
+            Ok(Applied::KeptLocal) => h.kept_local += 1,
+            Ok(Applied::VectorTaken) => h.vectors_taken += 1,
+            Ok(Applied::Replaced) => h.replaced += 1,
+            Ok(Applied::Collided) => h.collided += 1,
+            Err(ApplyError::Db(e)) => return Err(ChangelogError::Db(e)),
+            Err(e) => {
+                tracing::warn!(seat = handle, table = r.table.name(), id = %r.id, error = %e, "a carried memory row cannot be applied; skipped");
+                h.unreadable += 1;
+            }
+        }
+    }
+    Ok(h)
+}

@@ -1,0 +1,344 @@
+//! A fleet of whole turn engines in one process — each node its own
+//! seat engine, turn engine and SQLite store — over the in-process twins
+//! or a real nats-server. Shared by the turn and memory suites.
+
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use crewlet::config::{AgentConfig, EchoConfig, PlacementConfig, RoleConfig};
+use crewlet::coord::{
+    Coordinator, CoordinatorOptions, MemoryBackend, NatsBackend, NatsOptions, Store,
+};
+use crewlet::engine::envelope::Envelope;
+use crewlet::engine::outbox::{Effect, MemoryOutbox, NatsOutbox, Outbox};
+use crewlet::engine::runtime::{TurnEngine, TurnSetup};
+use crewlet::events::{Event, EventBus, FleetEvent};
+use crewlet::memory::MemoryStore;
+use crewlet::memory::changelog::{Changelog, MemoryChangelog, NatsChangelog};
+use crewlet::node::company;
+use crewlet::queue::jetstream::{JetStreamQueue, JetStreamSettings};
+use crewlet::queue::memory::MemoryQueue;
+use crewlet::queue::{Queue, QueueSettings, inbox_group, inbox_subject, log_events};
+use crewlet::seat::sweep::{EngineConfig, SeatEngine};
+use crewlet::tasks::Tasks;
+use tokio::sync::broadcast;
+
+pub const TTL: Duration = Duration::from_secs(3);
+pub const BEAT: Duration = Duration::from_secs(1);
+pub const SWEEP: Duration = Duration::from_secs(1);
+pub const COMPANY: &str = "Turn company";
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Kind {
+    Twin,
+    Nats,
+}
+
+/// The store, queue and outbox one fleet shares.
+pub type Backends = (
+    Arc<dyn Store>,
+    Arc<dyn Queue>,
+    Arc<dyn Outbox>,
+    Arc<dyn Changelog>,
+);
+
+pub struct Fleet {
+    pub kind: Kind,
+    pub twin: Option<Backends>,
+    pub server: Option<super::nats::NatsServer>,
+}
+
+pub struct Node {
+    pub engine: Arc<SeatEngine>,
+    pub turns: Arc<TurnEngine>,
+    pub store: Arc<dyn Store>,
+    pub queue: Arc<dyn Queue>,
+    pub outbox: Arc<dyn Outbox>,
+    pub changelog: Arc<dyn Changelog>,
+    pub events: broadcast::Receiver<FleetEvent>,
+    pub seen: Vec<FleetEvent>,
+    pub dir: tempfile::TempDir,
+}
+
+pub fn echo_role(handle: &str) -> RoleConfig {
+    RoleConfig {
+        handle: handle.into(),
+        agent: AgentConfig::Echo(EchoConfig::default()),
+        placement: PlacementConfig::default(),
+    }
+}
+
+pub fn pinned(handle: &str, node: &str) -> RoleConfig {
+    RoleConfig {
+        placement: PlacementConfig {
+            nodes: vec![node.into()],
+            labels: vec![],
+        },
+        ..echo_role(handle)
+    }
+}
+
+pub fn trigger(id: &str, body: serde_json::Value) -> Envelope {
+    Envelope {
+        id: id.into(),
+        kind: "task_assigned".into(),
+        body,
+        thread: None,
+        message_id: None,
+        from: Some("tests".into()),
+        sent_at: None,
+    }
+}
+
+impl Fleet {
+    pub async fn new(kind: Kind) -> Fleet {
+        match kind {
+            Kind::Twin => Fleet {
+                kind,
+                twin: Some((
+                    Arc::new(Coordinator::new(
+                        MemoryBackend::new(TTL),
+                        CoordinatorOptions::default(),
+                    )),
+                    Arc::new(MemoryQueue::new(log_events())),
+                    Arc::new(MemoryOutbox::new()),
+                    Arc::new(MemoryChangelog::new()),
+                )),
+                server: None,
+            },
+            Kind::Nats => Fleet {
+                kind,
+                twin: None,
+                server: Some(super::nats::NatsServer::start().await),
+            },
+        }
+    }
+
+    pub async fn backends(&self, id: &str) -> Backends {
+        if let Some((s, q, o, c)) = &self.twin {
+            return (s.clone(), q.clone(), o.clone(), c.clone());
+        }
+        let server = self.server.as_ref().unwrap();
+        let mut opts = NatsOptions::new(vec![server.url()]);
+        opts.lease_ttl = TTL;
+        opts.name = format!("crewlet-{id}");
+        let backend = NatsBackend::connect(&opts).await.unwrap();
+        let client = backend.client().clone();
+        let store: Arc<dyn Store> =
+            Arc::new(Coordinator::new(backend, CoordinatorOptions::default()));
+        let queue: Arc<dyn Queue> = Arc::new(
+            JetStreamQueue::new(client.clone(), JetStreamSettings::default(), log_events())
+                .await
+                .unwrap(),
+        );
+        let outbox: Arc<dyn Outbox> = Arc::new(
+            NatsOutbox::new(client.clone(), 1, Duration::from_secs(2))
+                .await
+                .unwrap(),
+        );
+        let changelog: Arc<dyn Changelog> = Arc::new(
+            NatsChangelog::new(client, 1, Duration::from_secs(2))
+                .await
+                .unwrap(),
+        );
+        (store, queue, outbox, changelog)
+    }
+
+    /// Start node `id`; the first node writes `roles` as the company.
+    pub async fn node(&self, id: &str, roles: &[RoleConfig]) -> Node {
+        let (store, queue, outbox, changelog) = self.backends(id).await;
+        let owner = crewlet::node::Incarnation::mint(id).to_string();
+        let events = EventBus::new(id, &owner);
+        let rx = events.subscribe();
+        let tasks = Tasks::new();
+        let first = match company::active(&*store).await.unwrap() {
+            Some(c) => c,
+            None => {
+                company::apply(&*store, COMPANY, roles).await.unwrap();
+                company::active(&*store).await.unwrap().unwrap()
+            }
+        };
+        let company_rx = company::follow(store.clone(), first, &tasks);
+        let dir = tempfile::tempdir().unwrap();
+        let pool = crewlet::db::open(dir.path(), &crewlet::db::MIGRATOR)
+            .await
+            .unwrap();
+        let turns = TurnEngine::new(TurnSetup {
+            node_id: id.into(),
+            incarnation: owner.clone(),
+            store: store.clone(),
+            queue: queue.clone(),
+            outbox: outbox.clone(),
+            memory: MemoryStore::new(pool),
+            changelog: changelog.clone(),
+            events: events.clone(),
+            company: company_rx.clone(),
+        });
+        let cfg = EngineConfig {
+            node_id: id.into(),
+            owner,
+            labels: vec![],
+            protocol: 4,
+            heartbeat: BEAT,
+            sweep: SWEEP,
+            claim_limit: 4,
+            release_limit: 2,
+            release_wait: BEAT,
+            queue: QueueSettings::default(),
+        };
+        let engine = SeatEngine::new(
+            cfg,
+            store.clone(),
+            queue.clone(),
+            turns.clone(),
+            events,
+            company_rx,
+            tasks,
+        )
+        .await
+        .unwrap();
+        engine.start();
+        Node {
+            engine,
+            turns,
+            store,
+            queue,
+            outbox,
+            changelog,
+            events: rx,
+            seen: Vec::new(),
+            dir,
+        }
+    }
+
+    /// Wait (on the fleet's clock) until `cond` holds, for at most `within`.
+    pub async fn until(&self, what: &str, within: Duration, mut cond: impl FnMut() -> bool) {
+        let deadline = tokio::time::Instant::now() + within;
+        while !cond() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "timed out after {within:?} waiting for {what}"
+            );
+            tokio::time::sleep(Duration::from_millis(if self.kind == Kind::Twin {
+                100
+            } else {
+                20
+            }))
+            .await;
+        }
+    }
+
+    /// The same, for a condition that needs I/O.
+    pub async fn until_async<F, Fut>(&self, what: &str, within: Duration, mut cond: F)
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
+        let deadline = tokio::time::Instant::now() + within;
+        while !cond().await {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "timed out after {within:?} waiting for {what}"
+            );
+            tokio::time::sleep(Duration::from_millis(if self.kind == Kind::Twin {
+                100
+            } else {
+                20
+            }))
+            .await;
+        }
+    }
+}
+
+impl Node {
+    pub fn holds(&self, handle: &str) -> bool {
+        self.engine.host().held().iter().any(|h| h == handle)
+    }
+
+    pub fn events(&mut self) -> &[FleetEvent] {
+        while let Ok(e) = self.events.try_recv() {
+            self.seen.push(e);
+        }
+        &self.seen
+    }
+
+    /// Every event of this node matching `f`.
+    pub fn matching<T>(&mut self, f: impl Fn(&Event) -> Option<T>) -> Vec<T> {
+        self.events().iter().filter_map(|e| f(&e.event)).collect()
+    }
+
+    /// (outcome, disposition, recorded, delivered, rounds) of every turn
+    /// that ran trigger `id`.
+    pub fn turns_of(&mut self, id: &str) -> Vec<(String, String, bool, u64, u32)> {
+        let started: Vec<String> = self.matching(|e| match e {
+            Event::TurnStarted {
+                turn_id,
+                trigger_ids,
+                ..
+            } if trigger_ids.iter().any(|t| t == id) => Some(turn_id.clone()),
+            _ => None,
+        });
+        self.matching(|e| match e {
+            Event::TurnCompleted {
+                turn_id,
+                outcome,
+                disposition,
+                recorded,
+                delivered,
+                rounds,
+                ..
+            } if started.contains(turn_id) => Some((
+                outcome.clone(),
+                disposition.clone(),
+                *recorded,
+                *delivered,
+                *rounds,
+            )),
+            _ => None,
+        })
+    }
+
+    pub fn started_with(&mut self, id: &str) -> Vec<(Vec<String>, u64)> {
+        self.matching(|e| match e {
+            Event::TurnStarted {
+                trigger_ids,
+                delivered,
+                ..
+            } if trigger_ids.iter().any(|t| t == id) => Some((trigger_ids.clone(), *delivered)),
+            _ => None,
+        })
+    }
+
+    pub fn skipped(&mut self, id: &str) -> Vec<String> {
+        self.matching(|e| match e {
+            Event::TurnTriggerSkipped {
+                trigger_id, reason, ..
+            } if trigger_id == id => Some(reason.clone()),
+            _ => None,
+        })
+    }
+
+    pub async fn publish(&self, handle: &str, e: &Envelope) {
+        self.queue
+            .publish(&inbox_subject(handle), None, Bytes::from(e.encode()))
+            .await
+            .unwrap();
+    }
+
+    pub async fn effects_of(&self, id: &str) -> Vec<Effect> {
+        self.outbox
+            .read(None)
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|e| e.kind == "post_outbox" && e.trigger_ids.iter().any(|t| t == id))
+            .collect()
+    }
+
+    pub async fn pending(&self, handle: &str) -> u64 {
+        self.queue.pending(&inbox_group(handle)).await.unwrap()
+    }
+}

@@ -146,7 +146,7 @@ impl Changelog for NatsChangelog {
             self.stream.create_consumer(consumer::pull::Config {
                 filter_subject: format!("crewlet.memory.{handle}.>"),
                 ack_policy: consumer::AckPolicy::None,
-                deliver_policy: consumer::DeliverPolicy::LastPerSubject,
+                deliver_policy: consumer::DeliverPolicy::All,
                 inactive_threshold: Duration::from_secs(30),
                 ..Default::default()
             }),
@@ -154,9 +154,15 @@ impl Changelog for NatsChangelog {
         .await
         .map_err(|_| ChangelogError::Read(format!("no answer within {:?}", self.timeout)))?
         .map_err(|e| read(&e))?;
-        let pending = c.cached_info().num_pending;
+        // One message per subject, so delivering all is delivering the
+        // current value of every row. The end: nothing pending at the
+        // consumer's creation, or a message with nothing pending after it.
         let mut out = Vec::new();
-        while (out.len() as u64) < pending {
+        if c.cached_info().num_pending == 0 {
+            return Ok(out);
+        }
+        let mut empty = 0;
+        'replay: loop {
             let mut batch = c
                 .fetch()
                 .max_messages(500)
@@ -170,27 +176,26 @@ impl Changelog for NatsChangelog {
                 got += 1;
                 match serde_json::from_slice::<CarriedRow>(&m.payload) {
                     Ok(r) => out.push(r),
+                    // Skipped: one unreadable row must not refuse the
+                    // seat on every node.
                     Err(err) => {
-                        // Counted, so the replay still ends; the row is
-                        // skipped (it would refuse the seat everywhere).
-                        tracing::warn!(subject = %m.subject, error = %err, "an unreadable memory row; skipped");
-                        out.push(CarriedRow {
-                            table: super::store::Table::AgentDiary,
-                            id: String::new(),
-                            seq: -1,
-                            row: Default::default(),
-                        });
+                        tracing::warn!(subject = %m.subject, error = %err, "an unreadable memory row; skipped")
                     }
+                }
+                if m.info().map_err(|e| read(&e))?.pending == 0 {
+                    break 'replay;
                 }
             }
             if got == 0 {
-                return Err(ChangelogError::Read(format!(
-                    "the changelog said {pending} rows of seat {handle} and stopped after {}",
-                    out.len()
-                )));
+                empty += 1;
+                if empty >= 10 {
+                    return Err(ChangelogError::Read(format!(
+                        "the replay of seat {handle} stopped after {} rows with more waiting",
+                        out.len()
+                    )));
+                }
             }
         }
-        out.retain(|r| r.seq >= 0);
         Ok(out)
     }
 }

@@ -3,6 +3,7 @@
 //! answered by the seat's holder ([`memread`]).
 
 pub mod changelog;
+pub mod memread;
 pub mod store;
 
 pub use store::{

@@ -776,6 +776,11 @@ impl MemoryStore {
             conflict
         );
         let mut tx = self.pool.begin().await?;
+        // Take the write lock first: a transaction that reads and then
+        // writes cannot upgrade once another writer committed (WAL).
+        sqlx::query("UPDATE memory_change_seq SET value = value WHERE id = 1")
+            .execute(&mut *tx)
+            .await?;
         let existed: bool = sqlx::query_scalar::<_, i64>(&format!(
             "SELECT COUNT(*) FROM {} WHERE id = ?",
             table.name()

@@ -18,10 +18,12 @@ use crewlet::engine::runtime::{TurnEngine, TurnSetup};
 use crewlet::events::{Event, EventBus, FleetEvent};
 use crewlet::memory::MemoryStore;
 use crewlet::memory::changelog::{Changelog, MemoryChangelog, NatsChangelog};
+use crewlet::memory::memread::{LocalScatter, MemRead, NatsScatter, Scatter};
 use crewlet::node::company;
 use crewlet::queue::jetstream::{JetStreamQueue, JetStreamSettings};
 use crewlet::queue::memory::MemoryQueue;
 use crewlet::queue::{Queue, QueueSettings, inbox_group, inbox_subject, log_events};
+use crewlet::seat::host::SeatHooks;
 use crewlet::seat::sweep::{EngineConfig, SeatEngine};
 use crewlet::tasks::Tasks;
 use tokio::sync::broadcast;
@@ -30,6 +32,8 @@ pub const TTL: Duration = Duration::from_secs(3);
 pub const BEAT: Duration = Duration::from_secs(1);
 pub const SWEEP: Duration = Duration::from_secs(1);
 pub const COMPANY: &str = "Turn company";
+/// How long a node's memory read waits for a seat's holder.
+pub const SCATTER_BUDGET: Duration = Duration::from_secs(2);
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Kind {
@@ -48,6 +52,8 @@ pub type Backends = (
 pub struct Fleet {
     pub kind: Kind,
     pub twin: Option<Backends>,
+    /// The twin's memory-read registry, shared by the fleet's nodes.
+    pub scatter: Option<LocalScatter>,
     pub server: Option<super::nats::NatsServer>,
 }
 
@@ -58,6 +64,12 @@ pub struct Node {
     pub queue: Arc<dyn Queue>,
     pub outbox: Arc<dyn Outbox>,
     pub changelog: Arc<dyn Changelog>,
+    /// Memory reads from this node; it answers for its seats on its own
+    /// subject until its tasks stop (a crash included).
+    pub memread: Arc<MemRead>,
+    pub scatter: Arc<dyn Scatter>,
+    /// The node's NATS connection (none on the twin).
+    pub client: Option<async_nats::Client>,
     pub events: broadcast::Receiver<FleetEvent>,
     pub seen: Vec<FleetEvent>,
     pub dir: tempfile::TempDir,
@@ -107,19 +119,26 @@ impl Fleet {
                     Arc::new(MemoryOutbox::new()),
                     Arc::new(MemoryChangelog::new()),
                 )),
+                scatter: Some(LocalScatter::new()),
                 server: None,
             },
             Kind::Nats => Fleet {
                 kind,
                 twin: None,
+                scatter: None,
                 server: Some(super::nats::NatsServer::start().await),
             },
         }
     }
 
     pub async fn backends(&self, id: &str) -> Backends {
+        self.connect(id).await.0
+    }
+
+    /// The fleet's backends for node `id`, and its NATS connection.
+    pub async fn connect(&self, id: &str) -> (Backends, Option<async_nats::Client>) {
         if let Some((s, q, o, c)) = &self.twin {
-            return (s.clone(), q.clone(), o.clone(), c.clone());
+            return ((s.clone(), q.clone(), o.clone(), c.clone()), None);
         }
         let server = self.server.as_ref().unwrap();
         let mut opts = NatsOptions::new(vec![server.url()]);
@@ -140,16 +159,27 @@ impl Fleet {
                 .unwrap(),
         );
         let changelog: Arc<dyn Changelog> = Arc::new(
-            NatsChangelog::new(client, 1, Duration::from_secs(2))
+            NatsChangelog::new(client.clone(), 1, Duration::from_secs(2))
                 .await
                 .unwrap(),
         );
-        (store, queue, outbox, changelog)
+        ((store, queue, outbox, changelog), Some(client))
     }
 
     /// Start node `id`; the first node writes `roles` as the company.
     pub async fn node(&self, id: &str, roles: &[RoleConfig]) -> Node {
-        let (store, queue, outbox, changelog) = self.backends(id).await;
+        self.node_with_hooks(id, roles, |turns| turns).await
+    }
+
+    /// Start node `id` with its seat hooks wrapped by `hooks` (a test
+    /// holding a step of the acquire hook).
+    pub async fn node_with_hooks(
+        &self,
+        id: &str,
+        roles: &[RoleConfig],
+        hooks: impl FnOnce(Arc<TurnEngine>) -> Arc<dyn SeatHooks>,
+    ) -> Node {
+        let ((store, queue, outbox, changelog), client) = self.connect(id).await;
         let owner = crewlet::node::Incarnation::mint(id).to_string();
         let events = EventBus::new(id, &owner);
         let rx = events.subscribe();
@@ -193,13 +223,25 @@ impl Fleet {
             cfg,
             store.clone(),
             queue.clone(),
-            turns.clone(),
+            hooks(turns.clone()),
             events,
             company_rx,
-            tasks,
+            tasks.clone(),
         )
         .await
         .unwrap();
+        let scatter: Arc<dyn Scatter> = match (&self.scatter, &client) {
+            (Some(local), _) => Arc::new(local.clone()),
+            (None, Some(c)) => Arc::new(NatsScatter::new(c.clone())),
+            (None, None) => unreachable!("a fleet is on the twin or on NATS"),
+        };
+        let memread = Arc::new(MemRead::new(
+            engine.clone(),
+            turns.memory().clone(),
+            scatter.clone(),
+            SCATTER_BUDGET,
+        ));
+        memread.serve(&tasks).await.unwrap();
         engine.start();
         Node {
             engine,
@@ -208,6 +250,9 @@ impl Fleet {
             queue,
             outbox,
             changelog,
+            memread,
+            scatter,
+            client,
             events: rx,
             seen: Vec::new(),
             dir,
@@ -254,6 +299,25 @@ impl Fleet {
 }
 
 impl Node {
+    pub fn id(&self) -> &str {
+        &self.engine.config().node_id
+    }
+
+    /// The process incarnation: the owner of its leases.
+    pub fn incarnation(&self) -> &str {
+        &self.engine.config().owner
+    }
+
+    /// The seat is established here: its acquire hook (memory hydration
+    /// included) has returned.
+    pub fn attached(&self, handle: &str) -> bool {
+        self.engine
+            .host()
+            .status()
+            .iter()
+            .any(|s| s.handle == handle && s.phase == crewlet::seat::host::Phase::Attached)
+    }
+
     pub fn holds(&self, handle: &str) -> bool {
         self.engine.host().held().iter().any(|h| h == handle)
     }

@@ -1,0 +1,355 @@
+//! A seat's memory follows it (seed § A seat's memory follows it), on the
+//! in-process twin and on a real nats-server: a graceful move keeps every
+//! row, a crash loses at most one cycle, a duplicate episode collapses on
+//! the next replay, the vector rule holds both ways, the rowid-reuse bug
+//! stays fixed, and a hydration that fails refuses the seat.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crewlet::events::{DetachReason, Event};
+use crewlet::memory::changelog::{self, Changelog, MemoryChangelog, NatsChangelog};
+use crewlet::memory::{Applied, MemoryStore, Table};
+use support::turnfleet::*;
+
+const WAIT: Duration = Duration::from_secs(20);
+
+macro_rules! both {
+    ($($name:ident),* $(,)?) => {
+        // Real time on the twin too: SQLite work runs on a worker thread,
+        // and tokio's paused clock would jump past leases while it waits.
+        mod twin {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::Fleet::new(super::Kind::Twin).await).await;
+                }
+            )*
+        }
+        mod nats {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::Fleet::new(super::Kind::Nats).await).await;
+                }
+            )*
+        }
+    };
+}
+
+both!(
+    a_seat_moved_gracefully_keeps_every_row,
+    a_crash_loses_at_most_one_cycle,
+    a_duplicate_episode_written_on_two_nodes_collapses_on_the_next_replay,
+    a_carried_vector_fills_a_stale_one_and_a_stale_copy_never_erases_a_filled_one,
+    deleting_the_newest_diary_note_and_writing_another_still_carries_the_new_one,
+    a_hydration_that_fails_refuses_the_seat_and_a_peer_takes_it,
+);
+
+/// Write one row of every kind for `seat`.
+async fn remember_everything(m: &MemoryStore, seat: &str, tag: &str) {
+    assert!(
+        m.diary_write(seat, &format!("note {tag}"), None)
+            .await
+            .unwrap()
+    );
+    assert!(
+        m.episode_write(seat, Some(&format!("work-{tag}")), "did it", "turn-1")
+            .await
+            .unwrap()
+    );
+    m.counterparty_seen(seat, &format!("alice-{tag}"), Some("w"))
+        .await
+        .unwrap();
+    m.skill_set(seat, &format!("skill-{tag}"), "active")
+        .await
+        .unwrap();
+    assert!(
+        m.skill_version_add(seat, &format!("skill-{tag}"), 1, "body")
+            .await
+            .unwrap()
+    );
+    m.marker_set(seat, &format!("marker-{tag}"), "done")
+        .await
+        .unwrap();
+    assert!(
+        m.conversation_add(seat, "thread-1", Some(&format!("m-{tag}")), "alice", "hi")
+            .await
+            .unwrap()
+    );
+}
+
+async fn counts(n: &Node, seat: &str) -> [usize; 7] {
+    n.turns
+        .memory()
+        .seat_memory(seat, 1000)
+        .await
+        .unwrap()
+        .counts()
+}
+
+async fn a_seat_moved_gracefully_keeps_every_row(f: Fleet) {
+    let mut a = f.node("a", &[echo_role("s0")]).await;
+    f.until("a holds s0", WAIT, || a.holds("s0")).await;
+    remember_everything(a.turns.memory(), "s0", "1").await;
+    // A turn writes its own rows too.
+    a.publish("s0", &trigger("E1", serde_json::json!({}))).await;
+    f.until("the turn ran", WAIT, || !a.turns_of("E1").is_empty())
+        .await;
+    let before = counts(&a, "s0").await;
+    assert!(before.iter().all(|n| *n >= 1), "{before:?}");
+    let b = f.node("b", &[]).await;
+    // No cycle ran: the release hook's flush is what carries it.
+    a.engine.drain().await;
+    f.until("b has s0 established", WAIT, || b.attached("s0"))
+        .await;
+    let after = counts(&b, "s0").await;
+    // The reflection wake may land after the drain's flush on a; what a
+    // had when it let go is all on b.
+    assert!(
+        after.iter().zip(before.iter()).all(|(b, a)| b >= a),
+        "a had {before:?}, b has {after:?}"
+    );
+    assert_eq!(after[1..], before[1..], "every non-diary row moved as is");
+}
+
+async fn a_crash_loses_at_most_one_cycle(f: Fleet) {
+    let a = f.node("a", &[echo_role("s0")]).await;
+    f.until("a holds s0", WAIT, || a.holds("s0")).await;
+    remember_everything(a.turns.memory(), "s0", "cycled").await;
+    let published = a.turns.flush_memory(&["s0".to_string()]).await;
+    assert_eq!(published, 7, "one row of each kind");
+    remember_everything(a.turns.memory(), "s0", "lost").await;
+    a.engine.crash().await;
+    let b = f.node("b", &[]).await;
+    f.until("b has s0 established", WAIT, || b.attached("s0"))
+        .await;
+    assert_eq!(counts(&b, "s0").await, [1; 7], "the last cycle's rows");
+    let diary = b.turns.memory().diary("s0", 10).await.unwrap();
+    assert_eq!(diary[0].content, "note cycled");
+}
+
+async fn a_duplicate_episode_written_on_two_nodes_collapses_on_the_next_replay(f: Fleet) {
+    let a = f.node("a", &[echo_role("s0")]).await;
+    f.until("a holds s0", WAIT, || a.holds("s0")).await;
+    let b = f.node("b", &[]).await;
+    // The same unit of work ran on two nodes (the ledger failed open):
+    // two episodes under two ids, both carried.
+    for n in [&a, &b] {
+        assert!(
+            n.turns
+                .memory()
+                .episode_write("s0", Some("work-K"), "did K", "turn")
+                .await
+                .unwrap()
+        );
+        assert_eq!(
+            changelog::flush(n.turns.memory(), &*n.changelog, "s0")
+                .await
+                .unwrap(),
+            1
+        );
+    }
+    let carried = a.changelog.replay("s0").await.unwrap();
+    assert_eq!(
+        carried
+            .iter()
+            .filter(|r| r.table == Table::Episodes)
+            .count(),
+        2
+    );
+    let mut c = f.node("c", &[]).await;
+    a.engine.drain().await;
+    b.engine.drain().await;
+    f.until("c has s0 established", WAIT, || c.attached("s0"))
+        .await;
+    let episodes = c.turns.memory().episodes("s0", 10).await.unwrap();
+    assert_eq!(
+        episodes.len(),
+        1,
+        "one episode per unit of work: {episodes:?}"
+    );
+    assert!(
+        c.matching(|e| match e {
+            Event::SeatDetached { reason, .. } if *reason == DetachReason::HookFailed => Some(()),
+            _ => None,
+        })
+        .is_empty(),
+        "the collision is skipped, not an error"
+    );
+}
+
+/// Two nodes' stores over one changelog of the fleet's kind, outside any
+/// seat engine: the vector rule as hydration applies it.
+async fn stores(
+    f: &Fleet,
+) -> (
+    MemoryStore,
+    MemoryStore,
+    Arc<dyn Changelog>,
+    tempfile::TempDir,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let open = |name: &str| {
+        let p = dir.path().join(name);
+        async move { crewlet::db::open(&p, &crewlet::db::MIGRATOR).await.unwrap() }
+    };
+    let current = Some(("embed-2".to_string(), 4u32));
+    let x = MemoryStore::new(open("x").await).with_current_vector(current.clone());
+    let y = MemoryStore::new(open("y").await).with_current_vector(current);
+    let log: Arc<dyn Changelog> = match f.kind {
+        Kind::Twin => Arc::new(MemoryChangelog::new()),
+        Kind::Nats => {
+            let c = async_nats::connect(f.server.as_ref().unwrap().url())
+                .await
+                .unwrap();
+            Arc::new(
+                NatsChangelog::new(c, 1, Duration::from_secs(2))
+                    .await
+                    .unwrap(),
+            )
+        }
+    };
+    (x, y, log, dir)
+}
+
+async fn a_carried_vector_fills_a_stale_one_and_a_stale_copy_never_erases_a_filled_one(f: Fleet) {
+    let (x, y, log, _dir) = stores(&f).await;
+    // x writes a note with no vector; y hydrates it.
+    x.diary_write("s0", "remember this", None).await.unwrap();
+    changelog::flush(&x, &*log, "s0").await.unwrap();
+    let stale = log.replay("s0").await.unwrap();
+    changelog::hydrate(&y, &*log, "s0").await.unwrap();
+    let id = y.diary("s0", 1).await.unwrap()[0].id.clone();
+    assert_eq!(y.vector_of(Table::AgentDiary, &id).await.unwrap(), None);
+    // x fills the vector under the company's model: the changelog carries
+    // the row again, and y takes the vector over its empty one.
+    assert!(
+        x.set_vector(Table::AgentDiary, &id, "embed-2", &[1, 2, 3, 4], 4)
+            .await
+            .unwrap()
+    );
+    assert_eq!(changelog::flush(&x, &*log, "s0").await.unwrap(), 1);
+    let h = changelog::hydrate(&y, &*log, "s0").await.unwrap();
+    assert_eq!(h.vectors_taken, 1);
+    assert_eq!(
+        y.vector_of(Table::AgentDiary, &id).await.unwrap(),
+        Some(("embed-2".into(), 4, vec![1, 2, 3, 4]))
+    );
+    // The reverse: the stale copy (no vector) replayed later never erases
+    // it, and neither does a copy under a model the company has left.
+    for row in &stale {
+        assert_eq!(
+            y.apply_carried("s0", row).await.unwrap(),
+            Applied::KeptLocal
+        );
+    }
+    let mut old_model = stale[0].clone();
+    old_model
+        .row
+        .insert("vector".into(), serde_json::json!(hex_of(&[9, 9])));
+    old_model
+        .row
+        .insert("vector_model".into(), serde_json::json!("embed-1"));
+    old_model
+        .row
+        .insert("vector_dims".into(), serde_json::json!(2));
+    assert_eq!(
+        y.apply_carried("s0", &old_model).await.unwrap(),
+        Applied::KeptLocal
+    );
+    assert_eq!(
+        y.vector_of(Table::AgentDiary, &id).await.unwrap(),
+        Some(("embed-2".into(), 4, vec![1, 2, 3, 4]))
+    );
+    // And a stored vector of another model is replaced by the current one.
+    assert!(
+        y.set_vector(Table::AgentDiary, &id, "embed-1", &[7, 7], 2)
+            .await
+            .unwrap()
+    );
+    changelog::hydrate(&y, &*log, "s0").await.unwrap();
+    assert_eq!(
+        y.vector_of(Table::AgentDiary, &id).await.unwrap(),
+        Some(("embed-2".into(), 4, vec![1, 2, 3, 4]))
+    );
+}
+
+fn hex_of(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+async fn deleting_the_newest_diary_note_and_writing_another_still_carries_the_new_one(f: Fleet) {
+    let (x, y, log, _dir) = stores(&f).await;
+    x.diary_write("s0", "first", None).await.unwrap();
+    x.diary_write("s0", "second", None).await.unwrap();
+    changelog::flush(&x, &*log, "s0").await.unwrap();
+    // The diary's trim takes the newest note; the next note gets its rowid.
+    let newest_rowid: i64 = sqlx::query_scalar("SELECT MAX(rowid) FROM agent_diary")
+        .fetch_one(x.pool())
+        .await
+        .unwrap();
+    sqlx::query("DELETE FROM agent_diary WHERE content = 'second'")
+        .execute(x.pool())
+        .await
+        .unwrap();
+    x.diary_write("s0", "third", None).await.unwrap();
+    let third_rowid: i64 =
+        sqlx::query_scalar("SELECT rowid FROM agent_diary WHERE content = 'third'")
+            .fetch_one(x.pool())
+            .await
+            .unwrap();
+    assert_eq!(
+        third_rowid, newest_rowid,
+        "SQLite handed the rowid out again"
+    );
+    assert_eq!(changelog::flush(&x, &*log, "s0").await.unwrap(), 1);
+    changelog::hydrate(&y, &*log, "s0").await.unwrap();
+    let notes: Vec<String> = y
+        .diary("s0", 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|n| n.content)
+        .collect();
+    assert!(notes.contains(&"third".to_string()), "{notes:?}");
+}
+
+async fn a_hydration_that_fails_refuses_the_seat_and_a_peer_takes_it(f: Fleet) {
+    let a = f.node("a", &[echo_role("s0")]).await;
+    f.until("a holds s0", WAIT, || a.holds("s0")).await;
+    a.turns
+        .memory()
+        .episode_write("s0", Some("work-1"), "did it", "turn-1")
+        .await
+        .unwrap();
+    // b's store cannot take the seat's episodes.
+    let mut b = f.node("b", &[]).await;
+    sqlx::query("DROP TABLE episodes")
+        .execute(b.turns.memory().pool())
+        .await
+        .unwrap();
+    a.engine.drain().await;
+    f.until("b refuses s0", WAIT, || {
+        !b.matching(|e| match e {
+            Event::SeatDetached { seat, reason, .. }
+                if seat == "s0" && *reason == DetachReason::HookFailed =>
+            {
+                Some(())
+            }
+            _ => None,
+        })
+        .is_empty()
+    })
+    .await;
+    assert!(!b.holds("s0"), "a seat serving with amnesia is not served");
+    let c = f.node("c", &[]).await;
+    b.engine.drain().await;
+    f.until("c has s0 established", WAIT, || c.attached("s0"))
+        .await;
+    let episodes = c.turns.memory().episodes("s0", 10).await.unwrap();
+    assert_eq!(episodes.len(), 1);
+    assert_eq!(episodes[0].work_key.as_deref(), Some("work-1"));
+}

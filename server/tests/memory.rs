@@ -353,3 +353,82 @@ async fn a_hydration_that_fails_refuses_the_seat_and_a_peer_takes_it(f: Fleet) {
     assert_eq!(episodes.len(), 1);
     assert_eq!(episodes[0].work_key.as_deref(), Some("work-1"));
 }
+
+async fn one_store() -> (MemoryStore, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = crewlet::db::open(dir.path(), &crewlet::db::MIGRATOR)
+        .await
+        .unwrap();
+    (MemoryStore::new(pool), dir)
+}
+
+#[tokio::test]
+async fn an_interaction_is_counted_once_per_unit_of_work() {
+    let (m, _dir) = one_store().await;
+    assert_eq!(
+        m.counterparty_seen("s0", "alice", Some("w1"))
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        m.counterparty_seen("s0", "alice", Some("w1"))
+            .await
+            .unwrap(),
+        1,
+        "the same work again is not counted"
+    );
+    assert_eq!(
+        m.counterparty_seen("s0", "alice", Some("w2"))
+            .await
+            .unwrap(),
+        2
+    );
+    // Unkeyed interactions always count.
+    assert_eq!(m.counterparty_seen("s0", "alice", None).await.unwrap(), 3);
+    assert_eq!(m.counterparty_seen("s0", "alice", None).await.unwrap(), 4);
+}
+
+#[tokio::test]
+async fn an_episode_is_one_per_unit_of_work_and_an_unkeyed_one_is_never_deduplicated() {
+    let (m, _dir) = one_store().await;
+    assert!(m.episode_write("s0", Some("k"), "a", "t1").await.unwrap());
+    assert!(!m.episode_write("s0", Some("k"), "b", "t2").await.unwrap());
+    assert!(
+        m.episode_write("s1", Some("k"), "c", "t3").await.unwrap(),
+        "another seat's episode of the same work is its own"
+    );
+    assert!(m.episode_write("s0", None, "d", "t4").await.unwrap());
+    assert!(m.episode_write("s0", Some(""), "e", "t5").await.unwrap());
+    assert_eq!(m.episodes("s0", 10).await.unwrap().len(), 3);
+}
+
+#[tokio::test]
+async fn retention_sweeps_expired_notes_and_notes_over_the_cap() {
+    let (m, _dir) = one_store().await;
+    let m = m.with_diary_days(1);
+    for i in 0..5 {
+        m.diary_write("s0", &format!("note {i}"), None)
+            .await
+            .unwrap();
+    }
+    m.diary_write("s1", "other seat", None).await.unwrap();
+    // Nothing has expired yet; the cap keeps each seat's newest three.
+    assert_eq!(
+        m.sweep_diary("2026-01-01T00:00:00Z", 3).await.unwrap(),
+        (0, 2)
+    );
+    let left: Vec<String> = m
+        .diary("s0", 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|n| n.content)
+        .collect();
+    assert_eq!(left, ["note 4", "note 3", "note 2"]);
+    // Far in the future, everything has expired.
+    assert_eq!(
+        m.sweep_diary("9999-01-01T00:00:00Z", 0).await.unwrap(),
+        (4, 0)
+    );
+}

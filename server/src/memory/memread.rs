@@ -149,8 +149,8 @@ pub struct Answerer {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Unavailable {
-    /// The holder is still establishing the seat: its memory is being
-    /// replayed from the changelog.
+    /// The holder is still establishing the seat: its acquire hook, which
+    /// replays the seat's memory from the changelog, has not returned.
     Hydrating,
     /// The holder is giving the seat back, or could not prove its teardown.
     Releasing,

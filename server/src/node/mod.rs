@@ -25,6 +25,7 @@ use crate::engine::outbox::{MemoryOutbox, NatsOutbox, Outbox};
 use crate::engine::runtime::{TurnEngine, TurnSetup};
 use crate::events::{EventBus, queue_sink};
 use crate::memory::changelog::{Changelog, MemoryChangelog, NatsChangelog};
+use crate::memory::memread::{LocalScatter, MemRead, MemReadError, NatsScatter, Scatter};
 use crate::queue::Queue;
 use crate::queue::jetstream::{JetStreamQueue, JetStreamSettings};
 use crate::queue::memory::MemoryQueue;
@@ -119,6 +120,8 @@ pub enum NodeError {
     Queue(crate::queue::QueueError),
     #[error("the company: {0}")]
     Company(company::CompanyError),
+    #[error(transparent)]
+    MemRead(MemReadError),
     #[error("cannot create the mailboxes of seat {seat}: {source}")]
     Mailbox {
         seat: String,
@@ -152,6 +155,9 @@ pub struct RunningNode {
     pub info: NodeInfo,
     pub engine: Arc<SeatEngine>,
     pub turns: Arc<TurnEngine>,
+    /// Reads of a seat's memory answered by its holder; this node answers
+    /// for its own seats on `crewlet.memread.{incarnation}`.
+    pub memread: Arc<MemRead>,
     tasks: Tasks,
     server: tokio::task::JoinHandle<Result<(), std::io::Error>>,
 }
@@ -332,6 +338,19 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
     )
     .await
     .map_err(|(seat, e)| NodeError::Mailbox { seat, source: e })?;
+    // Memory reads: this node answers for the seats it holds from before
+    // it claims any, whether or not it serves HTTP.
+    let scatter: Arc<dyn Scatter> = match &client {
+        None => Arc::new(LocalScatter::new()),
+        Some(c) => Arc::new(NatsScatter::new(c.clone())),
+    };
+    let memread = Arc::new(MemRead::new(
+        engine.clone(),
+        turns.memory().clone(),
+        scatter,
+        Duration::from_millis(config.memory.scatter_budget_ms),
+    ));
+    memread.serve(&tasks).await.map_err(NodeError::MemRead)?;
 
     let site = site_root();
     if !site
@@ -403,6 +422,7 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
         info,
         engine,
         turns,
+        memread,
         tasks,
         server,
     })

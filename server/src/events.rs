@@ -213,6 +213,59 @@ pub enum Event {
         seat: String,
         by: String,
     },
+    /// A graceful stop gave a duty back after its last tick.
+    DutyReleased {
+        duty: String,
+    },
+    /// A seat's registration failed; its mailbox was created anyway.
+    SeatMailboxUnregistered {
+        seat: String,
+        error: String,
+    },
+    /// The broker holds a mailbox of a seat neither in the company nor in
+    /// the registry: registered and stamped absent.
+    SeatMailboxDiscovered {
+        seat: String,
+    },
+    /// A seat recorded absent is in the company again.
+    SeatMailboxReturned {
+        seat: String,
+    },
+    /// A seat is missing from the active revision: its mailbox is retired
+    /// at `retire_at` (RFC 3339) unless it returns.
+    SeatMailboxAbsent {
+        seat: String,
+        retire_at: String,
+    },
+    /// A removed seat's mailbox and its mail were deleted (its memory is
+    /// kept).
+    SeatMailboxRetired {
+        seat: String,
+    },
+    /// A retirement waits: `refused` is `held` (a node still holds the
+    /// seat) or `protocol` (a lower-protocol node is still in the fleet).
+    SeatMailboxRetirementHeld {
+        seat: String,
+        refused: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        holder: Option<String>,
+    },
+    /// A node adding the seat back took over a retirement that did not
+    /// finish within its budget.
+    SeatMailboxRetirementTakenOver {
+        seat: String,
+    },
+    /// A retirement a dead sweep left marked is resumed.
+    SeatMailboxRetirementResumed {
+        seat: String,
+    },
+    /// A schedule fired (once fleet-wide for this due time).
+    ScheduleFired {
+        schedule: String,
+        seat: String,
+        due: String,
+        trigger_id: String,
+    },
 }
 
 impl Event {
@@ -233,6 +286,8 @@ impl Event {
                 | Event::SeatClaimsBlockedByOlderProtocol { .. }
                 | Event::MessageDeadLettered { .. }
                 | Event::TurnGuardBreach { .. }
+                | Event::SeatMailboxUnregistered { .. }
+                | Event::SeatMailboxRetirementHeld { .. }
         )
     }
 

@@ -8,6 +8,7 @@ pub mod audit;
 pub mod config;
 pub mod coord;
 pub mod db;
+pub mod duty;
 pub mod engine;
 pub mod events;
 pub mod logging;

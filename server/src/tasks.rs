@@ -39,6 +39,20 @@ impl Tasks {
         });
     }
 
+    /// Spawn a task that watches the stop token itself, so it can finish
+    /// its last step and give back what it holds; shutdown waits for it.
+    pub fn spawn_owned<F, Fut>(&self, name: &'static str, f: F)
+    where
+        F: FnOnce(CancellationToken) -> Fut,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let fut = f(self.token.clone());
+        self.tracker.spawn(async move {
+            fut.await;
+            tracing::debug!(task = name, "task finished");
+        });
+    }
+
     /// Ask every task to stop and wait until they have.
     pub async fn shutdown(&self) {
         self.token.cancel();

@@ -68,6 +68,69 @@ pub struct Config {
     pub auth: AuthSection,
     pub logging: LoggingSection,
     pub memory: MemorySection,
+    pub maintenance: MaintenanceSection,
+    pub scheduler: SchedulerSection,
+    pub schedules: Vec<ScheduleConfig>,
+}
+
+/// The maintenance duty (one node of the fleet at a time).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MaintenanceSection {
+    /// How often the duty runs.
+    pub every_seconds: u64,
+    /// How long a removed seat's mailbox (and the mail in it) is kept
+    /// after a sweep first sees the seat missing.
+    pub retirement_grace_seconds: u64,
+    /// Audit rows older than this many days are deleted (0: kept for ever).
+    pub audit_days: u64,
+}
+
+impl Default for MaintenanceSection {
+    fn default() -> Self {
+        MaintenanceSection {
+            every_seconds: 900,
+            retirement_grace_seconds: 86_400,
+            audit_days: 365,
+        }
+    }
+}
+
+/// The scheduler duty.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SchedulerSection {
+    /// How often the duty's holder evaluates every schedule.
+    pub tick_seconds: u64,
+}
+
+impl Default for SchedulerSection {
+    fn default() -> Self {
+        SchedulerSection { tick_seconds: 10 }
+    }
+}
+
+/// A schedule: a trigger published to a seat's inbox at each due time of a
+/// cron expression (UTC), at most once fleet-wide per due time.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScheduleConfig {
+    /// Names the schedule (unique; part of each fire's event id).
+    pub name: String,
+    /// The seat whose inbox it is published to.
+    pub seat: String,
+    /// Five fields (minute hour day month weekday) or six (seconds first).
+    pub cron: String,
+    /// The envelope's type.
+    #[serde(default = "default_schedule_type", rename = "type")]
+    pub kind: String,
+    /// The envelope's body.
+    #[serde(default)]
+    pub body: serde_json::Value,
+}
+
+fn default_schedule_type() -> String {
+    "task_assigned".into()
 }
 
 /// A seat's memory: how it is carried between nodes and kept.

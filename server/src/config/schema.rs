@@ -69,6 +69,15 @@ fn exemplar(agent: AgentConfig) -> Config {
             ..LoggingSection::default()
         },
         memory: MemorySection::default(),
+        maintenance: MaintenanceSection::default(),
+        scheduler: SchedulerSection::default(),
+        schedules: vec![ScheduleConfig {
+            name: "n".into(),
+            seat: "h".into(),
+            cron: "0 * * * *".into(),
+            kind: "task_assigned".into(),
+            body: serde_json::json!({"k": "v"}),
+        }],
     }
 }
 

@@ -422,6 +422,69 @@ pub(super) fn check(c: &Config) -> Vec<Problem> {
             "set both memory.vector_model and memory.vector_dims, or neither".into(),
         );
     }
+    // [maintenance], [scheduler], [[schedules]]
+    for (key, v) in [
+        ("maintenance.every_seconds", c.maintenance.every_seconds),
+        (
+            "maintenance.retirement_grace_seconds",
+            c.maintenance.retirement_grace_seconds,
+        ),
+        ("scheduler.tick_seconds", c.scheduler.tick_seconds),
+    ] {
+        if v == 0 {
+            p(
+                key,
+                Some("0".into()),
+                "must be a positive number of seconds",
+                "leave it out for the default".into(),
+            );
+        }
+    }
+    let mut names = std::collections::BTreeSet::new();
+    let handles: std::collections::BTreeSet<&str> =
+        c.roles.iter().map(|r| r.handle.as_str()).collect();
+    for (i, s) in c.schedules.iter().enumerate() {
+        if !is_subject_safe(&s.name) {
+            p(
+                &format!("schedules[{i}].name"),
+                q(&s.name),
+                "a schedule name must be 1–64 letters, digits, `-` or `_`",
+                "use a name like \"daily-report\"".into(),
+            );
+        } else if !names.insert(s.name.as_str()) {
+            p(
+                &format!("schedules[{i}].name"),
+                q(&s.name),
+                "is used by an earlier schedule",
+                "give every schedule its own name".into(),
+            );
+        }
+        if !handles.contains(s.seat.as_str()) {
+            p(
+                &format!("schedules[{i}].seat"),
+                q(&s.seat),
+                "names no role of the company",
+                "use the handle of one of the [[roles]]".into(),
+            );
+        }
+        if let Err(e) = croner::Cron::new(&s.cron).with_seconds_optional().parse() {
+            p(
+                &format!("schedules[{i}].cron"),
+                q(&s.cron),
+                &format!("is not a cron expression: {e}"),
+                "five fields (minute hour day month weekday), or six with seconds first: \"0 9 * * 1-5\"".into(),
+            );
+        }
+        if s.kind.trim().is_empty() {
+            p(
+                &format!("schedules[{i}].type"),
+                q(&s.kind),
+                "an envelope needs a type",
+                "use task_assigned (the default)".into(),
+            );
+        }
+    }
+
     // [logging]
     if let Some(f) = &c.logging.file
         && f.as_os_str().is_empty()

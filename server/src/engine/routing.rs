@@ -52,6 +52,7 @@ mod tests {
                     placement: Default::default(),
                 })
                 .collect(),
+            schedules: vec![],
         }
     }
 

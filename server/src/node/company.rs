@@ -31,6 +31,8 @@ pub struct Company {
     pub revision: u64,
     pub name: String,
     pub roles: Vec<RoleConfig>,
+    #[serde(default)]
+    pub schedules: Vec<crate::config::ScheduleConfig>,
 }
 
 impl Company {
@@ -89,6 +91,17 @@ pub async fn apply(
     name: &str,
     roles: &[RoleConfig],
 ) -> Result<u64, CompanyError> {
+    apply_with_schedules(store, name, roles, &[]).await
+}
+
+/// Write `name` + `roles` + `schedules` as the next revision and make it
+/// active.
+pub async fn apply_with_schedules(
+    store: &dyn Store,
+    name: &str,
+    roles: &[RoleConfig],
+    schedules: &[crate::config::ScheduleConfig],
+) -> Result<u64, CompanyError> {
     for _ in 0..16 {
         let current = store.get(StateBucket::Config, ACTIVE_KEY).await?;
         let at = match &current {
@@ -104,6 +117,7 @@ pub async fn apply(
             revision: n,
             name: name.to_string(),
             roles: roles.to_vec(),
+            schedules: schedules.to_vec(),
         };
         // Find a free number (a racing apply may have taken this one).
         loop {
@@ -153,7 +167,14 @@ pub async fn boot(store: &dyn Store, config: &Config) -> Result<Company, Company
         }
         return Ok(c);
     }
-    match apply(store, &config.company.name, &config.roles).await {
+    match apply_with_schedules(
+        store,
+        &config.company.name,
+        &config.roles,
+        &config.schedules,
+    )
+    .await
+    {
         Ok(_) => {}
         Err(e) => return Err(e),
     }

@@ -155,6 +155,7 @@ pub struct RunningNode {
     pub info: NodeInfo,
     pub engine: Arc<SeatEngine>,
     pub turns: Arc<TurnEngine>,
+    pub duties: crate::duty::Duties,
     /// Reads of a seat's memory answered by its holder; this node answers
     /// for its own seats on `crewlet.memread.{incarnation}`.
     pub memread: Arc<MemRead>,
@@ -181,6 +182,7 @@ impl RunningNode {
 
     /// Stop without releasing anything, as a crash would (tests).
     pub async fn crash(self) {
+        self.duties.abandon();
         self.engine.crash().await;
         self.tasks.shutdown().await;
         let _ = self.server.await;
@@ -384,6 +386,48 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
         .await
     });
     engine.start();
+    let duties = crate::duty::Duties::new();
+    {
+        let ctx = crate::duty::DutyContext {
+            store: store.clone(),
+            node_id: info.node_id.clone(),
+            owner: info.incarnation.to_string(),
+            protocol: PROTOCOL,
+            events: events.clone(),
+        };
+        duties.start(
+            &tasks,
+            ctx.clone(),
+            Arc::new(crate::duty::maintenance::Maintenance {
+                every: Duration::from_secs(config.maintenance.every_seconds),
+                memory: turns.memory().clone(),
+                pool: pool.clone(),
+                diary_cap: config.memory.diary_cap,
+                audit_days: config.maintenance.audit_days,
+                sweep: crate::duty::mailboxes::MailboxSweep {
+                    store: store.clone(),
+                    queue: queue.clone(),
+                    events: events.clone(),
+                    company: engine.company_watch(),
+                    node_id: info.node_id.clone(),
+                    protocol: PROTOCOL,
+                    grace: Duration::from_secs(config.maintenance.retirement_grace_seconds),
+                    queue_settings: engine.config().queue,
+                },
+            }),
+        );
+        duties.start(
+            &tasks,
+            ctx,
+            Arc::new(crate::duty::scheduler::Scheduler::new(
+                Duration::from_secs(config.scheduler.tick_seconds),
+                store.clone(),
+                queue.clone(),
+                events.clone(),
+                engine.company_watch(),
+            )),
+        );
+    }
     {
         // The memory changelog's cycle: each held seat's new rows.
         let (engine, turns) = (engine.clone(), turns.clone());
@@ -422,6 +466,7 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
         info,
         engine,
         turns,
+        duties,
         memread,
         tasks,
         server,

@@ -121,6 +121,15 @@ impl SeatEngine {
         tasks: Tasks,
     ) -> Result<Arc<SeatEngine>, (String, crate::queue::QueueError)> {
         let handles: Vec<String> = company.borrow().handles().map(str::to_string).collect();
+        // Every seat is recorded before its mailbox is created, so a seat
+        // later removed can be retired.
+        crate::duty::mailboxes::register(
+            &*store,
+            &handles,
+            &events,
+            crate::duty::mailboxes::RETIREMENT_BUDGET,
+        )
+        .await;
         boot_walk(&*queue, handles.iter().map(String::as_str), cfg.queue).await?;
         let host = SeatHost::new(
             super::host::HostConfig {
@@ -170,6 +179,11 @@ impl SeatEngine {
 
     pub fn events(&self) -> &EventBus {
         &self.events
+    }
+
+    /// The applied revision, as it changes.
+    pub fn company_watch(&self) -> watch::Receiver<Company> {
+        self.company.clone()
     }
 
     pub fn company(&self) -> Company {
@@ -350,7 +364,16 @@ impl SeatEngine {
         let mut seen = Some(rx.borrow_and_update().clone());
         while rx.changed().await.is_ok() {
             let new = rx.borrow_and_update().clone();
-            // A role added: its mailboxes exist before anything claims it.
+            // A role added: recorded, and its mailboxes exist before
+            // anything claims it (after any retirement of its old mailbox).
+            let handles: Vec<String> = new.handles().map(str::to_string).collect();
+            crate::duty::mailboxes::register(
+                &*self.store,
+                &handles,
+                &self.events,
+                crate::duty::mailboxes::RETIREMENT_BUDGET,
+            )
+            .await;
             if let Err((seat, e)) = boot_walk(&*self.queue, new.handles(), self.cfg.queue).await {
                 tracing::error!(seat, error = %e, "cannot create a new seat's mailboxes");
             }

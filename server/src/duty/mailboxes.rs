@@ -1,0 +1,636 @@
+//! The removed seat (seed § The removed seat): the mailbox registry
+//! (`crewlet_mailboxes`), the sweep that judges each record one tick at a
+//! time, and the retirement that deletes a removed seat's mailbox — and
+//! the mail in it — after the grace period. The seat's memory is kept.
+//!
+//! Every node records each seat before it creates the seat's
+//! subscriptions ([`register`]); the broker's subscription listing is the
+//! backstop for a registration that failed. Unknown is never absent: an
+//! unreadable pointer, a node behind the active revision, an unreadable
+//! registry or lease — each makes the tick stamp nothing and retire
+//! nothing. Every write is a compare-and-set, and a retirement is marked
+//! before it deletes; it claims the seat's lease under an owner of its own,
+//! so a node adding the seat back cannot attach while it deletes, and acts
+//! for at most half the lease TTL. [`verdict`] is the pure part.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use rand::Rng;
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use crate::coord::{Claim, ClaimRequest, KvError, Revision, StateBucket, Store};
+use crate::events::{Event, EventBus};
+use crate::node::company::{self, Company};
+use crate::queue::{
+    Queue, QueueSettings, control_group, ensure_seat_mailboxes, inbox_group, reflect_group,
+    seat_mailbox_of,
+};
+
+/// How long a retirement may take before a node adding the seat back takes
+/// its record over (after twice this).
+pub const RETIREMENT_BUDGET: Duration = Duration::from_secs(30);
+/// A mark this old was left by a sweep that died: it is resumed.
+pub const RESUME_AFTER: Duration = Duration::from_secs(15 * 60);
+
+/// A seat's record in the registry.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MailboxRecord {
+    pub handle: String,
+    /// Store clock, unix milliseconds.
+    pub registered_at_ms: i64,
+    /// When a sweep first saw the seat missing from the active revision.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub absent_since_ms: Option<i64>,
+    /// A retirement in flight.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retiring: Option<RetirementMark>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RetirementMark {
+    /// The owner the retirement claimed the seat's lease under.
+    pub by: String,
+    pub at_ms: i64,
+}
+
+/// What a tick does with one record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    Nothing,
+    /// In the company again: clear the absence.
+    Returned,
+    /// Missing and not yet stamped: stamp the absence.
+    StampAbsent,
+    /// Missing for longer than the grace: retire.
+    Retire,
+    /// A mark a dead sweep left: resume the retirement.
+    Resume,
+}
+
+/// Pure: the sweep's judgement of one record, on the store's clock.
+pub fn verdict(rec: &MailboxRecord, in_company: bool, now_ms: i64, grace: Duration) -> Verdict {
+    if let Some(mark) = &rec.retiring {
+        return if now_ms - mark.at_ms >= RESUME_AFTER.as_millis() as i64 {
+            Verdict::Resume
+        } else {
+            Verdict::Nothing
+        };
+    }
+    match (in_company, rec.absent_since_ms) {
+        (true, Some(_)) => Verdict::Returned,
+        (true, None) => Verdict::Nothing,
+        (false, None) => Verdict::StampAbsent,
+        (false, Some(t)) if now_ms - t >= grace.as_millis() as i64 => Verdict::Retire,
+        (false, Some(_)) => Verdict::Nothing,
+    }
+}
+
+fn encode(r: &MailboxRecord) -> Bytes {
+    Bytes::from(serde_json::to_vec(r).unwrap_or_default())
+}
+
+fn rfc3339_ms(ms: i64) -> String {
+    time::OffsetDateTime::from_unix_timestamp_nanos(ms as i128 * 1_000_000)
+        .ok()
+        .and_then(|t| t.replace_nanosecond(0).ok())
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
+        .unwrap_or_default()
+}
+
+async fn now_ms(store: &dyn Store) -> Result<i64, String> {
+    store
+        .now()
+        .await
+        .map(|t| t.unix_nanos() / 1_000_000)
+        .map_err(|e| e.to_string())
+}
+
+/// Record `handles` in the registry before their subscriptions are
+/// created: one listing, then a create for each seat with no record. A
+/// seat whose record carries a retirement mark waits for the mark to clear
+/// (the retirement finishing) and takes the record over after twice
+/// `budget`. A registration that fails is reported
+/// (`seat_mailbox_unregistered`) and the mailbox is created anyway.
+pub async fn register(store: &dyn Store, handles: &[String], events: &EventBus, budget: Duration) {
+    let existing: BTreeMap<String, MailboxRecord> =
+        match store.entries(StateBucket::Mailboxes, "").await {
+            Ok(es) => es
+                .into_iter()
+                .filter_map(|e| {
+                    serde_json::from_slice::<MailboxRecord>(&e.value)
+                        .ok()
+                        .map(|r| (e.key, r))
+                })
+                .collect(),
+            Err(e) => {
+                for h in handles {
+                    events.emit(Event::SeatMailboxUnregistered {
+                        seat: h.clone(),
+                        error: e.to_string(),
+                    });
+                }
+                return;
+            }
+        };
+    for h in handles {
+        match existing.get(h) {
+            Some(r) if r.retiring.is_some() => wait_out_retirement(store, h, events, budget).await,
+            Some(_) => {}
+            None => register_one(store, h, events).await,
+        }
+    }
+}
+
+async fn register_one(store: &dyn Store, handle: &str, events: &EventBus) {
+    let now = match now_ms(store).await {
+        Ok(n) => n,
+        Err(e) => {
+            events.emit(Event::SeatMailboxUnregistered {
+                seat: handle.to_string(),
+                error: e,
+            });
+            return;
+        }
+    };
+    let rec = MailboxRecord {
+        handle: handle.to_string(),
+        registered_at_ms: now,
+        absent_since_ms: None,
+        retiring: None,
+    };
+    match store
+        .create(StateBucket::Mailboxes, handle, encode(&rec))
+        .await
+    {
+        Ok(_) | Err(KvError::AlreadyExists) => {}
+        Err(e) => events.emit(Event::SeatMailboxUnregistered {
+            seat: handle.to_string(),
+            error: e.to_string(),
+        }),
+    }
+}
+
+/// A seat added back while its old mailbox is being retired: wait for the
+/// retirement to finish (so its delete cannot land on the new inbox), and
+/// take the record over when it has not finished within twice `budget`.
+pub async fn wait_out_retirement(
+    store: &dyn Store,
+    handle: &str,
+    events: &EventBus,
+    budget: Duration,
+) {
+    let deadline = tokio::time::Instant::now() + budget * 2;
+    loop {
+        match store.get(StateBucket::Mailboxes, handle).await {
+            Ok(None) => {
+                register_one(store, handle, events).await;
+                return;
+            }
+            Ok(Some(e)) => {
+                let rec = serde_json::from_slice::<MailboxRecord>(&e.value).ok();
+                match rec {
+                    Some(r) if r.retiring.is_some() => {
+                        if tokio::time::Instant::now() >= deadline {
+                            let taken = MailboxRecord {
+                                absent_since_ms: None,
+                                retiring: None,
+                                ..r
+                            };
+                            match store
+                                .update(StateBucket::Mailboxes, handle, encode(&taken), e.revision)
+                                .await
+                            {
+                                Ok(_) => {
+                                    events.emit(Event::SeatMailboxRetirementTakenOver {
+                                        seat: handle.to_string(),
+                                    });
+                                    return;
+                                }
+                                Err(KvError::WrongRevision) => continue,
+                                Err(err) => {
+                                    events.emit(Event::SeatMailboxUnregistered {
+                                        seat: handle.to_string(),
+                                        error: err.to_string(),
+                                    });
+                                    return;
+                                }
+                            }
+                        }
+                    }
+                    // The mark cleared (the retirement gave up, or
+                    // someone rewrote it): the record stands.
+                    _ => return,
+                }
+            }
+            Err(e) => {
+                tracing::warn!(seat = handle, error = %e, "cannot read the seat's mailbox record while a retirement is marked; waiting");
+                if tokio::time::Instant::now() >= deadline {
+                    events.emit(Event::SeatMailboxUnregistered {
+                        seat: handle.to_string(),
+                        error: e.to_string(),
+                    });
+                    return;
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The sweep of the maintenance duty.
+pub struct MailboxSweep {
+    pub store: Arc<dyn Store>,
+    pub queue: Arc<dyn Queue>,
+    pub events: EventBus,
+    /// The revision this node has applied.
+    pub company: watch::Receiver<Company>,
+    pub node_id: String,
+    pub protocol: u32,
+    pub grace: Duration,
+    pub queue_settings: QueueSettings,
+}
+
+/// What one tick did (tests and the log).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SweepReport {
+    pub registered: Vec<String>,
+    pub discovered: Vec<String>,
+    pub returned: Vec<String>,
+    pub absent: Vec<String>,
+    pub retired: Vec<String>,
+    pub held: Vec<String>,
+    /// Why the tick judged nothing, when it did not.
+    pub unknown: Option<String>,
+}
+
+impl MailboxSweep {
+    /// One tick.
+    pub async fn tick(&self) -> SweepReport {
+        let mut report = SweepReport::default();
+        let active = match company::active(&*self.store).await {
+            Ok(Some(c)) => c,
+            Ok(None) => {
+                report.unknown = Some("the fleet has no active revision".into());
+                return report;
+            }
+            Err(e) => {
+                report.unknown = Some(format!("the activation pointer cannot be read: {e}"));
+                tracing::warn!(
+                    reason = report.unknown.as_deref(),
+                    "mailbox sweep: stamping nothing"
+                );
+                return report;
+            }
+        };
+        let applied = self.company.borrow().revision;
+        if applied < active.revision {
+            report.unknown = Some(format!(
+                "this node has applied revision {applied}, the fleet is at {}",
+                active.revision
+            ));
+            tracing::info!(
+                reason = report.unknown.as_deref(),
+                "mailbox sweep: stamping nothing"
+            );
+            return report;
+        }
+        let entries = match self.store.entries(StateBucket::Mailboxes, "").await {
+            Ok(e) => e,
+            Err(e) => {
+                report.unknown = Some(format!("the mailbox registry cannot be read: {e}"));
+                tracing::warn!(
+                    reason = report.unknown.as_deref(),
+                    "mailbox sweep: stamping nothing"
+                );
+                return report;
+            }
+        };
+        let now = match now_ms(&*self.store).await {
+            Ok(n) => n,
+            Err(e) => {
+                report.unknown = Some(format!("the store's clock cannot be read: {e}"));
+                return report;
+            }
+        };
+        let in_company: BTreeSet<&str> = active.handles().collect();
+        let mut records: BTreeMap<String, (MailboxRecord, Revision)> = BTreeMap::new();
+        for e in entries {
+            match serde_json::from_slice::<MailboxRecord>(&e.value) {
+                Ok(r) => {
+                    records.insert(e.key, (r, e.revision));
+                }
+                Err(err) => {
+                    tracing::warn!(key = %e.key, error = %err, "an unreadable mailbox record; left alone")
+                }
+            }
+        }
+        // Seats of the company with no record (a registration failed).
+        for h in &in_company {
+            if !records.contains_key(*h) {
+                register_one(&*self.store, h, &self.events).await;
+                report.registered.push(h.to_string());
+            }
+        }
+        // The broker's listing: mailboxes of seats nobody recorded.
+        match self.queue.list_subscriptions().await {
+            Ok(list) => {
+                let found: BTreeSet<String> = list
+                    .iter()
+                    .filter_map(seat_mailbox_of)
+                    .map(|(h, _)| h)
+                    .collect();
+                for h in found {
+                    if in_company.contains(h.as_str()) || records.contains_key(&h) {
+                        continue;
+                    }
+                    let rec = MailboxRecord {
+                        handle: h.clone(),
+                        registered_at_ms: now,
+                        absent_since_ms: Some(now),
+                        retiring: None,
+                    };
+                    match self
+                        .store
+                        .create(StateBucket::Mailboxes, &h, encode(&rec))
+                        .await
+                    {
+                        Ok(_) => {
+                            self.events
+                                .emit(Event::SeatMailboxDiscovered { seat: h.clone() });
+                            self.events.emit(Event::SeatMailboxAbsent {
+                                seat: h.clone(),
+                                retire_at: rfc3339_ms(now + self.grace.as_millis() as i64),
+                            });
+                            report.discovered.push(h);
+                        }
+                        Err(KvError::AlreadyExists) => {}
+                        Err(e) => {
+                            tracing::warn!(seat = %h, error = %e, "cannot register a discovered mailbox")
+                        }
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "the broker's subscription listing failed; discovery waits for the next tick")
+            }
+        }
+        for (h, (rec, rev)) in records {
+            match verdict(&rec, in_company.contains(h.as_str()), now, self.grace) {
+                Verdict::Nothing => {}
+                Verdict::Returned => {
+                    let r = MailboxRecord {
+                        absent_since_ms: None,
+                        ..rec
+                    };
+                    if self
+                        .store
+                        .update(StateBucket::Mailboxes, &h, encode(&r), rev)
+                        .await
+                        .is_ok()
+                    {
+                        self.events
+                            .emit(Event::SeatMailboxReturned { seat: h.clone() });
+                        report.returned.push(h);
+                    }
+                }
+                Verdict::StampAbsent => {
+                    let r = MailboxRecord {
+                        absent_since_ms: Some(now),
+                        ..rec
+                    };
+                    if self
+                        .store
+                        .update(StateBucket::Mailboxes, &h, encode(&r), rev)
+                        .await
+                        .is_ok()
+                    {
+                        self.events.emit(Event::SeatMailboxAbsent {
+                            seat: h.clone(),
+                            retire_at: rfc3339_ms(now + self.grace.as_millis() as i64),
+                        });
+                        report.absent.push(h);
+                    }
+                }
+                v @ (Verdict::Retire | Verdict::Resume) => {
+                    if v == Verdict::Resume {
+                        self.events
+                            .emit(Event::SeatMailboxRetirementResumed { seat: h.clone() });
+                    }
+                    match self.retire(&h, rec, rev, now).await {
+                        Retirement::Done => report.retired.push(h),
+                        Retirement::Held => report.held.push(h),
+                        Retirement::NotNow => {}
+                    }
+                }
+            }
+        }
+        report
+    }
+
+    async fn retire(&self, h: &str, rec: MailboxRecord, rev: Revision, now: i64) -> Retirement {
+        // A seat still held is kept; a lower-protocol node blocks claims.
+        match self.store.lease(&format!("seat:{h}")).await {
+            Ok(Some(l)) => {
+                self.events.emit(Event::SeatMailboxRetirementHeld {
+                    seat: h.to_string(),
+                    refused: "held".into(),
+                    holder: Some(l.preferred.clone()),
+                });
+                return Retirement::Held;
+            }
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!(seat = h, error = %e, "the seat's lease cannot be read; not retiring this tick");
+                return Retirement::NotNow;
+            }
+        }
+        match self.store.protocol_floor(self.protocol).await {
+            Ok(Some(_)) => {
+                self.events.emit(Event::SeatMailboxRetirementHeld {
+                    seat: h.to_string(),
+                    refused: "protocol".into(),
+                    holder: None,
+                });
+                return Retirement::Held;
+            }
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!(seat = h, error = %e, "the protocol floor cannot be read; not retiring this tick");
+                return Retirement::NotNow;
+            }
+        }
+        let owner = format!(
+            "{}:maintenance:{:08x}",
+            self.node_id,
+            rand::thread_rng().r#gen::<u32>()
+        );
+        let mut req = ClaimRequest::new(format!("seat:{h}"), &owner, &self.node_id);
+        req.protocol = self.protocol;
+        let lease = match self.store.claim(req).await {
+            Ok(Claim::Won(l)) => l,
+            Ok(Claim::HeldBy(l)) => {
+                self.events.emit(Event::SeatMailboxRetirementHeld {
+                    seat: h.to_string(),
+                    refused: "held".into(),
+                    holder: Some(l.preferred),
+                });
+                return Retirement::Held;
+            }
+            Err(e) => {
+                tracing::warn!(seat = h, error = %e, "cannot claim the seat to retire it; next tick");
+                return Retirement::NotNow;
+            }
+        };
+        let outcome = self.retire_under(h, rec, rev, now, &owner).await;
+        if let Err(e) = self.store.release(&lease, &owner).await {
+            tracing::warn!(seat = h, error = %e, "cannot release the retirement's claim; it lapses at its TTL");
+        }
+        outcome
+    }
+
+    async fn retire_under(
+        &self,
+        h: &str,
+        rec: MailboxRecord,
+        rev: Revision,
+        now: i64,
+        owner: &str,
+    ) -> Retirement {
+        // Mark first: exactly one of two overlapping sweeps wins this.
+        let marked = MailboxRecord {
+            retiring: Some(RetirementMark {
+                by: owner.to_string(),
+                at_ms: now,
+            }),
+            ..rec.clone()
+        };
+        let mark_rev = match self
+            .store
+            .update(StateBucket::Mailboxes, h, encode(&marked), rev)
+            .await
+        {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::info!(seat = h, error = %e, "the mailbox record changed under the sweep; not retiring");
+                return Retirement::NotNow;
+            }
+        };
+        // This build runs no detached runs; there are none to end first.
+        let budget = self.store.lease_ttl() / 2;
+        let deletes = async {
+            for name in [inbox_group(h), control_group(h), reflect_group(h)] {
+                self.queue
+                    .delete_subscription(&name)
+                    .await
+                    .map_err(|e| format!("{name}: {e}"))?;
+            }
+            Ok::<(), String>(())
+        };
+        let done = match tokio::time::timeout(budget, deletes).await {
+            Ok(r) => r,
+            Err(_) => Err(format!("the deletes took longer than {budget:?}")),
+        };
+        if let Err(e) = done {
+            tracing::warn!(seat = h, error = %e, "a retirement could not delete the mailbox; unmarking, next tick retries");
+            let _ = self
+                .store
+                .update(StateBucket::Mailboxes, h, encode(&rec), mark_rev)
+                .await;
+            return Retirement::NotNow;
+        }
+        match self.store.delete(StateBucket::Mailboxes, h, mark_rev).await {
+            Ok(()) => {
+                self.events.emit(Event::SeatMailboxRetired {
+                    seat: h.to_string(),
+                });
+                Retirement::Done
+            }
+            Err(e) => {
+                // A node that added the seat back took the record over:
+                // its inbox may have been created before our delete landed.
+                tracing::warn!(seat = h, error = %e, "the mailbox record was taken over during the retirement; restoring the seat's mailbox");
+                if let Err(e) = ensure_seat_mailboxes(&*self.queue, h, self.queue_settings).await {
+                    tracing::error!(seat = h, error = %e, "cannot restore the seat's mailbox");
+                }
+                Retirement::NotNow
+            }
+        }
+    }
+}
+
+enum Retirement {
+    Done,
+    Held,
+    NotNow,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GRACE: Duration = Duration::from_secs(100);
+
+    fn rec(absent: Option<i64>, mark: Option<i64>) -> MailboxRecord {
+        MailboxRecord {
+            handle: "h".into(),
+            registered_at_ms: 0,
+            absent_since_ms: absent,
+            retiring: mark.map(|at_ms| RetirementMark {
+                by: "n:maintenance:1".into(),
+                at_ms,
+            }),
+        }
+    }
+
+    #[test]
+    fn a_seat_in_the_company_is_never_retired_and_its_absence_clears() {
+        assert_eq!(
+            verdict(&rec(None, None), true, 10_000_000, GRACE),
+            Verdict::Nothing
+        );
+        assert_eq!(
+            verdict(&rec(Some(0), None), true, 10_000_000, GRACE),
+            Verdict::Returned
+        );
+    }
+
+    #[test]
+    fn a_missing_seat_is_stamped_then_retired_after_the_grace_not_before() {
+        assert_eq!(
+            verdict(&rec(None, None), false, 5, GRACE),
+            Verdict::StampAbsent
+        );
+        assert_eq!(
+            verdict(&rec(Some(0), None), false, 99_999, GRACE),
+            Verdict::Nothing
+        );
+        assert_eq!(
+            verdict(&rec(Some(0), None), false, 100_000, GRACE),
+            Verdict::Retire
+        );
+    }
+
+    #[test]
+    fn a_mark_is_left_alone_until_it_is_fifteen_minutes_old_then_resumed() {
+        let m = RESUME_AFTER.as_millis() as i64;
+        assert_eq!(
+            verdict(&rec(Some(0), Some(10)), false, 10 + m - 1, GRACE),
+            Verdict::Nothing
+        );
+        assert_eq!(
+            verdict(&rec(Some(0), Some(10)), false, 10 + m, GRACE),
+            Verdict::Resume
+        );
+        assert_eq!(
+            verdict(&rec(None, Some(10)), true, 20, GRACE),
+            Verdict::Nothing
+        );
+    }
+}

@@ -1,0 +1,162 @@
+//! Singleton duties (seed § Singleton duties): work that belongs to the
+//! company rather than to a seat, run by one node of the fleet at a time.
+//!
+//! Each duty sits behind a `worker:{duty}` lease in `crewlet_duties`,
+//! claimed per tick rather than held: a tick first renews the lease it took
+//! last time or claims it afresh, and runs only when that answer is yes. A
+//! claim or renew that errors skips the tick — unknown ownership is not
+//! ownership. A duty's TTL is three of its own ticks, so one slow claim
+//! never moves it. There is no handoff protocol: a node that stops
+//! gracefully gives every duty back once its loop has finished its last
+//! tick (`duty_released`), and a peer takes it on its next tick; a node
+//! that dies lets it lapse. On a single node the store always says yes.
+
+pub mod mailboxes;
+pub mod maintenance;
+pub mod scheduler;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::coord::{Claim, ClaimRequest, Lease, Release, Renewal, Store};
+use crate::events::{Event, EventBus};
+use crate::tasks::Tasks;
+
+/// One duty.
+#[async_trait::async_trait]
+pub trait Duty: Send + Sync + 'static {
+    /// Its name: the lease is `worker:{name}`.
+    fn name(&self) -> &'static str;
+    /// How often it ticks.
+    fn every(&self) -> Duration;
+    /// One tick, run only by the duty's holder. An error is logged; the
+    /// next tick tries again.
+    async fn tick(&self) -> Result<(), String>;
+}
+
+/// What every duty loop of a node shares.
+#[derive(Clone)]
+pub struct DutyContext {
+    pub store: Arc<dyn Store>,
+    pub node_id: String,
+    /// The process incarnation: the owner of the duty leases.
+    pub owner: String,
+    pub protocol: u32,
+    pub events: EventBus,
+}
+
+/// The node's duty loops: stopping them gracefully gives every duty back;
+/// abandoning them (what a crash does) gives nothing back.
+#[derive(Clone, Default)]
+pub struct Duties {
+    abandon: Arc<AtomicBool>,
+    stop: CancellationToken,
+}
+
+impl Duties {
+    pub fn new() -> Duties {
+        Duties::default()
+    }
+
+    /// Start `duty`'s loop, owned by `tasks`.
+    pub fn start(&self, tasks: &Tasks, ctx: DutyContext, duty: Arc<dyn Duty>) {
+        let abandon = self.abandon.clone();
+        let stop = self.stop.clone();
+        tasks.spawn_owned("duty", move |token| run(ctx, duty, token, stop, abandon));
+    }
+
+    /// Stop every loop after its current tick and give the duties back.
+    pub fn stop(&self) {
+        self.stop.cancel();
+    }
+
+    /// Stop every loop and give nothing back (the leases lapse).
+    pub fn abandon(&self) {
+        self.abandon.store(true, Ordering::SeqCst);
+        self.stop.cancel();
+    }
+}
+
+/// The TTL of a duty ticking every `every`: three ticks.
+pub fn duty_ttl(every: Duration) -> Duration {
+    every * 3
+}
+
+/// Renew what this node took last tick, or claim afresh. `None`: not ours
+/// (or unknown) this tick.
+async fn ours(ctx: &DutyContext, name: &str, every: Duration, held: &mut Option<Lease>) -> bool {
+    if let Some(l) = held.take() {
+        match ctx.store.renew(&l, &ctx.owner, None).await {
+            Renewal::Renewed(l) => {
+                *held = Some(l);
+                return true;
+            }
+            Renewal::Lost => {}
+            Renewal::Unknown(e) => {
+                tracing::warn!(duty = name, error = %e, "cannot renew the duty; skipping this tick");
+                *held = Some(l);
+                return false;
+            }
+        }
+    }
+    let mut req = ClaimRequest::new(format!("worker:{name}"), &ctx.owner, &ctx.node_id);
+    req.protocol = ctx.protocol;
+    req.ttl = Some(duty_ttl(every));
+    match ctx.store.claim(req).await {
+        Ok(Claim::Won(l)) => {
+            tracing::info!(duty = name, epoch = l.epoch, "duty taken");
+            *held = Some(l);
+            true
+        }
+        Ok(Claim::HeldBy(_)) => false,
+        Err(e) => {
+            tracing::warn!(duty = name, error = %e, "cannot claim the duty; skipping this tick");
+            false
+        }
+    }
+}
+
+async fn run(
+    ctx: DutyContext,
+    duty: Arc<dyn Duty>,
+    token: CancellationToken,
+    stop: CancellationToken,
+    abandon: Arc<AtomicBool>,
+) {
+    let name = duty.name();
+    let every = duty.every();
+    let mut held: Option<Lease> = None;
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = token.cancelled() => break,
+            _ = stop.cancelled() => break,
+            _ = tick.tick() => {}
+        }
+        if ours(&ctx, name, every, &mut held).await {
+            // The tick runs to its end even if a stop arrives meanwhile:
+            // the duty is given back after its last tick, not during it.
+            if let Err(e) = duty.tick().await {
+                tracing::warn!(duty = name, error = %e, "the duty's tick failed; trying again next tick");
+            }
+        }
+    }
+    if abandon.load(Ordering::SeqCst) {
+        return;
+    }
+    if let Some(l) = held {
+        match ctx.store.release(&l, &ctx.owner).await {
+            Ok(Release::Released) => ctx.events.emit(Event::DutyReleased {
+                duty: name.to_string(),
+            }),
+            Ok(Release::NotHeld) => {}
+            Err(e) => {
+                tracing::warn!(duty = name, error = %e, "cannot give the duty back; it lapses at its TTL")
+            }
+        }
+    }
+}

@@ -1,0 +1,495 @@
+//! Singleton duties, the removed seat's mailbox and the scheduler, on the
+//! in-process twin and on a real nats-server, with the grace shortened
+//! (seed § Singleton duties, § The removed seat).
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use crewlet::config::ScheduleConfig;
+use crewlet::coord::StateBucket;
+use crewlet::duty::mailboxes::{MailboxRecord, MailboxSweep, RetirementMark};
+use crewlet::duty::scheduler::Scheduler;
+use crewlet::duty::{Duties, Duty, DutyContext};
+use crewlet::events::{Event, EventBus};
+use crewlet::node::company;
+use crewlet::queue::{QueueSettings, ensure_seat_mailboxes, inbox_group, inbox_subject};
+use crewlet::tasks::Tasks;
+use support::turnfleet::*;
+
+const WAIT: Duration = Duration::from_secs(20);
+const GRACE: Duration = Duration::from_secs(2);
+
+macro_rules! both {
+    ($($name:ident),* $(,)?) => {
+        // Real time on the twin too: SQLite work runs on a worker thread.
+        mod twin {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::Fleet::new(super::Kind::Twin).await).await;
+                }
+            )*
+        }
+        mod nats {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::Fleet::new(super::Kind::Nats).await).await;
+                }
+            )*
+        }
+    };
+}
+
+both!(
+    a_removed_seats_mailbox_is_retired_after_the_grace_not_before_and_its_memory_is_kept,
+    a_seat_restored_within_the_grace_comes_back_to_its_mail,
+    two_nodes_sweeping_at_once_retire_exactly_once,
+    a_seat_added_back_during_a_retirement_starts_with_an_empty_inbox,
+    a_mailbox_whose_registration_failed_is_discovered_from_the_broker_listing,
+    a_duty_moves_to_a_peer_when_its_holder_dies,
+    a_graceful_stop_gives_a_duty_back_at_once,
+    a_schedule_fires_once_per_due_time_on_a_three_node_fleet,
+);
+
+fn sweep(n: &Node) -> MailboxSweep {
+    MailboxSweep {
+        store: n.store.clone(),
+        queue: n.queue.clone(),
+        events: n.engine.events().clone(),
+        company: n.engine.company_watch(),
+        node_id: n.engine.config().node_id.clone(),
+        protocol: 4,
+        grace: GRACE,
+        queue_settings: QueueSettings::default(),
+    }
+}
+
+async fn pending(n: &Node, handle: &str) -> Option<u64> {
+    n.queue.pending(&inbox_group(handle)).await.ok()
+}
+
+/// Remove `s1` from a company of `s0` and `s1`, wait until `n` applied it
+/// and gave the seat back, and leave one message in its inbox.
+async fn remove_s1_with_mail(f: &Fleet, n: &Node) {
+    company::apply(&*n.store, COMPANY, &[echo_role("s0")])
+        .await
+        .unwrap();
+    let watch = n.engine.company_watch();
+    f.until("the removal is applied and s1 given back", WAIT, || {
+        watch.borrow().roles.len() == 1 && !n.holds("s1")
+    })
+    .await;
+    n.queue
+        .publish(
+            &inbox_subject("s1"),
+            None,
+            Bytes::from(trigger("late-mail", serde_json::json!({})).encode()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(pending(n, "s1").await, Some(1));
+}
+
+async fn a_removed_seats_mailbox_is_retired_after_the_grace_not_before_and_its_memory_is_kept(
+    f: Fleet,
+) {
+    let a = f.node("a", &[echo_role("s0"), echo_role("s1")]).await;
+    f.until("a holds both", WAIT, || a.holds("s0") && a.holds("s1"))
+        .await;
+    a.turns
+        .memory()
+        .diary_write("s1", "something s1 learned", None)
+        .await
+        .unwrap();
+    remove_s1_with_mail(&f, &a).await;
+    let s = sweep(&a);
+    let first = s.tick().await;
+    assert_eq!(first.absent, vec!["s1"], "{first:?}");
+    let again = s.tick().await;
+    assert!(again.retired.is_empty(), "not before the grace: {again:?}");
+    assert_eq!(pending(&a, "s1").await, Some(1), "the mail is kept");
+    let started = tokio::time::Instant::now();
+    let mut retired = false;
+    while !retired {
+        assert!(started.elapsed() < WAIT, "never retired");
+        retired = s.tick().await.retired == vec!["s1".to_string()];
+        if !retired {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    assert!(started.elapsed() >= GRACE - Duration::from_millis(500));
+    assert_eq!(
+        pending(&a, "s1").await,
+        None,
+        "the mailbox and its mail are gone"
+    );
+    let names: Vec<String> = a
+        .queue
+        .list_subscriptions()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|s| s.name)
+        .collect();
+    assert!(!names.iter().any(|n| n.ends_with("-s1")), "{names:?}");
+    assert!(names.contains(&"agent-s0".to_string()));
+    assert!(
+        a.store
+            .get(StateBucket::Mailboxes, "s1")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        a.store.lease("seat:s1").await.unwrap().is_none(),
+        "the retirement's claim is released"
+    );
+    let notes = a.turns.memory().diary("s1", 10).await.unwrap();
+    assert_eq!(notes.len(), 1, "the seat's memory is kept");
+}
+
+async fn a_seat_restored_within_the_grace_comes_back_to_its_mail(f: Fleet) {
+    let mut a = f.node("a", &[echo_role("s0"), echo_role("s1")]).await;
+    f.until("a holds both", WAIT, || a.holds("s0") && a.holds("s1"))
+        .await;
+    remove_s1_with_mail(&f, &a).await;
+    let s = sweep(&a);
+    assert_eq!(s.tick().await.absent, vec!["s1"]);
+    company::apply(&*a.store, COMPANY, &[echo_role("s0"), echo_role("s1")])
+        .await
+        .unwrap();
+    let watch = a.engine.company_watch();
+    f.until("the restore is applied", WAIT, || {
+        watch.borrow().roles.len() == 2
+    })
+    .await;
+    assert_eq!(s.tick().await.returned, vec!["s1"]);
+    f.until("s1 works the mail it was sent while gone", WAIT, || {
+        !a.turns_of("late-mail").is_empty()
+    })
+    .await;
+    let rec: MailboxRecord = serde_json::from_slice(
+        &a.store
+            .get(StateBucket::Mailboxes, "s1")
+            .await
+            .unwrap()
+            .unwrap()
+            .value,
+    )
+    .unwrap();
+    assert_eq!(rec.absent_since_ms, None);
+}
+
+async fn two_nodes_sweeping_at_once_retire_exactly_once(f: Fleet) {
+    let a = f.node("a", &[echo_role("s0"), echo_role("s1")]).await;
+    let b = f.node("b", &[]).await;
+    f.until("the seats are held", WAIT, || {
+        (a.holds("s1") || b.holds("s1")) && (a.holds("s0") || b.holds("s0"))
+    })
+    .await;
+    company::apply(&*a.store, COMPANY, &[echo_role("s0")])
+        .await
+        .unwrap();
+    let (wa, wb) = (a.engine.company_watch(), b.engine.company_watch());
+    f.until("both applied the removal and s1 is free", WAIT, || {
+        wa.borrow().roles.len() == 1
+            && wb.borrow().roles.len() == 1
+            && !a.holds("s1")
+            && !b.holds("s1")
+    })
+    .await;
+    let (sa, sb) = (sweep(&a), sweep(&b));
+    f.until_async("s1's lease is gone", WAIT, || async {
+        a.store.lease("seat:s1").await.unwrap().is_none()
+    })
+    .await;
+    let stamped = sa.tick().await;
+    assert_eq!(stamped.absent, vec!["s1"]);
+    tokio::time::sleep(GRACE).await;
+    let (ra, rb) = tokio::join!(sa.tick(), sb.tick());
+    let retired = ra.retired.len() + rb.retired.len();
+    assert_eq!(retired, 1, "exactly one retires: {ra:?} {rb:?}");
+    assert_eq!(pending(&a, "s1").await, None);
+}
+
+async fn a_seat_added_back_during_a_retirement_starts_with_an_empty_inbox(f: Fleet) {
+    let mut a = f.node("a", &[echo_role("s0"), echo_role("s1")]).await;
+    f.until("a holds both", WAIT, || a.holds("s0") && a.holds("s1"))
+        .await;
+    remove_s1_with_mail(&f, &a).await;
+    // A retirement is in flight: its mark is on the record.
+    let e = a
+        .store
+        .get(StateBucket::Mailboxes, "s1")
+        .await
+        .unwrap()
+        .unwrap();
+    let mut rec: MailboxRecord = serde_json::from_slice(&e.value).unwrap();
+    let now = a.store.now().await.unwrap().unix_nanos() / 1_000_000;
+    rec.absent_since_ms = Some(now);
+    rec.retiring = Some(RetirementMark {
+        by: "z:maintenance:1".into(),
+        at_ms: now,
+    });
+    let marked = a
+        .store
+        .update(
+            StateBucket::Mailboxes,
+            "s1",
+            Bytes::from(serde_json::to_vec(&rec).unwrap()),
+            e.revision,
+        )
+        .await
+        .unwrap();
+    // The seat is added back while it runs: the node waits for the mark.
+    company::apply(&*a.store, COMPANY, &[echo_role("s0"), echo_role("s1")])
+        .await
+        .unwrap();
+    // The retirement finishes: mailbox deleted, record deleted.
+    for g in ["agent-s1", "control-s1", "reflect-s1"] {
+        a.queue.delete_subscription(g).await.unwrap();
+    }
+    a.store
+        .delete(StateBucket::Mailboxes, "s1", marked)
+        .await
+        .unwrap();
+    // The node then registers the seat afresh and creates a new, empty
+    // mailbox, which nothing deletes.
+    f.until_async("s1 has a new mailbox", WAIT, || async {
+        pending(&a, "s1").await == Some(0)
+    })
+    .await;
+    f.until("a holds s1 again", WAIT, || a.holds("s1")).await;
+    a.publish("s1", &trigger("new-mail", serde_json::json!({})))
+        .await;
+    f.until("the new mail runs", WAIT, || {
+        !a.turns_of("new-mail").is_empty()
+    })
+    .await;
+    assert!(
+        a.turns_of("late-mail").is_empty(),
+        "the old backlog is gone"
+    );
+    assert!(
+        a.store
+            .get(StateBucket::Mailboxes, "s1")
+            .await
+            .unwrap()
+            .is_some(),
+        "registered again"
+    );
+}
+
+async fn a_mailbox_whose_registration_failed_is_discovered_from_the_broker_listing(f: Fleet) {
+    let mut a = f.node("a", &[echo_role("s0")]).await;
+    f.until("a holds s0", WAIT, || a.holds("s0")).await;
+    // A mailbox with no record, of a seat not in the company.
+    ensure_seat_mailboxes(&*a.queue, "ghost", QueueSettings::default())
+        .await
+        .unwrap();
+    // Another group on a seat's subject is somebody else's.
+    let report = sweep(&a).tick().await;
+    assert_eq!(report.discovered, vec!["ghost"]);
+    let discovered = a.matching(|e| match e {
+        Event::SeatMailboxDiscovered { seat } => Some(seat.clone()),
+        _ => None,
+    });
+    assert_eq!(discovered, vec!["ghost"]);
+    let rec: MailboxRecord = serde_json::from_slice(
+        &a.store
+            .get(StateBucket::Mailboxes, "ghost")
+            .await
+            .unwrap()
+            .unwrap()
+            .value,
+    )
+    .unwrap();
+    assert!(rec.absent_since_ms.is_some(), "stamped absent at once");
+}
+
+/// A duty that counts its ticks.
+struct Counter {
+    ticks: Arc<AtomicUsize>,
+}
+
+#[async_trait::async_trait]
+impl Duty for Counter {
+    fn name(&self) -> &'static str {
+        "test-counter"
+    }
+    fn every(&self) -> Duration {
+        Duration::from_millis(300)
+    }
+    async fn tick(&self) -> Result<(), String> {
+        self.ticks.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+fn run_counter(n: &Node, tasks: &Tasks) -> (Duties, Arc<AtomicUsize>) {
+    let ticks = Arc::new(AtomicUsize::new(0));
+    let duties = Duties::new();
+    duties.start(
+        tasks,
+        DutyContext {
+            store: n.store.clone(),
+            node_id: n.engine.config().node_id.clone(),
+            owner: n.engine.config().owner.clone(),
+            protocol: 4,
+            events: n.engine.events().clone(),
+        },
+        Arc::new(Counter {
+            ticks: ticks.clone(),
+        }),
+    );
+    (duties, ticks)
+}
+
+async fn a_duty_moves_to_a_peer_when_its_holder_dies(f: Fleet) {
+    let mut a = f.node("a", &[echo_role("s0")]).await;
+    let b = f.node("b", &[]).await;
+    let (ta, tb) = (Tasks::new(), Tasks::new());
+    let (da, ca) = run_counter(&a, &ta);
+    f.until("a runs the duty", WAIT, || ca.load(Ordering::SeqCst) >= 2)
+        .await;
+    let (_db, cb) = run_counter(&b, &tb);
+    // While a holds it, b never runs it.
+    let before = ca.load(Ordering::SeqCst);
+    f.until("a ticks on", WAIT, || {
+        ca.load(Ordering::SeqCst) >= before + 3
+    })
+    .await;
+    assert_eq!(cb.load(Ordering::SeqCst), 0);
+    // a dies: nothing is given back, the lease lapses, b takes over.
+    da.abandon();
+    ta.shutdown().await;
+    f.until("b runs the duty", WAIT, || cb.load(Ordering::SeqCst) >= 1)
+        .await;
+    assert!(
+        a.matching(|e| match e {
+            Event::DutyReleased { .. } => Some(()),
+            _ => None,
+        })
+        .is_empty(),
+        "a crash gives nothing back"
+    );
+    tb.shutdown().await;
+}
+
+async fn a_graceful_stop_gives_a_duty_back_at_once(f: Fleet) {
+    let mut a = f.node("a", &[echo_role("s0")]).await;
+    let b = f.node("b", &[]).await;
+    let (ta, tb) = (Tasks::new(), Tasks::new());
+    let (_da, ca) = run_counter(&a, &ta);
+    f.until("a runs the duty", WAIT, || ca.load(Ordering::SeqCst) >= 1)
+        .await;
+    let (_db, cb) = run_counter(&b, &tb);
+    let a_owner = a.engine.config().owner.clone();
+    ta.shutdown().await;
+    // Given back at once: the lease is free (or already b's), not left to
+    // lapse.
+    let lease = a.store.lease("worker:test-counter").await.unwrap();
+    assert!(lease.as_ref().is_none_or(|l| l.owner != a_owner), "{lease:?}");
+    let released = a.matching(|e| match e {
+        Event::DutyReleased { duty } => Some(duty.clone()),
+        _ => None,
+    });
+    assert_eq!(released, vec!["test-counter"]);
+    f.until("b runs the duty", WAIT, || cb.load(Ordering::SeqCst) >= 1)
+        .await;
+    tb.shutdown().await;
+}
+
+async fn a_schedule_fires_once_per_due_time_on_a_three_node_fleet(f: Fleet) {
+    // Seat s0 never runs on these nodes' turn engines: pin it elsewhere,
+    // so the fired triggers stay in its inbox to be counted.
+    let roles = [pinned("s0", "elsewhere")];
+    let first = f.node("n1", &roles).await;
+    let every_second = ScheduleConfig {
+        name: "tick".into(),
+        seat: "s0".into(),
+        cron: "* * * * * *".into(),
+        kind: "task_assigned".into(),
+        body: serde_json::json!({"report": "daily"}),
+    };
+    company::apply_with_schedules(&*first.store, COMPANY, &roles, &[every_second])
+        .await
+        .unwrap();
+    let nodes = [first, f.node("n2", &[]).await, f.node("n3", &[]).await];
+    let mut buses: Vec<tokio::sync::broadcast::Receiver<crewlet::events::FleetEvent>> = Vec::new();
+    let mut running = Vec::new();
+    for n in &nodes {
+        let watch = n.engine.company_watch();
+        f.until("the schedule is applied", WAIT, || {
+            !watch.borrow().schedules.is_empty()
+        })
+        .await;
+        let bus: EventBus = n.engine.events().clone();
+        buses.push(bus.subscribe());
+        let t = Tasks::new();
+        let d = Duties::new();
+        d.start(
+            &t,
+            DutyContext {
+                store: n.store.clone(),
+                node_id: n.engine.config().node_id.clone(),
+                owner: n.engine.config().owner.clone(),
+                protocol: 4,
+                events: bus.clone(),
+            },
+            Arc::new(Scheduler::new(
+                Duration::from_millis(400),
+                n.store.clone(),
+                n.queue.clone(),
+                bus,
+                watch,
+            )),
+        );
+        running.push((t, d));
+    }
+    let mut fired: Vec<(usize, String)> = Vec::new();
+    let drain = |buses: &mut Vec<tokio::sync::broadcast::Receiver<crewlet::events::FleetEvent>>,
+                 fired: &mut Vec<(usize, String)>| {
+        for (i, rx) in buses.iter_mut().enumerate() {
+            while let Ok(e) = rx.try_recv() {
+                if let Event::ScheduleFired { trigger_id, .. } = e.event {
+                    fired.push((i, trigger_id));
+                }
+            }
+        }
+    };
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let mut killed = None;
+    while fired.len() < 8 {
+        assert!(tokio::time::Instant::now() < deadline, "fired {fired:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        drain(&mut buses, &mut fired);
+        // The first holder dies part way: the duty moves once.
+        if killed.is_none() && fired.len() >= 3 {
+            let holder = fired[0].0;
+            running[holder].1.abandon();
+            killed = Some(holder);
+        }
+    }
+    for (t, _) in &running {
+        t.shutdown().await;
+    }
+    drain(&mut buses, &mut fired);
+    let holders: std::collections::BTreeSet<usize> = fired.iter().map(|(i, _)| *i).collect();
+    assert!(holders.len() >= 2, "the duty moved: {fired:?}");
+    let mut ids: Vec<&String> = fired.iter().map(|(_, id)| id).collect();
+    ids.sort();
+    let before = ids.len();
+    ids.dedup();
+    assert_eq!(ids.len(), before, "a due time fired twice: {fired:?}");
+    assert_eq!(
+        pending(&nodes[0], "s0").await.unwrap(),
+        before as u64,
+        "each fire reached the seat's inbox once"
+    );
+}

@@ -76,7 +76,8 @@ fn exemplar(agent: AgentConfig) -> Config {
             seat: "h".into(),
             cron: "0 * * * *".into(),
             kind: "task_assigned".into(),
-            body: serde_json::json!({"k": "v"}),
+            // Free JSON: a leaf, whatever it holds.
+            body: serde_json::json!("any"),
         }],
     }
 }

@@ -381,3 +381,37 @@ fn command_settings_have_documented_defaults_and_unknown_ones_are_refused() {
         "[[roles]]\nhandle = \"a\"\nagent = { kind = \"command\", argv = [\"x\"], stop_wait = 1 }\n",
     );
 }
+
+#[test]
+fn schedules_name_a_seat_a_cron_expression_and_a_unique_name() {
+    let c = parse(
+        "[[roles]]\nhandle = \"a\"\n[[schedules]]\nname = \"daily\"\nseat = \"a\"\ncron = \"0 9 * * 1-5\"\n",
+    )
+    .unwrap();
+    assert_eq!(c.schedules[0].kind, "task_assigned");
+    let p = one(
+        "[[roles]]\nhandle = \"a\"\n[[schedules]]\nname = \"daily\"\nseat = \"b\"\ncron = \"0 9 * * *\"\n",
+        "schedules[0].seat",
+    );
+    assert_eq!(p.value.as_deref(), Some("\"b\""));
+    let p = one(
+        "[[roles]]\nhandle = \"a\"\n[[schedules]]\nname = \"daily\"\nseat = \"a\"\ncron = \"every day\"\n",
+        "schedules[0].cron",
+    );
+    assert!(p.problem.contains("not a cron expression"), "{p:?}");
+    one(
+        "[[roles]]\nhandle = \"a\"\n[[schedules]]\nname = \"d\"\nseat = \"a\"\ncron = \"0 * * * *\"\n[[schedules]]\nname = \"d\"\nseat = \"a\"\ncron = \"0 * * * *\"\n",
+        "schedules[1].name",
+    );
+}
+
+#[test]
+fn zero_durations_for_duties_are_refused_naming_the_key() {
+    one(
+        "[maintenance]\nevery_seconds = 0\n",
+        "maintenance.every_seconds",
+    );
+    one("[scheduler]\ntick_seconds = 0\n", "scheduler.tick_seconds");
+    one("[memory]\nflush_seconds = 0\n", "memory.flush_seconds");
+    one("[memory]\nvector_model = \"m\"\n", "memory.vector_dims");
+}

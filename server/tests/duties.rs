@@ -394,7 +394,10 @@ async fn a_graceful_stop_gives_a_duty_back_at_once(f: Fleet) {
     // Given back at once: the lease is free (or already b's), not left to
     // lapse.
     let lease = a.store.lease("worker:test-counter").await.unwrap();
-    assert!(lease.as_ref().is_none_or(|l| l.owner != a_owner), "{lease:?}");
+    assert!(
+        lease.as_ref().is_none_or(|l| l.owner != a_owner),
+        "{lease:?}"
+    );
     let released = a.matching(|e| match e {
         Event::DutyReleased { duty } => Some(duty.clone()),
         _ => None,
@@ -492,4 +495,178 @@ async fn a_schedule_fires_once_per_due_time_on_a_three_node_fleet(f: Fleet) {
         before as u64,
         "each fire reached the seat's inbox once"
     );
+}
+
+mod single {
+    //! The parts of the sweep and the maintenance pass that need no second
+    //! node, on the twin.
+    use super::*;
+    use crewlet::duty::mailboxes::{RETIREMENT_BUDGET, wait_out_retirement};
+    use crewlet::duty::maintenance::Maintenance;
+
+    async fn node(f: &Fleet) -> Node {
+        let a = f.node("a", &[echo_role("s0"), echo_role("s1")]).await;
+        f.until("a holds both", WAIT, || a.holds("s0") && a.holds("s1"))
+            .await;
+        a
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_node_behind_the_fleets_revision_stamps_nothing() {
+        let f = Fleet::new(Kind::Twin).await;
+        let a = node(&f).await;
+        // This sweep has applied only the revision it started with.
+        let (_tx, stale) = tokio::sync::watch::channel(a.engine.company());
+        company::apply(&*a.store, COMPANY, &[echo_role("s0")])
+            .await
+            .unwrap();
+        let s = MailboxSweep {
+            company: stale,
+            ..sweep(&a)
+        };
+        let r = s.tick().await;
+        assert!(r.absent.is_empty() && r.retired.is_empty(), "{r:?}");
+        assert!(
+            r.unknown.as_deref().is_some_and(|u| u.contains("revision")),
+            "{r:?}"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_removed_seat_still_leased_is_not_retired_and_says_who_holds_it() {
+        let f = Fleet::new(Kind::Twin).await;
+        let mut a = node(&f).await;
+        remove_s1_with_mail(&f, &a).await;
+        let s = sweep(&a);
+        assert_eq!(s.tick().await.absent, vec!["s1"]);
+        // A node still serving an older revision holds the seat.
+        let req = crewlet::coord::ClaimRequest::new("seat:s1", "old:1", "old-node");
+        assert!(matches!(
+            a.store.claim(req).await.unwrap(),
+            crewlet::coord::Claim::Won(_)
+        ));
+        tokio::time::sleep(GRACE).await;
+        let r = s.tick().await;
+        assert_eq!(r.held, vec!["s1"], "{r:?}");
+        assert_eq!(pending(&a, "s1").await, Some(1), "the mail is kept");
+        let held = a.matching(|e| match e {
+            Event::SeatMailboxRetirementHeld {
+                seat,
+                refused,
+                holder,
+            } => Some((seat.clone(), refused.clone(), holder.clone())),
+            _ => None,
+        });
+        assert_eq!(
+            held,
+            vec![("s1".into(), "held".into(), Some("old-node".into()))]
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_retirement_that_does_not_finish_is_taken_over_by_the_node_adding_the_seat_back() {
+        let f = Fleet::new(Kind::Twin).await;
+        let mut a = node(&f).await;
+        let e = a
+            .store
+            .get(StateBucket::Mailboxes, "s1")
+            .await
+            .unwrap()
+            .unwrap();
+        let mut rec: MailboxRecord = serde_json::from_slice(&e.value).unwrap();
+        rec.retiring = Some(RetirementMark {
+            by: "dead:maintenance:1".into(),
+            at_ms: 0,
+        });
+        a.store
+            .update(
+                StateBucket::Mailboxes,
+                "s1",
+                Bytes::from(serde_json::to_vec(&rec).unwrap()),
+                e.revision,
+            )
+            .await
+            .unwrap();
+        assert!(RETIREMENT_BUDGET > Duration::from_millis(100));
+        wait_out_retirement(
+            &*a.store,
+            "s1",
+            a.engine.events(),
+            Duration::from_millis(100),
+        )
+        .await;
+        let after: MailboxRecord = serde_json::from_slice(
+            &a.store
+                .get(StateBucket::Mailboxes, "s1")
+                .await
+                .unwrap()
+                .unwrap()
+                .value,
+        )
+        .unwrap();
+        assert_eq!(after.retiring, None);
+        assert_eq!(
+            a.matching(|e| match e {
+                Event::SeatMailboxRetirementTakenOver { seat } => Some(seat.clone()),
+                _ => None,
+            }),
+            vec!["s1"]
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn removal_markers_are_purged_through_their_own_revision_and_a_key_written_since_is_untouched()
+     {
+        let f = Fleet::new(Kind::Twin).await;
+        let a = node(&f).await;
+        let put = |k: &'static str| {
+            let store = a.store.clone();
+            async move {
+                store
+                    .create(StateBucket::Pauses, k, Bytes::from_static(b"{}"))
+                    .await
+                    .unwrap()
+            }
+        };
+        let gone = put("gone").await;
+        a.store
+            .delete(StateBucket::Pauses, "gone", gone)
+            .await
+            .unwrap();
+        let back = put("back").await;
+        a.store
+            .delete(StateBucket::Pauses, "back", back)
+            .await
+            .unwrap();
+        let markers = a.store.markers(StateBucket::Pauses, "").await.unwrap();
+        assert_eq!(markers.len(), 2, "{markers:?}");
+        // "back" is written again after its marker was listed.
+        put("back").await;
+        let m = Maintenance {
+            every: Duration::from_secs(900),
+            memory: a.turns.memory().clone(),
+            pool: a.turns.memory().pool().clone(),
+            diary_cap: 0,
+            audit_days: 0,
+            marker_age: Duration::ZERO,
+            sweep: sweep(&a),
+        };
+        let r = m.pass().await;
+        assert!(r.markers_purged >= 1, "{r:?}");
+        assert!(
+            a.store
+                .markers(StateBucket::Pauses, "gone")
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        assert!(
+            a.store
+                .get(StateBucket::Pauses, "back")
+                .await
+                .unwrap()
+                .is_some(),
+            "a key written since is untouched"
+        );
+    }
 }

@@ -27,6 +27,8 @@ pub struct Maintenance {
     pub pool: SqlitePool,
     pub diary_cap: u64,
     pub audit_days: u64,
+    /// Removal markers older than this are purged ([`MARKER_AGE`]).
+    pub marker_age: Duration,
     pub sweep: MailboxSweep,
 }
 
@@ -107,7 +109,7 @@ impl Maintenance {
                 }
             };
             for m in markers {
-                if now - m.written_at.unix_nanos() < MARKER_AGE.as_nanos() as i64 {
+                if now - m.written_at.unix_nanos() < self.marker_age.as_nanos() as i64 {
                     continue;
                 }
                 match store.purge_marker(bucket, &m.key, m.revision).await {

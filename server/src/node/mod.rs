@@ -404,6 +404,7 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
                 pool: pool.clone(),
                 diary_cap: config.memory.diary_cap,
                 audit_days: config.maintenance.audit_days,
+                marker_age: crate::duty::maintenance::MARKER_AGE,
                 sweep: crate::duty::mailboxes::MailboxSweep {
                     store: store.clone(),
                     queue: queue.clone(),

@@ -8,7 +8,8 @@
 use std::sync::Arc;
 
 use crate::api::{
-    AuditEntry, FleetView, NewPerson, Person, PersonRole, PersonView, SeatActionResult,
+    AuditEntry, FleetView, NewPerson, Person, PersonRole, PersonView, SeatActionResult, SeatList,
+    SeatQuery,
 };
 
 /// A failure the dashboard shows to a person as a sentence.
@@ -32,6 +33,10 @@ pub enum ConsoleError {
 pub trait Console: Send + Sync + 'static {
     /// Every live node and its seats.
     async fn fleet(&self) -> Result<FleetView, ConsoleError>;
+    /// One page of the active company's seats matching `query`: holder,
+    /// state, pause, inbox depth (read for the page's seats only) and last
+    /// turn error.
+    async fn seats(&self, query: SeatQuery) -> Result<SeatList, ConsoleError>;
     /// Everybody who may sign in.
     async fn people(&self) -> Result<Vec<PersonView>, ConsoleError>;
     /// Add a person with a generated password (operators only).

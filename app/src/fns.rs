@@ -8,7 +8,9 @@
 
 use leptos::prelude::*;
 
-use crate::api::{AuditEntry, FleetView, NewPerson, Person, PersonView, SeatActionResult};
+use crate::api::{
+    AuditEntry, FleetView, NewPerson, Person, PersonView, SeatActionResult, SeatList,
+};
 use crate::error::AppError;
 
 #[cfg(feature = "ssr")]
@@ -70,6 +72,37 @@ pub async fn whoami() -> Result<Person, AppError> {
 pub async fn fleet() -> Result<FleetView, AppError> {
     ssr::person().await?;
     ssr::console()?.fleet().await.map_err(ssr::fail)
+}
+
+/// One page (50 seats) of the active company's seats whose handle or
+/// holder node contains `query`, in `state` (empty: any), page 1 first.
+#[server(endpoint = "list_seats")]
+pub async fn list_seats(
+    #[server(default)] query: String,
+    #[server(default)] state: String,
+    #[server(default)] page: u32,
+) -> Result<SeatList, AppError> {
+    ssr::person().await?;
+    let state = match state.trim() {
+        "" | "all" => None,
+        s => match crate::api::SeatState::parse(s) {
+            Some(st) => Some(st),
+            None => {
+                return Err(ssr::fail(crate::console::ConsoleError::Invalid(format!(
+                    "state: {s:?} is not a seat state; use attached, establishing, paused, undead or unowned (or leave it empty)."
+                ))));
+            }
+        },
+    };
+    if query.chars().count() > 200 {
+        return Err(ssr::fail(crate::console::ConsoleError::Invalid(
+            "query: at most 200 characters.".into(),
+        )));
+    }
+    ssr::console()?
+        .seats(crate::api::SeatQuery { query, state, page })
+        .await
+        .map_err(ssr::fail)
 }
 
 /// Everybody who may sign in.

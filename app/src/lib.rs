@@ -11,6 +11,7 @@ pub mod components;
 pub mod console;
 pub mod error;
 pub mod fns;
+pub mod live;
 pub mod pages;
 
 use leptos::prelude::*;
@@ -22,8 +23,8 @@ use leptos_router::{
 
 use crate::components::layout::Layout;
 use crate::pages::{
-    events::EventsPage, login::LoginPage, memory::MemoryPage, nodes::NodesPage, people::PeoplePage,
-    seats::SeatsPage,
+    audit::AuditPage, events::EventsPage, login::LoginPage, memory::MemoryPage, nodes::NodesPage,
+    people::PeoplePage, seats::SeatsPage,
 };
 
 /// The HTML document around the app (server side rendering).
@@ -61,6 +62,7 @@ pub fn App() -> impl IntoView {
                 <Route path=path!("/seats") view=|| view! { <Layout><SeatsPage /></Layout> } />
                 <Route path=path!("/memory") view=|| view! { <Layout><MemoryPage /></Layout> } />
                 <Route path=path!("/events") view=|| view! { <Layout><EventsPage /></Layout> } />
+                <Route path=path!("/audit") view=|| view! { <Layout><AuditPage /></Layout> } />
                 <Route path=path!("/settings/people") view=|| view! { <Layout><PeoplePage /></Layout> } />
             </Routes>
         </Router>

@@ -1388,3 +1388,346 @@ async fn health_seats_raw(n: &TestNode) -> Value {
         .await
         .unwrap()
 }
+
+/// One frame of `GET /api/events`.
+#[derive(Debug, Clone)]
+struct SseFrame {
+    event: String,
+    id: u64,
+    data: Value,
+}
+
+/// Reads `text/event-stream` frames off a response as they arrive.
+struct SseReader {
+    resp: reqwest::Response,
+    buf: String,
+    ended: bool,
+}
+
+impl SseReader {
+    async fn open(n: &TestNode, c: &reqwest::Client, last_event_id: Option<&str>) -> SseReader {
+        let mut req = c.get(n.url("/api/events"));
+        if let Some(id) = last_event_id {
+            req = req.header("Last-Event-ID", id);
+        }
+        let resp = req.send().await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert_eq!(
+            resp.headers()["content-type"].to_str().unwrap(),
+            "text/event-stream"
+        );
+        SseReader {
+            resp,
+            buf: String::new(),
+            ended: false,
+        }
+    }
+
+    /// The next frame carrying an event (keep-alive comments skipped), or
+    /// `None` once the stream has ended cleanly. Panics after `within`.
+    async fn next(&mut self, within: Duration) -> Option<SseFrame> {
+        let until = tokio::time::Instant::now() + within;
+        loop {
+            while let Some(end) = self.buf.find("\n\n") {
+                let raw: String = self.buf.drain(..end + 2).collect();
+                let (mut event, mut id, mut data) = (String::new(), None, String::new());
+                for line in raw.lines() {
+                    if let Some(v) = line.strip_prefix("event: ") {
+                        event = v.to_string();
+                    } else if let Some(v) = line.strip_prefix("id: ") {
+                        id = Some(v.parse::<u64>().expect("ids are numbers"));
+                    } else if let Some(v) = line.strip_prefix("data: ") {
+                        data.push_str(v);
+                    }
+                }
+                if let Some(id) = id {
+                    return Some(SseFrame {
+                        event,
+                        id,
+                        data: serde_json::from_str(&data).expect("data is JSON"),
+                    });
+                }
+            }
+            if self.ended {
+                return None;
+            }
+            let chunk = tokio::time::timeout_at(until, self.resp.chunk())
+                .await
+                .unwrap_or_else(|_| {
+                    panic!("no event within {within:?}; read so far: {:?}", self.buf)
+                })
+                .expect("the stream ends cleanly");
+            match chunk {
+                Some(bytes) => self.buf.push_str(std::str::from_utf8(&bytes).unwrap()),
+                None => self.ended = true,
+            }
+        }
+    }
+
+    /// Read on until an event named `name` about `seat`, returning every
+    /// frame read on the way (it included).
+    async fn until(&mut self, name: &str, seat: &str) -> Vec<SseFrame> {
+        let mut seen = Vec::new();
+        loop {
+            let f = self
+                .next(Duration::from_secs(20))
+                .await
+                .unwrap_or_else(|| panic!("the stream ended before {name}; saw {seen:?}"));
+            let done = f.event == name && f.data["seat"] == seat;
+            seen.push(f);
+            if done {
+                return seen;
+            }
+        }
+    }
+}
+
+fn assert_increasing(frames: &[SseFrame]) {
+    for w in frames.windows(2) {
+        assert!(w[0].id < w[1].id, "ids must increase: {frames:?}");
+    }
+}
+
+async fn api_pause(n: &TestNode, reason: &str) {
+    let r = client()
+        .post(n.url("/api/seats/alpha/pause"))
+        .bearer_auth(DEPLOY_TOKEN)
+        .body(serde_json::json!({ "reason": reason }).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+}
+
+async fn api_resume(n: &TestNode) {
+    let r = client()
+        .post(n.url("/api/seats/alpha/resume"))
+        .bearer_auth(DEPLOY_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn the_event_stream_requires_sign_in() {
+    let n = TestNode::start().await;
+    let r = client().get(n.url("/api/events")).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    let r = client()
+        .get(n.url("/api/events"))
+        .bearer_auth("not-a-token")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    // A viewer's session or token may read it.
+    let viewer = client();
+    sign_in(&n, &viewer, "victor", "view-pass").await;
+    drop(SseReader::open(&n, &viewer, None).await);
+    let r = client()
+        .get(n.url("/api/events"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    drop(r);
+    n.stop().await;
+}
+
+#[tokio::test]
+async fn the_event_stream_sends_named_events_with_increasing_ids() {
+    let n = TestNode::start().await;
+    let op = client();
+    sign_in(&n, &op, "olivia", "op-pass").await;
+    let mut stream = SseReader::open(&n, &op, None).await;
+    api_pause(&n, "keys").await;
+    api_resume(&n).await;
+    let mut frames = stream.until("seat_paused", "alpha").await;
+    let paused = frames.last().unwrap().clone();
+    assert_eq!(paused.data["event"], "seat_paused");
+    assert_eq!(paused.data["node"], "node-http");
+    assert!(
+        paused.data["incarnation"]
+            .as_str()
+            .unwrap()
+            .starts_with("node-http:")
+    );
+    assert!(!paused.data["at"].as_str().unwrap().is_empty());
+    assert_eq!(paused.data["by"], "token:deploy");
+    assert_eq!(paused.data["reason"], "keys");
+    frames.extend(stream.until("seat_resumed", "alpha").await);
+    let resumed = frames.last().unwrap();
+    assert_eq!(resumed.data["by"], "token:deploy");
+    assert!(paused.id < resumed.id);
+    // Every frame's name is its data's event name.
+    for f in &frames {
+        assert_eq!(f.data["event"], f.event.as_str(), "{f:?}");
+    }
+    assert_increasing(&frames);
+    n.stop().await;
+}
+
+#[tokio::test]
+async fn a_client_reconnecting_with_last_event_id_gets_what_it_missed() {
+    let n = TestNode::start().await;
+    let op = client();
+    sign_in(&n, &op, "olivia", "op-pass").await;
+    let mut first = SseReader::open(&n, &op, None).await;
+    api_pause(&n, "first").await;
+    let seen = first.until("seat_paused", "alpha").await;
+    let last_seen = seen.last().unwrap().id;
+    drop(first);
+
+    // While nobody listens: resumed, paused again.
+    api_resume(&n).await;
+    api_pause(&n, "second").await;
+
+    let mut again = SseReader::open(&n, &op, Some(&last_seen.to_string())).await;
+    let mut missed = again.until("seat_resumed", "alpha").await;
+    missed.extend(again.until("seat_paused", "alpha").await);
+    assert!(
+        missed.iter().all(|f| f.id > last_seen),
+        "nothing already seen is sent again: {missed:?}"
+    );
+    assert!(missed.iter().all(|f| f.event != "resync"), "{missed:?}");
+    assert_eq!(missed.last().unwrap().data["reason"], "second");
+    assert_increasing(&missed);
+    // Then it goes on live.
+    api_resume(&n).await;
+    let live = again.until("seat_resumed", "alpha").await;
+    assert!(live[0].id > missed.last().unwrap().id);
+    n.stop().await;
+}
+
+#[tokio::test]
+async fn a_last_event_id_older_than_the_buffer_gets_a_resync_event() {
+    let n = TestNode::start().await;
+    let op = client();
+    sign_in(&n, &op, "olivia", "op-pass").await;
+    // Ids are numbered from the node's start time in microseconds, so 0 is
+    // older than anything any node keeps; an id that is not a number, or
+    // one newer than anything numbered (from a node that since restarted),
+    // gets the same answer.
+    for id in ["0", "not-an-id", "18446744073709551615"] {
+        let mut stream = SseReader::open(&n, &op, Some(id)).await;
+        let first = stream.next(Duration::from_secs(20)).await.unwrap();
+        assert_eq!(first.event, "resync", "{id}: {first:?}");
+        let reason = first.data["reason"].as_str().unwrap();
+        assert!(reason.contains("read the current state again"), "{reason}");
+        // Then live, after the resync's id.
+        api_pause(&n, id).await;
+        let live = stream.until("seat_paused", "alpha").await;
+        assert!(live.iter().all(|f| f.id > first.id), "{live:?}");
+        assert_eq!(live.last().unwrap().data["reason"], id);
+        api_resume(&n).await;
+    }
+    n.stop().await;
+}
+
+#[tokio::test]
+async fn shutdown_closes_open_event_streams() {
+    let n = TestNode::start().await;
+    wait_for_seats(&n, serde_json::json!(["alpha"])).await;
+    let op = client();
+    sign_in(&n, &op, "olivia", "op-pass").await;
+    let mut by_session = SseReader::open(&n, &op, None).await;
+    let by_token_client = reqwest::Client::new();
+    let mut by_token = {
+        let resp = by_token_client
+            .get(n.url("/api/events"))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        SseReader {
+            resp,
+            buf: String::new(),
+            ended: false,
+        }
+    };
+    // Neither client reads while the node shuts down.
+    tokio::time::timeout(Duration::from_secs(60), n.stop())
+        .await
+        .expect("open event streams do not hold up a graceful shutdown");
+    for stream in [&mut by_session, &mut by_token] {
+        // Whatever was sent before the end is read, then the stream ends
+        // cleanly (no reset, no truncated frame).
+        while stream.next(Duration::from_secs(20)).await.is_some() {}
+        assert!(stream.ended);
+        assert!(stream.buf.trim().is_empty(), "{:?}", stream.buf);
+    }
+}
+
+#[tokio::test]
+async fn the_seat_list_shows_holder_state_pause_and_inbox_and_filters_on_the_node() {
+    let n = TestNode::start().await;
+    wait_for_seats(&n, serde_json::json!(["alpha"])).await;
+    let op = client();
+    sign_in(&n, &op, "olivia", "op-pass").await;
+    let list = |form: Vec<(&'static str, &'static str)>| {
+        let op = op.clone();
+        let url = n.url("/api/list_seats");
+        async move { op.post(url).form(&form).send().await.unwrap() }
+    };
+    let v: Value = list(vec![]).await.json().await.unwrap();
+    assert_eq!(v["answered_by"], "node-http");
+    assert_eq!(v["total"], 1);
+    assert_eq!(
+        (v["page"].as_u64(), v["pages"].as_u64()),
+        (Some(1), Some(1))
+    );
+    let row = &v["rows"][0];
+    assert_eq!(row["handle"], "alpha");
+    assert_eq!(row["placement"], "any node");
+    assert_eq!(row["state"], "attached");
+    assert_eq!(row["holder"]["node_id"], "node-http");
+    assert_eq!(row["holder"]["epoch"], 1);
+    assert_eq!(row["pending"], 0);
+    assert!(row["pause"].is_null());
+
+    api_pause(&n, "keys").await;
+    let v: Value = list(vec![("state", "paused")]).await.json().await.unwrap();
+    let row = &v["rows"][0];
+    assert_eq!(row["state"], "paused");
+    assert_eq!(row["pause"]["by"], "token:deploy");
+    assert_eq!(row["pause"]["reason"], "keys");
+    let v: Value = list(vec![("state", "attached")])
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["matching"], 0);
+    assert_eq!(v["rows"], serde_json::json!([]));
+    let v: Value = list(vec![("query", "ALP")]).await.json().await.unwrap();
+    assert_eq!(v["matching"], 1);
+    let v: Value = list(vec![("query", "nothing-like-it")])
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["matching"], 0);
+
+    let r = list(vec![("state", "sleepy")]).await;
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    assert!(
+        r.text()
+            .await
+            .unwrap()
+            .contains("state: \\\"sleepy\\\" is not a seat state")
+    );
+    // A viewer reads it too; nobody signed out does.
+    let viewer = client();
+    sign_in(&n, &viewer, "victor", "view-pass").await;
+    let r = viewer.post(n.url("/api/list_seats")).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let r = client()
+        .post(n.url("/api/list_seats"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    n.stop().await;
+}

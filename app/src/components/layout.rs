@@ -17,6 +17,7 @@ pub fn Layout(children: Children) -> impl IntoView {
                     <a href="/seats">"Seats"</a>
                     <a href="/memory">"Memory"</a>
                     <a href="/events">"Events"</a>
+                    <a href="/audit">"Audit"</a>
                     <a href="/settings/people">"People"</a>
                 </nav>
                 <div class="who">

@@ -1,4 +1,5 @@
 //! Small reusable pieces of the dashboard.
 
+pub mod audit;
 pub mod layout;
 pub mod notice;

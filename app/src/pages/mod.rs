@@ -1,5 +1,6 @@
 //! One module per dashboard page.
 
+pub mod audit;
 pub mod events;
 pub mod login;
 pub mod memory;

@@ -1,33 +1,44 @@
 //! Settings › Nodes, the home page: every live node of the fleet, its
-//! status, roles, labels, protocol, presence and the seats it holds.
+//! status, roles, labels, protocol, presence and the seats it holds,
+//! refreshed live from the event stream when a seat moves or a node comes
+//! or goes.
+
+use std::collections::BTreeSet;
 
 use leptos::prelude::*;
 
 use crate::api::{FleetView, NodeView};
 use crate::components::notice::{ErrorNotice, InfoNotice};
 use crate::fns::fleet;
+use crate::live::{LiveBadge, NODE_EVENTS, refetch_on};
 
 #[component]
 pub fn NodesPage() -> impl IntoView {
     let data = Resource::new(|| (), |_| fleet());
+    let live = refetch_on(NODE_EVENTS, |_| true, move || data.refetch());
+    // Which nodes' seat lists are open, kept across refreshes.
+    let open = RwSignal::new(BTreeSet::<String>::new());
     view! {
         <section class="page">
-            <h1>"Settings › Nodes"</h1>
-            <Suspense fallback=|| view! { <p class="muted">"Reading the fleet…"</p> }>
+            <div class="page-head">
+                <h1>"Settings › Nodes"</h1>
+                <LiveBadge state=live />
+            </div>
+            <Transition fallback=|| view! { <p class="muted">"Reading the fleet…"</p> }>
                 {move || {
                     data.get()
                         .map(|r| match r {
-                            Ok(f) => view! { <Fleet fleet=f /> }.into_any(),
+                            Ok(f) => view! { <Fleet fleet=f open=open /> }.into_any(),
                             Err(e) => view! { <ErrorNotice error=e /> }.into_any(),
                         })
                 }}
-            </Suspense>
+            </Transition>
         </section>
     }
 }
 
 #[component]
-fn Fleet(fleet: FleetView) -> impl IntoView {
+fn Fleet(fleet: FleetView, open: RwSignal<BTreeSet<String>>) -> impl IntoView {
     let count = fleet.nodes.len();
     view! {
         <p class="muted">
@@ -43,7 +54,7 @@ fn Fleet(fleet: FleetView) -> impl IntoView {
         <InfoNotice>
             "Each node's seats are listed under it with their epoch and "
             <em>"since"</em>
-            " (when the tenure began; it moves only when the epoch does). Live updates and alarms for stranded, unplaceable or protocol-blocked seats come with the live event stream."
+            " (when the tenure began; it moves only when the epoch does). The page follows the fleet's events: when a seat moves or a node comes or goes it updates by itself."
         </InfoNotice>
         <div class="table-wrap">
             <table class="nodes">
@@ -59,7 +70,7 @@ fn Fleet(fleet: FleetView) -> impl IntoView {
                     </tr>
                 </thead>
                 <tbody>
-                    {fleet.nodes.into_iter().map(|n| view! { <NodeRow node=n /> }).collect_view()}
+                    {fleet.nodes.into_iter().map(|n| view! { <NodeRow node=n open=open /> }).collect_view()}
                 </tbody>
             </table>
         </div>
@@ -67,7 +78,23 @@ fn Fleet(fleet: FleetView) -> impl IntoView {
 }
 
 #[component]
-fn NodeRow(node: NodeView) -> impl IntoView {
+fn NodeRow(node: NodeView, open: RwSignal<BTreeSet<String>>) -> impl IntoView {
+    let key = node.incarnation.clone();
+    let is_open = {
+        let key = key.clone();
+        move || open.with(|o| o.contains(&key))
+    };
+    let on_toggle = move |ev: leptos::ev::Event| {
+        let now_open = event_target::<leptos::web_sys::HtmlDetailsElement>(&ev).open();
+        let key = key.clone();
+        open.update(|o| {
+            if now_open {
+                o.insert(key);
+            } else {
+                o.remove(&key);
+            }
+        });
+    };
     let status = node.status.as_str();
     let list = |v: &[String]| {
         if v.is_empty() {
@@ -100,7 +127,7 @@ fn NodeRow(node: NodeView) -> impl IntoView {
                 }}
             </td>
             <td>
-                <details class="seats">
+                <details class="seats" prop:open=is_open on:toggle=on_toggle>
                     <summary>{format!("{} seat{}", node.seats.len(), if node.seats.len() == 1 { "" } else { "s" })}</summary>
                     <ul>
                         {node

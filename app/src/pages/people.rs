@@ -1,9 +1,10 @@
 //! Settings › People: who may sign in, adding a person (operators), and the
-//! audit log of every person's action.
+//! audit log of every person's action (also on its own page, `/audit`).
 
 use leptos::prelude::*;
 
-use crate::api::{AuditEntry, PersonView};
+use crate::api::PersonView;
+use crate::components::audit::AuditTable;
 use crate::components::notice::ErrorNotice;
 use crate::fns::{AddPerson, audit_log, people, whoami};
 
@@ -105,45 +106,4 @@ fn PeopleTable(people: Vec<PersonView>) -> impl IntoView {
             </table>
         </div>
     }
-}
-
-#[component]
-fn AuditTable(entries: Vec<AuditEntry>) -> impl IntoView {
-    if entries.is_empty() {
-        return view! { <p class="muted">"Nobody has done anything yet."</p> }.into_any();
-    }
-    view! {
-        <div class="table-wrap">
-            <table class="audit">
-                <thead>
-                    <tr>
-                        <th scope="col">"When"</th>
-                        <th scope="col">"Who"</th>
-                        <th scope="col">"What"</th>
-                        <th scope="col">"Seat"</th>
-                        <th scope="col">"Reason"</th>
-                        <th scope="col">"Result"</th>
-                    </tr>
-                </thead>
-                <tbody>
-                    {entries
-                        .into_iter()
-                        .map(|a| {
-                            view! {
-                                <tr>
-                                    <td class="mono small">{a.at}</td>
-                                    <td>{a.person}</td>
-                                    <td>{a.action}</td>
-                                    <td>{a.seat.unwrap_or_default()}</td>
-                                    <td>{a.reason.unwrap_or_default()}</td>
-                                    <td>{a.result}</td>
-                                </tr>
-                            }
-                        })
-                        .collect_view()}
-                </tbody>
-            </table>
-        </div>
-    }
-    .into_any()
 }

@@ -9,24 +9,30 @@ use std::sync::Arc;
 use sqlx::SqlitePool;
 
 use app::api::{
-    AuditEntry, FleetView, NewPerson, Person, PersonRole, PersonView, SeatActionResult,
+    AuditEntry, FleetView, NewPerson, Person, PersonRole, PersonView, SeatActionResult, SeatList,
+    SeatQuery,
 };
 use app::console::{Console, ConsoleError};
 
 use crate::audit;
 use crate::config::CoordinationType;
 use crate::engine::pause::{self, PauseError, PauseRecord};
+use crate::engine::runtime::TurnEngine;
 use crate::events::Event;
 use crate::node::NodeInfo;
 use crate::node::fleet::read_fleet;
 use crate::seat::sweep::SeatEngine;
 use crate::web::auth::Auth;
+use crate::web::live::SeatNotes;
+use crate::web::seats::{SeatFacts, page_of, pause_record, seat_rows};
 
 pub struct NodeConsole {
     info: Arc<NodeInfo>,
     pool: SqlitePool,
     auth: Arc<Auth>,
     engine: Arc<SeatEngine>,
+    turns: Arc<TurnEngine>,
+    notes: Arc<SeatNotes>,
 }
 
 impl NodeConsole {
@@ -35,12 +41,16 @@ impl NodeConsole {
         pool: SqlitePool,
         auth: Arc<Auth>,
         engine: Arc<SeatEngine>,
+        turns: Arc<TurnEngine>,
+        notes: Arc<SeatNotes>,
     ) -> NodeConsole {
         NodeConsole {
             info,
             pool,
             auth,
             engine,
+            turns,
+            notes,
         }
     }
 
@@ -239,6 +249,65 @@ impl Console for NodeConsole {
             ConsoleError::Unavailable(format!(
                 "The fleet's roster cannot be read right now ({e}); node states are unknown."
             ))
+        })
+    }
+
+    async fn seats(&self, query: SeatQuery) -> Result<SeatList, ConsoleError> {
+        let company = self.engine.company();
+        let store = self.engine.store();
+        let (leases, pauses) = futures::join!(
+            store.view("seat:"),
+            store.entries(crate::coord::StateBucket::Pauses, "")
+        );
+        let leases = leases.map_err(|e| unavailable("read the seat leases", e))?;
+        let pauses = pauses
+            .map_err(|e| unavailable("read the pauses", e))?
+            .into_iter()
+            .map(|e| {
+                let record = pause_record(&e.key, &e.value);
+                (e.key, record)
+            })
+            .collect();
+        let local = self.engine.host().status();
+        let local_errors = self
+            .turns
+            .seats()
+            .into_iter()
+            .filter_map(|s| s.last_error.map(|e| (s.handle, e)))
+            .collect();
+        let notes = self.notes.snapshot();
+        let rows = seat_rows(&SeatFacts {
+            roles: &company.roles,
+            leases: &leases,
+            pauses: &pauses,
+            me: self.info.incarnation.as_str(),
+            local: &local,
+            local_errors: &local_errors,
+            notes: &notes,
+        });
+        let total = rows.len();
+        let mut paged = page_of(rows, &query);
+        // Inbox depth for the page's seats only, asked all at once.
+        let queue = self.engine.queue();
+        let depths = futures::future::join_all(paged.rows.iter().map(|r| {
+            let group = crate::queue::inbox_group(&r.handle);
+            async move { queue.pending(&group).await.ok() }
+        }))
+        .await;
+        for (row, depth) in paged.rows.iter_mut().zip(depths) {
+            row.pending = depth;
+        }
+        Ok(SeatList {
+            answered_by: self.info.node_id.clone(),
+            company: company.name.clone(),
+            revision: company.revision,
+            total,
+            matching: paged.matching,
+            page: paged.page,
+            pages: paged.pages,
+            page_size: app::api::SEAT_PAGE_SIZE,
+            counts: paged.counts,
+            rows: paged.rows,
         })
     }
 

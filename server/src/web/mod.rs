@@ -1,11 +1,14 @@
 //! The node's HTTP surface: the dashboard (Leptos SSR + hydration), the
-//! sign-in gate, `/health`, `/metrics` and the JSON query endpoints.
+//! sign-in gate, `/health`, `/metrics`, the JSON query endpoints and the
+//! live event stream (`/api/events`).
 //!
 //! Routes here are public contracts (README § HTTP). This module renders
 //! and routes; what it shows comes from the node through [`NodeConsole`].
 
 pub mod auth;
 pub mod console;
+pub mod live;
+pub mod seats;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -123,12 +126,24 @@ pub async fn router(setup: WebSetup<'_>) -> Result<Router, WebError> {
         );
     }
 
+    // The event log follows the bus from here on: every event a client of
+    // `/api/events` may be sent is numbered by it.
+    let event_log = Arc::new(live::EventLog::for_this_process());
+    let notes = Arc::new(live::SeatNotes::default());
+    event_log.follow(engine.events(), notes.clone(), &tasks);
+    let streams = live::EventStreams {
+        log: event_log,
+        stop: tasks.token(),
+    };
+
     let info = Arc::new(info);
     let console: SharedConsole = Arc::new(NodeConsole::new(
         info.clone(),
         pool.clone(),
         auth.clone(),
         engine.clone(),
+        turns.clone(),
+        notes,
     ));
 
     let leptos_options = LeptosOptions::builder()
@@ -146,6 +161,7 @@ pub async fn router(setup: WebSetup<'_>) -> Result<Router, WebError> {
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route("/query/fleet", get(fleet))
+        .route("/api/events", get(live::events))
         .route("/api/company", axum::routing::post(apply_company))
         .route("/api/dead-letters", get(dead_letters))
         .route(
@@ -172,6 +188,7 @@ pub async fn router(setup: WebSetup<'_>) -> Result<Router, WebError> {
         .layer(Extension(engine))
         .layer(Extension(turns))
         .layer(Extension(console))
+        .layer(Extension(streams))
         .with_state(leptos_options);
     Ok(app)
 }

@@ -397,7 +397,14 @@ impl Console for NodeConsole {
             }
         };
         let store = self.engine.store().clone();
-        match crate::node::company::apply(&*store, &config.company.name, &config.roles).await {
+        match crate::node::company::apply_with_schedules(
+            &*store,
+            &config.company.name,
+            &config.roles,
+            &config.schedules,
+        )
+        .await
+        {
             Ok(revision) => {
                 let reason = format!("revision {revision}: {} seats", config.roles.len());
                 self.audited(actor, "apply_company", Some(&reason), "ok")

@@ -4,6 +4,11 @@
 //! burst of events is one refetch. Nothing polls: between events nothing
 //! is asked of the node (the stream itself carries a keep-alive comment).
 //!
+//! A page refetches at once on the first relevant event; events that
+//! arrive in the [`COALESCE_MS`] after it are one more refetch at the end of
+//! that window. A burst is so at most two refetches, and a lone event
+//! reaches the page as fast as one refetch.
+//!
 //! While the stream is not open the page shows a "reconnecting…" badge. The
 //! browser reconnects by itself after a dropped connection (sending
 //! `Last-Event-ID`); when it gives up (the node answered with an error, as
@@ -54,6 +59,10 @@ pub const EVENT_NAMES: &[&str] = &[
     "seat_mailbox_retirement_held",
     "seat_mailbox_retirement_taken_over",
     "seat_mailbox_retirement_resumed",
+    "run_started",
+    "run_adopted",
+    "run_resumed",
+    "sandbox_run_failed",
     "schedule_fired",
 ];
 
@@ -73,7 +82,20 @@ pub const NODE_EVENTS: &[&str] = &[
     "seat_release_recovered",
     "seat_released_role_gone",
     "seats_unplaceable",
+    "seat_claims_blocked_by_older_protocol",
     "company_applied",
+];
+
+/// Events that change what the Memory page shows.
+pub const MEMORY_EVENTS: &[&str] = &[
+    "node_stopped",
+    "seat_claimed",
+    "seat_attached",
+    "seat_detached",
+    "seat_release_unproven",
+    "seat_release_recovered",
+    "company_applied",
+    "turn_completed",
 ];
 
 /// Events that change what the Seats page shows.
@@ -102,8 +124,8 @@ pub const ACTION_EVENTS: &[&str] = &[
     "company_applied",
 ];
 
-/// How long a page waits after an event before it refetches, so that a
-/// burst of events is one refetch.
+/// After a refetch, events within this window are one more refetch at its
+/// end, so that a burst costs at most two.
 pub const COALESCE_MS: u64 = 150;
 
 /// The stream's state, as the badge shows it.
@@ -186,8 +208,9 @@ pub fn use_event_stream(
 }
 
 /// Call `refetch` when an event named in `names` for which `relevant`
-/// holds arrives (at most once per [`COALESCE_MS`]), on a `resync`, and
-/// after a reconnect. Returns the stream's state.
+/// holds arrives, on a `resync`, and after a reconnect: at once, then at
+/// most once more per [`COALESCE_MS`] while events keep coming. Returns the
+/// stream's state.
 pub fn refetch_on(
     names: &'static [&'static str],
     relevant: impl Fn(&LiveEvent) -> bool + 'static,
@@ -197,24 +220,41 @@ pub fn refetch_on(
     {
         use std::cell::Cell;
         use std::rc::Rc;
-        let waiting = Rc::new(Cell::new(false));
-        let later = refetch.clone();
+
+        /// A refetch window: open while `busy`; `again` when an event came
+        /// during it.
+        #[derive(Default)]
+        struct Window {
+            busy: Cell<bool>,
+            again: Cell<bool>,
+        }
+
+        fn close_later(w: Rc<Window>, refetch: Rc<dyn Fn()>) {
+            set_timeout(
+                move || {
+                    if w.again.replace(false) {
+                        refetch();
+                        close_later(w, refetch);
+                    } else {
+                        w.busy.set(false);
+                    }
+                },
+                std::time::Duration::from_millis(COALESCE_MS),
+            );
+        }
+
+        let window = Rc::new(Window::default());
+        let later: Rc<dyn Fn()> = Rc::new(refetch.clone());
         let on_event = move |e: LiveEvent| {
             if e.name != RESYNC && !relevant(&e) {
                 return;
             }
-            if waiting.replace(true) {
+            if window.busy.replace(true) {
+                window.again.set(true);
                 return;
             }
-            let waiting = waiting.clone();
-            let later = later.clone();
-            set_timeout(
-                move || {
-                    waiting.set(false);
-                    later();
-                },
-                std::time::Duration::from_millis(COALESCE_MS),
-            );
+            later();
+            close_later(window.clone(), later.clone());
         };
         use_event_stream(names, on_event, refetch)
     }

@@ -259,6 +259,32 @@ pub enum Event {
     SeatMailboxRetirementResumed {
         seat: String,
     },
+    /// A turn started a detached run.
+    RunStarted {
+        seat: String,
+        run_id: String,
+        argv: Vec<String>,
+    },
+    /// The seat's new holder took over a live run under its epoch.
+    RunAdopted {
+        seat: String,
+        run_id: String,
+        epoch: u64,
+    },
+    /// A finished run was resumed with a new turn (once).
+    RunResumed {
+        seat: String,
+        run_id: String,
+        epoch: u64,
+        outcome: String,
+    },
+    /// A run that will not finish: `reason` is `launcher_lost` or
+    /// `seat_removed`.
+    SandboxRunFailed {
+        seat: String,
+        run_id: String,
+        reason: String,
+    },
     /// A schedule fired (once fleet-wide for this due time).
     ScheduleFired {
         schedule: String,
@@ -288,6 +314,7 @@ impl Event {
                 | Event::TurnGuardBreach { .. }
                 | Event::SeatMailboxUnregistered { .. }
                 | Event::SeatMailboxRetirementHeld { .. }
+                | Event::SandboxRunFailed { .. }
         )
     }
 

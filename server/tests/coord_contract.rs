@@ -1153,6 +1153,7 @@ async fn buckets_are_made_as_designed() {
         ("crewlet_mailboxes", Duration::ZERO),
         ("crewlet_pauses", Duration::ZERO),
         ("crewlet_config", Duration::ZERO),
+        ("crewlet_runs", Duration::ZERO),
     ] {
         let mut st = js.get_stream(format!("KV_{name}")).await.expect("stream");
         let c = st.info().await.expect("info").config.clone();

@@ -31,13 +31,15 @@ pub enum BucketId {
     Mailboxes,
     Pauses,
     Config,
+    /// Detached runs' records.
+    Runs,
 }
 
 /// The completion ledger's age: seven days.
 pub const LEDGER_MAX_AGE: Duration = Duration::from_secs(7 * 24 * 3600);
 
 impl BucketId {
-    pub const ALL: [BucketId; 7] = [
+    pub const ALL: [BucketId; 8] = [
         BucketId::Leases,
         BucketId::Epochs,
         BucketId::Duties,
@@ -45,6 +47,7 @@ impl BucketId {
         BucketId::Mailboxes,
         BucketId::Pauses,
         BucketId::Config,
+        BucketId::Runs,
     ];
 
     pub fn name(self) -> &'static str {
@@ -56,6 +59,7 @@ impl BucketId {
             BucketId::Mailboxes => "crewlet_mailboxes",
             BucketId::Pauses => "crewlet_pauses",
             BucketId::Config => "crewlet_config",
+            BucketId::Runs => "crewlet_runs",
         }
     }
 

@@ -220,6 +220,8 @@ pub enum StateBucket {
     Pauses,
     /// Config revisions and the activation pointer, `crewlet_config`.
     Config,
+    /// Detached runs' records, `crewlet_runs`.
+    Runs,
 }
 
 impl StateBucket {
@@ -229,6 +231,7 @@ impl StateBucket {
             StateBucket::Mailboxes => BucketId::Mailboxes,
             StateBucket::Pauses => BucketId::Pauses,
             StateBucket::Config => BucketId::Config,
+            StateBucket::Runs => BucketId::Runs,
         }
     }
 }

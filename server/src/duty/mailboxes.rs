@@ -488,7 +488,9 @@ impl MailboxSweep {
                 return Retirement::NotNow;
             }
         };
-        let outcome = self.retire_under(h, rec, rev, now, &owner).await;
+        let outcome = self
+            .retire_under(h, rec, rev, now, &owner, lease.epoch)
+            .await;
         if let Err(e) = self.store.release(&lease, &owner).await {
             tracing::warn!(seat = h, error = %e, "cannot release the retirement's claim; it lapses at its TTL");
         }
@@ -502,6 +504,7 @@ impl MailboxSweep {
         rev: Revision,
         now: i64,
         owner: &str,
+        epoch: u64,
     ) -> Retirement {
         // Mark first: exactly one of two overlapping sweeps wins this.
         let marked = MailboxRecord {
@@ -522,7 +525,17 @@ impl MailboxSweep {
                 return Retirement::NotNow;
             }
         };
-        // This build runs no detached runs; there are none to end first.
+        // The seat's detached runs end first, under the seat lease this
+        // retirement holds: once the control subscription is gone nothing
+        // could ever reach them again.
+        if let Err(e) = self.end_runs(h, epoch).await {
+            tracing::warn!(seat = h, error = %e, "a retirement could not end the seat's runs; unmarking, next tick retries");
+            let _ = self
+                .store
+                .update(StateBucket::Mailboxes, h, encode(&rec), mark_rev)
+                .await;
+            return Retirement::NotNow;
+        }
         let budget = self.store.lease_ttl() / 2;
         let deletes = async {
             for name in [inbox_group(h), control_group(h), reflect_group(h)] {
@@ -562,6 +575,35 @@ impl MailboxSweep {
                 Retirement::NotNow
             }
         }
+    }
+}
+
+impl MailboxSweep {
+    /// End every run of a removed seat (announced as `sandbox_run_failed`,
+    /// reason `seat_removed`) and delete its records. The launcher's
+    /// supervisor kills a child whose record was ended.
+    async fn end_runs(&self, h: &str, epoch: u64) -> Result<(), String> {
+        let runs = crate::engine::runs::Runs::new(self.store.clone());
+        for (r, _) in runs.list(h).await.map_err(|e| e.to_string())? {
+            if r.state.is_live() {
+                runs.mutate(h, &r.run_id, epoch, |x| {
+                    x.state = crate::engine::runs::RunState::Ended;
+                    x.owner_epoch = epoch;
+                    true
+                })
+                .await
+                .map_err(|e| e.to_string())?;
+                self.events.emit(Event::SandboxRunFailed {
+                    seat: h.to_string(),
+                    run_id: r.run_id.clone(),
+                    reason: "seat_removed".into(),
+                });
+            }
+            runs.delete(h, &r.run_id, epoch)
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(())
     }
 }
 

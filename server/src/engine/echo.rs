@@ -172,6 +172,15 @@ impl Agent for EchoAgent {
                     ));
                 }
             }
+            for (i, t) in turn.triggers.iter().enumerate() {
+                if let Some(run) = t.body.get("run") {
+                    calls.push(call(
+                        format!("r{round}-run-{i}"),
+                        "run_detached",
+                        run.clone(),
+                    ));
+                }
+            }
             calls.push(outbound(turn, round));
             return Ok(Step::Calls(calls));
         }

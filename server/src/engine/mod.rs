@@ -10,6 +10,7 @@ pub mod ledger;
 pub mod outbox;
 pub mod pause;
 pub mod routing;
+pub mod runs;
 pub mod runtime;
 pub mod tools;
 pub mod turn;

@@ -41,6 +41,9 @@ pub enum ControlMessage {
     PauseChanged,
     /// Stop the running turn at its next round boundary.
     Stop { by: String, at: String },
+    /// A detached run's command finished (published by its launcher):
+    /// the holder resumes it.
+    RunCompleted(super::runs::RunCompletion),
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -23,6 +23,7 @@ use super::envelope::Envelope;
 use super::ledger::{self, SkipReason};
 use super::outbox::Outbox;
 use super::pause::{self, ControlMessage, PAUSE_HOLD};
+use super::runs::{RunCompletion, RunError, RunState, Runs, Supervisor};
 use super::tools::Tools;
 use super::turn::{self, Ending, TurnGuard, Verdict, settle};
 use crate::config::AgentConfig;
@@ -72,6 +73,8 @@ struct SeatRuntime {
     /// A person's stop of the running turn: (turn id, who).
     stop: Mutex<Option<(String, String)>>,
     last_error: Mutex<Option<String>>,
+    /// One turn at a time per seat (an inbox turn or a run's resume).
+    turn_lock: tokio::sync::Mutex<()>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -98,16 +101,25 @@ pub struct TurnEngine {
     company: watch::Receiver<Company>,
     tools: Tools,
     seats: Mutex<HashMap<String, Arc<SeatRuntime>>>,
+    runs: Runs,
+    supervisor: Arc<Supervisor>,
     pub faults: Faults,
 }
 
 impl TurnEngine {
     pub fn new(s: TurnSetup) -> Arc<TurnEngine> {
+        let runs = Runs::new(s.store.clone());
+        let supervisor = Arc::new(Supervisor::new(runs.clone(), s.queue.clone()));
         Arc::new_cyclic(|me| TurnEngine {
             me: me.clone(),
             node_id: s.node_id,
+            runs: runs.clone(),
+            supervisor: supervisor.clone(),
             tools: Tools {
                 incarnation: s.incarnation,
+                runs,
+                supervisor,
+                events: s.events.clone(),
                 outbox: s.outbox.clone(),
                 queue: s.queue.clone(),
                 memory: s.memory,
@@ -122,6 +134,16 @@ impl TurnEngine {
             seats: Mutex::new(HashMap::new()),
             faults: Faults::default(),
         })
+    }
+
+    /// The children of the detached runs this node launched.
+    pub fn supervisor(&self) -> &Arc<Supervisor> {
+        &self.supervisor
+    }
+
+    /// The run records in the coordination store.
+    pub fn runs(&self) -> &Runs {
+        &self.runs
     }
 
     pub fn outbox(&self) -> &Arc<dyn Outbox> {
@@ -246,6 +268,218 @@ impl TurnEngine {
         }
     }
 
+    /// A run's completion reached the seat's holder: flip the record once
+    /// (the claim), then run a turn with the result. A resume that broke
+    /// after acting, or panicked, keeps its claim; any other failure
+    /// un-claims and the completion comes back.
+    async fn resume_run(&self, handle: &str, c: RunCompletion) -> Disposition {
+        let Some(rt) = self.runtime(handle) else {
+            return Disposition::Nak;
+        };
+        let Some(fence) = lock(&rt.fence).clone() else {
+            // Still establishing: the inbox is not attached yet.
+            return Disposition::Nak;
+        };
+        let epoch = match fence.may_start() {
+            Some(e) if e == fence.epoch() => e,
+            _ => return Disposition::Defer(format!("seat {handle:?} is not owned here")),
+        };
+        let me = self.tools.incarnation.clone();
+        let flipped = std::sync::atomic::AtomicBool::new(false);
+        let claim = self
+            .runs
+            .mutate(handle, &c.run_id, epoch, |r| {
+                let take = !r.resumed && r.state != RunState::Ended && r.state != RunState::Failed;
+                flipped.store(take, Ordering::SeqCst);
+                if take {
+                    r.state = RunState::Finished;
+                    r.result = Some(c.result.clone());
+                    r.resumed = true;
+                    r.owner = me.clone();
+                    r.owner_epoch = epoch;
+                }
+                take
+            })
+            .await;
+        match claim {
+            Ok(_) if !flipped.load(Ordering::SeqCst) => {
+                tracing::info!(seat = handle, run_id = %c.run_id, "a run's completion again: already resumed");
+                return Disposition::Ack;
+            }
+            Ok(_) => {}
+            Err(RunError::NotFound(_)) => {
+                tracing::info!(seat = handle, run_id = %c.run_id, "a completion for a run with no record (ended); dropped");
+                return Disposition::Ack;
+            }
+            Err(RunError::Fenced { .. }) => {
+                return Disposition::Defer(format!("run {} is owned at a later epoch", c.run_id));
+            }
+            Err(e) => {
+                tracing::warn!(seat = handle, run_id = %c.run_id, error = %e, "cannot claim a run's resume; trying again");
+                return Disposition::Nak;
+            }
+        }
+        let _turn = rt.turn_lock.lock().await;
+        let trigger = Envelope {
+            id: format!("run:{}", c.run_id),
+            kind: "run_completed".into(),
+            body: serde_json::json!({"run_id": c.run_id, "result": c.result}),
+            thread: None,
+            message_id: None,
+            from: Some("run".into()),
+            sent_at: None,
+        };
+        let turn = TurnInput {
+            turn_id: uuid::Uuid::new_v4().to_string(),
+            seat: handle.to_string(),
+            epoch,
+            node: self.node_id.clone(),
+            work_key: None,
+            delivered: 1,
+            triggers: vec![trigger],
+        };
+        self.events.emit(Event::TurnStarted {
+            seat: handle.to_string(),
+            turn_id: turn.turn_id.clone(),
+            work_key: None,
+            epoch,
+            trigger_ids: vec![turn.triggers[0].id.clone()],
+            delivered: 1,
+        });
+        *lock(&rt.running) = Some(turn.turn_id.clone());
+        let guard = Guard {
+            fence: fence.clone(),
+            rt: rt.clone(),
+            turn_id: turn.turn_id.clone(),
+        };
+        let record = turn::run(&*rt.agent, &self.tools, &guard, &turn).await;
+        *lock(&rt.running) = None;
+        let s = settle(&record.ending, record.reached_outside);
+        // The claim stands unless the resume proved nothing (it did not
+        // act, and did not panic): then it is given back and comes again.
+        let keep = s.verdict == Verdict::Ack;
+        if !keep {
+            rt.agent.abort(&turn.turn_id, record.ending.name()).await;
+            let _ = self
+                .runs
+                .mutate(handle, &c.run_id, epoch, |r| {
+                    r.resumed = false;
+                    true
+                })
+                .await;
+        }
+        if s.guard_breach {
+            let error = record.ending.error().unwrap_or_default();
+            *lock(&rt.last_error) = Some(error.clone());
+            self.events.emit(Event::TurnGuardBreach {
+                seat: handle.to_string(),
+                turn_id: turn.turn_id.clone(),
+                kind: "unhandled_exception".into(),
+                error,
+            });
+        }
+        self.events.emit(Event::TurnCompleted {
+            seat: handle.to_string(),
+            turn_id: turn.turn_id.clone(),
+            work_key: None,
+            epoch,
+            outcome: record.ending.name().into(),
+            rounds: record.rounds,
+            calls: record.calls,
+            reached_outside: record.reached_outside,
+            recorded: keep,
+            disposition: if keep { "ack" } else { "nak" }.into(),
+            delivered: 1,
+            error: record.ending.error(),
+        });
+        self.events.emit(Event::RunResumed {
+            seat: handle.to_string(),
+            run_id: c.run_id.clone(),
+            epoch,
+            outcome: record.ending.name().into(),
+        });
+        if keep {
+            Disposition::Ack
+        } else {
+            Disposition::Nak
+        }
+    }
+
+    /// Interrupted-run recovery (the acquire hook, with the control
+    /// subscription): adopt each live run under this epoch; fail one
+    /// whose launcher is gone (`sandbox_run_failed`, `launcher_lost`);
+    /// resume an answer the last holder recorded and never resumed with.
+    async fn recover_runs(&self, seat: &SeatContext) -> Result<(), String> {
+        let me = self.tools.incarnation.clone();
+        for (r, _) in self
+            .runs
+            .list(&seat.handle)
+            .await
+            .map_err(|e| e.to_string())?
+        {
+            match r.state {
+                RunState::Running | RunState::Parked => {
+                    let alive = self
+                        .store
+                        .lease(&format!("node:{}", r.launcher_node))
+                        .await
+                        .map_err(|e| e.to_string())?
+                        .is_some_and(|l| l.owner == r.launcher);
+                    if alive {
+                        self.runs
+                            .mutate(&seat.handle, &r.run_id, seat.epoch, |x| {
+                                x.owner = me.clone();
+                                x.owner_epoch = seat.epoch;
+                                true
+                            })
+                            .await
+                            .map_err(|e| e.to_string())?;
+                        self.events.emit(Event::RunAdopted {
+                            seat: seat.handle.clone(),
+                            run_id: r.run_id.clone(),
+                            epoch: seat.epoch,
+                        });
+                    } else {
+                        self.runs
+                            .mutate(&seat.handle, &r.run_id, seat.epoch, |x| {
+                                x.state = RunState::Failed;
+                                x.owner = me.clone();
+                                x.owner_epoch = seat.epoch;
+                                x.result = Some(super::runs::RunResult {
+                                    error: Some(format!("its launcher {} is gone", x.launcher)),
+                                    ..Default::default()
+                                });
+                                true
+                            })
+                            .await
+                            .map_err(|e| e.to_string())?;
+                        self.events.emit(Event::SandboxRunFailed {
+                            seat: seat.handle.clone(),
+                            run_id: r.run_id.clone(),
+                            reason: "launcher_lost".into(),
+                        });
+                    }
+                }
+                RunState::Finished if !r.resumed => {
+                    let msg = ControlMessage::RunCompleted(RunCompletion {
+                        run_id: r.run_id.clone(),
+                        result: r.result.clone().unwrap_or_default(),
+                    });
+                    self.queue
+                        .publish(
+                            &crate::queue::control_subject(&seat.handle),
+                            Some(&format!("run-redo-{}-{}", r.run_id, seat.epoch)),
+                            bytes::Bytes::from(serde_json::to_vec(&msg).unwrap_or_default()),
+                        )
+                        .await
+                        .map_err(|e| e.to_string())?;
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
     fn runtime(&self, handle: &str) -> Option<Arc<SeatRuntime>> {
         lock(&self.seats).get(handle).cloned()
     }
@@ -300,6 +534,7 @@ impl TurnEngine {
                     Disposition::Nak
                 }
             },
+            ControlMessage::RunCompleted(c) => self.resume_run(handle, c).await,
             ControlMessage::Stop { by, .. } => {
                 match self.runtime(handle) {
                     Some(rt) => match lock(&rt.running).clone() {
@@ -359,6 +594,7 @@ impl TurnEngine {
         out: &mut [Option<Disposition>],
     ) {
         let handle = rt.handle.clone();
+        let _turn = rt.turn_lock.lock().await;
         match fence.may_start() {
             Some(epoch) if epoch == fence.epoch() => {}
             _ => {
@@ -610,6 +846,7 @@ impl SeatHooks for TurnEngine {
                     running: Mutex::new(None),
                     stop: Mutex::new(None),
                     last_error: Mutex::new(None),
+                    turn_lock: tokio::sync::Mutex::new(()),
                 })
             });
         Ok(())
@@ -645,6 +882,9 @@ impl SeatHooks for TurnEngine {
     }
 
     async fn attach_control(&self, seat: &SeatContext) -> Result<Option<Attachment>, HookError> {
+        self.recover_runs(seat)
+            .await
+            .map_err(|e| HookError::new("run recovery", e))?;
         let handler = Arc::new(ControlHandler {
             engine: self.me.clone(),
             handle: seat.handle.clone(),
@@ -684,6 +924,7 @@ impl SeatHooks for TurnEngine {
                     running: Mutex::new(None),
                     stop: Mutex::new(None),
                     last_error: Mutex::new(None),
+                    turn_lock: tokio::sync::Mutex::new(()),
                 });
                 lock(&self.seats).insert(seat.handle.clone(), rt.clone());
                 rt

@@ -25,7 +25,14 @@ use crate::node::company::Company;
 use crate::queue::Queue;
 
 /// The built-in tools and their own annotations.
-pub const BUILT_IN: [(&str, Annotations); 5] = [
+pub const BUILT_IN: [(&str, Annotations); 6] = [
+    (
+        "run_detached",
+        Annotations {
+            read_only: Some(false),
+            open_world: Some(true),
+        },
+    ),
     (
         "post_outbox",
         Annotations {
@@ -72,6 +79,9 @@ pub fn annotations_of(name: &str) -> Option<Annotations> {
 #[derive(Clone)]
 pub struct Tools {
     pub incarnation: String,
+    pub runs: super::runs::Runs,
+    pub supervisor: Arc<super::runs::Supervisor>,
+    pub events: crate::events::EventBus,
     pub outbox: Arc<dyn Outbox>,
     pub queue: Arc<dyn Queue>,
     pub memory: MemoryStore,
@@ -227,8 +237,87 @@ impl Tools {
                     .map_err(|e| ToolError::Failed(format!("read_memory: {e}")))?;
                 Ok(json!({"diary": diary, "episodes": episodes}))
             }
+            "run_detached" => {
+                let argv: Vec<String> = match call.args.get("argv") {
+                    Some(Value::Array(a)) if !a.is_empty() => a
+                        .iter()
+                        .map(|v| v.as_str().map(str::to_string))
+                        .collect::<Option<Vec<_>>>()
+                        .ok_or_else(|| {
+                            ToolError::Refused(
+                                "run_detached: `argv` must be a list of strings".into(),
+                            )
+                        })?,
+                    _ => {
+                        return Err(ToolError::Refused(
+                            "run_detached: `argv` is required (a non-empty list of strings)".into(),
+                        ));
+                    }
+                };
+                let timeout = call
+                    .args
+                    .get("timeout_seconds")
+                    .and_then(Value::as_u64)
+                    .unwrap_or(3600)
+                    .clamp(1, 7 * 24 * 3600);
+                // Keyed on the work: a re-run of the same turn finds the
+                // run it started and launches nothing twice.
+                let work = turn.work_key.as_deref().unwrap_or(&turn.turn_id);
+                let mut h = Sha256::new();
+                for part in [work, turn.seat.as_str(), call.id.as_str()] {
+                    h.update(part.as_bytes());
+                    h.update([0u8]);
+                }
+                let run_id = format!("run-{}", &hex::encode(h.finalize())[..24]);
+                let now = crate::audit::now_rfc3339();
+                let record = super::runs::RunRecord {
+                    run_id: run_id.clone(),
+                    seat: turn.seat.clone(),
+                    owner: self.incarnation.clone(),
+                    owner_epoch: turn.epoch,
+                    launcher: self.incarnation.clone(),
+                    launcher_node: turn.node.clone(),
+                    state: super::runs::RunState::Running,
+                    argv: argv.clone(),
+                    work_key: turn.work_key.clone(),
+                    result: None,
+                    resumed: false,
+                    created_at: now.clone(),
+                    updated_at: now,
+                };
+                let fresh = self
+                    .runs
+                    .create(&record)
+                    .await
+                    .map_err(|e| ToolError::Failed(format!("run_detached: {e}")))?;
+                if fresh {
+                    if let Err(e) = self
+                        .supervisor
+                        .launch(&record, std::time::Duration::from_secs(timeout))
+                    {
+                        let _ = self
+                            .runs
+                            .mutate(&turn.seat, &run_id, turn.epoch, |r| {
+                                r.state = super::runs::RunState::Failed;
+                                r.result = Some(super::runs::RunResult {
+                                    error: Some(e.clone()),
+                                    ..Default::default()
+                                });
+                                true
+                            })
+                            .await;
+                        return Err(ToolError::Failed(e));
+                    }
+                    self.events.emit(crate::events::Event::RunStarted {
+                        seat: turn.seat.clone(),
+                        run_id: run_id.clone(),
+                        argv,
+                    });
+                }
+                Ok(json!({"run_id": run_id, "parked": true, "started": fresh}))
+            }
             other => Err(ToolError::Refused(format!(
-                "no tool named {other:?}; the tools are post_outbox, a2a_message, diary_write, episode_write, read_memory"
+                "no tool named {other:?}; the tools are post_outbox, a2a_message, diary_write, episode_write, read_memory, run_detached"
             ))),
         }
     }

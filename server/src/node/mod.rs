@@ -168,6 +168,9 @@ impl RunningNode {
     /// voluntarily, then every task stopped (the HTTP server with them).
     pub async fn shutdown(self) -> Result<(), NodeError> {
         self.engine.drain().await;
+        // The children of detached runs go with the process; their runs
+        // are failed (launcher lost) by the seat's next holder.
+        self.turns.supervisor().shutdown().await;
         self.tasks.shutdown().await;
         let served = self.server.await;
         self.engine
@@ -183,6 +186,7 @@ impl RunningNode {
     /// Stop without releasing anything, as a crash would (tests).
     pub async fn crash(self) {
         self.duties.abandon();
+        self.turns.supervisor().shutdown().await;
         self.engine.crash().await;
         self.tasks.shutdown().await;
         let _ = self.server.await;

@@ -76,6 +76,8 @@ pub struct Health {
     /// Seat → seconds its teardown has been failing; only while one is.
     #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub unproven_seconds: std::collections::BTreeMap<String, u64>,
+    /// Detached runs whose command runs on this node now.
+    pub detached_runs: usize,
     /// Seat → the last error that broke one of its turns here (a panic);
     /// only while there is one.
     #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
@@ -209,6 +211,7 @@ async fn health(
             .iter()
             .filter_map(|s| s.unproven_for.map(|d| (s.handle.clone(), d.as_secs())))
             .collect(),
+        detached_runs: turns.supervisor().running(),
         last_errors: turns
             .seats()
             .into_iter()

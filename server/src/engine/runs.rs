@@ -1,0 +1,441 @@
+//! Detached runs: work a turn starts that outlives the turn (the
+//! `run_detached` tool) — a command run as a supervised child of the node
+//! that launched it, whose completion comes back to whichever node holds
+//! the seat by then.
+//!
+//! A run's record lives in the coordination store (`crewlet_runs`, key
+//! `run:{seat}:{run id}`): who owns it and under which epoch
+//! (`owner_epoch`), which process launched it, its state and result. Every
+//! mutation of a live record is a compare-and-set refused when the
+//! record's `owner_epoch` outranks the writer's epoch ([`may_write`]), so a
+//! zombie's late write bounces. The completion is owner-routed: the
+//! launcher publishes it on the seat's control subject
+//! (`crewlet.agent.{handle}.control`), and the holder's control
+//! subscription resumes the run with a new turn; the resume flips the
+//! record at most once. The [`Supervisor`] owns the children this node
+//! launched, and kills one whose record was ended or deleted.
+
+use std::collections::HashMap;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use tokio::io::AsyncReadExt;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::coord::{KvError, Revision, StateBucket, Store};
+use crate::queue::{Queue, control_subject};
+
+/// How much of a run's stdout and stderr its result keeps (the tail).
+pub const OUTPUT_KEPT: usize = 8 * 1024;
+/// How often a launcher checks that its children's runs are still live.
+pub const WATCH_EVERY: Duration = Duration::from_secs(1);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunState {
+    Running,
+    /// Parked on a question (an answer resumes it).
+    Parked,
+    Finished,
+    Failed,
+    /// Ended on purpose (its seat was removed).
+    Ended,
+}
+
+impl RunState {
+    pub fn is_live(self) -> bool {
+        matches!(self, RunState::Running | RunState::Parked)
+    }
+}
+
+/// What a run's command did.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunResult {
+    pub exit_code: Option<i32>,
+    pub timed_out: bool,
+    pub stdout: String,
+    pub stderr: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// A run's record in `crewlet_runs`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunRecord {
+    pub run_id: String,
+    pub seat: String,
+    /// The incarnation that owns the run now (the seat's holder).
+    pub owner: String,
+    pub owner_epoch: u64,
+    /// The incarnation whose child runs the command, and its node.
+    pub launcher: String,
+    pub launcher_node: String,
+    pub state: RunState,
+    pub argv: Vec<String>,
+    pub work_key: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<RunResult>,
+    /// A resume has claimed the result (the at-most-once flip).
+    #[serde(default)]
+    pub resumed: bool,
+    pub created_at: String,
+    pub updated_at: String,
+}
+
+/// Pure: may a writer at `writer_epoch` change a record owned at
+/// `record_epoch`? Never when the record's epoch outranks the writer's.
+pub fn may_write(record_epoch: u64, writer_epoch: u64) -> bool {
+    writer_epoch >= record_epoch
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("run {0} has no record")]
+    NotFound(String),
+    #[error("refused: the run is owned at epoch {record}, the writer is at epoch {writer}")]
+    Fenced { record: u64, writer: u64 },
+    #[error("the run record kept changing under the write")]
+    Contended,
+    #[error("the run store: {0}")]
+    Store(String),
+}
+
+fn key(seat: &str, run_id: &str) -> String {
+    format!("run:{seat}:{run_id}")
+}
+
+/// The run records in the coordination store.
+#[derive(Clone)]
+pub struct Runs {
+    store: Arc<dyn Store>,
+}
+
+impl Runs {
+    pub fn new(store: Arc<dyn Store>) -> Runs {
+        Runs { store }
+    }
+
+    /// Create a record. `false` when one with that id exists (the same
+    /// work started it before): nothing is launched twice.
+    pub async fn create(&self, r: &RunRecord) -> Result<bool, RunError> {
+        let v = Bytes::from(serde_json::to_vec(r).unwrap_or_default());
+        match self
+            .store
+            .create(StateBucket::Runs, &key(&r.seat, &r.run_id), v)
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(KvError::AlreadyExists) => Ok(false),
+            Err(e) => Err(RunError::Store(e.to_string())),
+        }
+    }
+
+    pub async fn get(
+        &self,
+        seat: &str,
+        run_id: &str,
+    ) -> Result<Option<(RunRecord, Revision)>, RunError> {
+        let e = self
+            .store
+            .get(StateBucket::Runs, &key(seat, run_id))
+            .await
+            .map_err(|e| RunError::Store(e.to_string()))?;
+        Ok(e.and_then(|e| {
+            serde_json::from_slice(&e.value)
+                .ok()
+                .map(|r| (r, e.revision))
+        }))
+    }
+
+    /// Every run record of `seat`.
+    pub async fn list(&self, seat: &str) -> Result<Vec<(RunRecord, Revision)>, RunError> {
+        let es = self
+            .store
+            .entries(StateBucket::Runs, &format!("run:{seat}:"))
+            .await
+            .map_err(|e| RunError::Store(e.to_string()))?;
+        Ok(es
+            .into_iter()
+            .filter_map(|e| {
+                serde_json::from_slice::<RunRecord>(&e.value)
+                    .ok()
+                    .filter(|r| r.seat == seat)
+                    .map(|r| (r, e.revision))
+            })
+            .collect())
+    }
+
+    /// Change a record as a writer at `epoch`: `f` edits it (returning
+    /// false leaves it as it is). Refused when the record's epoch
+    /// outranks the writer's; retried on a concurrent change.
+    pub async fn mutate(
+        &self,
+        seat: &str,
+        run_id: &str,
+        epoch: u64,
+        f: impl Fn(&mut RunRecord) -> bool,
+    ) -> Result<RunRecord, RunError> {
+        for _ in 0..8 {
+            let Some((mut r, rev)) = self.get(seat, run_id).await? else {
+                return Err(RunError::NotFound(run_id.to_string()));
+            };
+            if !may_write(r.owner_epoch, epoch) {
+                return Err(RunError::Fenced {
+                    record: r.owner_epoch,
+                    writer: epoch,
+                });
+            }
+            if !f(&mut r) {
+                return Ok(r);
+            }
+            r.updated_at = crate::audit::now_rfc3339();
+            let v = Bytes::from(serde_json::to_vec(&r).unwrap_or_default());
+            match self
+                .store
+                .update(StateBucket::Runs, &key(seat, run_id), v, rev)
+                .await
+            {
+                Ok(_) => return Ok(r),
+                Err(KvError::WrongRevision) => continue,
+                Err(e) => return Err(RunError::Store(e.to_string())),
+            }
+        }
+        Err(RunError::Contended)
+    }
+
+    /// Delete a record as a writer at `epoch` (fenced like a mutation).
+    pub async fn delete(&self, seat: &str, run_id: &str, epoch: u64) -> Result<(), RunError> {
+        for _ in 0..8 {
+            let Some((r, rev)) = self.get(seat, run_id).await? else {
+                return Ok(());
+            };
+            if !may_write(r.owner_epoch, epoch) {
+                return Err(RunError::Fenced {
+                    record: r.owner_epoch,
+                    writer: epoch,
+                });
+            }
+            match self
+                .store
+                .delete(StateBucket::Runs, &key(seat, run_id), rev)
+                .await
+            {
+                Ok(()) => return Ok(()),
+                Err(KvError::WrongRevision) => continue,
+                Err(e) => return Err(RunError::Store(e.to_string())),
+            }
+        }
+        Err(RunError::Contended)
+    }
+}
+
+/// The completion a launcher publishes on the seat's control subject.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunCompletion {
+    pub run_id: String,
+    pub result: RunResult,
+}
+
+/// The children this node launched.
+pub struct Supervisor {
+    runs: Runs,
+    queue: Arc<dyn Queue>,
+    children: Arc<Mutex<HashMap<String, CancellationToken>>>,
+    tracker: TaskTracker,
+    stop: CancellationToken,
+}
+
+fn tail(b: &[u8]) -> String {
+    let s = String::from_utf8_lossy(b);
+    if s.len() <= OUTPUT_KEPT {
+        return s.into_owned();
+    }
+    let mut start = s.len() - OUTPUT_KEPT;
+    while !s.is_char_boundary(start) {
+        start += 1;
+    }
+    s[start..].to_string()
+}
+
+impl Supervisor {
+    pub fn new(runs: Runs, queue: Arc<dyn Queue>) -> Supervisor {
+        Supervisor {
+            runs,
+            queue,
+            children: Arc::new(Mutex::new(HashMap::new())),
+            tracker: TaskTracker::new(),
+            stop: CancellationToken::new(),
+        }
+    }
+
+    /// Runs whose child is alive here.
+    pub fn running(&self) -> usize {
+        self.children
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .len()
+    }
+
+    /// Is `run_id`'s child alive here?
+    pub fn is_running(&self, run_id: &str) -> bool {
+        self.children
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(run_id)
+    }
+
+    /// Start `r`'s command. Its completion goes to the seat's control
+    /// subject; a record that is ended or deleted meanwhile kills it.
+    pub fn launch(&self, r: &RunRecord, timeout: Duration) -> Result<(), String> {
+        let (program, args) = r
+            .argv
+            .split_first()
+            .ok_or_else(|| "run_detached: `argv` is empty".to_string())?;
+        let mut child = tokio::process::Command::new(program)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| format!("run_detached: cannot start {program:?}: {e}"))?;
+        let kill = self.stop.child_token();
+        self.children
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(r.run_id.clone(), kill.clone());
+        let (runs, queue, children) =
+            (self.runs.clone(), self.queue.clone(), self.children.clone());
+        let (seat, run_id) = (r.seat.clone(), r.run_id.clone());
+        self.tracker.spawn(async move {
+            let mut out = child.stdout.take();
+            let mut err = child.stderr.take();
+            let read_out = async {
+                let mut b = Vec::new();
+                if let Some(o) = out.as_mut() {
+                    let _ = o.read_to_end(&mut b).await;
+                }
+                b
+            };
+            let read_err = async {
+                let mut b = Vec::new();
+                if let Some(e) = err.as_mut() {
+                    let _ = e.read_to_end(&mut b).await;
+                }
+                b
+            };
+            let watch = async {
+                loop {
+                    tokio::time::sleep(WATCH_EVERY).await;
+                    match runs.get(&seat, &run_id).await {
+                        Ok(Some((r, _))) if r.state.is_live() => {}
+                        Ok(_) => return "its record was ended",
+                        Err(_) => {}
+                    }
+                }
+            };
+            let outcome = tokio::select! {
+                r = async { tokio::join!(child.wait(), read_out, read_err) } => Some(r),
+                _ = tokio::time::sleep(timeout) => None,
+                why = watch => {
+                    tracing::info!(seat = %seat, run_id = %run_id, "{why}; killing the run's child");
+                    let _ = child.kill().await;
+                    children.lock().unwrap_or_else(|e| e.into_inner()).remove(&run_id);
+                    return;
+                }
+                _ = kill.cancelled() => {
+                    let _ = child.kill().await;
+                    children.lock().unwrap_or_else(|e| e.into_inner()).remove(&run_id);
+                    return;
+                }
+            };
+            let result = match outcome {
+                Some((status, o, e)) => RunResult {
+                    exit_code: status.as_ref().ok().and_then(|s| s.code()),
+                    timed_out: false,
+                    stdout: tail(&o),
+                    stderr: tail(&e),
+                    error: status.err().map(|e| e.to_string()),
+                },
+                None => {
+                    let _ = child.kill().await;
+                    RunResult {
+                        timed_out: true,
+                        error: Some(format!("did not finish within {timeout:?}")),
+                        ..RunResult::default()
+                    }
+                }
+            };
+            children
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&run_id);
+            let msg = super::pause::ControlMessage::RunCompleted(RunCompletion {
+                run_id: run_id.clone(),
+                result,
+            });
+            let body = Bytes::from(serde_json::to_vec(&msg).unwrap_or_default());
+            // Deduped by id, so a completion published twice lands once.
+            if let Err(e) = queue
+                .publish(
+                    &control_subject(&seat),
+                    Some(&format!("run-done-{run_id}")),
+                    body,
+                )
+                .await
+            {
+                tracing::error!(seat = %seat, run_id = %run_id, error = %e, "cannot publish a run's completion");
+            }
+        });
+        Ok(())
+    }
+
+    /// Kill `run_id`'s child if it runs here.
+    pub fn kill(&self, run_id: &str) -> bool {
+        match self
+            .children
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(run_id)
+        {
+            Some(t) => {
+                t.cancel();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Kill every child and wait for their tasks (what stopping the node,
+    /// or a crash, does to them).
+    pub async fn shutdown(&self) {
+        self.stop.cancel();
+        self.tracker.close();
+        self.tracker.wait().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_writer_below_the_records_epoch_is_refused() {
+        assert!(may_write(3, 3));
+        assert!(may_write(3, 4));
+        assert!(!may_write(4, 3));
+    }
+
+    #[test]
+    fn the_output_kept_is_the_tail() {
+        let long = "x".repeat(OUTPUT_KEPT + 10) + "end";
+        let t = tail(long.as_bytes());
+        assert_eq!(t.len(), OUTPUT_KEPT);
+        assert!(t.ends_with("end"));
+        assert_eq!(tail(b"short"), "short");
+    }
+}

@@ -1,0 +1,283 @@
+//! Detached runs, on the in-process twin and on a real nats-server:
+//! owner-routed completion, the epoch fence on run records, recovery in
+//! the acquire hook, a resume applied once, and a retirement that ends a
+//! removed seat's runs before its mailbox goes (seed § Fencing, § Sandbox
+//! control is owner-routed, § The removed seat).
+
+mod support;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use crewlet::config::PlacementConfig;
+use crewlet::duty::mailboxes::MailboxSweep;
+use crewlet::engine::pause::ControlMessage;
+use crewlet::engine::runs::{RunCompletion, RunError, RunRecord, RunResult, RunState};
+use crewlet::events::Event;
+use crewlet::node::company;
+use crewlet::queue::{QueueSettings, control_subject};
+use serde_json::json;
+use support::turnfleet::*;
+
+const WAIT: Duration = Duration::from_secs(25);
+
+macro_rules! both {
+    ($($name:ident),* $(,)?) => {
+        // Real time on the twin too: runs are child processes.
+        mod twin {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::Fleet::new(super::Kind::Twin).await).await;
+                }
+            )*
+        }
+        mod nats {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::Fleet::new(super::Kind::Nats).await).await;
+                }
+            )*
+        }
+    };
+}
+
+both!(
+    a_run_that_finishes_after_its_seat_moved_is_resumed_by_the_new_holder_not_the_old,
+    a_stale_epoch_write_to_a_run_record_is_refused,
+    when_the_launcher_dies_the_new_holder_fails_the_run_and_announces_it,
+    a_seat_removed_with_a_running_run_ends_the_run_before_the_mailbox_goes,
+    a_resume_is_applied_once_when_its_completion_is_delivered_twice,
+);
+
+fn started(n: &mut Node) -> Vec<String> {
+    n.matching(|e| match e {
+        Event::RunStarted { run_id, .. } => Some(run_id.clone()),
+        _ => None,
+    })
+}
+
+fn resumed(n: &mut Node) -> Vec<(String, u64, String)> {
+    n.matching(|e| match e {
+        Event::RunResumed {
+            run_id,
+            epoch,
+            outcome,
+            ..
+        } => Some((run_id.clone(), *epoch, outcome.clone())),
+        _ => None,
+    })
+}
+
+fn failed(n: &mut Node) -> Vec<(String, String)> {
+    n.matching(|e| match e {
+        Event::SandboxRunFailed { run_id, reason, .. } => Some((run_id.clone(), reason.clone())),
+        _ => None,
+    })
+}
+
+/// Start a run on `seat` from `n` through a turn of the echo agent.
+async fn start_run(f: &Fleet, n: &mut Node, seat: &str, id: &str, argv: &[&str]) -> String {
+    n.publish(seat, &trigger(id, json!({"run": {"argv": argv}})))
+        .await;
+    f.until("the run starts", WAIT, || !started(n).is_empty())
+        .await;
+    started(n)[0].clone()
+}
+
+fn on(node: &str, handle: &str) -> crewlet::config::RoleConfig {
+    crewlet::config::RoleConfig {
+        placement: PlacementConfig {
+            nodes: vec![node.into()],
+            labels: vec![],
+        },
+        ..echo_role(handle)
+    }
+}
+
+async fn a_run_that_finishes_after_its_seat_moved_is_resumed_by_the_new_holder_not_the_old(
+    f: Fleet,
+) {
+    let mut a = f.node("a", &[on("a", "s0")]).await;
+    let mut b = f.node("b", &[]).await;
+    f.until("a holds s0", WAIT, || a.holds("s0")).await;
+    let dir = tempfile::tempdir().unwrap();
+    let gate = dir.path().join("go");
+    // The run waits for a file, so the test decides when it finishes.
+    let script = format!(
+        "while [ ! -e {} ]; do sleep 0.05; done; echo finished",
+        gate.display()
+    );
+    let run = start_run(&f, &mut a, "s0", "R1", &["sh", "-c", &script]).await;
+    // The seat moves to b (a stays alive: its child keeps running).
+    company::apply(&*a.store, COMPANY, &[on("b", "s0")])
+        .await
+        .unwrap();
+    f.until("b holds s0", WAIT, || b.attached("s0")).await;
+    let adopted = b.matching(|e| match e {
+        Event::RunAdopted { run_id, epoch, .. } => Some((run_id.clone(), *epoch)),
+        _ => None,
+    });
+    assert_eq!(adopted, vec![(run.clone(), 2)], "b adopts the live run");
+    assert!(a.turns.supervisor().is_running(&run), "the child runs on a");
+    std::fs::write(&gate, b"").unwrap();
+    f.until("b resumes the run", WAIT, || !resumed(&mut b).is_empty())
+        .await;
+    assert_eq!(resumed(&mut b), vec![(run.clone(), 2, "completed".into())]);
+    assert!(resumed(&mut a).is_empty(), "the old holder does not resume");
+    let (r, _) = b.turns.runs().get("s0", &run).await.unwrap().unwrap();
+    assert_eq!(r.state, RunState::Finished);
+    assert!(r.resumed);
+    assert_eq!(r.owner_epoch, 2);
+    assert_eq!(r.result.unwrap().stdout.trim(), "finished");
+}
+
+async fn a_stale_epoch_write_to_a_run_record_is_refused(f: Fleet) {
+    let a = f.node("a", &[echo_role("s0")]).await;
+    let runs = a.turns.runs();
+    let rec = RunRecord {
+        run_id: "run-x".into(),
+        seat: "s0".into(),
+        owner: "a:1".into(),
+        owner_epoch: 5,
+        launcher: "a:1".into(),
+        launcher_node: "a".into(),
+        state: RunState::Running,
+        argv: vec!["true".into()],
+        work_key: None,
+        result: None,
+        resumed: false,
+        created_at: String::new(),
+        updated_at: String::new(),
+    };
+    assert!(runs.create(&rec).await.unwrap());
+    assert!(!runs.create(&rec).await.unwrap(), "one record per run");
+    let zombie = runs
+        .mutate("s0", "run-x", 4, |r| {
+            r.state = RunState::Failed;
+            true
+        })
+        .await;
+    assert!(
+        matches!(
+            zombie,
+            Err(RunError::Fenced {
+                record: 5,
+                writer: 4
+            })
+        ),
+        "{zombie:?}"
+    );
+    assert!(matches!(
+        runs.delete("s0", "run-x", 4).await,
+        Err(RunError::Fenced { .. })
+    ));
+    let owner = runs
+        .mutate("s0", "run-x", 6, |r| {
+            r.owner_epoch = 6;
+            true
+        })
+        .await
+        .unwrap();
+    assert_eq!(owner.state, RunState::Running);
+    assert_eq!(owner.owner_epoch, 6);
+}
+
+async fn when_the_launcher_dies_the_new_holder_fails_the_run_and_announces_it(f: Fleet) {
+    let mut a = f.node("a", &[echo_role("s0")]).await;
+    f.until("a holds s0", WAIT, || a.holds("s0")).await;
+    let run = start_run(&f, &mut a, "s0", "R2", &["sleep", "60"]).await;
+    // a dies, and its children with it.
+    a.turns.supervisor().shutdown().await;
+    a.engine.crash().await;
+    let mut b = f.node("b", &[]).await;
+    f.until("b holds s0", WAIT, || b.attached("s0")).await;
+    assert_eq!(failed(&mut b), vec![(run.clone(), "launcher_lost".into())]);
+    let (r, _) = b.turns.runs().get("s0", &run).await.unwrap().unwrap();
+    assert_eq!(r.state, RunState::Failed);
+}
+
+async fn a_seat_removed_with_a_running_run_ends_the_run_before_the_mailbox_goes(f: Fleet) {
+    let mut a = f.node("a", &[echo_role("s0"), echo_role("s1")]).await;
+    f.until("a holds both", WAIT, || a.holds("s0") && a.holds("s1"))
+        .await;
+    let run = start_run(&f, &mut a, "s1", "R3", &["sleep", "60"]).await;
+    company::apply(&*a.store, COMPANY, &[echo_role("s0")])
+        .await
+        .unwrap();
+    f.until("s1 is given back", WAIT, || !a.holds("s1")).await;
+    let sweep = MailboxSweep {
+        store: a.store.clone(),
+        queue: a.queue.clone(),
+        events: a.engine.events().clone(),
+        company: a.engine.company_watch(),
+        node_id: "a".into(),
+        protocol: 4,
+        grace: Duration::from_millis(500),
+        queue_settings: QueueSettings::default(),
+    };
+    assert_eq!(sweep.tick().await.absent, vec!["s1"]);
+    assert!(
+        a.turns.supervisor().is_running(&run),
+        "kept through the grace"
+    );
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while sweep.tick().await.retired.is_empty() {
+        assert!(tokio::time::Instant::now() < deadline, "never retired");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Announced, and before the mailbox went.
+    let order: Vec<String> = a
+        .events()
+        .iter()
+        .filter_map(|e| match &e.event {
+            Event::SandboxRunFailed { reason, .. } => Some(format!("run:{reason}")),
+            Event::SeatMailboxRetired { .. } => Some("retired".into()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(order, vec!["run:seat_removed", "retired"]);
+    assert!(a.turns.runs().get("s1", &run).await.unwrap().is_none());
+    f.until("the launcher kills the child", WAIT, || {
+        !a.turns.supervisor().is_running(&run)
+    })
+    .await;
+}
+
+async fn a_resume_is_applied_once_when_its_completion_is_delivered_twice(f: Fleet) {
+    let mut a = f.node("a", &[echo_role("s0")]).await;
+    f.until("a holds s0", WAIT, || a.holds("s0")).await;
+    let run = start_run(&f, &mut a, "s0", "R4", &["true"]).await;
+    f.until("the run resumes", WAIT, || !resumed(&mut a).is_empty())
+        .await;
+    // The same completion again (its acknowledgement was lost, say).
+    let copy = ControlMessage::RunCompleted(RunCompletion {
+        run_id: run.clone(),
+        result: RunResult::default(),
+    });
+    a.queue
+        .publish(
+            &control_subject("s0"),
+            None,
+            Bytes::from(serde_json::to_vec(&copy).unwrap()),
+        )
+        .await
+        .unwrap();
+    f.until_async("the copy is settled", WAIT, || async {
+        a.queue.pending("control-s0").await.unwrap() == 0
+    })
+    .await;
+    // And a later trigger runs, proving the control copy was consumed.
+    a.publish("s0", &trigger("after", json!({}))).await;
+    f.until("the next trigger ran", WAIT, || {
+        !a.turns_of("after").is_empty()
+    })
+    .await;
+    assert_eq!(resumed(&mut a).len(), 1, "resumed once");
+    let resume_turns = a.matching(|e| match e {
+        Event::TurnStarted { trigger_ids, .. } if trigger_ids[0].starts_with("run:") => Some(()),
+        _ => None,
+    });
+    assert_eq!(resume_turns.len(), 1);
+}

@@ -447,7 +447,14 @@ impl SeatHost {
             }
             Err(e) => {
                 tracing::warn!(seat = handle, epoch, error = %e, "the acquire hook failed; handing the seat back");
-                self.release_locked(handle, DetachReason::HookFailed).await;
+                // A seat whose detached runs cannot be recovered is handed
+                // back voluntarily (`unprepared`); any other step is fenced.
+                let reason = if e.step == "run recovery" {
+                    DetachReason::Unprepared
+                } else {
+                    DetachReason::HookFailed
+                };
+                self.release_locked(handle, reason).await;
                 Ok(Acquired::Won {
                     epoch,
                     established: false,

@@ -49,6 +49,7 @@ both!(
     when_the_launcher_dies_the_new_holder_fails_the_run_and_announces_it,
     a_seat_removed_with_a_running_run_ends_the_run_before_the_mailbox_goes,
     a_resume_is_applied_once_when_its_completion_is_delivered_twice,
+    a_runs_completion_waits_behind_the_running_turn_without_holding_up_a_stop,
 );
 
 fn started(n: &mut Node) -> Vec<String> {
@@ -280,4 +281,68 @@ async fn a_resume_is_applied_once_when_its_completion_is_delivered_twice(f: Flee
         _ => None,
     });
     assert_eq!(resume_turns.len(), 1);
+}
+
+async fn a_runs_completion_waits_behind_the_running_turn_without_holding_up_a_stop(f: Fleet) {
+    let mut a = f.node("a", &[echo_role("s0")]).await;
+    f.until("a holds s0", WAIT, || a.attached("s0")).await;
+    // A run whose completion is still to come.
+    let run = "run-pending".to_string();
+    let epoch = a.store.lease("seat:s0").await.unwrap().unwrap().epoch;
+    assert!(
+        a.turns
+            .runs()
+            .create(&RunRecord {
+                run_id: run.clone(),
+                seat: "s0".into(),
+                owner: a.engine.config().owner.clone(),
+                owner_epoch: epoch,
+                launcher: a.engine.config().owner.clone(),
+                launcher_node: "a".into(),
+                state: RunState::Running,
+                argv: vec!["true".into()],
+                work_key: None,
+                result: None,
+                resumed: false,
+                created_at: String::new(),
+                updated_at: String::new(),
+            })
+            .await
+            .unwrap()
+    );
+    // A long turn runs; a completion arrives on the control subject, then
+    // a person's stop.
+    a.publish(
+        "s0",
+        &trigger("L", json!({"echo": {"rounds": 8, "round_delay_ms": 500}})),
+    )
+    .await;
+    f.until("the long turn runs", WAIT, || {
+        !a.started_with("L").is_empty()
+    })
+    .await;
+    let copy = ControlMessage::RunCompleted(RunCompletion {
+        run_id: run.clone(),
+        result: RunResult::default(),
+    });
+    a.queue
+        .publish(
+            &control_subject("s0"),
+            None,
+            Bytes::from(serde_json::to_vec(&copy).unwrap()),
+        )
+        .await
+        .unwrap();
+    crewlet::engine::pause::stop(&*a.queue, "s0", "ann")
+        .await
+        .unwrap();
+    f.until("the long turn ends", WAIT, || !a.turns_of("L").is_empty())
+        .await;
+    let t = &a.turns_of("L")[0];
+    assert_eq!(t.0, "stopped", "the stop was not held up by the completion");
+    assert!(t.4 < 8);
+    // The completion is resumed after it, as a turn of its own.
+    f.until("the run resumes", WAIT, || !resumed(&mut a).is_empty())
+        .await;
+    assert_eq!(resumed(&mut a)[0].0, run);
 }

@@ -13,6 +13,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
 
 use tokio::sync::watch;
 
@@ -38,6 +39,9 @@ use crate::queue::{
 };
 use crate::seat::host::{Fence, HookError, SeatContext, SeatHooks};
 
+/// The inbox type a detached run's completion is resumed as.
+pub const RUN_COMPLETED: &str = "run_completed";
+
 /// Waiting deliveries of one seat coalesced into one partition, at most.
 pub const PARTITION_LIMIT: usize = 16;
 
@@ -61,6 +65,9 @@ pub struct TurnSetup {
     pub changelog: Arc<dyn Changelog>,
     pub events: EventBus,
     pub company: watch::Receiver<Company>,
+    /// The mailboxes' ack window (`stream.ack_wait_seconds`): how long a
+    /// finished turn keeps trying to record its completion.
+    pub ack_wait: Duration,
 }
 
 /// One seat as the engine runs it.
@@ -99,6 +106,7 @@ pub struct TurnEngine {
     changelog: Arc<dyn Changelog>,
     events: EventBus,
     company: watch::Receiver<Company>,
+    ack_wait: Duration,
     tools: Tools,
     seats: Mutex<HashMap<String, Arc<SeatRuntime>>>,
     runs: Runs,
@@ -131,6 +139,7 @@ impl TurnEngine {
             changelog: s.changelog,
             events: s.events,
             company: s.company,
+            ack_wait: s.ack_wait,
             seats: Mutex::new(HashMap::new()),
             faults: Faults::default(),
         })
@@ -268,17 +277,52 @@ impl TurnEngine {
         }
     }
 
-    /// A run's completion reached the seat's holder: flip the record once
-    /// (the claim), then run a turn with the result. A resume that broke
-    /// after acting, or panicked, keeps its claim; any other failure
-    /// un-claims and the completion comes back.
-    async fn resume_run(&self, handle: &str, c: RunCompletion) -> Disposition {
-        let Some(rt) = self.runtime(handle) else {
-            return Disposition::Nak;
+    /// A run's completion reached the seat's holder on its control
+    /// subject: it becomes a `run_completed` trigger in the seat's inbox,
+    /// so its resume is a turn like any other (one at a time, stoppable,
+    /// fenced), and the control subscription is never held up by it.
+    async fn forward_completion(&self, handle: &str, c: RunCompletion) -> Disposition {
+        let env = Envelope {
+            id: format!("run:{}", c.run_id),
+            kind: RUN_COMPLETED.into(),
+            body: serde_json::to_value(&c).unwrap_or_default(),
+            thread: None,
+            message_id: None,
+            from: Some("run".into()),
+            sent_at: Some(crate::audit::now_rfc3339()),
         };
-        let Some(fence) = lock(&rt.fence).clone() else {
-            // Still establishing: the inbox is not attached yet.
-            return Disposition::Nak;
+        match self
+            .queue
+            .publish(
+                &crate::queue::inbox_subject(handle),
+                None,
+                bytes::Bytes::from(env.encode()),
+            )
+            .await
+        {
+            Ok(_) => Disposition::Ack,
+            Err(e) => {
+                tracing::warn!(seat = handle, run_id = %c.run_id, error = %e, "cannot hand a run's completion to the inbox; trying again");
+                Disposition::Nak
+            }
+        }
+    }
+
+    /// Resume a finished run: flip its record once (the claim), then run a
+    /// turn with the result. A resume that broke after acting, or
+    /// panicked, keeps its claim; any other failure un-claims and the
+    /// trigger comes back.
+    async fn resume_run(
+        &self,
+        rt: &Arc<SeatRuntime>,
+        fence: &Fence,
+        env: &Envelope,
+        delivered: u64,
+    ) -> Disposition {
+        let handle = rt.handle.as_str();
+        let c: RunCompletion = match serde_json::from_value(env.body.clone()) {
+            Ok(c) => c,
+            Err(e) => return Disposition::Poison(format!("not a run completion: {e}")),
         };
         let epoch = match fence.may_start() {
             Some(e) if e == fence.epoch() => e,
@@ -320,23 +364,14 @@ impl TurnEngine {
             }
         }
         let _turn = rt.turn_lock.lock().await;
-        let trigger = Envelope {
-            id: format!("run:{}", c.run_id),
-            kind: "run_completed".into(),
-            body: serde_json::json!({"run_id": c.run_id, "result": c.result}),
-            thread: None,
-            message_id: None,
-            from: Some("run".into()),
-            sent_at: None,
-        };
         let turn = TurnInput {
             turn_id: uuid::Uuid::new_v4().to_string(),
             seat: handle.to_string(),
             epoch,
             node: self.node_id.clone(),
             work_key: None,
-            delivered: 1,
-            triggers: vec![trigger],
+            delivered,
+            triggers: vec![env.clone()],
         };
         self.events.emit(Event::TurnStarted {
             seat: handle.to_string(),
@@ -344,7 +379,7 @@ impl TurnEngine {
             work_key: None,
             epoch,
             trigger_ids: vec![turn.triggers[0].id.clone()],
-            delivered: 1,
+            delivered,
         });
         *lock(&rt.running) = Some(turn.turn_id.clone());
         let guard = Guard {
@@ -389,7 +424,7 @@ impl TurnEngine {
             reached_outside: record.reached_outside,
             recorded: keep,
             disposition: if keep { "ack" } else { "nak" }.into(),
-            delivered: 1,
+            delivered,
             error: record.ending.error(),
         });
         self.events.emit(Event::RunResumed {
@@ -534,7 +569,7 @@ impl TurnEngine {
                     Disposition::Nak
                 }
             },
-            ControlMessage::RunCompleted(c) => self.resume_run(handle, c).await,
+            ControlMessage::RunCompleted(c) => self.forward_completion(handle, c).await,
             ControlMessage::Stop { by, .. } => {
                 match self.runtime(handle) {
                     Some(rt) => match lock(&rt.running).clone() {
@@ -564,9 +599,11 @@ impl TurnEngine {
         let mut out: Vec<Option<Disposition>> = vec![None; ds.len()];
         // (index, envelope, delivered) of the triggers that run a turn.
         let mut partition: Vec<(usize, Envelope, u64)> = Vec::new();
+        let mut resumes: Vec<(usize, Envelope, u64)> = Vec::new();
         for (i, d) in ds.iter().enumerate() {
             match Envelope::decode(&d.payload) {
                 Err(e) => out[i] = Some(Disposition::Poison(e.to_string())),
+                Ok(env) if env.kind == RUN_COMPLETED => resumes.push((i, env, d.delivered)),
                 Ok(env) if !env.is_ledgered() => {
                     self.events.emit(Event::TurnTriggerIgnored {
                         seat: handle.clone(),
@@ -577,6 +614,9 @@ impl TurnEngine {
                 }
                 Ok(env) => partition.push((i, env, d.delivered)),
             }
+        }
+        for (i, env, delivered) in resumes {
+            out[i] = Some(self.resume_run(rt, fence, &env, delivered).await);
         }
         if !partition.is_empty() {
             self.run_partition(rt, fence, partition, &mut out).await;
@@ -594,6 +634,7 @@ impl TurnEngine {
         out: &mut [Option<Disposition>],
     ) {
         let handle = rt.handle.clone();
+        let begun = std::time::Instant::now();
         let _turn = rt.turn_lock.lock().await;
         match fence.may_start() {
             Some(epoch) if epoch == fence.epoch() => {}
@@ -670,24 +711,33 @@ impl TurnEngine {
         *lock(&rt.running) = None;
         *lock(&rt.stop) = None;
         let s = settle(&record.ending, record.reached_outside);
-        if matches!(record.ending, Ending::Done { .. }) {
-            self.after_turn(&turn).await;
-        } else {
-            rt.agent.abort(&turn.turn_id, record.ending.name()).await;
-        }
+        // The record first, right behind the effects: it is what keeps a
+        // redelivery (the ack can be lost too) from running them again.
         if s.record {
             let answered_ids = match &record.ending {
                 Ending::Done { answered, .. } => answered.clone(),
                 _ => Vec::new(),
             };
-            ledger::record(
+            // Until a tenth of the ack window is left: past it the delivery
+            // may come back to the seat's next holder whatever happens here.
+            let within = self
+                .ack_wait
+                .saturating_sub(begun.elapsed())
+                .saturating_sub(self.ack_wait / 10);
+            ledger::record_within(
                 &*self.store,
                 &handle,
                 &turn.triggers,
                 &answered_ids,
                 &turn.turn_id,
+                within,
             )
             .await;
+        }
+        if matches!(record.ending, Ending::Done { .. }) {
+            self.after_turn(&turn).await;
+        } else {
+            rt.agent.abort(&turn.turn_id, record.ending.name()).await;
         }
         let verdict = match s.verdict {
             Verdict::Ack => Disposition::Ack,

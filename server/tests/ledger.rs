@@ -132,3 +132,43 @@ async fn an_unreachable_ledger_fails_open_in_both_directions() {
     .await;
     assert_eq!(written, 0);
 }
+
+/// Found by the chaos harness: a restart of the ledger's NATS leader lost a
+/// turn's completion record (one attempt, failed open) and its ack with
+/// it, so the redelivery ran the trigger a second time on the seat's next
+/// holder. The record is now tried again for as long as the delivery's ack
+/// window lasts: a store silent for a while (SIGSTOP: open sockets,
+/// nothing answers, every call ends at its timeout) still gets it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completion_record_lost_to_a_leader_election_ran_the_trigger_twice() {
+    let server = support::nats::NatsServer::start().await;
+    let store = nats_store(&server).await;
+    let pid = server.pid().unwrap() as i32;
+    // SAFETY: kill(2) on the nats-server this test started.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    let writer = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            ledger::record_within(
+                &*store,
+                "s",
+                &[t("A", "task_assigned", None)],
+                &[],
+                "turn-1",
+                Duration::from_secs(30),
+            )
+            .await
+        })
+    };
+    // The fault: two seconds of silence (four store timeouts).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    assert_eq!(
+        writer.await.unwrap(),
+        1,
+        "the record landed once the store answered"
+    );
+    let (done, _, readable) = ledger::read(&*store, "s", &[t("A", "task_assigned", None)]).await;
+    assert!(readable);
+    assert!(done.contains("A"), "a redelivery finds the work done");
+}

@@ -1,10 +1,32 @@
 //! The watchdog as a process: a node whose sweep loop blocks forever exits
 //! with code 75, after one line on stderr, once the lease TTL has passed
 //! (seed § The wedged node). A node stopped gracefully exits 0 (cli.rs).
+//!
+//! And what is not a wedged loop: a loop whose store calls keep returning,
+//! however slowly — a store that stopped answering (each call ends at its
+//! timeout), or a sweep pass that claims seat after seat. Both were found
+//! by the chaos harness (a NATS leader restart took every node of a fleet
+//! down with exit 75).
+
+mod support;
 
 use std::io::Write;
 use std::process::{Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use crewlet::config::{PlacementConfig, RoleConfig};
+use crewlet::coord::{Coordinator, CoordinatorOptions, MemoryBackend, Store};
+use crewlet::events::EventBus;
+use crewlet::node::company;
+use crewlet::queue::memory::MemoryQueue;
+use crewlet::queue::{
+    Delivery, Disposition, Handler, Queue, QueueSettings, handler_fn, log_events,
+};
+use crewlet::seat::host::{Fence, HookError, Phase, SeatContext, SeatHooks};
+use crewlet::seat::sweep::{EngineConfig, SeatEngine};
+use crewlet::tasks::Tasks;
+use crewlet::watchdog::Verdict;
 
 const BIN: &str = env!("CARGO_BIN_EXE_crewlet");
 
@@ -54,4 +76,205 @@ fn a_node_whose_sweep_loop_blocks_forever_exits_75() {
         !log.contains("crewlet watchdog"),
         "the notice is not in logging.file"
     );
+}
+
+/// Acquire hooks that take their time (a seat's memory to replay, say).
+struct SlowHooks;
+
+#[async_trait::async_trait]
+impl SeatHooks for SlowHooks {
+    async fn hydrate_memory(&self, _s: &SeatContext) -> Result<(), HookError> {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        Ok(())
+    }
+    fn inbox_handler(&self, _s: &SeatContext, _f: Fence) -> Arc<dyn Handler> {
+        handler_fn(|_d: Delivery| async { Disposition::Ack })
+    }
+}
+
+/// One sweep pass that claims ten seats whose acquire hooks take half a
+/// second each lasts five seconds against a TTL of three. Each claim
+/// returns; the sweep loop is turning, and the watchdog must say so (in the
+/// chaos harness it took such a pass for a wedged loop and the node exited
+/// 75 in the middle of a rolling restart).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sweep_pass_that_claims_seat_after_seat_is_not_a_wedged_loop() {
+    let ttl = Duration::from_secs(3);
+    let store: Arc<dyn Store> = Arc::new(Coordinator::new(
+        MemoryBackend::new(ttl),
+        CoordinatorOptions::default(),
+    ));
+    let queue: Arc<dyn Queue> = Arc::new(MemoryQueue::new(log_events()));
+    let roles: Vec<RoleConfig> = (0..10)
+        .map(|i| RoleConfig {
+            handle: format!("s{i}"),
+            agent: Default::default(),
+            placement: PlacementConfig::default(),
+        })
+        .collect();
+    company::apply(&*store, "Watchdog company", &roles)
+        .await
+        .unwrap();
+    let first = company::active(&*store).await.unwrap().unwrap();
+    let tasks = Tasks::new();
+    let company_rx = company::follow(store.clone(), first, &tasks);
+    let owner = crewlet::node::Incarnation::mint("n").to_string();
+    let engine = SeatEngine::new(
+        EngineConfig {
+            node_id: "n".into(),
+            owner: owner.clone(),
+            labels: vec![],
+            protocol: 4,
+            heartbeat: Duration::from_secs(1),
+            sweep: Duration::from_secs(1),
+            claim_limit: 10,
+            release_limit: 2,
+            release_wait: Duration::from_secs(1),
+            queue: QueueSettings::default(),
+        },
+        store,
+        queue,
+        Arc::new(SlowHooks),
+        EventBus::new("n", &owner),
+        company_rx,
+        tasks.clone(),
+    )
+    .await
+    .unwrap();
+    engine.start();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let attached = || {
+        engine
+            .host()
+            .status()
+            .iter()
+            .filter(|s| s.phase == Phase::Attached)
+            .count()
+    };
+    while attached() < 10 {
+        let verdict = engine.watchdog().current();
+        assert!(
+            !matches!(verdict, Verdict::Wedged { .. }),
+            "{verdict:?} with {} seats attached",
+            attached()
+        );
+        assert!(Instant::now() < deadline, "the ten seats were not claimed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    engine.crash().await;
+    tasks.shutdown().await;
+}
+
+/// One node on a real nats-server holding ten seats, TTL 10 s, every store
+/// call bounded at 3 s (in the chaos harness a restart of the leases' NATS
+/// leader took every node of the fleet down with exit 75 this way). The server is stopped for longer than the TTL; the
+/// heartbeat's renewals all end at the store timeout and its loop must go
+/// on turning in the watchdog's eyes (renewed one seat after the other,
+/// the pass outlasted the TTL). The seats are fenced (grace expired) all
+/// the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_heartbeat_against_a_silent_store_is_not_a_wedged_loop() {
+    use crewlet::coord::{NatsBackend, NatsOptions};
+    use crewlet::queue::jetstream::{JetStreamQueue, JetStreamSettings};
+    let server = support::nats::NatsServer::start().await;
+    let ttl = Duration::from_secs(10);
+    let timeout = Duration::from_secs(3);
+    let mut opts = NatsOptions::new(vec![server.url()]);
+    opts.lease_ttl = ttl;
+    opts.store_timeout = timeout;
+    let backend = NatsBackend::connect(&opts).await.unwrap();
+    let client = backend.client().clone();
+    let store: Arc<dyn Store> = Arc::new(Coordinator::new(
+        backend,
+        CoordinatorOptions {
+            store_timeout: timeout,
+            ..CoordinatorOptions::default()
+        },
+    ));
+    let queue: Arc<dyn Queue> = Arc::new(
+        JetStreamQueue::new(
+            client,
+            JetStreamSettings {
+                replicas: 1,
+                timeout,
+            },
+            log_events(),
+        )
+        .await
+        .unwrap(),
+    );
+    let roles: Vec<RoleConfig> = (0..10)
+        .map(|i| RoleConfig {
+            handle: format!("s{i}"),
+            agent: Default::default(),
+            placement: PlacementConfig::default(),
+        })
+        .collect();
+    company::apply(&*store, "Watchdog company", &roles)
+        .await
+        .unwrap();
+    let first = company::active(&*store).await.unwrap().unwrap();
+    let tasks = Tasks::new();
+    let company_rx = company::follow(store.clone(), first, &tasks);
+    let owner = crewlet::node::Incarnation::mint("n").to_string();
+    let engine = SeatEngine::new(
+        EngineConfig {
+            node_id: "n".into(),
+            owner: owner.clone(),
+            labels: vec![],
+            protocol: 4,
+            heartbeat: Duration::from_secs(1),
+            sweep: Duration::from_secs(1),
+            claim_limit: 10,
+            release_limit: 2,
+            release_wait: Duration::from_secs(1),
+            queue: QueueSettings::default(),
+        },
+        store,
+        queue,
+        Arc::new(FastHooks),
+        EventBus::new("n", &owner),
+        company_rx,
+        tasks.clone(),
+    )
+    .await
+    .unwrap();
+    engine.start();
+    support::wait_for(
+        "the ten seats to be attached",
+        Duration::from_secs(30),
+        Duration::from_millis(50),
+        || async { (engine.host().held().len() == 10).then_some(()) },
+    )
+    .await;
+    let pid = server.pid().unwrap() as i32;
+    // SAFETY: kill(2) on the nats-server this test started.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    let silent_until = Instant::now() + Duration::from_secs(14);
+    let mut wedged = None;
+    while Instant::now() < silent_until {
+        if let Verdict::Wedged { loop_name, lag } = engine.watchdog().current() {
+            wedged.get_or_insert((loop_name, lag));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    assert_eq!(wedged, None, "a loop the watchdog would have shot");
+    assert!(
+        engine.host().held().is_empty(),
+        "every seat was fenced a TTL after its last renewal: {:?}",
+        engine.host().held()
+    );
+    engine.crash().await;
+    tasks.shutdown().await;
+}
+
+/// Acquire hooks that do nothing.
+struct FastHooks;
+
+#[async_trait::async_trait]
+impl SeatHooks for FastHooks {
+    fn inbox_handler(&self, _s: &SeatContext, _f: Fence) -> Arc<dyn Handler> {
+        handler_fn(|_d: Delivery| async { Disposition::Ack })
+    }
 }

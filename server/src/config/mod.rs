@@ -20,6 +20,29 @@ pub use validate::Problem;
 /// The current lease protocol (seed: "The current protocol is 4").
 pub const PROTOCOL: u32 = 4;
 
+/// The environment variable that makes this process speak an older lease
+/// protocol: fault injection for mixed-version drills and the chaos
+/// harness (README § How seats are owned).
+pub const FAULT_PROTOCOL_VAR: &str = "CREWLET_FAULT_PROTOCOL";
+
+/// The lease protocol this process speaks: [`PROTOCOL`], unless
+/// `CREWLET_FAULT_PROTOCOL` names a lower one (1 to 3), as a node of an
+/// older build would. Its presence, seat and duty leases then carry that
+/// protocol, and it judges the protocol gate from it. Read once.
+pub fn protocol() -> u32 {
+    static P: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *P.get_or_init(|| fault_protocol(std::env::var(FAULT_PROTOCOL_VAR).ok().as_deref()))
+}
+
+/// Pure: the protocol `CREWLET_FAULT_PROTOCOL`'s value asks for (anything
+/// but a number below [`PROTOCOL`] is ignored).
+pub fn fault_protocol(value: Option<&str>) -> u32 {
+    match value.and_then(|v| v.trim().parse::<u32>().ok()) {
+        Some(p) if (1..PROTOCOL).contains(&p) => p,
+        _ => PROTOCOL,
+    }
+}
+
 /// A config that could not be loaded. Its `Display` is what a person reads.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {

@@ -415,3 +415,14 @@ fn zero_durations_for_duties_are_refused_naming_the_key() {
     one("[memory]\nflush_seconds = 0\n", "memory.flush_seconds");
     one("[memory]\nvector_model = \"m\"\n", "memory.vector_dims");
 }
+
+#[test]
+fn the_fault_protocol_is_only_ever_a_lower_one() {
+    use super::{PROTOCOL, fault_protocol};
+    assert_eq!(fault_protocol(None), PROTOCOL);
+    assert_eq!(fault_protocol(Some("3")), 3);
+    assert_eq!(fault_protocol(Some(" 1 ")), 1);
+    for ignored in ["0", "4", "5", "x", ""] {
+        assert_eq!(fault_protocol(Some(ignored)), PROTOCOL, "{ignored:?}");
+    }
+}

@@ -158,7 +158,7 @@ impl ClaimRequest {
             resource: resource.into(),
             owner: owner.into(),
             preferred: preferred.into(),
-            protocol: crate::config::PROTOCOL,
+            protocol: crate::config::protocol(),
             metadata: Metadata::new(),
             ttl: None,
         }

@@ -15,6 +15,7 @@
 //! store edges.
 
 use std::collections::BTreeSet;
+use std::time::Duration;
 
 use bytes::Bytes;
 use sha2::{Digest, Sha256};
@@ -164,6 +165,33 @@ pub async fn record(
     answered_messages: &[String],
     turn_id: &str,
 ) -> usize {
+    record_within(
+        store,
+        handle,
+        ran,
+        answered_messages,
+        turn_id,
+        Duration::ZERO,
+    )
+    .await
+}
+
+/// [`record`], trying each key the store did not take again (every half
+/// second at most) for as long as `within` lasts — the delivery's ack
+/// window. A record lost to a store that stopped answering (a leader
+/// election, say), with the acknowledgement lost beside it, let the
+/// redelivery run the work a second time; until the ack window closes no
+/// redelivery can come, so the record has that long to land. A create
+/// whose answer was lost is harmless to repeat: the record then exists.
+pub async fn record_within(
+    store: &dyn Store,
+    handle: &str,
+    ran: &[Envelope],
+    answered_messages: &[String],
+    turn_id: &str,
+    within: Duration,
+) -> usize {
+    let deadline = tokio::time::Instant::now() + within;
     let body = Bytes::from(
         serde_json::to_vec(&serde_json::json!({
             "turn_id": turn_id,
@@ -178,10 +206,22 @@ pub async fn record(
         .chain(answered_messages.iter().map(|m| answered_key(handle, m)));
     let mut written = 0;
     for key in keys {
-        match store.create(StateBucket::Ledger, &key, body.clone()).await {
-            Ok(_) | Err(KvError::AlreadyExists) => written += 1,
-            Err(e) => {
-                tracing::warn!(seat = handle, key, error = %e, "cannot record a completion (fail open)")
+        let mut pause = Duration::from_millis(100);
+        loop {
+            match store.create(StateBucket::Ledger, &key, body.clone()).await {
+                Ok(_) | Err(KvError::AlreadyExists) => {
+                    written += 1;
+                    break;
+                }
+                Err(e) if tokio::time::Instant::now() + pause < deadline => {
+                    tracing::debug!(seat = handle, key, error = %e, "cannot record a completion yet; trying again");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_millis(500));
+                }
+                Err(e) => {
+                    tracing::warn!(seat = handle, key, error = %e, "cannot record a completion (fail open)");
+                    break;
+                }
             }
         }
     }

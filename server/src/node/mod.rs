@@ -18,7 +18,7 @@ use tokio::net::TcpListener;
 
 use std::time::Duration;
 
-use crate::config::{Config, CoordinationType, PROTOCOL, PlacementConfig};
+use crate::config::{Config, CoordinationType, PROTOCOL, PlacementConfig, protocol};
 use crate::coord::Store;
 use crate::db::{self, DbError};
 use crate::engine::outbox::{MemoryOutbox, NatsOutbox, Outbox};
@@ -90,7 +90,7 @@ impl NodeInfo {
             labels: config.node.labels.clone(),
             company: config.company.name.clone(),
             coordination: config.coordination.kind,
-            protocol: PROTOCOL,
+            protocol: protocol(),
             roles,
         }
     }
@@ -323,6 +323,7 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
         changelog,
         events: events.clone(),
         company: company_rx.clone(),
+        ack_wait: Duration::from_secs(config.stream.ack_wait_seconds),
     });
     if std::env::var("CREWLET_FAULT_STALL_BEFORE_ACK").as_deref() == Ok("1") {
         tracing::warn!(
@@ -396,7 +397,7 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
             store: store.clone(),
             node_id: info.node_id.clone(),
             owner: info.incarnation.to_string(),
-            protocol: PROTOCOL,
+            protocol: protocol(),
             events: events.clone(),
         };
         duties.start(
@@ -415,7 +416,7 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
                     events: events.clone(),
                     company: engine.company_watch(),
                     node_id: info.node_id.clone(),
-                    protocol: PROTOCOL,
+                    protocol: protocol(),
                     grace: Duration::from_secs(config.maintenance.retirement_grace_seconds),
                     queue_settings: engine.config().queue,
                 },
@@ -454,15 +455,22 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
     if let Err(e) = engine.arm_watchdog() {
         tracing::warn!(error = %e, "cannot start the watchdog thread");
     }
+    if protocol() != PROTOCOL {
+        tracing::warn!(
+            protocol = protocol(),
+            current = PROTOCOL,
+            "fault injection: this node speaks an older lease protocol (CREWLET_FAULT_PROTOCOL)"
+        );
+    }
     events.emit(crate::events::Event::NodeStarted {
         version: crate::VERSION.to_string(),
-        protocol: PROTOCOL,
+        protocol: protocol(),
     });
     tracing::info!(
         node = %info.node_id,
         incarnation = %info.incarnation,
         version = crate::VERSION,
-        protocol = PROTOCOL,
+        protocol = protocol(),
         %addr,
         "node started; dashboard at http://{addr}/"
     );

@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
-use futures::FutureExt;
+use futures::{FutureExt, StreamExt};
 use tokio::time::Instant;
 
 use crate::coord::{Claim, ClaimRequest, Lease, Release, Renewal, Store};
@@ -31,6 +31,8 @@ use crate::queue::{Attachment, Handler, Queue, inbox_group};
 pub const BLIP_HOLD: &str = "store-blip";
 /// Re-raise an undead seat's alarm every this many heartbeats.
 pub const STILL_UNPROVEN_EVERY: u32 = 20;
+/// Seat renewals one heartbeat keeps in flight at once.
+pub const RENEW_CONCURRENCY: usize = 32;
 
 /// What a hook knows about the seat it works on.
 #[derive(Clone, Debug)]
@@ -618,12 +620,25 @@ impl SeatHost {
     /// One heartbeat: renew every seat lease (held and undead), resume
     /// inboxes a blip had held, fence what was lost, retry undead teardowns.
     pub async fn heartbeat(&self, ttl: Duration) {
+        self.heartbeat_with(ttl, &|| {}).await
+    }
+
+    /// [`SeatHost::heartbeat`], calling `progress` as each seat's renewal
+    /// settles (the heartbeat loop's watchdog beat: a loop whose store
+    /// calls keep returning is turning, however slow the store). Seats are
+    /// renewed [`RENEW_CONCURRENCY`] at a time, so a pass against a store
+    /// that stopped answering lasts about one store timeout, not one per
+    /// seat, and every seat is fenced a TTL after its last renewal.
+    pub async fn heartbeat_with(&self, ttl: Duration, progress: &(dyn Fn() + Sync)) {
         let handles: Vec<String> = lock(&self.inner.seats).keys().cloned().collect();
-        for handle in handles {
-            let seat_lock = self.seat_lock(&handle);
-            let _g = seat_lock.lock().await;
-            self.renew_one(&handle, ttl).await;
-        }
+        futures::stream::iter(handles)
+            .for_each_concurrent(RENEW_CONCURRENCY, |handle| async move {
+                let seat_lock = self.seat_lock(&handle);
+                let _g = seat_lock.lock().await;
+                self.renew_one(&handle, ttl).await;
+                progress();
+            })
+            .await;
     }
 
     async fn renew_one(&self, handle: &str, ttl: Duration) {

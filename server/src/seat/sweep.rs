@@ -21,7 +21,6 @@ use tokio::time::Instant;
 
 use super::host::{Acquired, SeatHooks, SeatHost};
 use super::placement::{self, Presence, ReleaseReason, SeatSpec, Snapshot, Withheld};
-use crate::config::PROTOCOL;
 use crate::coord::{Claim, ClaimRequest, Lease, Metadata, Renewal, Store};
 use crate::events::{DetachReason, Event, EventBus};
 use crate::node::company::{Company, wants_early_sweep};
@@ -51,7 +50,7 @@ impl EngineConfig {
             node_id: c.node.id.clone(),
             owner: owner.to_string(),
             labels: c.node.labels.clone(),
-            protocol: PROTOCOL,
+            protocol: crate::config::protocol(),
             heartbeat: Duration::from_secs(c.coordination.heartbeat_seconds),
             sweep: Duration::from_secs(c.coordination.sweep_seconds),
             claim_limit: c.coordination.claim_limit as usize,
@@ -316,8 +315,16 @@ impl SeatEngine {
             beat.beat();
             if Instant::now() >= next {
                 next = Instant::now() + self.cfg.heartbeat;
-                self.refresh_presence().await;
-                self.host.heartbeat(self.store.lease_ttl()).await;
+                // Presence and seats side by side, beating as each store
+                // call settles: a slow store is not a wedged loop.
+                let progress = || beat.beat();
+                tokio::join!(
+                    async {
+                        self.refresh_presence().await;
+                        beat.beat();
+                    },
+                    self.host.heartbeat_with(self.store.lease_ttl(), &progress)
+                );
                 beat.beat();
             }
             tokio::time::sleep(stamp.min(next.saturating_duration_since(Instant::now()))).await;
@@ -341,7 +348,7 @@ impl SeatEngine {
                     );
                     std::thread::sleep(Duration::from_secs(u64::MAX / 4));
                 }
-                self.sweep_once().await;
+                self.sweep_pass(&|| beat.beat()).await;
                 beat.beat();
             }
             let wait = stamp.min(next.saturating_duration_since(Instant::now()));
@@ -395,6 +402,14 @@ impl SeatEngine {
 
     /// One placement pass.
     pub async fn sweep_once(&self) {
+        self.sweep_pass(&|| {}).await
+    }
+
+    /// One placement pass, calling `progress` as each store call and each
+    /// release or claim settles (the sweep loop's watchdog beat: a pass
+    /// that gives back and claims several seats can outlast the TTL while
+    /// every step of it returns).
+    async fn sweep_pass(&self, progress: &(dyn Fn() + Sync)) {
         let company = self.company();
         let presence_leases = match self.store.list("node:").await {
             Ok(l) => l,
@@ -403,6 +418,7 @@ impl SeatEngine {
                 return;
             }
         };
+        progress();
         let mut presence: Vec<Presence> = presence_leases.iter().filter_map(presence_of).collect();
         // This node as it is now, whatever its row said a heartbeat ago.
         presence.retain(|p| p.node_id != self.cfg.node_id);
@@ -442,7 +458,9 @@ impl SeatEngine {
         // or a fleet whose presence counts say it is full, reads the
         // presence rows and nothing else (seed § Mixed-version fleets).
         if !plan.claims.is_empty() {
-            match self.store.list("seat:").await {
+            let leases = self.store.list("seat:").await;
+            progress();
+            match leases {
                 Ok(leases) => {
                     let preferred: std::collections::BTreeMap<&str, &str> = leases
                         .iter()
@@ -493,11 +511,13 @@ impl SeatEngine {
                 ReleaseReason::Unserviceable => DetachReason::Unserviceable,
             };
             self.host.release(handle, reason).await;
+            progress();
             released += 1;
         }
         if released > 0 {
             // A seat given back is advertised in the release itself.
             self.refresh_presence().await;
+            progress();
         }
 
         match plan.withheld {
@@ -512,7 +532,9 @@ impl SeatEngine {
         for handle in &plan.claims {
             // The protocol gate, judged from the live view of the lease
             // bucket; a refusal ends the pass.
-            match self.store.protocol_floor(self.cfg.protocol).await {
+            let floor = self.store.protocol_floor(self.cfg.protocol).await;
+            progress();
+            match floor {
                 Ok(Some(floor)) => {
                     self.events.emit(Event::SeatClaimsBlockedByOlderProtocol {
                         floor,
@@ -526,7 +548,9 @@ impl SeatEngine {
                     break;
                 }
             }
-            match self.host.claim(handle).await {
+            let claim = self.host.claim(handle).await;
+            progress();
+            match claim {
                 Ok(Acquired::Won {
                     established: true, ..
                 }) => claimed += 1,
@@ -540,6 +564,7 @@ impl SeatEngine {
         if claimed > 0 {
             // Advertise the new count at the end of the pass.
             self.refresh_presence().await;
+            progress();
         }
         self.events.emit(Event::SeatSweep {
             held: self.host.held().len(),

@@ -206,6 +206,7 @@ impl Fleet {
             changelog: changelog.clone(),
             events: events.clone(),
             company: company_rx.clone(),
+            ack_wait: QueueSettings::default().ack_wait,
         });
         let cfg = EngineConfig {
             node_id: id.into(),

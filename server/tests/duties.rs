@@ -670,3 +670,177 @@ mod single {
         );
     }
 }
+
+mod retirement_races {
+    //! A retirement racing a node that adds the seat back, and a delete
+    //! the broker refuses. The queue here is the real one, with an actor
+    //! standing in the middle of a delete: the other party of the race.
+    use super::*;
+    use crewlet::queue::{
+        Attachment, DeadLetter, Handler, Queue, QueueError, SubscriptionInfo, SubscriptionSpec,
+    };
+    use std::sync::Arc;
+
+    #[derive(Clone, Copy, PartialEq)]
+    enum Act {
+        /// Right after the inbox is deleted, a node adding the seat back
+        /// takes the record over and creates its new mailbox — which the
+        /// retirement's next deletes then land on.
+        TakeOver,
+        /// The broker refuses to delete the control subscription.
+        Refuse,
+    }
+
+    struct Racing {
+        inner: Arc<dyn Queue>,
+        store: Arc<dyn crewlet::coord::Store>,
+        act: Act,
+    }
+
+    #[async_trait::async_trait]
+    impl Queue for Racing {
+        async fn ensure_subscription(&self, spec: &SubscriptionSpec) -> Result<(), QueueError> {
+            self.inner.ensure_subscription(spec).await
+        }
+        async fn delete_subscription(&self, name: &str) -> Result<bool, QueueError> {
+            if self.act == Act::Refuse && name == "control-s1" {
+                return Err(QueueError::Backend("refused by the broker".into()));
+            }
+            let r = self.inner.delete_subscription(name).await;
+            if self.act == Act::TakeOver && name == "agent-s1" {
+                let e = self
+                    .store
+                    .get(StateBucket::Mailboxes, "s1")
+                    .await
+                    .unwrap()
+                    .unwrap();
+                let mut rec: MailboxRecord = serde_json::from_slice(&e.value).unwrap();
+                rec.retiring = None;
+                rec.absent_since_ms = None;
+                self.store
+                    .update(
+                        StateBucket::Mailboxes,
+                        "s1",
+                        Bytes::from(serde_json::to_vec(&rec).unwrap()),
+                        e.revision,
+                    )
+                    .await
+                    .unwrap();
+                ensure_seat_mailboxes(&*self.inner, "s1", QueueSettings::default())
+                    .await
+                    .unwrap();
+            }
+            r
+        }
+        async fn list_subscriptions(&self) -> Result<Vec<SubscriptionInfo>, QueueError> {
+            self.inner.list_subscriptions().await
+        }
+        async fn publish(
+            &self,
+            subject: &str,
+            msg_id: Option<&str>,
+            payload: Bytes,
+        ) -> Result<bool, QueueError> {
+            self.inner.publish(subject, msg_id, payload).await
+        }
+        async fn attach(
+            &self,
+            name: &str,
+            holds: &[&str],
+            handler: Arc<dyn Handler>,
+        ) -> Result<Attachment, QueueError> {
+            self.inner.attach(name, holds, handler).await
+        }
+        async fn pending(&self, name: &str) -> Result<u64, QueueError> {
+            self.inner.pending(name).await
+        }
+        async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, QueueError> {
+            self.inner.dead_letters(limit).await
+        }
+    }
+
+    async fn absent_past_the_grace(f: &Fleet) -> Node {
+        let a = f.node("a", &[echo_role("s0"), echo_role("s1")]).await;
+        f.until("a holds both", WAIT, || a.holds("s0") && a.holds("s1"))
+            .await;
+        remove_s1_with_mail(f, &a).await;
+        f.until_async("s1's lease is gone", WAIT, || async {
+            a.store.lease("seat:s1").await.unwrap().is_none()
+        })
+        .await;
+        assert_eq!(sweep(&a).tick().await.absent, vec!["s1"]);
+        tokio::time::sleep(GRACE).await;
+        a
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_retirement_whose_record_was_taken_over_restores_the_new_inbox() {
+        let f = Fleet::new(Kind::Twin).await;
+        let a = absent_past_the_grace(&f).await;
+        let s = MailboxSweep {
+            queue: Arc::new(Racing {
+                inner: a.queue.clone(),
+                store: a.store.clone(),
+                act: Act::TakeOver,
+            }),
+            ..sweep(&a)
+        };
+        let r = s.tick().await;
+        assert!(r.retired.is_empty(), "{r:?}");
+        // The new holder's mailbox is there, whatever order the deletes
+        // and its creates landed in.
+        let names: Vec<String> = a
+            .queue
+            .list_subscriptions()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|s| s.name)
+            .collect();
+        for g in ["agent-s1", "control-s1", "reflect-s1"] {
+            assert!(names.contains(&g.to_string()), "{g} missing: {names:?}");
+        }
+        let rec: MailboxRecord = serde_json::from_slice(
+            &a.store
+                .get(StateBucket::Mailboxes, "s1")
+                .await
+                .unwrap()
+                .unwrap()
+                .value,
+        )
+        .unwrap();
+        assert_eq!(rec.retiring, None, "the record is the new holder's");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_delete_the_broker_refuses_unmarks_the_retirement_and_the_next_tick_retries() {
+        let f = Fleet::new(Kind::Twin).await;
+        let a = absent_past_the_grace(&f).await;
+        let refusing = MailboxSweep {
+            queue: Arc::new(Racing {
+                inner: a.queue.clone(),
+                store: a.store.clone(),
+                act: Act::Refuse,
+            }),
+            ..sweep(&a)
+        };
+        assert!(refusing.tick().await.retired.is_empty());
+        let rec: MailboxRecord = serde_json::from_slice(
+            &a.store
+                .get(StateBucket::Mailboxes, "s1")
+                .await
+                .unwrap()
+                .unwrap()
+                .value,
+        )
+        .unwrap();
+        assert_eq!(rec.retiring, None, "unmarked");
+        assert!(rec.absent_since_ms.is_some(), "still absent");
+        assert!(
+            a.store.lease("seat:s1").await.unwrap().is_none(),
+            "the retirement's claim is released"
+        );
+        // The next tick (the broker answering again) retires it.
+        assert_eq!(sweep(&a).tick().await.retired, vec!["s1"]);
+    }
+}

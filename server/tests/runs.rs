@@ -346,3 +346,130 @@ async fn a_runs_completion_waits_behind_the_running_turn_without_holding_up_a_st
         .await;
     assert_eq!(resumed(&mut a)[0].0, run);
 }
+
+mod resumes {
+    //! A resume's own failures, and an answer left unresumed by a holder
+    //! that went away.
+    use super::*;
+    use crewlet::config::{AgentConfig, EchoConfig, EchoFailure, RoleConfig};
+
+    fn failing(fail: EchoFailure) -> RoleConfig {
+        RoleConfig {
+            agent: AgentConfig::Echo(EchoConfig {
+                rounds: 1,
+                round_delay_ms: 0,
+                fail_round: 1,
+                fail,
+            }),
+            ..echo_role("s0")
+        }
+    }
+
+    fn record(a: &Node, run: &str, epoch: u64, state: RunState) -> RunRecord {
+        RunRecord {
+            run_id: run.into(),
+            seat: "s0".into(),
+            owner: a.engine.config().owner.clone(),
+            owner_epoch: epoch,
+            launcher: a.engine.config().owner.clone(),
+            launcher_node: "a".into(),
+            state,
+            argv: vec!["true".into()],
+            work_key: None,
+            result: Some(RunResult {
+                exit_code: Some(0),
+                stdout: "answer".into(),
+                ..RunResult::default()
+            }),
+            resumed: false,
+            created_at: String::new(),
+            updated_at: String::new(),
+        }
+    }
+
+    async fn complete(a: &Node, run: &str) {
+        let m = ControlMessage::RunCompleted(RunCompletion {
+            run_id: run.into(),
+            result: RunResult::default(),
+        });
+        a.queue
+            .publish(
+                &control_subject("s0"),
+                None,
+                Bytes::from(serde_json::to_vec(&m).unwrap()),
+            )
+            .await
+            .unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_resume_that_proved_nothing_gives_its_claim_back_and_comes_again() {
+        let f = Fleet::new(Kind::Twin).await;
+        let mut a = f.node("a", &[failing(EchoFailure::BeforeOutside)]).await;
+        f.until("a holds s0", WAIT, || a.attached("s0")).await;
+        let epoch = a.store.lease("seat:s0").await.unwrap().unwrap().epoch;
+        a.turns
+            .runs()
+            .create(&record(&a, "run-nak", epoch, RunState::Running))
+            .await
+            .unwrap();
+        complete(&a, "run-nak").await;
+        // Each failed resume un-claims; only an un-claimed record can be
+        // flipped again, so a second resume proves the claim came back.
+        f.until("the resume comes again", WAIT, || {
+            resumed(&mut a)
+                .iter()
+                .filter(|(r, _, o)| r == "run-nak" && o == "failed")
+                .count()
+                >= 2
+        })
+        .await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_resume_that_broke_after_acting_keeps_its_claim_and_is_settled() {
+        let f = Fleet::new(Kind::Twin).await;
+        let mut a = f.node("a", &[failing(EchoFailure::AfterOutside)]).await;
+        f.until("a holds s0", WAIT, || a.attached("s0")).await;
+        let epoch = a.store.lease("seat:s0").await.unwrap().unwrap().epoch;
+        a.turns
+            .runs()
+            .create(&record(&a, "run-kept", epoch, RunState::Running))
+            .await
+            .unwrap();
+        complete(&a, "run-kept").await;
+        f.until("the resume ends", WAIT, || !resumed(&mut a).is_empty())
+            .await;
+        f.until_async("the inbox is settled", WAIT, || async {
+            a.queue.pending("agent-s0").await.unwrap() == 0
+        })
+        .await;
+        assert_eq!(
+            resumed(&mut a),
+            vec![("run-kept".to_string(), epoch, "failed".to_string())],
+            "once: a retry would repeat what it did"
+        );
+        let (r, _) = a.turns.runs().get("s0", "run-kept").await.unwrap().unwrap();
+        assert!(r.resumed, "the claim is kept");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_answer_recorded_and_never_resumed_is_resumed_by_the_next_holder() {
+        let f = Fleet::new(Kind::Twin).await;
+        let mut a = f.node("a", &[echo_role("s0")]).await;
+        f.until("a holds s0", WAIT, || a.attached("s0")).await;
+        // The last holder recorded the answer and went before resuming.
+        a.turns
+            .runs()
+            .create(&record(&a, "run-left", 1, RunState::Finished))
+            .await
+            .unwrap();
+        let mut b = f.node("b", &[]).await;
+        a.engine.drain().await;
+        f.until("b holds s0", WAIT, || b.attached("s0")).await;
+        f.until("b resumes the answer", WAIT, || !resumed(&mut b).is_empty())
+            .await;
+        assert_eq!(resumed(&mut b)[0].0, "run-left");
+        assert!(resumed(&mut a).is_empty());
+    }
+}

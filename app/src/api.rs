@@ -101,6 +101,10 @@ pub struct NodeView {
     /// (single node on local coordination).
     pub presence_expires_at: Option<String>,
     pub seats: Vec<HeldSeatView>,
+    /// While the roster cannot be read (`status` is then `unknown`): the
+    /// status it had when it was last read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_status: Option<NodeStatus>,
 }
 
 /// The fleet as this node sees it.
@@ -112,6 +116,63 @@ pub struct FleetView {
     /// `local` (one node, in-process coordination) or `embedded-kv`.
     pub coordination: String,
     pub nodes: Vec<NodeView>,
+    /// RFC 3339: when the roster shown was read.
+    #[serde(default)]
+    pub read_at: String,
+    /// Set while the roster cannot be read: why, in a sentence. The nodes
+    /// are then the ones last read (at `read_at`), each with status
+    /// `unknown` and its `last_status`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stale: Option<String>,
+    /// What needs a person's attention, most serious first.
+    #[serde(default)]
+    pub alarms: Vec<FleetAlarm>,
+}
+
+/// Something about the fleet a person should look at.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum FleetAlarm {
+    /// A seat whose holder cannot prove its teardown (undead): it keeps the
+    /// lease, so no node runs the seat until the teardown succeeds.
+    Unproven {
+        seat: String,
+        /// The holder's node.
+        node: String,
+        epoch: u64,
+        /// RFC 3339: when the teardown started failing, when known.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        since: Option<String>,
+        /// How long it has been failing at `FleetView::read_at`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        seconds: Option<u64>,
+    },
+    /// Seats no live node may run: no node matches their placement.
+    Unplaceable { seats: Vec<String> },
+    /// Leases are held at a lower protocol than this node's: nodes of a
+    /// higher protocol claim nothing until those nodes are gone.
+    ProtocolFloor {
+        /// The lowest protocol held.
+        floor: u32,
+        /// This node's protocol.
+        protocol: u32,
+        /// The nodes holding leases below `protocol`.
+        nodes: Vec<String>,
+        /// This node's last claim was refused for it.
+        claims_blocked_here: bool,
+    },
+}
+
+/// `4 min 12 s`, `2 h 5 min`, `12 s`.
+pub fn duration_words(seconds: u64) -> String {
+    let (h, m, s) = (seconds / 3600, (seconds % 3600) / 60, seconds % 60);
+    match (h, m) {
+        (0, 0) => format!("{s} s"),
+        (0, _) if s == 0 => format!("{m} min"),
+        (0, _) => format!("{m} min {s} s"),
+        (_, 0) => format!("{h} h"),
+        _ => format!("{h} h {m} min"),
+    }
 }
 
 /// A person known to the node (never carries a password or its hash).
@@ -262,3 +323,545 @@ pub struct SeatList {
 
 /// Seats on one page of the Seats page.
 pub const SEAT_PAGE_SIZE: u32 = 50;
+
+// ---------------------------------------------------------------------------
+// Memory: a seat's memory answered by the node that holds it.
+
+/// The node holding a seat, as a memory read names it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemoryHolder {
+    pub node_id: String,
+    pub incarnation: String,
+    pub epoch: u64,
+}
+
+/// The node that gave an answer: the epoch of the tenure it answered
+/// under (none when it does not hold the seat), and whether it is the node
+/// that was asked.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemoryAnswerer {
+    pub node_id: String,
+    pub incarnation: String,
+    pub epoch: Option<u64>,
+    pub local: bool,
+}
+
+/// Why a held seat's memory cannot be had right now.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum MemoryUnavailable {
+    /// The holder is still replaying the seat's memory (establishing it).
+    Hydrating,
+    /// The holder is giving the seat back, or cannot prove its teardown.
+    Releasing,
+    /// The holder says it does not hold the seat: the lease moved.
+    NotHeldHere,
+    /// The holder did not answer within the budget.
+    Silent { budget_ms: u64 },
+    /// Nothing answers for the holder: its process is gone.
+    NoResponder,
+    /// The holder answered, but could not read the seat's memory.
+    HolderFailed { message: String },
+    /// The holder could not be asked, or its answer could not be read.
+    AskFailed { message: String },
+}
+
+impl MemoryUnavailable {
+    /// What the holder did, as the end of a sentence that starts with the
+    /// holder's name: "did not answer within 2 s".
+    pub fn sentence(&self) -> String {
+        match self {
+            MemoryUnavailable::Hydrating => "is still loading the seat's memory".into(),
+            MemoryUnavailable::Releasing => "is giving the seat back".into(),
+            MemoryUnavailable::NotHeldHere => "says it does not hold the seat (it moved)".into(),
+            MemoryUnavailable::Silent { budget_ms } => {
+                let budget = if budget_ms % 1000 == 0 {
+                    format!("{} s", budget_ms / 1000)
+                } else {
+                    format!("{budget_ms} ms")
+                };
+                format!("did not answer within {budget}")
+            }
+            MemoryUnavailable::NoResponder => "is not running (nothing answers for it)".into(),
+            MemoryUnavailable::HolderFailed { message } => {
+                format!("could not read the seat's memory: {message}")
+            }
+            MemoryUnavailable::AskFailed { message } => format!("could not be asked: {message}"),
+        }
+    }
+
+    /// The reason's name, as the JSON `kind` carries it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            MemoryUnavailable::Hydrating => "hydrating",
+            MemoryUnavailable::Releasing => "releasing",
+            MemoryUnavailable::NotHeldHere => "not_held_here",
+            MemoryUnavailable::Silent { .. } => "silent",
+            MemoryUnavailable::NoResponder => "no_responder",
+            MemoryUnavailable::HolderFailed { .. } => "holder_failed",
+            MemoryUnavailable::AskFailed { .. } => "ask_failed",
+        }
+    }
+}
+
+/// One seat's answer, tagged by `state`: the seat's rows for a read
+/// ([`SeatMemoryRead`]), its rows per table in an overview
+/// ([`SeatMemoryCounts`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum MemoryAnswer<T> {
+    /// The holder's own copy, answered by the holder.
+    Held {
+        handle: String,
+        holder: MemoryHolder,
+        answered_by: MemoryAnswerer,
+        memory: T,
+    },
+    /// No node holds the seat: nothing is shown (a copy of unknown age is
+    /// not the seat's memory).
+    Unheld {
+        handle: String,
+        answered_by: MemoryAnswerer,
+        memory: T,
+    },
+    /// The seat is held but its holder's copy cannot be had now: never
+    /// shown as empty.
+    Unavailable {
+        handle: String,
+        holder: MemoryHolder,
+        answered_by: MemoryAnswerer,
+        reason: MemoryUnavailable,
+        /// The reason in words, naming the holder's node.
+        why: String,
+    },
+}
+
+impl<T> MemoryAnswer<T> {
+    pub fn handle(&self) -> &str {
+        match self {
+            MemoryAnswer::Held { handle, .. }
+            | MemoryAnswer::Unheld { handle, .. }
+            | MemoryAnswer::Unavailable { handle, .. } => handle,
+        }
+    }
+
+    pub fn answered_by(&self) -> &MemoryAnswerer {
+        match self {
+            MemoryAnswer::Held { answered_by, .. }
+            | MemoryAnswer::Unheld { answered_by, .. }
+            | MemoryAnswer::Unavailable { answered_by, .. } => answered_by,
+        }
+    }
+
+    /// `held`, `unheld` or `unavailable`.
+    pub fn state(&self) -> &'static str {
+        match self {
+            MemoryAnswer::Held { .. } => "held",
+            MemoryAnswer::Unheld { .. } => "unheld",
+            MemoryAnswer::Unavailable { .. } => "unavailable",
+        }
+    }
+
+    /// Who answered, in words: "answered by node-b (holder, epoch 7)",
+    /// "no node holds this seat", "holder node-c did not answer within 2 s".
+    pub fn who_answered(&self) -> String {
+        match self {
+            MemoryAnswer::Held {
+                holder,
+                answered_by,
+                ..
+            } => {
+                if answered_by.incarnation == holder.incarnation {
+                    format!(
+                        "answered by {} (holder, epoch {})",
+                        answered_by.node_id,
+                        answered_by.epoch.unwrap_or(holder.epoch)
+                    )
+                } else {
+                    format!(
+                        "answered by {} for the holder {} (epoch {})",
+                        answered_by.node_id, holder.node_id, holder.epoch
+                    )
+                }
+            }
+            MemoryAnswer::Unheld { .. } => "no node holds this seat".to_string(),
+            MemoryAnswer::Unavailable { holder, reason, .. } => {
+                format!("holder {} {}", holder.node_id, reason.sentence())
+            }
+        }
+    }
+}
+
+/// One diary note.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct DiaryRow {
+    pub id: String,
+    pub content: String,
+    pub work_key: Option<String>,
+    pub created_at: String,
+    pub expires_at: Option<String>,
+}
+
+/// One episode: a unit of work the seat did.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct EpisodeRow {
+    pub id: String,
+    pub work_key: Option<String>,
+    pub summary: String,
+    pub turn_id: String,
+    pub created_at: String,
+}
+
+/// What the seat knows of one counterparty.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct CounterpartyRow {
+    pub id: String,
+    pub counterparty: String,
+    pub interaction_count: i64,
+    pub last_work_key: Option<String>,
+    pub updated_at: String,
+}
+
+/// One skill.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SkillRow {
+    pub id: String,
+    pub name: String,
+    pub state: String,
+    pub use_count: i64,
+    pub updated_at: String,
+}
+
+/// One version of a skill.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SkillVersionRow {
+    pub id: String,
+    pub skill_name: String,
+    pub version: i64,
+    pub body: String,
+    pub created_at: String,
+}
+
+/// One onboarding marker.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct MarkerRow {
+    pub id: String,
+    pub marker: String,
+    pub value: String,
+    pub updated_at: String,
+}
+
+/// One entry of the conversation ledger.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ConversationRow {
+    pub id: String,
+    pub thread: String,
+    pub message_id: Option<String>,
+    pub author: String,
+    pub text: String,
+    pub at: String,
+}
+
+/// A seat's memory: the newest rows of each table, newest first.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SeatMemoryRows {
+    pub diary: Vec<DiaryRow>,
+    pub episodes: Vec<EpisodeRow>,
+    pub counterparty_profiles: Vec<CounterpartyRow>,
+    pub skills: Vec<SkillRow>,
+    pub skill_versions: Vec<SkillVersionRow>,
+    pub onboarding_markers: Vec<MarkerRow>,
+    pub conversations: Vec<ConversationRow>,
+}
+
+/// A seat's rows per table.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct MemoryCounts {
+    pub diary: u64,
+    pub episodes: u64,
+    pub counterparty_profiles: u64,
+    pub skills: u64,
+    pub skill_versions: u64,
+    pub onboarding_markers: u64,
+    pub conversations: u64,
+}
+
+impl MemoryCounts {
+    /// The tables' names and counts, in the order pages list them.
+    pub fn named(&self) -> [(&'static str, u64); 7] {
+        [
+            ("Diary", self.diary),
+            ("Episodes", self.episodes),
+            ("Counterparty profiles", self.counterparty_profiles),
+            ("Skills", self.skills),
+            ("Skill versions", self.skill_versions),
+            ("Onboarding markers", self.onboarding_markers),
+            ("Conversations", self.conversations),
+        ]
+    }
+
+    pub fn total(&self) -> u64 {
+        self.named().iter().map(|(_, n)| n).sum()
+    }
+}
+
+/// A read of one seat's memory.
+pub type SeatMemoryRead = MemoryAnswer<SeatMemoryRows>;
+/// One seat of the memory overview.
+pub type SeatMemoryCounts = MemoryAnswer<MemoryCounts>;
+
+/// Rows of each table a memory read returns (the newest).
+pub const MEMORY_ROWS_SHOWN: u32 = 100;
+
+/// Seats on one page of the memory overview.
+pub const MEMORY_PAGE_SIZE: u32 = 50;
+
+/// One holder in the overview's coverage.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HolderCoverage {
+    pub node_id: String,
+    pub incarnation: String,
+    /// The node that was asked (its seats were read from its own store).
+    pub local: bool,
+    /// The seats it holds.
+    pub seats: Vec<String>,
+    /// Why it did not answer (unanswered only).
+    #[serde(default)]
+    pub reason: Option<MemoryUnavailable>,
+    #[serde(default)]
+    pub why: Option<String>,
+}
+
+/// Which holders answered the overview and which did not.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemoryCoverage {
+    pub answered: Vec<HolderCoverage>,
+    pub unanswered: Vec<HolderCoverage>,
+}
+
+/// Every seat's memory in one round: rows per table, who answered each,
+/// and which holders answered.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemoryOverview {
+    /// The node that was asked.
+    pub node_id: String,
+    pub incarnation: String,
+    /// Every seat held or in the company, by handle.
+    pub seats: Vec<SeatMemoryCounts>,
+    pub coverage: MemoryCoverage,
+}
+
+/// One page of the memory overview, as the Memory page shows it: the
+/// seats whose handle contains the query, with the coverage and the totals
+/// of every seat.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemoryOverviewPage {
+    pub node_id: String,
+    pub coverage: MemoryCoverage,
+    /// Seats in the overview.
+    pub total: usize,
+    /// How many are held / unheld / unavailable.
+    pub held: usize,
+    pub unheld: usize,
+    pub unavailable: usize,
+    /// Rows per table over every seat answered.
+    pub rows: MemoryCounts,
+    /// Seats matching the query (every page together).
+    pub matching: usize,
+    /// The page shown (1-based; the last page when the one asked for is
+    /// past the end).
+    pub page: u32,
+    pub pages: u32,
+    pub seats: Vec<SeatMemoryCounts>,
+}
+
+impl MemoryOverviewPage {
+    /// Page `page` of `overview`'s seats whose handle contains `query`
+    /// (case-insensitive).
+    pub fn of(overview: MemoryOverview, query: &str, page: u32) -> MemoryOverviewPage {
+        let mut rows = MemoryCounts::default();
+        let (mut held, mut unheld, mut unavailable) = (0, 0, 0);
+        for s in &overview.seats {
+            match s {
+                MemoryAnswer::Held { memory, .. } => {
+                    held += 1;
+                    rows.add(memory);
+                }
+                MemoryAnswer::Unheld { memory, .. } => {
+                    unheld += 1;
+                    rows.add(memory);
+                }
+                MemoryAnswer::Unavailable { .. } => unavailable += 1,
+            }
+        }
+        let total = overview.seats.len();
+        let text = query.trim().to_lowercase();
+        let matched: Vec<SeatMemoryCounts> = overview
+            .seats
+            .into_iter()
+            .filter(|s| text.is_empty() || s.handle().to_lowercase().contains(&text))
+            .collect();
+        let matching = matched.len();
+        let size = MEMORY_PAGE_SIZE as usize;
+        let pages = matching.div_ceil(size).max(1) as u32;
+        let page = page.clamp(1, pages);
+        let seats = matched
+            .into_iter()
+            .skip((page as usize - 1) * size)
+            .take(size)
+            .collect();
+        MemoryOverviewPage {
+            node_id: overview.node_id,
+            coverage: overview.coverage,
+            total,
+            held,
+            unheld,
+            unavailable,
+            rows,
+            matching,
+            page,
+            pages,
+            seats,
+        }
+    }
+}
+
+impl MemoryCounts {
+    fn add(&mut self, o: &MemoryCounts) {
+        self.diary += o.diary;
+        self.episodes += o.episodes;
+        self.counterparty_profiles += o.counterparty_profiles;
+        self.skills += o.skills;
+        self.skill_versions += o.skill_versions;
+        self.onboarding_markers += o.onboarding_markers;
+        self.conversations += o.conversations;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_overview_page_filters_pages_and_totals_every_seat() {
+        let seat = |i: usize| -> SeatMemoryCounts {
+            if i % 10 == 9 {
+                MemoryAnswer::Unavailable {
+                    handle: format!("seat-{i:03}"),
+                    holder: holder("n2", 1),
+                    answered_by: by("n1", None, true),
+                    reason: MemoryUnavailable::NoResponder,
+                    why: String::new(),
+                }
+            } else {
+                MemoryAnswer::Held {
+                    handle: format!("seat-{i:03}"),
+                    holder: holder("n1", 1),
+                    answered_by: by("n1", Some(1), true),
+                    memory: MemoryCounts {
+                        episodes: 2,
+                        ..Default::default()
+                    },
+                }
+            }
+        };
+        let overview = MemoryOverview {
+            node_id: "n1".into(),
+            incarnation: "n1:1".into(),
+            seats: (0..120).map(seat).collect(),
+            coverage: MemoryCoverage::default(),
+        };
+        let p = MemoryOverviewPage::of(overview.clone(), "", 3);
+        assert_eq!(
+            (p.total, p.held, p.unavailable, p.unheld),
+            (120, 108, 12, 0)
+        );
+        assert_eq!(p.rows.episodes, 216);
+        assert_eq!(
+            (p.matching, p.page, p.pages, p.seats.len()),
+            (120, 3, 3, 20)
+        );
+        assert_eq!(p.seats[0].handle(), "seat-100");
+        let p = MemoryOverviewPage::of(overview.clone(), " SEAT-01", 9);
+        assert_eq!((p.matching, p.page, p.pages), (10, 1, 1));
+        assert_eq!(p.total, 120, "the totals are of every seat");
+    }
+
+    #[test]
+    fn durations_read_as_words() {
+        assert_eq!(duration_words(12), "12 s");
+        assert_eq!(duration_words(60), "1 min");
+        assert_eq!(duration_words(252), "4 min 12 s");
+        assert_eq!(duration_words(7200), "2 h");
+        assert_eq!(duration_words(7500), "2 h 5 min");
+    }
+
+    fn holder(node: &str, epoch: u64) -> MemoryHolder {
+        MemoryHolder {
+            node_id: node.into(),
+            incarnation: format!("{node}:1"),
+            epoch,
+        }
+    }
+
+    fn by(node: &str, epoch: Option<u64>, local: bool) -> MemoryAnswerer {
+        MemoryAnswerer {
+            node_id: node.into(),
+            incarnation: format!("{node}:1"),
+            epoch,
+            local,
+        }
+    }
+
+    #[test]
+    fn a_memory_answer_says_who_answered() {
+        let held: SeatMemoryRead = MemoryAnswer::Held {
+            handle: "a".into(),
+            holder: holder("node-b", 7),
+            answered_by: by("node-b", Some(7), false),
+            memory: SeatMemoryRows::default(),
+        };
+        assert_eq!(held.who_answered(), "answered by node-b (holder, epoch 7)");
+        let unheld: SeatMemoryRead = MemoryAnswer::Unheld {
+            handle: "a".into(),
+            answered_by: by("node-a", None, true),
+            memory: SeatMemoryRows::default(),
+        };
+        assert_eq!(unheld.who_answered(), "no node holds this seat");
+        let silent: SeatMemoryRead = MemoryAnswer::Unavailable {
+            handle: "a".into(),
+            holder: holder("node-c", 3),
+            answered_by: by("node-a", None, true),
+            reason: MemoryUnavailable::Silent { budget_ms: 2000 },
+            why: "the holder node-c did not answer within 2000 ms".into(),
+        };
+        assert_eq!(
+            silent.who_answered(),
+            "holder node-c did not answer within 2 s"
+        );
+    }
+
+    #[test]
+    fn memory_answers_keep_the_memread_json_shape() {
+        let v = serde_json::json!({
+            "state": "unavailable", "handle": "a",
+            "holder": {"node_id": "n1", "incarnation": "n1:1", "epoch": 4},
+            "answered_by": {"node_id": "n2", "incarnation": "n2:1", "epoch": null, "local": true},
+            "reason": {"kind": "silent", "budget_ms": 1500},
+            "why": "the holder n1 did not answer within 1500 ms"
+        });
+        let a: SeatMemoryCounts = serde_json::from_value(v.clone()).unwrap();
+        assert_eq!(a.state(), "unavailable");
+        assert_eq!(a.who_answered(), "holder n1 did not answer within 1500 ms");
+        assert_eq!(serde_json::to_value(&a).unwrap(), v);
+    }
+}

@@ -8,8 +8,8 @@
 use std::sync::Arc;
 
 use crate::api::{
-    AuditEntry, FleetView, NewPerson, Person, PersonRole, PersonView, SeatActionResult, SeatList,
-    SeatQuery,
+    AuditEntry, FleetView, MemoryOverview, NewPerson, Person, PersonRole, PersonView,
+    SeatActionResult, SeatList, SeatMemoryRead, SeatQuery,
 };
 
 /// A failure the dashboard shows to a person as a sentence.
@@ -31,8 +31,17 @@ pub enum ConsoleError {
 
 #[async_trait::async_trait]
 pub trait Console: Send + Sync + 'static {
-    /// Every live node and its seats.
+    /// Every live node and its seats, with the alarms on top. While the
+    /// roster cannot be read: the last roster read, marked stale (every
+    /// node's status `unknown`), or `Unavailable` when none was ever read.
     async fn fleet(&self) -> Result<FleetView, ConsoleError>;
+    /// One seat's memory, answered by the node that holds it (saying who
+    /// answered, that nobody holds the seat, or why its holder's copy
+    /// cannot be had). `NotFound` for a seat not in the active company.
+    async fn memory(&self, handle: &str) -> Result<SeatMemoryRead, ConsoleError>;
+    /// Every seat's rows per table in one round (one request per holder),
+    /// with which holders answered and which did not.
+    async fn memory_overview(&self) -> Result<MemoryOverview, ConsoleError>;
     /// One page of the active company's seats matching `query`: holder,
     /// state, pause, inbox depth (read for the page's seats only) and last
     /// turn error.

@@ -9,7 +9,8 @@
 use leptos::prelude::*;
 
 use crate::api::{
-    AuditEntry, FleetView, NewPerson, Person, PersonView, SeatActionResult, SeatList,
+    AuditEntry, FleetView, MemoryOverviewPage, NewPerson, Person, PersonView, SeatActionResult,
+    SeatList, SeatMemoryRead,
 };
 use crate::error::AppError;
 
@@ -72,6 +73,31 @@ pub async fn whoami() -> Result<Person, AppError> {
 pub async fn fleet() -> Result<FleetView, AppError> {
     ssr::person().await?;
     ssr::console()?.fleet().await.map_err(ssr::fail)
+}
+
+/// One seat's memory, answered by the node that holds it.
+#[server(endpoint = "seat_memory")]
+pub async fn seat_memory(handle: String) -> Result<SeatMemoryRead, AppError> {
+    ssr::person().await?;
+    ssr::console()?.memory(&handle).await.map_err(ssr::fail)
+}
+
+/// One page (50 seats) of the memory overview: the seats whose handle
+/// contains `query`, page 1 first, with the coverage and the totals of
+/// every seat.
+#[server(endpoint = "memory_overview")]
+pub async fn memory_overview(
+    #[server(default)] query: String,
+    #[server(default)] page: u32,
+) -> Result<MemoryOverviewPage, AppError> {
+    ssr::person().await?;
+    if query.chars().count() > 200 {
+        return Err(ssr::fail(crate::console::ConsoleError::Invalid(
+            "query: at most 200 characters.".into(),
+        )));
+    }
+    let overview = ssr::console()?.memory_overview().await.map_err(ssr::fail)?;
+    Ok(MemoryOverviewPage::of(overview, &query, page))
 }
 
 /// One page (50 seats) of the active company's seats whose handle or

@@ -1,13 +1,13 @@
 //! Live pages: the browser subscribes to the node's event stream
 //! (`GET /api/events`, Server-Sent Events) while a page is open, and the
-//! page refetches what it shows when an event that changes it arrives. A
-//! burst of events is one refetch. Nothing polls: between events nothing
-//! is asked of the node (the stream itself carries a keep-alive comment).
+//! page refetches what it shows when an event that changes it arrives.
+//! Nothing polls: between events nothing is asked of the node (the stream
+//! itself carries a keep-alive comment).
 //!
-//! A page refetches at once on the first relevant event; events that
+//! A page refetches at once on the first relevant event; the events that
 //! arrive in the [`COALESCE_MS`] after it are one more refetch at the end of
-//! that window. A burst is so at most two refetches, and a lone event
-//! reaches the page as fast as one refetch.
+//! that window, and so on while they keep coming. A lone event reaches the
+//! page as fast as one refetch; a burst costs at most two.
 //!
 //! While the stream is not open the page shows a "reconnecting…" badge. The
 //! browser reconnects by itself after a dropped connection (sending

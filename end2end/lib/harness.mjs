@@ -36,16 +36,17 @@ export async function until(what, check, ms = 15000) {
 }
 
 /**
- * Start a node. `people` is a list of {name, password, role}.
+ * Start a node. `people` is a list of {name, password, role}; `more` is
+ * more company-file text (more roles, settings).
  * Resolves to { url, proc, dir, log(), stop() } once the node answers /health.
  */
-export async function startNode({ id = 'node-e2e', people = [], roles = ['alpha-agent', 'beta-agent'] } = {}) {
+export async function startNode({ id = 'node-e2e', people = [], roles = ['alpha-agent', 'beta-agent'], more = '' } = {}) {
   const dir = mkdtempSync(join(tmpdir(), 'crewlet-e2e-'));
   const users = people
     .map((p) => `[[auth.users]]\nname = "${p.name}"\npassword_hash = "${hashPassword(p.password)}"\nrole = "${p.role}"\n`)
     .join('\n');
   const roleText = roles.map((h) => `[[roles]]\nhandle = "${h}"\nagent = { kind = "echo" }\n`).join('\n');
-  const config = `[node]\nid = "${id}"\nlisten = "127.0.0.1:0"\ndata_dir = "${join(dir, 'data')}"\nlabels = ["e2e"]\n\n[company]\nname = "End-to-end company"\n\n${roleText}\n${users}\n[logging]\nformat = "json"\n`;
+  const config = `[node]\nid = "${id}"\nlisten = "127.0.0.1:0"\ndata_dir = "${join(dir, 'data')}"\nlabels = ["e2e"]\n\n[company]\nname = "End-to-end company"\n\n${roleText}\n${more}\n${users}\n[logging]\nformat = "json"\n`;
   const file = join(dir, 'crewlet.toml');
   writeFileSync(file, config);
   const proc = spawn(crewletBin, ['run', '--config', file], { stdio: ['ignore', 'pipe', 'pipe'] });

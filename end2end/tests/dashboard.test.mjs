@@ -6,6 +6,9 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { join } from 'node:path';
+import { mkdtempSync, writeFileSync, readFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { spawn } from 'node:child_process';
 import { startNode, launchBrowser, strictPage, signIn, resultsDir, until } from '../lib/harness.mjs';
 
 const OPERATOR = { name: 'olivia', password: 'operator-pass-1', role: 'operator' };
@@ -375,5 +378,196 @@ test('the live badge says reconnecting while the node is away, and the node stop
     await context.close();
   } finally {
     await other.stop();
+  }
+});
+
+test('the Memory page, reached from the keyboard, says which node answered for a seat and shows its echo turn live', async () => {
+  const { page, context, problems } = await livePage(OPERATOR, '/memory');
+  await page.locator('table.memory-overview tr[data-seat="alpha-agent"]').waitFor();
+  // The overview lists every seat with who answered, and the coverage.
+  assert.match(await page.locator('.coverage').innerText(), /Coverage: 1 of 1 holder answered — node-e2e \(this node\)\./);
+  assert.match(await page.locator('table.memory-overview tr[data-seat="beta-agent"]').innerText(), /node-e2e/);
+  // From the search box, Tab reaches the filter button, then the first seat.
+  await page.locator('#memory-q').focus();
+  await page.keyboard.press('Tab');
+  await page.keyboard.press('Tab');
+  const link = page.locator('table.memory-overview tr[data-seat="alpha-agent"] a');
+  assert.equal(await link.evaluate((a) => a === document.activeElement), true, 'the seat link has the focus');
+  const outline = await link.evaluate((a) => getComputedStyle(a).outlineStyle);
+  assert.notEqual(outline, 'none', 'the focus is visible');
+  await Promise.all([page.waitForURL(/\/memory\?seat=alpha-agent/), page.keyboard.press('Enter')]);
+  const seat = page.locator('section.memory-seat[data-seat="alpha-agent"]');
+  await seat.waitFor();
+  assert.equal(await seat.getAttribute('data-state'), 'held');
+  assert.equal(await seat.locator('.answered').innerText(), 'Answered by node-e2e (holder, epoch 1).');
+  for (const kind of ['Diary', 'Episodes', 'Counterparty profiles', 'Skills', 'Skill versions', 'Onboarding markers', 'Conversations']) {
+    await seat.getByRole('heading', { name: new RegExp(`^${kind} \\(\\d+\\)$`) }).waitFor();
+  }
+
+  // The echo agent runs a turn: its episode and diary note appear without a reload.
+  await page.evaluate(() => (window.__sameDocument = true));
+  const episodes = seat.locator('[data-kind="episodes"] tbody tr');
+  const before = await episodes.count();
+  const sent = await page.evaluate(async () => {
+    const r = await fetch('/api/seats/alpha-agent/inbox', {
+      method: 'POST',
+      body: JSON.stringify({ id: 'evt-e2e-memory', type: 'task_assigned', body: { title: 'remember the end-to-end run' } }),
+    });
+    return { status: r.status, body: await r.text() };
+  });
+  assert.equal(sent.status, 200, sent.body);
+  await until('the new episode to show', async () => (await episodes.count()) > before, 20000);
+  assert.match(await seat.locator('[data-kind="diary"] tbody').innerText(), /\S/);
+  assert.equal(await page.evaluate(() => window.__sameDocument), true, 'no reload');
+  assert.equal(await seat.locator('.answered').innerText(), 'Answered by node-e2e (holder, epoch 1).');
+  // The overview counts it too.
+  const counts = page.locator('table.memory-overview tr[data-seat="alpha-agent"] td[data-label="Episodes"]');
+  await until('the overview to count the episode', async () => Number(await counts.innerText()) >= before + 1);
+  await page.screenshot({ path: join(resultsDir, 'memory-1280.png'), fullPage: true });
+
+  // A seat nobody has: the sentence says so, from the node.
+  await page.fill('#memory-seat', 'no-such-seat');
+  await Promise.all([page.waitForURL(/seat=no-such-seat/), page.getByRole('button', { name: 'Read its memory' }).click()]);
+  await page.locator('.notice-error', { hasText: 'seat "no-such-seat" is not in the active company' }).waitFor();
+  assert.deepEqual(problems.filter((p) => !/status of 404/.test(p)), []);
+  await context.close();
+});
+
+test('the Memory page is readable at 390 px wide', async () => {
+  const { page, context, problems } = await livePage(VIEWER, '/memory?seat=alpha-agent', { width: 390, height: 844 });
+  await page.locator('section.memory-seat[data-seat="alpha-agent"] .answered').waitFor();
+  await page.locator('table.memory-overview tr[data-seat="alpha-agent"]').waitFor();
+  const overflow = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
+  assert.ok(overflow <= 0, `the page scrolls sideways by ${overflow}px at 390 px`);
+  // Rows are cards: each cell fits the screen.
+  const box = await page.locator('table.memory-overview tr[data-seat="alpha-agent"] td[data-label="Episodes"]').boundingBox();
+  assert.ok(box && box.x >= 0 && box.x + box.width <= 390, JSON.stringify(box));
+  await page.screenshot({ path: join(resultsDir, 'memory-390.png'), fullPage: true });
+  assert.deepEqual(problems, []);
+  await context.close();
+});
+
+test('Settings › Nodes puts alarms on top: a seat no node may run, and an undead seat with how long', async () => {
+  // A command agent that ignores SIGTERM: once its seat is given back, its
+  // teardown cannot be proven until the process is killed.
+  const dir = mkdtempSync(join(tmpdir(), 'crewlet-e2e-stubborn-'));
+  const script = join(dir, 'stubborn.py');
+  const pidfile = join(dir, 'pid');
+  writeFileSync(
+    script,
+    'import os, signal, sys\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nopen(sys.argv[1], "w").write(str(os.getpid()))\nfor line in sys.stdin:\n    pass\nsignal.pause()\n',
+  );
+  const gpu = '[[roles]]\nhandle = "gpu-agent"\nagent = { kind = "echo" }\nplacement = { labels = ["gpu"] }\n';
+  const stubborn = `[[roles]]\nhandle = "stubborn-agent"\nagent = { kind = "command", argv = ["python3", "${script}", "${pidfile}"], stop_wait_ms = 300 }\n`;
+  // Teardowns are retried at each heartbeat: a short one clears the alarm soon.
+  const heartbeat = '[coordination]\nheartbeat_seconds = 2\n';
+  const other = await startNode({ id: 'node-e2e-alarms', people: [OPERATOR], roles: ['alpha-agent'], more: gpu + stubborn + heartbeat });
+  let pid;
+  try {
+    const { page, context, problems } = await strictPage(browser);
+    await signIn(page, other.url, OPERATOR.name, OPERATOR.password);
+    await page.locator('.live.live-open').waitFor();
+    // The first placement pass finds it; its event brings the alarm.
+    const unplaceable = page.locator('.alarms li[data-alarm="unplaceable"]');
+    await unplaceable.waitFor({ timeout: 20000 });
+    assert.match(
+      await unplaceable.innerText(),
+      /1 seat cannot be placed: gpu-agent\. No live node matches its placement: start a node with the node id or labels it needs, or change its placement\./,
+    );
+    // The alarms come before the nodes.
+    const onTop = await page.evaluate(
+      () => document.querySelector('.alarms').compareDocumentPosition(document.querySelector('table.nodes')) & Node.DOCUMENT_POSITION_FOLLOWING,
+    );
+    assert.ok(onTop, 'the alarms are on top');
+
+    pid = await until('the command agent to start', () => {
+      try {
+        return Number(readFileSync(pidfile, 'utf8')) || undefined;
+      } catch {
+        return undefined;
+      }
+    }, 20000);
+    await page.evaluate(() => (window.__sameDocument = true));
+    const applied = await page.evaluate(async (body) => {
+      const r = await fetch('/api/company', { method: 'POST', body });
+      return { status: r.status, body: await r.text() };
+    }, `[company]\nname = "End-to-end company"\n\n[[roles]]\nhandle = "alpha-agent"\nagent = { kind = "echo" }\n${gpu}`);
+    assert.equal(applied.status, 200, applied.body);
+    const undead = page.locator('.alarms li[data-alarm="unproven"][data-seat="stubborn-agent"]');
+    await undead.waitFor({ timeout: 20000 });
+    assert.match(
+      await undead.innerText(),
+      /stubborn-agent is undead on node-e2e-alarms: its teardown has been failing for \d+ s \(since \d\d:\d\d:\d\d\), epoch 1\. node-e2e-alarms keeps the lease/,
+    );
+    assert.match(await page.locator('.alarms h2').innerText(), /Alarms \(2\)/);
+    await page.screenshot({ path: join(resultsDir, 'nodes-alarms-1280.png'), fullPage: true });
+
+    // Killing the process proves the teardown: the alarm goes by itself.
+    process.kill(pid, 'SIGKILL');
+    pid = undefined;
+    await undead.waitFor({ state: 'detached', timeout: 20000 });
+    assert.equal(await page.evaluate(() => window.__sameDocument), true, 'no reload');
+    assert.deepEqual(problems, []);
+    await context.close();
+  } finally {
+    if (pid) process.kill(pid, 'SIGKILL');
+    await other.stop();
+  }
+});
+
+/** A free loopback port. */
+async function freePort() {
+  const { createServer } = await import('node:net');
+  return new Promise((resolve) => {
+    const s = createServer().listen(0, '127.0.0.1', () => {
+      const { port } = s.address();
+      s.close(() => resolve(port));
+    });
+  });
+}
+
+/** nats-server with JetStream, its store in `dir`. */
+function startNats(port, dir) {
+  const proc = spawn('nats-server', ['-js', '-sd', dir, '-a', '127.0.0.1', '-p', String(port)], { stdio: 'ignore' });
+  const exited = new Promise((r) => proc.on('exit', r));
+  return { proc, stop: (signal = 'SIGTERM') => (proc.exitCode === null && proc.kill(signal), exited) };
+}
+
+test('when the coordination store cannot be read, Settings › Nodes says unknown and greys the last roster with its time, then recovers by itself', async () => {
+  const port = await freePort();
+  const natsDir = mkdtempSync(join(tmpdir(), 'crewlet-e2e-nats-'));
+  let nats = startNats(port, natsDir);
+  const fleet = `[coordination]\ntype = "embedded-kv"\nstore_timeout_ms = 500\n\n[stream]\ntype = "nats"\nurls = ["nats://127.0.0.1:${port}"]\n`;
+  let other;
+  try {
+    other = await startNode({ id: 'node-e2e-store', people: [OPERATOR], roles: ['alpha-agent'], more: fleet });
+    const { page, context, problems } = await strictPage(browser);
+    await signIn(page, other.url, OPERATOR.name, OPERATOR.password);
+    const row = page.locator('tr[data-node="node-e2e-store"]');
+    await page.locator('tr[data-node="node-e2e-store"][data-status="serving"]').waitFor();
+
+    // The store goes away: the page, read again, declines to guess.
+    await nats.stop('SIGKILL');
+    await page.reload();
+    await page.locator('[data-stale="true"]').waitFor();
+    await page.waitForSelector('html[data-hydrated]');
+    assert.match(await page.locator('[data-stale="true"]').innerText(), /Node states are unknown: the fleet's roster cannot be read right now[\s\S]*as of \d\d:\d\d:\d\d/);
+    assert.equal(await row.getAttribute('data-status'), 'unknown');
+    assert.match(await row.locator('.stale-note').innerText(), /^serving as of \d\d:\d\d:\d\d$/);
+    assert.equal(await row.evaluate((tr) => tr.classList.contains('stale')), true, 'the row is greyed');
+    await page.screenshot({ path: join(resultsDir, 'nodes-unknown-1280.png'), fullPage: true });
+
+    // It comes back: the page reads the roster again by itself.
+    await page.evaluate(() => (window.__sameDocument = true));
+    nats = startNats(port, natsDir);
+    await page.locator('tr[data-node="node-e2e-store"][data-status="serving"]').waitFor({ timeout: 30000 });
+    assert.equal(await page.locator('[data-stale="true"]').count(), 0);
+    assert.equal(await page.evaluate(() => window.__sameDocument), true, 'no reload');
+    // The reads that failed while the store was away are the only errors.
+    assert.deepEqual(problems.filter((p) => !/status of 503/.test(p)), []);
+    await context.close();
+  } finally {
+    await other?.stop();
+    await nats.stop();
   }
 });

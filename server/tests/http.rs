@@ -1,6 +1,7 @@
 //! The node's HTTP surface against a real node in this process: `/health`,
 //! the sign-in gate, roles, bearer tokens, cross-site refusal, the rate
-//! limit and the session cookie.
+//! limit and the session cookie, the seat list, a seat's memory and the
+//! fleet's alarms.
 
 mod support;
 
@@ -35,6 +36,11 @@ struct TestNode {
 
 impl TestNode {
     async fn start() -> TestNode {
+        TestNode::start_with("").await
+    }
+
+    /// A node whose company file also carries `more` (more roles).
+    async fn start_with(more: &str) -> TestNode {
         let dir = tempfile::tempdir().unwrap();
         let text = format!(
             r#"
@@ -45,6 +51,8 @@ data_dir = "{data}"
 
 [[roles]]
 handle = "alpha"
+
+{more}
 
 [[auth.users]]
 name = "olivia"
@@ -71,6 +79,7 @@ role = "operator"
             view = hash("view-pass"),
             token = hex::encode(Sha256::digest(TOKEN.as_bytes())),
             deploy = hex::encode(Sha256::digest(DEPLOY_TOKEN.as_bytes())),
+            more = more,
         );
         let config = Config::parse("test.toml", &text, &BTreeMap::new()).unwrap();
         let node = node::start(config).await.unwrap();
@@ -1729,5 +1738,395 @@ async fn the_seat_list_shows_holder_state_pause_and_inbox_and_filters_on_the_nod
         .await
         .unwrap();
     assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    n.stop().await;
+}
+
+/// GET `path` with the viewer token: (status, body).
+async fn viewer_get(n: &TestNode, path: &str) -> (StatusCode, Value) {
+    let r = client()
+        .get(n.url(path))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status();
+    (status, r.json().await.unwrap())
+}
+
+/// Publish one envelope to `handle`'s inbox with the operator token and
+/// wait until its turn has run.
+async fn run_a_turn(n: &TestNode, handle: &str, id: &str) {
+    let r = client()
+        .post(n.url(&format!("/api/seats/{handle}/inbox")))
+        .bearer_auth(DEPLOY_TOKEN)
+        .body(
+            serde_json::json!({"id": id, "type": "task_assigned", "body": {"title": "remember this"}})
+                .to_string(),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    wait_for_turn(n, handle, id).await;
+}
+
+/// A role no node of these tests can run.
+const GPU_ROLE: &str = "[[roles]]\nhandle = \"gpu-seat\"\nplacement = { labels = [\"gpu\"] }\n";
+
+#[tokio::test]
+async fn a_seats_memory_read_through_the_api_names_the_answering_node() {
+    let n = TestNode::start().await;
+    wait_for_seats(&n, serde_json::json!(["alpha"])).await;
+    run_a_turn(&n, "alpha", "evt-mem-1").await;
+
+    let (status, v) = viewer_get(&n, "/api/seats/alpha/memory").await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["state"], "held");
+    assert_eq!(v["handle"], "alpha");
+    assert_eq!(v["holder"]["node_id"], "node-http");
+    assert_eq!(v["holder"]["epoch"], 1);
+    assert_eq!(v["answered_by"]["node_id"], "node-http");
+    assert_eq!(v["answered_by"]["epoch"], 1);
+    assert_eq!(v["answered_by"]["local"], true);
+    // The echo agent keeps one episode per unit of work and a diary note.
+    let episodes = v["memory"]["episodes"].as_array().unwrap();
+    assert_eq!(episodes.len(), 1, "{v}");
+    assert!(!episodes[0]["summary"].as_str().unwrap().is_empty());
+    assert!(!v["memory"]["diary"].as_array().unwrap().is_empty(), "{v}");
+    for table in [
+        "counterparty_profiles",
+        "skills",
+        "skill_versions",
+        "onboarding_markers",
+        "conversations",
+    ] {
+        assert!(v["memory"][table].is_array(), "{table}: {v}");
+    }
+
+    // The page's server function answers the same, and says who answered.
+    let viewer = client();
+    sign_in(&n, &viewer, "victor", "view-pass").await;
+    let r = viewer
+        .post(n.url("/api/seat_memory"))
+        .form(&[("handle", "alpha")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let read: app::api::SeatMemoryRead = r.json().await.unwrap();
+    assert_eq!(
+        read.who_answered(),
+        "answered by node-http (holder, epoch 1)"
+    );
+    n.stop().await;
+}
+
+#[tokio::test]
+async fn the_memory_overview_lists_every_seat_with_counts_and_its_coverage() {
+    let n = TestNode::start_with(GPU_ROLE).await;
+    wait_for_seats(&n, serde_json::json!(["alpha"])).await;
+    run_a_turn(&n, "alpha", "evt-mem-2").await;
+
+    let (status, v) = viewer_get(&n, "/api/memory").await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["node_id"], "node-http");
+    let seats = v["seats"].as_array().unwrap();
+    let handles: Vec<&str> = seats
+        .iter()
+        .map(|s| s["handle"].as_str().unwrap())
+        .collect();
+    assert_eq!(handles, ["alpha", "gpu-seat"]);
+    let alpha = &seats[0];
+    assert_eq!(alpha["state"], "held");
+    assert_eq!(alpha["answered_by"]["node_id"], "node-http");
+    assert_eq!(alpha["memory"]["episodes"], 1);
+    assert!(alpha["memory"]["diary"].as_u64().unwrap() >= 1, "{alpha}");
+    // Nobody may run gpu-seat: it is listed, holding nothing, naming no
+    // holder.
+    let gpu = &seats[1];
+    assert_eq!(gpu["state"], "unheld");
+    assert!(gpu.get("holder").is_none(), "{gpu}");
+    assert_eq!(gpu["memory"]["episodes"], 0);
+    // This node answered for its own seats; nobody failed to answer.
+    let answered = v["coverage"]["answered"].as_array().unwrap();
+    assert_eq!(answered.len(), 1, "{v}");
+    assert_eq!(answered[0]["node_id"], "node-http");
+    assert_eq!(answered[0]["local"], true);
+    assert_eq!(answered[0]["seats"], serde_json::json!(["alpha"]));
+    assert_eq!(v["coverage"]["unanswered"], serde_json::json!([]));
+
+    // The page's server function pages and searches the same overview.
+    let op = client();
+    sign_in(&n, &op, "olivia", "op-pass").await;
+    let r = op
+        .post(n.url("/api/memory_overview"))
+        .form(&[("query", "GPU")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let page: app::api::MemoryOverviewPage = r.json().await.unwrap();
+    assert_eq!((page.total, page.held, page.unheld), (2, 1, 1));
+    assert_eq!(page.matching, 1);
+    assert_eq!(page.seats[0].handle(), "gpu-seat");
+    assert_eq!(page.rows.episodes, 1, "totals are of every seat");
+    n.stop().await;
+}
+
+#[tokio::test]
+async fn the_memory_of_a_seat_not_in_the_company_is_404_and_needs_sign_in() {
+    let n = TestNode::start().await;
+    let (status, v) = viewer_get(&n, "/api/seats/nobody/memory").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let msg = v["error"].as_str().unwrap();
+    assert!(
+        msg.contains("\"nobody\" is not in the active company"),
+        "{msg}"
+    );
+    let viewer = client();
+    sign_in(&n, &viewer, "victor", "view-pass").await;
+    let r = viewer
+        .post(n.url("/api/seat_memory"))
+        .form(&[("handle", "nobody")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+    for path in ["/api/seats/alpha/memory", "/api/memory"] {
+        let r = client().get(n.url(path)).send().await.unwrap();
+        assert_eq!(r.status(), StatusCode::UNAUTHORIZED, "{path}");
+        let r = viewer.get(n.url(path)).send().await.unwrap();
+        assert_eq!(
+            r.status(),
+            StatusCode::OK,
+            "{path}: a viewer's session reads it"
+        );
+    }
+    n.stop().await;
+}
+
+/// `/query/fleet` once `want` holds of it.
+async fn fleet_when(n: &TestNode, what: &str, want: impl Fn(&Value) -> bool) -> Value {
+    support::wait_for(
+        what,
+        Duration::from_secs(20),
+        Duration::from_millis(50),
+        || async {
+            let (_, v) = viewer_get(n, "/query/fleet").await;
+            want(&v).then_some(v)
+        },
+    )
+    .await
+}
+
+fn alarms_of(v: &Value, kind: &str) -> Vec<Value> {
+    v["alarms"]
+        .as_array()
+        .map(|a| a.iter().filter(|x| x["kind"] == kind).cloned().collect())
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn the_fleet_shows_unplaceable_seats_and_a_protocol_floor_as_alarms() {
+    use crewlet::coord::{Claim, ClaimRequest};
+    let n = TestNode::start_with(GPU_ROLE).await;
+    let v = fleet_when(&n, "gpu-seat to be reported unplaceable", |v| {
+        !alarms_of(v, "unplaceable").is_empty()
+    })
+    .await;
+    assert_eq!(
+        alarms_of(&v, "unplaceable"),
+        vec![serde_json::json!({"kind": "unplaceable", "seats": ["gpu-seat"]})]
+    );
+    assert!(alarms_of(&v, "protocol_floor").is_empty(), "{v}");
+    assert!(v.get("stale").is_none(), "{v}");
+    assert!(v["read_at"].as_str().unwrap().ends_with('Z'), "{v}");
+
+    // A node of an older protocol joins: nodes of protocol 4 may claim
+    // nothing while it is here.
+    let store = n.node.as_ref().unwrap().engine.store().clone();
+    let Claim::Won(old) = store
+        .claim(ClaimRequest::new("node:old-node", "old-node:0001", "old-node").with_protocol(3))
+        .await
+        .unwrap()
+    else {
+        panic!("the presence row is free");
+    };
+    let (_, v) = viewer_get(&n, "/query/fleet").await;
+    assert_eq!(
+        alarms_of(&v, "protocol_floor"),
+        vec![serde_json::json!({
+            "kind": "protocol_floor",
+            "floor": 3,
+            "protocol": 4,
+            "nodes": ["old-node"],
+            "claims_blocked_here": false,
+        })]
+    );
+    let old_row = v["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["node_id"] == "old-node")
+        .cloned()
+        .unwrap();
+    assert_eq!(old_row["protocol"], 3);
+    // Alarms are listed most serious first: the floor before the seats.
+    let kinds: Vec<&str> = v["alarms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds, ["protocol_floor", "unplaceable"]);
+
+    // It leaves: the floor is gone.
+    store.release(&old, "old-node:0001").await.unwrap();
+    let (_, v) = viewer_get(&n, "/query/fleet").await;
+    assert!(alarms_of(&v, "protocol_floor").is_empty(), "{v}");
+    n.stop().await;
+}
+
+#[tokio::test]
+async fn an_undead_seat_is_an_alarm_saying_for_how_long_until_its_process_exits() {
+    let dir = tempfile::tempdir().unwrap();
+    let pidfile = dir.path().join("pid");
+    let script = dir.path().join("stubborn.py");
+    std::fs::write(
+        &script,
+        "import os, signal, sys\n\
+         signal.signal(signal.SIGTERM, signal.SIG_IGN)\n\
+         open(sys.argv[1], 'w').write(str(os.getpid()))\n\
+         for line in sys.stdin:\n    pass\n\
+         signal.pause()\n",
+    )
+    .unwrap();
+    // Teardowns are retried at each heartbeat: a short one ends the test
+    // soon after the child dies.
+    let role = format!(
+        "[[roles]]\nhandle = \"stubborn\"\nagent = {{ kind = \"command\", argv = [\"python3\", {:?}, {:?}], stop_wait_ms = 300 }}\n\n[coordination]\nheartbeat_seconds = 3\n",
+        script.display().to_string(),
+        pidfile.display().to_string(),
+    );
+    let n = TestNode::start_with(&role).await;
+    wait_for_seats(&n, serde_json::json!(["alpha", "stubborn"])).await;
+    let pid: i32 = support::wait_for(
+        "the child to write its pid",
+        Duration::from_secs(20),
+        Duration::from_millis(20),
+        || async {
+            std::fs::read_to_string(&pidfile)
+                .ok()
+                .and_then(|s| s.parse().ok())
+        },
+    )
+    .await;
+    // The role leaves the company: the seat is released, its child ignores
+    // SIGTERM, the teardown cannot be proven.
+    let r = client()
+        .post(n.url("/api/company"))
+        .bearer_auth(DEPLOY_TOKEN)
+        .body("[[roles]]\nhandle = \"alpha\"\n")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let v = fleet_when(&n, "the undead seat to be an alarm", |v| {
+        !alarms_of(v, "unproven").is_empty()
+    })
+    .await;
+    let alarm = &alarms_of(&v, "unproven")[0];
+    assert_eq!(alarm["seat"], "stubborn");
+    assert_eq!(alarm["node"], "node-http");
+    assert_eq!(alarm["epoch"], 1);
+    assert!(alarm["seconds"].is_u64(), "{alarm}");
+    assert!(alarm["since"].as_str().unwrap().ends_with('Z'), "{alarm}");
+    // The node still shows the seat under it: it keeps the lease.
+    assert!(
+        v["nodes"][0]["seats"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["handle"] == "stubborn"),
+        "{v}"
+    );
+
+    // An operator kills the child: the teardown is proven, the alarm goes.
+    let killed = std::process::Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    fleet_when(&n, "the alarm to clear", |v| {
+        alarms_of(v, "unproven").is_empty()
+    })
+    .await;
+    n.stop().await;
+}
+
+#[tokio::test]
+async fn while_the_roster_cannot_be_read_the_last_one_read_is_shown_as_unknown_with_its_time() {
+    use crewlet::coord::StoreError;
+    use crewlet::web::nodes::{LocalFacts, Roster, RosterMemory, fleet_view, rfc3339};
+    let n = TestNode::start().await;
+    wait_for_seats(&n, serde_json::json!(["alpha"])).await;
+    let store = n.node.as_ref().unwrap().engine.store().clone();
+    let facts = LocalFacts {
+        node_id: "node-http".into(),
+        protocol: 4,
+        now: 1_796_025_076,
+        ..Default::default()
+    };
+    let down = || Err(StoreError::Unavailable("no quorum".into()));
+    let memory = RosterMemory::default();
+
+    // Nothing was ever read: nothing to show.
+    assert!(memory.answer(down()).is_err());
+
+    // A good read is shown as it is, and kept.
+    let read = Roster::read(&*store, 1_796_025_000).await;
+    let fresh = memory.answer(read).unwrap();
+    assert!(fresh.stale.is_none());
+    let view = fleet_view("node-http", "c", "local", &fresh, &facts);
+    assert_eq!(view.nodes[0].status, app::api::NodeStatus::Serving);
+    assert_eq!(view.nodes[0].last_status, None);
+    assert_eq!(view.read_at, "2026-11-30T07:50:00Z");
+
+    // The store fails: the last roster, every status unknown, the status
+    // it had kept beside, marked with why and when it was read.
+    let stale = memory.answer(down()).unwrap();
+    let why = stale.stale.clone().unwrap();
+    assert!(
+        why.contains("cannot be read") && why.contains("no quorum"),
+        "{why}"
+    );
+    let view = fleet_view("node-http", "c", "local", &stale, &facts);
+    assert_eq!(view.read_at, rfc3339(1_796_025_000));
+    assert_eq!(view.stale.as_deref(), Some(why.as_str()));
+    assert_eq!(view.nodes.len(), 1);
+    assert_eq!(view.nodes[0].status, app::api::NodeStatus::Unknown);
+    assert_eq!(
+        view.nodes[0].last_status,
+        Some(app::api::NodeStatus::Serving)
+    );
+    assert_eq!(view.nodes[0].seats[0].handle, "alpha");
+    let json = serde_json::to_value(&view).unwrap();
+    assert_eq!(json["nodes"][0]["status"], "unknown");
+    assert_eq!(json["nodes"][0]["last_status"], "serving");
+
+    // The store answers again: fresh, nothing stale.
+    let again = memory
+        .answer(Roster::read(&*store, 1_796_025_100).await)
+        .unwrap();
+    assert!(again.stale.is_none());
+    let view = fleet_view("node-http", "c", "local", &again, &facts);
+    assert_eq!(view.nodes[0].status, app::api::NodeStatus::Serving);
+
+    // What the node answers now is fresh too: no stale mark, no alarm.
+    let (status, v) = viewer_get(&n, "/query/fleet").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(v.get("stale").is_none(), "{v}");
+    assert_eq!(v["alarms"], serde_json::json!([]));
+    assert!(v["nodes"][0].get("last_status").is_none(), "{v}");
     n.stop().await;
 }

@@ -1,23 +1,87 @@
-//! Settings › Nodes, the home page: every live node of the fleet, its
-//! status, roles, labels, protocol, presence and the seats it holds,
-//! refreshed live from the event stream when a seat moves or a node comes
-//! or goes.
+//! Settings › Nodes, the home page: alarms on top (undead seats and for how
+//! long, seats no node may run, a protocol floor blocking claims), then
+//! every live node of the fleet, its status, roles, labels, protocol,
+//! presence and the seats it holds, refreshed live from the event stream
+//! when a seat moves or a node comes or goes.
+//!
+//! When the roster cannot be read the page does not guess: every node's
+//! status is `unknown`, and the last roster read is shown greyed "as of
+//! HH:MM:SS". While it cannot be read the page asks again every
+//! [`STALE_RETRY_SECS`] seconds (an unreadable store sends no event when it
+//! comes back).
 
 use std::collections::BTreeSet;
 
 use leptos::prelude::*;
 
-use crate::api::{FleetView, NodeView};
+use crate::api::{FleetAlarm, FleetView, NodeView, duration_words};
 use crate::components::notice::{ErrorNotice, InfoNotice};
+use crate::error::AppError;
 use crate::fns::fleet;
 use crate::live::{LiveBadge, NODE_EVENTS, refetch_on};
+
+/// How often the page reads the roster again while it cannot be read.
+pub const STALE_RETRY_SECS: u64 = 5;
+
+/// `HH:MM:SS` of an RFC 3339 timestamp (UTC, as the node writes them).
+fn hhmmss(at: &str) -> String {
+    at.get(11..19).unwrap_or(at).to_string()
+}
 
 #[component]
 pub fn NodesPage() -> impl IntoView {
     let data = Resource::new(|| (), |_| fleet());
-    let live = refetch_on(NODE_EVENTS, |_| true, move || data.refetch());
+    // A blocked claim is reported at every sweep while it lasts: once the
+    // page shows the floor, those reports change nothing.
+    let floor_shown = StoredValue::new(false);
+    let live = refetch_on(
+        NODE_EVENTS,
+        move |e| {
+            e.name != "seat_claims_blocked_by_older_protocol"
+                || !floor_shown.try_get_value().unwrap_or(true)
+        },
+        move || data.refetch(),
+    );
+    // While the roster cannot be read, read it again a while later.
+    Effect::new(move |_| {
+        let unreadable = data.with(|d| match d {
+            Some(Ok(f)) => f.stale.is_some(),
+            Some(Err(AppError::Unavailable(_))) => true,
+            _ => false,
+        });
+        floor_shown.set_value(data.with(|d| {
+            matches!(d, Some(Ok(f)) if f.alarms.iter().any(|a| matches!(a, FleetAlarm::ProtocolFloor { .. })))
+        }));
+        if unreadable
+            && let Ok(h) = set_timeout_with_handle(
+                move || data.refetch(),
+                std::time::Duration::from_secs(STALE_RETRY_SECS),
+            )
+        {
+            on_cleanup(move || h.clear());
+        }
+    });
+    // Seconds since the fleet shown was read, so durations keep counting.
+    let ticks = RwSignal::new(0u64);
+    Effect::new(move |_| {
+        data.track();
+        ticks.set(0);
+    });
+    Effect::new(move |_| {
+        if let Ok(h) = set_interval_with_handle(
+            move || ticks.update(|t| *t += 1),
+            std::time::Duration::from_secs(1),
+        ) {
+            on_cleanup(move || h.clear());
+        }
+    });
+
     // Which nodes' seat lists are open, kept across refreshes.
     let open = RwSignal::new(BTreeSet::<String>::new());
+    let fleet_now = move || data.get().and_then(|r| r.ok());
+    let nodes = move || fleet_now().map(|f| f.nodes).unwrap_or_default();
+    let read_at =
+        Signal::derive(move || fleet_now().filter(|f| f.stale.is_some()).map(|f| f.read_at));
     view! {
         <section class="page">
             <div class="page-head">
@@ -28,19 +92,59 @@ pub fn NodesPage() -> impl IntoView {
                 {move || {
                     data.get()
                         .map(|r| match r {
-                            Ok(f) => view! { <Fleet fleet=f open=open /> }.into_any(),
+                            Ok(f) => view! { <FleetHead fleet=f ticks=ticks /> }.into_any(),
                             Err(e) => view! { <ErrorNotice error=e /> }.into_any(),
                         })
                 }}
+                // Rows are keyed by their content: a refresh replaces only the
+                // nodes that changed, so the others keep their place and focus.
+                <div class="table-wrap" hidden=move || nodes().is_empty()>
+                    <table class="nodes">
+                        <thead>
+                            <tr>
+                                <th scope="col">"Node"</th>
+                                <th scope="col">"Status"</th>
+                                <th scope="col">"Roles"</th>
+                                <th scope="col">"Labels"</th>
+                                <th scope="col">"Protocol"</th>
+                                <th scope="col">"Presence"</th>
+                                <th scope="col">"Seats"</th>
+                            </tr>
+                        </thead>
+                        <tbody>
+                            <For each=nodes key=|n| format!("{n:?}") let:n>
+                                <NodeRow node=n open=open stale_as_of=read_at />
+                            </For>
+                        </tbody>
+                    </table>
+                </div>
             </Transition>
         </section>
     }
 }
 
 #[component]
-fn Fleet(fleet: FleetView, open: RwSignal<BTreeSet<String>>) -> impl IntoView {
+fn FleetHead(fleet: FleetView, ticks: RwSignal<u64>) -> impl IntoView {
     let count = fleet.nodes.len();
+    let stale = fleet.stale.clone().map(|why| {
+        let as_of = hhmmss(&fleet.read_at);
+        view! {
+            <div class="notice notice-warn" role="alert" data-stale="true">
+                <p>
+                    <strong>"Node states are unknown: "</strong>
+                    {why}
+                </p>
+                <p>
+                    "The page does not guess. Below is the roster as last read, as of "
+                    <time datetime=fleet.read_at.clone() title=fleet.read_at.clone()>{as_of}</time>
+                    {format!("; it is read again every {STALE_RETRY_SECS} s until it can be.")}
+                </p>
+            </div>
+        }
+    });
     view! {
+        {(!fleet.alarms.is_empty()).then(|| view! { <Alarms alarms=fleet.alarms.clone() ticks=ticks /> })}
+        {stale}
         <p class="muted">
             {format!(
                 "{} · coordination {} · {} live node{} · answered by {}",
@@ -56,29 +160,107 @@ fn Fleet(fleet: FleetView, open: RwSignal<BTreeSet<String>>) -> impl IntoView {
             <em>"since"</em>
             " (when the tenure began; it moves only when the epoch does). The page follows the fleet's events: when a seat moves or a node comes or goes it updates by itself."
         </InfoNotice>
-        <div class="table-wrap">
-            <table class="nodes">
-                <thead>
-                    <tr>
-                        <th scope="col">"Node"</th>
-                        <th scope="col">"Status"</th>
-                        <th scope="col">"Roles"</th>
-                        <th scope="col">"Labels"</th>
-                        <th scope="col">"Protocol"</th>
-                        <th scope="col">"Presence"</th>
-                        <th scope="col">"Seats"</th>
-                    </tr>
-                </thead>
-                <tbody>
-                    {fleet.nodes.into_iter().map(|n| view! { <NodeRow node=n open=open /> }).collect_view()}
-                </tbody>
-            </table>
-        </div>
     }
 }
 
 #[component]
-fn NodeRow(node: NodeView, open: RwSignal<BTreeSet<String>>) -> impl IntoView {
+fn Alarms(alarms: Vec<FleetAlarm>, ticks: RwSignal<u64>) -> impl IntoView {
+    view! {
+        <section class="alarms" aria-labelledby="alarms-title">
+            <h2 id="alarms-title">{format!("Alarms ({})", alarms.len())}</h2>
+            <ul>
+                {alarms.into_iter().map(|a| view! { <Alarm alarm=a ticks=ticks /> }).collect_view()}
+            </ul>
+        </section>
+    }
+}
+
+#[component]
+fn Alarm(alarm: FleetAlarm, ticks: RwSignal<u64>) -> impl IntoView {
+    match alarm {
+        FleetAlarm::Unproven {
+            seat,
+            node,
+            epoch,
+            since,
+            seconds,
+        } => {
+            let how_long = move || match seconds {
+                Some(s) => format!(" for {}", duration_words(s + ticks.get())),
+                None => String::new(),
+            };
+            let since = since.map(|at| {
+                view! {
+                    " (since "
+                    <time datetime=at.clone() title=at.clone()>{hhmmss(&at)}</time>
+                    ")"
+                }
+            });
+            view! {
+                <li class="alarm" data-alarm="unproven" data-seat=seat.clone()>
+                    <strong>
+                        <span class="mono">{seat.clone()}</span>
+                        {format!(" is undead on {node}")}
+                    </strong>
+                    ": its teardown has been failing"
+                    {how_long}
+                    {since}
+                    {format!(
+                        ", epoch {epoch}. {node} keeps the lease, so no node runs the seat until the teardown succeeds (for a command agent: until its process exits)."
+                    )}
+                </li>
+            }
+            .into_any()
+        }
+        FleetAlarm::Unplaceable { seats } => {
+            let n = seats.len();
+            let (it, its, needs) = if n == 1 {
+                ("it", "its", "needs")
+            } else {
+                ("they", "their", "need")
+            };
+            view! {
+                <li class="alarm" data-alarm="unplaceable">
+                    <strong>
+                        {format!("{n} seat{} cannot be placed: ", if n == 1 { "" } else { "s" })}
+                        <span class="mono">{seats.join(", ")}</span>
+                        "."
+                    </strong>
+                    {format!(
+                        " No live node matches {its} placement: start a node with the node id or labels {it} {needs}, or change {its} placement."
+                    )}
+                </li>
+            }
+            .into_any()
+        }
+        FleetAlarm::ProtocolFloor {
+            floor,
+            protocol,
+            nodes,
+            claims_blocked_here,
+        } => view! {
+            <li class="alarm" data-alarm="protocol_floor">
+                <strong>{format!("Claims are blocked by protocol {floor}")}</strong>
+                {format!(
+                    ": {} hold{} leases at protocol {floor}, below this node's {protocol}. Nodes of protocol {protocol} claim no seat until {} leave{} the fleet.",
+                    nodes.join(", "),
+                    if nodes.len() == 1 { "s" } else { "" },
+                    if nodes.len() == 1 { "it" } else { "they" },
+                    if nodes.len() == 1 { "s" } else { "" },
+                )}
+                {claims_blocked_here.then_some(" This node's last claim was refused for it.")}
+            </li>
+        }
+        .into_any(),
+    }
+}
+
+#[component]
+fn NodeRow(
+    node: NodeView,
+    open: RwSignal<BTreeSet<String>>,
+    stale_as_of: Signal<Option<String>>,
+) -> impl IntoView {
     let key = node.incarnation.clone();
     let is_open = {
         let key = key.clone();
@@ -96,6 +278,7 @@ fn NodeRow(node: NodeView, open: RwSignal<BTreeSet<String>>) -> impl IntoView {
         });
     };
     let status = node.status.as_str();
+    let last = node.last_status.map(|s| s.as_str());
     let list = |v: &[String]| {
         if v.is_empty() {
             "—".to_string()
@@ -103,35 +286,17 @@ fn NodeRow(node: NodeView, open: RwSignal<BTreeSet<String>>) -> impl IntoView {
             v.join(", ")
         }
     };
-    view! {
-        <tr data-node=node.node_id.clone()>
-            <td>
-                <strong>{node.node_id.clone()}</strong>
-                <div class="muted small mono">{node.incarnation.clone()}</div>
-            </td>
-            <td><span class=format!("badge badge-{status}")>{status}</span></td>
-            <td>{list(&node.roles)}</td>
-            <td>{list(&node.labels)}</td>
-            <td>{node.protocol}</td>
-            <td>
-                {match node.presence_expires_at.clone() {
-                    Some(at) => {
-                        let short = at.get(11..19).unwrap_or(&at).to_string();
-                        view! {
-                            "until "
-                            <time datetime=at.clone() title=at>{short}</time>
-                        }
-                            .into_any()
-                    }
-                    None => view! { "no lease" }.into_any(),
-                }}
-            </td>
-            <td>
-                <details class="seats" prop:open=is_open on:toggle=on_toggle>
-                    <summary>{format!("{} seat{}", node.seats.len(), if node.seats.len() == 1 { "" } else { "s" })}</summary>
+    let seats = node.seats.clone();
+    let n = seats.len();
+    // The list is only built while it is open: a node holding hundreds of
+    // seats costs one row until somebody looks.
+    let seat_list = {
+        let is_open = is_open.clone();
+        move || {
+            is_open().then(|| {
+                view! {
                     <ul>
-                        {node
-                            .seats
+                        {seats
                             .iter()
                             .map(|s| {
                                 let since = s.since.clone();
@@ -148,6 +313,50 @@ fn NodeRow(node: NodeView, open: RwSignal<BTreeSet<String>>) -> impl IntoView {
                             })
                             .collect_view()}
                     </ul>
+                }
+            })
+        }
+    };
+    view! {
+        <tr data-node=node.node_id.clone() data-status=status class:stale=move || last.is_some()>
+            <td>
+                <strong>{node.node_id.clone()}</strong>
+                <div class="muted small mono">{node.incarnation.clone()}</div>
+            </td>
+            <td>
+                <span class=format!("badge badge-{status}")>{status}</span>
+                {move || {
+                    last.map(|l| {
+                        let at = stale_as_of.get().unwrap_or_default();
+                        view! {
+                            <div class="muted small stale-note">
+                                {format!("{l} as of ")}
+                                <time datetime=at.clone() title=at.clone()>{hhmmss(&at)}</time>
+                            </div>
+                        }
+                    })
+                }}
+            </td>
+            <td>{list(&node.roles)}</td>
+            <td>{list(&node.labels)}</td>
+            <td>{node.protocol}</td>
+            <td>
+                {match node.presence_expires_at.clone() {
+                    Some(at) => {
+                        let short = hhmmss(&at);
+                        view! {
+                            "until "
+                            <time datetime=at.clone() title=at>{short}</time>
+                        }
+                            .into_any()
+                    }
+                    None => view! { "no lease" }.into_any(),
+                }}
+            </td>
+            <td>
+                <details class="seats" prop:open=is_open on:toggle=on_toggle>
+                    <summary>{format!("{n} seat{}", if n == 1 { "" } else { "s" })}</summary>
+                    {seat_list}
                 </details>
             </td>
         </tr>

@@ -80,6 +80,7 @@ pub fn fleet_from_leases(
                 labels: strings(p, "labels"),
                 presence_expires_at: Some(p.expires_at.to_string()),
                 seats,
+                last_status: None,
             })
         })
         .collect();
@@ -98,6 +99,7 @@ pub fn fleet_from_leases(
             labels: Vec::new(),
             presence_expires_at: None,
             seats,
+            last_status: None,
         });
     }
     nodes.sort_by(|a, b| {
@@ -110,6 +112,9 @@ pub fn fleet_from_leases(
         company: company.to_string(),
         coordination: coordination.to_string(),
         nodes,
+        read_at: String::new(),
+        stale: None,
+        alarms: Vec::new(),
     }
 }
 

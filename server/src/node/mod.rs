@@ -379,6 +379,7 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
         addr,
         engine: engine.clone(),
         turns: turns.clone(),
+        memread: memread.clone(),
     })
     .await?;
     let token = tasks.token();

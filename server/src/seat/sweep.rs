@@ -77,6 +77,9 @@ pub struct SeatEngine {
     tasks: Tasks,
     watchdog: Watchdog,
     last_unplaceable: Mutex<Vec<String>>,
+    /// The protocol floor that refused this node's last claim, while it
+    /// still wants to claim.
+    claims_blocked_by: Mutex<Option<u32>>,
     behind: std::sync::atomic::AtomicBool,
     withdrawn: std::sync::atomic::AtomicBool,
 }
@@ -155,6 +158,7 @@ impl SeatEngine {
             tasks,
             watchdog,
             last_unplaceable: Mutex::new(Vec::new()),
+            claims_blocked_by: Mutex::new(None),
             behind: false.into(),
             withdrawn: false.into(),
         }))
@@ -191,6 +195,30 @@ impl SeatEngine {
 
     pub fn config(&self) -> &EngineConfig {
         &self.cfg
+    }
+
+    /// The seats no live node may run, as this node's last pass found them.
+    pub fn unplaceable(&self) -> Vec<String> {
+        self.last_unplaceable
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// The protocol floor that refused this node's last claim (none once a
+    /// pass claims, or wants nothing).
+    pub fn claims_blocked_by(&self) -> Option<u32> {
+        *self
+            .claims_blocked_by
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn set_claims_blocked_by(&self, floor: Option<u32>) {
+        *self
+            .claims_blocked_by
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = floor;
     }
 
     /// Mark this node behind (it keeps its seats and claims none) or level.
@@ -529,6 +557,9 @@ impl SeatEngine {
         }
 
         let mut claimed = 0;
+        if plan.claims.is_empty() {
+            self.set_claims_blocked_by(None);
+        }
         for handle in &plan.claims {
             // The protocol gate, judged from the live view of the lease
             // bucket; a refusal ends the pass.
@@ -536,13 +567,14 @@ impl SeatEngine {
             progress();
             match floor {
                 Ok(Some(floor)) => {
+                    self.set_claims_blocked_by(Some(floor));
                     self.events.emit(Event::SeatClaimsBlockedByOlderProtocol {
                         floor,
                         protocol: self.cfg.protocol,
                     });
                     break;
                 }
-                Ok(None) => {}
+                Ok(None) => self.set_claims_blocked_by(None),
                 Err(e) => {
                     tracing::warn!(error = %e, "the protocol floor cannot be read; claiming nothing this pass");
                     break;

@@ -347,6 +347,7 @@ fn token_path(path: &str) -> bool {
         || path == "/api/events"
         || path == "/api/company"
         || path == "/api/dead-letters"
+        || path == "/api/memory"
         || path.starts_with("/api/seats/")
 }
 

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use sqlx::SqlitePool;
 
 use app::api::{
-    AuditEntry, FleetView, NewPerson, Person, PersonRole, PersonView, SeatActionResult, SeatList,
-    SeatQuery,
+    AuditEntry, FleetView, MemoryOverview, NewPerson, Person, PersonRole, PersonView,
+    SeatActionResult, SeatList, SeatMemoryRead, SeatQuery,
 };
 use app::console::{Console, ConsoleError};
 
@@ -19,12 +19,25 @@ use crate::config::CoordinationType;
 use crate::engine::pause::{self, PauseError, PauseRecord};
 use crate::engine::runtime::TurnEngine;
 use crate::events::Event;
+use crate::memory::memread::MemRead;
 use crate::node::NodeInfo;
-use crate::node::fleet::read_fleet;
 use crate::seat::sweep::SeatEngine;
 use crate::web::auth::Auth;
 use crate::web::live::SeatNotes;
+use crate::web::nodes::{LocalFacts, Roster, RosterMemory, fleet_view};
 use crate::web::seats::{SeatFacts, page_of, pause_record, seat_rows};
+
+/// What the console reads from.
+pub struct ConsoleParts {
+    pub info: Arc<NodeInfo>,
+    pub pool: SqlitePool,
+    pub auth: Arc<Auth>,
+    pub engine: Arc<SeatEngine>,
+    pub turns: Arc<TurnEngine>,
+    pub notes: Arc<SeatNotes>,
+    /// Reads of a seat's memory, answered by its holder.
+    pub memread: Arc<MemRead>,
+}
 
 pub struct NodeConsole {
     info: Arc<NodeInfo>,
@@ -33,17 +46,22 @@ pub struct NodeConsole {
     engine: Arc<SeatEngine>,
     turns: Arc<TurnEngine>,
     notes: Arc<SeatNotes>,
+    memread: Arc<MemRead>,
+    /// The last roster read, shown (stale) while the store cannot be read.
+    roster: RosterMemory,
 }
 
 impl NodeConsole {
-    pub fn new(
-        info: Arc<NodeInfo>,
-        pool: SqlitePool,
-        auth: Arc<Auth>,
-        engine: Arc<SeatEngine>,
-        turns: Arc<TurnEngine>,
-        notes: Arc<SeatNotes>,
-    ) -> NodeConsole {
+    pub fn new(parts: ConsoleParts) -> NodeConsole {
+        let ConsoleParts {
+            info,
+            pool,
+            auth,
+            engine,
+            turns,
+            notes,
+            memread,
+        } = parts;
         NodeConsole {
             info,
             pool,
@@ -51,6 +69,38 @@ impl NodeConsole {
             engine,
             turns,
             notes,
+            memread,
+            roster: RosterMemory::default(),
+        }
+    }
+
+    /// What this node knows of the fleet besides the roster.
+    fn local_facts(&self, now: i64) -> LocalFacts {
+        LocalFacts {
+            node_id: self.info.node_id.clone(),
+            protocol: self.info.protocol,
+            unproven_here: self
+                .engine
+                .host()
+                .status()
+                .into_iter()
+                .filter_map(|s| s.unproven_for.map(|d| (s.handle, s.epoch, d)))
+                .collect(),
+            unplaceable: self.engine.unplaceable(),
+            claims_blocked_by: self.engine.claims_blocked_by(),
+            notes: self.notes.snapshot(),
+            now,
+        }
+    }
+
+    /// `NotFound` unless `handle` is a seat of the active company.
+    fn company_seat(&self, handle: &str) -> Result<(), ConsoleError> {
+        if self.engine.company().handles().any(|h| h == handle) {
+            Ok(())
+        } else {
+            Err(ConsoleError::NotFound(format!(
+                "seat {handle:?} is not in the active company; check the handle (the Seats page lists them)."
+            )))
         }
     }
 
@@ -237,19 +287,40 @@ impl Console for NodeConsole {
             CoordinationType::EmbeddedKv => "embedded-kv",
         };
         let company = self.engine.company();
-        read_fleet(
-            &**self.engine.store(),
-            &i.node_id,
-            &company.name,
-            coordination,
-        )
-        .await
-        .map_err(|e| {
+        let now = chrono::Utc::now().timestamp();
+        let read = Roster::read(&**self.engine.store(), now).await;
+        if let Err(e) = &read {
             tracing::warn!(error = %e, "the roster cannot be read");
+        }
+        let answer = self.roster.answer(read).map_err(|e| {
             ConsoleError::Unavailable(format!(
                 "The fleet's roster cannot be read right now ({e}); node states are unknown."
             ))
-        })
+        })?;
+        Ok(fleet_view(
+            &i.node_id,
+            &company.name,
+            coordination,
+            &answer,
+            &self.local_facts(now),
+        ))
+    }
+
+    async fn memory(&self, handle: &str) -> Result<SeatMemoryRead, ConsoleError> {
+        self.company_seat(handle)?;
+        self.memread
+            .read(handle)
+            .await
+            .map(crate::web::memory::seat_read)
+            .map_err(|e| unavailable("read the seat's memory", e))
+    }
+
+    async fn memory_overview(&self) -> Result<MemoryOverview, ConsoleError> {
+        self.memread
+            .overview()
+            .await
+            .map(crate::web::memory::overview)
+            .map_err(|e| unavailable("read the seats' memory", e))
     }
 
     async fn seats(&self, query: SeatQuery) -> Result<SeatList, ConsoleError> {

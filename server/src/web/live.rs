@@ -235,21 +235,49 @@ pub struct SeatNotes {
 pub struct SeatNote {
     /// (node, epoch) of a tenure whose teardown is failing.
     pub unproven: Option<(String, u64)>,
+    /// When that teardown started failing (Unix seconds, the reporting
+    /// node's clock), when an event said.
+    pub unproven_since: Option<i64>,
     /// (node, error) of the last turn that broke.
     pub last_error: Option<(String, String)>,
+}
+
+/// Unix seconds of an RFC 3339 timestamp.
+fn unix_seconds(at: &str) -> Option<i64> {
+    chrono::DateTime::parse_from_rfc3339(at)
+        .ok()
+        .map(|t| t.timestamp())
 }
 
 impl SeatNotes {
     pub fn learn(&self, e: &FleetEvent) {
         let mut seats = lock(&self.seats);
         match &e.event {
-            Event::SeatReleaseUnproven { seat, epoch, .. }
-            | Event::SeatStillUnproven { seat, epoch, .. } => {
-                seats.entry(seat.clone()).or_default().unproven = Some((e.node.clone(), *epoch));
+            Event::SeatReleaseUnproven { seat, epoch, .. } => {
+                let note = seats.entry(seat.clone()).or_default();
+                let tenure = Some((e.node.clone(), *epoch));
+                if note.unproven != tenure || note.unproven_since.is_none() {
+                    note.unproven_since = unix_seconds(&e.at);
+                }
+                note.unproven = tenure;
+            }
+            Event::SeatStillUnproven {
+                seat,
+                epoch,
+                elapsed_seconds,
+                ..
+            } => {
+                let note = seats.entry(seat.clone()).or_default();
+                let tenure = Some((e.node.clone(), *epoch));
+                if note.unproven != tenure || note.unproven_since.is_none() {
+                    note.unproven_since = unix_seconds(&e.at).map(|t| t - *elapsed_seconds as i64);
+                }
+                note.unproven = tenure;
             }
             Event::SeatReleaseRecovered { seat, .. } => {
                 if let Some(n) = seats.get_mut(seat) {
                     n.unproven = None;
+                    n.unproven_since = None;
                 }
             }
             Event::SeatClaimed { seat, .. } => {
@@ -577,7 +605,7 @@ mod tests {
         let at = |node: &str, event: Event| FleetEvent {
             node: node.into(),
             incarnation: format!("{node}:1"),
-            at: String::new(),
+            at: "2026-11-30T08:00:00Z".into(),
             event,
         };
         notes.learn(&at(
@@ -599,6 +627,7 @@ mod tests {
         ));
         let a = notes.snapshot()["a"].clone();
         assert_eq!(a.unproven, Some(("n1".into(), 3)));
+        assert_eq!(a.unproven_since, unix_seconds("2026-11-30T08:00:00Z"));
         assert_eq!(a.last_error, Some(("n1".into(), "boom".into())));
         notes.learn(&at(
             "n1",
@@ -609,6 +638,24 @@ mod tests {
             },
         ));
         assert_eq!(notes.snapshot()["a"].unproven, None);
+        // Heard of first in a reminder: it started failing that long ago.
+        notes.learn(&FleetEvent {
+            at: "2026-11-30T08:10:00Z".into(),
+            ..at(
+                "n1",
+                Event::SeatStillUnproven {
+                    seat: "a".into(),
+                    epoch: 3,
+                    elapsed_seconds: 90,
+                    attempts: 4,
+                    error: "stuck".into(),
+                },
+            )
+        });
+        assert_eq!(
+            notes.snapshot()["a"].unproven_since,
+            unix_seconds("2026-11-30T08:08:30Z")
+        );
         notes.learn(&at(
             "n2",
             Event::SeatClaimed {

@@ -8,6 +8,8 @@
 pub mod auth;
 pub mod console;
 pub mod live;
+pub mod memory;
+pub mod nodes;
 pub mod seats;
 
 use std::net::SocketAddr;
@@ -62,6 +64,8 @@ pub struct WebSetup<'a> {
     pub addr: SocketAddr,
     pub engine: Arc<SeatEngine>,
     pub turns: Arc<crate::engine::runtime::TurnEngine>,
+    /// Reads of a seat's memory, answered by its holder.
+    pub memread: Arc<crate::memory::memread::MemRead>,
 }
 
 /// `GET /health`.
@@ -96,6 +100,7 @@ pub async fn router(setup: WebSetup<'_>) -> Result<Router, WebError> {
         addr,
         engine,
         turns,
+        memread,
     } = setup;
 
     let store = SqliteStore::new(pool.clone())
@@ -139,14 +144,15 @@ pub async fn router(setup: WebSetup<'_>) -> Result<Router, WebError> {
     };
 
     let info = Arc::new(info);
-    let console: SharedConsole = Arc::new(NodeConsole::new(
-        info.clone(),
-        pool.clone(),
-        auth.clone(),
-        engine.clone(),
-        turns.clone(),
+    let console: SharedConsole = Arc::new(NodeConsole::new(console::ConsoleParts {
+        info: info.clone(),
+        pool: pool.clone(),
+        auth: auth.clone(),
+        engine: engine.clone(),
+        turns: turns.clone(),
         notes,
-    ));
+        memread,
+    }));
 
     let leptos_options = LeptosOptions::builder()
         .output_name(OUTPUT_NAME)
@@ -173,6 +179,8 @@ pub async fn router(setup: WebSetup<'_>) -> Result<Router, WebError> {
         .route("/api/seats/{handle}/pause", post(pause_seat))
         .route("/api/seats/{handle}/resume", post(resume_seat))
         .route("/api/seats/{handle}/stop", post(stop_seat_turn))
+        .route("/api/seats/{handle}/memory", get(seat_memory))
+        .route("/api/memory", get(memory_overview))
         .leptos_routes_with_context(
             &leptos_options,
             routes,
@@ -446,13 +454,39 @@ async fn dead_letters(
     }
 }
 
+/// `GET /query/fleet`. While the roster cannot be read: 503 carrying the
+/// last roster read, marked stale (every node's status `unknown`).
 async fn fleet(Extension(console): Extension<SharedConsole>) -> axum::response::Response {
     match console.fleet().await {
+        Ok(f) if f.stale.is_some() => {
+            (axum::http::StatusCode::SERVICE_UNAVAILABLE, Json(f)).into_response()
+        }
         Ok(f) => Json(f).into_response(),
         Err(e) => (
             axum::http::StatusCode::SERVICE_UNAVAILABLE,
             Json(serde_json::json!({ "error": e.to_string() })),
         )
             .into_response(),
+    }
+}
+
+/// `GET /api/seats/{handle}/memory`: the seat's memory, answered by its
+/// holder (README § HTTP). 404 for a seat not in the active company.
+async fn seat_memory(
+    Extension(console): Extension<SharedConsole>,
+    axum::extract::Path(handle): axum::extract::Path<String>,
+) -> axum::response::Response {
+    match console.memory(&handle).await {
+        Ok(m) => Json(m).into_response(),
+        Err(e) => console_error(e),
+    }
+}
+
+/// `GET /api/memory`: every seat's rows per table in one round, with the
+/// holders that answered and those that did not.
+async fn memory_overview(Extension(console): Extension<SharedConsole>) -> axum::response::Response {
+    match console.memory_overview().await {
+        Ok(o) => Json(o).into_response(),
+        Err(e) => console_error(e),
     }
 }

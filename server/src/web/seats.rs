@@ -321,6 +321,7 @@ mod tests {
                 "d-undead-there".to_string(),
                 SeatNote {
                     unproven: Some(("n2".into(), 4)),
+                    unproven_since: None,
                     last_error: None,
                 },
             )]
@@ -360,6 +361,7 @@ mod tests {
                 "a".to_string(),
                 SeatNote {
                     unproven: Some(("n2".into(), 6)),
+                    unproven_since: None,
                     last_error: Some(("n2".into(), "boom".into())),
                 },
             )]

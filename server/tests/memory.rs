@@ -40,6 +40,7 @@ macro_rules! both {
 }
 
 both!(
+    a_cycle_publishes_only_what_is_new_and_an_idle_cycle_publishes_nothing,
     a_seat_moved_gracefully_keeps_every_row,
     a_crash_loses_at_most_one_cycle,
     a_duplicate_episode_written_on_two_nodes_collapses_on_the_next_replay,
@@ -431,4 +432,20 @@ async fn retention_sweeps_expired_notes_and_notes_over_the_cap() {
         m.sweep_diary("9999-01-01T00:00:00Z", 0).await.unwrap(),
         (4, 0)
     );
+}
+
+async fn a_cycle_publishes_only_what_is_new_and_an_idle_cycle_publishes_nothing(f: Fleet) {
+    let a = f.node("a", &[echo_role("s0")]).await;
+    f.until("a holds s0", WAIT, || a.attached("s0")).await;
+    let held = ["s0".to_string()];
+    remember_everything(a.turns.memory(), "s0", "1").await;
+    assert_eq!(a.turns.flush_memory(&held).await, 7);
+    assert_eq!(a.turns.flush_memory(&held).await, 0, "an idle cycle");
+    a.turns
+        .memory()
+        .diary_write("s0", "one more", None)
+        .await
+        .unwrap();
+    assert_eq!(a.turns.flush_memory(&held).await, 1);
+    assert_eq!(a.changelog.replay("s0").await.unwrap().len(), 8);
 }

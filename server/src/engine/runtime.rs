@@ -111,6 +111,8 @@ pub struct TurnEngine {
     seats: Mutex<HashMap<String, Arc<SeatRuntime>>>,
     runs: Runs,
     supervisor: Arc<Supervisor>,
+    /// Each held seat's change sequence at its last complete flush.
+    flushed_at: Mutex<HashMap<String, i64>>,
     pub faults: Faults,
 }
 
@@ -141,6 +143,7 @@ impl TurnEngine {
             company: s.company,
             ack_wait: s.ack_wait,
             seats: Mutex::new(HashMap::new()),
+            flushed_at: Mutex::new(HashMap::new()),
             faults: Faults::default(),
         })
     }
@@ -181,15 +184,34 @@ impl TurnEngine {
     /// One changelog cycle: publish each of `held`'s rows stamped since
     /// the last flush. A seat that fails is logged and tried next cycle.
     pub async fn flush_memory(&self, held: &[String]) -> usize {
+        // The node's change sequence moves on every memory write: a seat
+        // flushed at the current value has nothing new, so an idle node's
+        // cycle is one read.
+        let now = match self.tools.memory.change_seq().await {
+            Ok(v) => Some(v),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the memory change sequence; flushing every held seat");
+                None
+            }
+        };
         let mut n = 0;
         for h in held {
+            if now.is_some() && lock(&self.flushed_at).get(h) == now.as_ref() {
+                continue;
+            }
             match changelog::flush(&self.tools.memory, &*self.changelog, h).await {
-                Ok(k) => n += k,
+                Ok(k) => {
+                    n += k;
+                    if let Some(v) = now {
+                        lock(&self.flushed_at).insert(h.clone(), v);
+                    }
+                }
                 Err(e) => {
                     tracing::warn!(seat = %h, error = %e, "cannot publish the seat's memory; trying again next cycle")
                 }
             }
         }
+        lock(&self.flushed_at).retain(|h, _| held.contains(h));
         n
     }
 

@@ -712,6 +712,13 @@ impl MemoryStore {
         Ok(out)
     }
 
+    /// The node's change sequence now (it moves on every memory write).
+    pub async fn change_seq(&self) -> Result<i64, sqlx::Error> {
+        sqlx::query_scalar("SELECT value FROM memory_change_seq WHERE id = 1")
+            .fetch_one(&self.pool)
+            .await
+    }
+
     /// The highest change sequence of the seat this node has published.
     pub async fn last_published(&self, handle: &str) -> Result<i64, sqlx::Error> {
         Ok(

@@ -774,6 +774,61 @@ async fn admission_lapses_one_heartbeat_after_the_last_successful_renew() {
     assert_eq!(host.may_start("s0"), Some(epoch));
 }
 
+/// Hooks that keep the fence each inbox attachment was given.
+#[derive(Default)]
+struct FenceHooks {
+    fences: Mutex<Vec<Fence>>,
+}
+
+#[async_trait::async_trait]
+impl SeatHooks for FenceHooks {
+    fn inbox_handler(&self, _s: &SeatContext, fence: Fence) -> Arc<dyn Handler> {
+        self.fences.lock().unwrap().push(fence);
+        handler_fn(|_d: Delivery| async { Disposition::Ack })
+    }
+}
+
+/// Found by the chaos harness: a node stopped (SIGSTOP) in the middle of a
+/// turn for longer than the TTL resumed with the seat still attached — its
+/// heartbeat had not run yet — so the turn's next call passed the fence and
+/// posted its effect for a seat a peer had taken (and the peer ran the
+/// trigger again). The fence now closes once the last successful renewal
+/// is a TTL old, heartbeat or not, and a fresh renewal opens it again.
+#[tokio::test(start_paused = true)]
+async fn a_turn_resumed_past_the_ttl_posted_its_effect_after_the_seat_moved() {
+    use crewlet::seat::host::{HostConfig, SeatHost};
+    let f = Fleet::new(Kind::Twin).await;
+    let (store, queue) = f.backends("a").await;
+    crewlet::queue::ensure_seat_mailboxes(&*queue, "s0", QueueSettings::default())
+        .await
+        .unwrap();
+    let hooks = Arc::new(FenceHooks::default());
+    let host = SeatHost::new(
+        HostConfig {
+            node_id: "a".into(),
+            owner: "a:1".into(),
+            heartbeat: BEAT,
+            release_wait: BEAT,
+        },
+        store,
+        queue,
+        hooks.clone(),
+        EventBus::new("a", "a:1"),
+    );
+    host.claim("s0").await.unwrap();
+    let fence = hooks.fences.lock().unwrap()[0].clone();
+    assert!(fence.holds(), "held right after the claim");
+    // Renewed within the TTL: held, with no heartbeat in between.
+    tokio::time::advance(TTL / 2).await;
+    host.heartbeat(TTL).await;
+    tokio::time::advance(TTL - Duration::from_millis(10)).await;
+    assert!(fence.holds(), "a renewal within the TTL keeps it");
+    // The process sleeps past the TTL; nothing has fenced the seat yet.
+    tokio::time::advance(Duration::from_millis(20)).await;
+    assert_eq!(host.held(), ["s0"], "still attached: no heartbeat ran");
+    assert!(!fence.holds(), "but no longer provably held");
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_claim_taken_while_a_drain_began_is_handed_straight_back() {
     let f = Fleet::new(Kind::Twin).await;

@@ -85,7 +85,8 @@ contract!(
     holds_passed_to_attach_are_in_force_before_the_first_fetch,
     every_named_hold_must_be_dropped_before_fetching_resumes,
     quiesce_stops_fetching_until_resume,
-    detach_with_a_message_in_flight_gives_it_back_for_one_delivery,
+    a_handler_running_at_detach_settles_what_it_took,
+    a_handler_that_acks_after_detach_consumes_the_message,
     detach_keeps_the_subscription_and_a_new_attach_gets_new_mail,
     nak_redelivers_and_keeps_consuming,
     the_delivery_after_the_budget_is_dead_lettered_visibly,
@@ -289,35 +290,75 @@ async fn quiesce_stops_fetching_until_resume(b: Backend) {
     a.detach().await;
 }
 
-async fn detach_with_a_message_in_flight_gives_it_back_for_one_delivery(b: Backend) {
+async fn a_handler_running_at_detach_settles_what_it_took(b: Backend) {
+    // Found by the chaos harness: detach used to drop the running handler
+    // and hand its delivery back at once, so a turn fenced between posting
+    // its effect and recording it was run again by the seat's next holder.
+    // Now the handler goes on, on its own, and its answer settles.
     let q = &*b.queue;
     let spec = ensure_seat(q, "inflight").await;
-    publish(q, &spec.subject, "slow").await;
+    publish(q, &spec.subject, "back").await;
     let (started_tx, mut started) = mpsc::unbounded_channel();
-    let stuck = handler_fn(move |d: Delivery| {
+    let (answer_tx, answer_rx) = tokio::sync::watch::channel(None::<Disposition>);
+    let slow = handler_fn(move |d: Delivery| {
         let started_tx = started_tx.clone();
+        let mut answer = answer_rx.clone();
         async move {
-            let _ = started_tx.send(d.delivered);
-            std::future::pending::<Disposition>().await
+            let _ = started_tx.send((String::from_utf8_lossy(&d.payload).to_string(), d.delivered));
+            let a = answer.wait_for(|a| a.is_some()).await.map(|a| a.clone());
+            a.ok().flatten().unwrap_or(Disposition::Nak)
         }
     });
-    let a = q.attach(&spec.name, &[], stuck).await.unwrap();
+    let a = q.attach(&spec.name, &[], slow).await.unwrap();
     let first = tokio::time::timeout(WAIT, started.recv())
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(first, 1);
+    assert_eq!(first, ("back".to_string(), 1));
     assert!(a.in_flight());
-    // Detach does not wait for the running handler.
+    // Detach does not wait for the running handler…
     tokio::time::timeout(WAIT, a.detach())
         .await
         .expect("detach waited for the handler");
-    pending_is(q, &spec.name, 1).await;
+    // …which answers afterwards: a hand-back gives it to the next
+    // attachment for one more delivery.
+    answer_tx.send_replace(Some(Disposition::Defer("moved".into())));
     let (h, mut rx) = recorder(|_| Disposition::Ack);
     let b2 = q.attach(&spec.name, &[], h).await.unwrap();
-    let d = recv(&mut rx, "the in-flight message back").await;
-    assert_eq!(d.delivered, 2);
+    let d = recv(&mut rx, "the handed-back message").await;
+    assert_eq!(
+        (String::from_utf8_lossy(&d.payload).to_string(), d.delivered),
+        ("back".to_string(), 2)
+    );
     b2.detach().await;
+}
+
+async fn a_handler_that_acks_after_detach_consumes_the_message(b: Backend) {
+    let q = &*b.queue;
+    let spec = ensure_seat(q, "acked-late").await;
+    publish(q, &spec.subject, "late").await;
+    let (started_tx, mut started) = mpsc::unbounded_channel();
+    let (go_tx, go_rx) = tokio::sync::watch::channel(false);
+    let slow = handler_fn(move |_d: Delivery| {
+        let started_tx = started_tx.clone();
+        let mut go = go_rx.clone();
+        async move {
+            let _ = started_tx.send(());
+            let _ = go.wait_for(|g| *g).await;
+            Disposition::Ack
+        }
+    });
+    let a = q.attach(&spec.name, &[], slow).await.unwrap();
+    tokio::time::timeout(WAIT, started.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    tokio::time::timeout(WAIT, a.detach())
+        .await
+        .expect("detach waited for the handler");
+    go_tx.send_replace(true);
+    // Acknowledged by the handler that took it: nothing comes back.
+    pending_is(q, &spec.name, 0).await;
 }
 
 async fn detach_keeps_the_subscription_and_a_new_attach_gets_new_mail(b: Backend) {

@@ -1,12 +1,13 @@
-//! The watchdog as a process: a node whose sweep loop blocks forever exits
+//! The watchdog. As a process: a node whose sweep loop blocks forever exits
 //! with code 75, after one line on stderr, once the lease TTL has passed
 //! (seed § The wedged node). A node stopped gracefully exits 0 (cli.rs).
 //!
-//! And what is not a wedged loop: a loop whose store calls keep returning,
-//! however slowly — a store that stopped answering (each call ends at its
-//! timeout), or a sweep pass that claims seat after seat. Both were found
-//! by the chaos harness (a NATS leader restart took every node of a fleet
-//! down with exit 75).
+//! And, read from inside a seat engine, what is not a wedged loop: a loop
+//! whose bounded steps keep returning, however slowly — a heartbeat against
+//! a store that stopped answering, a sweep pass claiming seat after seat, a
+//! claim whose hook fails and hands the seat back. All three were found by
+//! the chaos harness (a NATS leader restart took every node of a fleet down
+//! with exit 75).
 
 mod support;
 
@@ -97,15 +98,17 @@ impl SeatHooks for SlowHooks {
 /// returns; the sweep loop is turning, and the watchdog must say so (in the
 /// chaos harness it took such a pass for a wedged loop and the node exited
 /// 75 in the middle of a rolling restart).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_sweep_pass_that_claims_seat_after_seat_is_not_a_wedged_loop() {
+/// A node's seat engine on the twin, `seats` seats, TTL 3 s, every seat
+/// claimable in one pass; started (its loops run, the watchdog thread is
+/// not armed: the test reads its verdict).
+async fn engine_on_twin(seats: usize, hooks: Arc<dyn SeatHooks>) -> (Arc<SeatEngine>, Tasks) {
     let ttl = Duration::from_secs(3);
     let store: Arc<dyn Store> = Arc::new(Coordinator::new(
         MemoryBackend::new(ttl),
         CoordinatorOptions::default(),
     ));
     let queue: Arc<dyn Queue> = Arc::new(MemoryQueue::new(log_events()));
-    let roles: Vec<RoleConfig> = (0..10)
+    let roles: Vec<RoleConfig> = (0..seats)
         .map(|i| RoleConfig {
             handle: format!("s{i}"),
             agent: Default::default(),
@@ -127,14 +130,14 @@ async fn a_sweep_pass_that_claims_seat_after_seat_is_not_a_wedged_loop() {
             protocol: 4,
             heartbeat: Duration::from_secs(1),
             sweep: Duration::from_secs(1),
-            claim_limit: 10,
+            claim_limit: seats,
             release_limit: 2,
             release_wait: Duration::from_secs(1),
             queue: QueueSettings::default(),
         },
         store,
         queue,
-        Arc::new(SlowHooks),
+        hooks,
         EventBus::new("n", &owner),
         company_rx,
         tasks.clone(),
@@ -142,7 +145,27 @@ async fn a_sweep_pass_that_claims_seat_after_seat_is_not_a_wedged_loop() {
     .await
     .unwrap();
     engine.start();
+    (engine, tasks)
+}
+
+/// Watch the engine's watchdog verdict until `done` holds (at most 30 s):
+/// never wedged.
+async fn never_wedged_until(engine: &SeatEngine, what: &str, done: impl Fn() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(30);
+    while !done() {
+        let verdict = engine.watchdog().current();
+        assert!(
+            !matches!(verdict, Verdict::Wedged { .. }),
+            "{verdict:?} before {what}"
+        );
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sweep_pass_that_claims_seat_after_seat_is_not_a_wedged_loop() {
+    let (engine, tasks) = engine_on_twin(10, Arc::new(SlowHooks)).await;
     let attached = || {
         engine
             .host()
@@ -151,27 +174,64 @@ async fn a_sweep_pass_that_claims_seat_after_seat_is_not_a_wedged_loop() {
             .filter(|s| s.phase == Phase::Attached)
             .count()
     };
-    while attached() < 10 {
-        let verdict = engine.watchdog().current();
-        assert!(
-            !matches!(verdict, Verdict::Wedged { .. }),
-            "{verdict:?} with {} seats attached",
-            attached()
-        );
-        assert!(Instant::now() < deadline, "the ten seats were not claimed");
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    never_wedged_until(&engine, "ten seats attached", || attached() == 10).await;
+    engine.crash().await;
+    tasks.shutdown().await;
+}
+
+/// An acquire hook that fails after a while, and a teardown that takes a
+/// while too: what a queue that stopped answering does to a claim.
+#[derive(Default)]
+struct FailingHooks {
+    given_back: std::sync::atomic::AtomicUsize,
+}
+
+#[async_trait::async_trait]
+impl SeatHooks for FailingHooks {
+    async fn attach_control(
+        &self,
+        _s: &SeatContext,
+    ) -> Result<Option<crewlet::queue::Attachment>, HookError> {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        Err(HookError::new(
+            "control attach",
+            "the queue did not answer within 2s",
+        ))
     }
+    fn inbox_handler(&self, _s: &SeatContext, _f: Fence) -> Arc<dyn Handler> {
+        handler_fn(|_d: Delivery| async { Disposition::Ack })
+    }
+    async fn release(&self, _s: &SeatContext) -> Result<(), HookError> {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        self.given_back
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+/// Found by the chaos harness: during a NATS leader election a claim's
+/// control attach timed out (2 s) and the seat was handed back, its
+/// teardown waiting on the store too — one claim, two bounded steps, more
+/// than the TTL of 3 s — and the sweep loop was shot as wedged (exit 75).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_whose_hook_fails_and_hands_the_seat_back_is_not_a_wedged_loop() {
+    let hooks = Arc::new(FailingHooks::default());
+    let (engine, tasks) = engine_on_twin(1, hooks.clone()).await;
+    never_wedged_until(&engine, "two claims handed back", || {
+        hooks.given_back.load(std::sync::atomic::Ordering::SeqCst) >= 2
+    })
+    .await;
     engine.crash().await;
     tasks.shutdown().await;
 }
 
 /// One node on a real nats-server holding ten seats, TTL 10 s, every store
 /// call bounded at 3 s (in the chaos harness a restart of the leases' NATS
-/// leader took every node of the fleet down with exit 75 this way). The server is stopped for longer than the TTL; the
-/// heartbeat's renewals all end at the store timeout and its loop must go
-/// on turning in the watchdog's eyes (renewed one seat after the other,
-/// the pass outlasted the TTL). The seats are fenced (grace expired) all
-/// the same.
+/// leader took every node of the fleet down with exit 75 this way). The
+/// server is stopped for longer than the TTL; the heartbeat's renewals all
+/// end at the store timeout and its loop must go on turning in the
+/// watchdog's eyes (renewed one seat after the other, the pass outlasted
+/// the TTL). The seats are fenced (grace expired) all the same.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_heartbeat_against_a_silent_store_is_not_a_wedged_loop() {
     use crewlet::coord::{NatsBackend, NatsOptions};

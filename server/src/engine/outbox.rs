@@ -6,8 +6,15 @@
 //! checker reads; on a single node with no stream it is kept in process
 //! (the newest 10,000). Either way [`Outbox::read`] lists what was posted,
 //! oldest first.
+//!
+//! Every post carries the effect's identity (a digest of the work, the seat
+//! and the agent's call): both outboxes keep one effect per identity within
+//! [`DEDUPE_WINDOW`], so a post tried again after its answer was lost — or
+//! the same work's effect posted again by a re-run — lands once. On NATS a
+//! failed post is tried again, under the same identity, for a while: a
+//! stream between leaders is not an effect that failed.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -21,6 +28,9 @@ pub const OUTBOX_STREAM: &str = "CREWLET_OUTBOX";
 pub const OUTBOX_AGE: Duration = Duration::from_secs(7 * 24 * 3600);
 /// Effects the in-process outbox keeps.
 const KEPT: usize = 10_000;
+/// How long an effect's identity is remembered: a second post of it within
+/// this window is dropped (the stream's duplicate window).
+pub const DEDUPE_WINDOW: Duration = Duration::from_secs(120);
 
 /// `crewlet.outbox.{handle}`
 pub fn outbox_subject(handle: &str) -> String {
@@ -58,7 +68,9 @@ pub enum OutboxError {
 /// Where effects are posted.
 #[async_trait::async_trait]
 pub trait Outbox: Send + Sync + 'static {
-    async fn post(&self, effect: &Effect) -> Result<(), OutboxError>;
+    /// Post `effect` under its identity `id`: a second post of the same id
+    /// within [`DEDUPE_WINDOW`] is accepted and dropped.
+    async fn post(&self, effect: &Effect, id: &str) -> Result<(), OutboxError>;
     /// Every effect kept (of `seat`, when given), oldest first.
     async fn read(&self, seat: Option<&str>) -> Result<Vec<Effect>, OutboxError>;
 }
@@ -67,6 +79,7 @@ pub trait Outbox: Send + Sync + 'static {
 #[derive(Default)]
 pub struct MemoryOutbox {
     kept: Mutex<VecDeque<Effect>>,
+    seen: Mutex<HashMap<String, tokio::time::Instant>>,
 }
 
 impl MemoryOutbox {
@@ -77,7 +90,16 @@ impl MemoryOutbox {
 
 #[async_trait::async_trait]
 impl Outbox for MemoryOutbox {
-    async fn post(&self, effect: &Effect) -> Result<(), OutboxError> {
+    async fn post(&self, effect: &Effect, id: &str) -> Result<(), OutboxError> {
+        {
+            let now = tokio::time::Instant::now();
+            let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+            seen.retain(|_, at| now.duration_since(*at) < DEDUPE_WINDOW);
+            if seen.contains_key(id) {
+                return Ok(());
+            }
+            seen.insert(id.to_string(), now);
+        }
         let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
         if kept.len() >= KEPT {
             kept.pop_front();
@@ -95,6 +117,10 @@ impl Outbox for MemoryOutbox {
             .collect())
     }
 }
+
+/// How long a failed post is tried again on NATS (a leader election takes
+/// a few seconds), as a multiple of the store timeout.
+const RETRY_TIMEOUTS: u32 = 10;
 
 /// The outbox on JetStream.
 pub struct NatsOutbox {
@@ -120,6 +146,7 @@ impl NatsOutbox {
                 retention: stream::RetentionPolicy::Limits,
                 storage: stream::StorageType::File,
                 max_age: OUTBOX_AGE,
+                duplicate_window: DEDUPE_WINDOW,
                 num_replicas: replicas,
                 ..Default::default()
             }),
@@ -137,18 +164,35 @@ impl NatsOutbox {
 
 #[async_trait::async_trait]
 impl Outbox for NatsOutbox {
-    async fn post(&self, effect: &Effect) -> Result<(), OutboxError> {
-        let body = serde_json::to_vec(effect).map_err(|e| OutboxError::Post(e.to_string()))?;
-        let ack = self
-            .js
-            .publish(outbox_subject(&effect.seat), body.into())
+    async fn post(&self, effect: &Effect, id: &str) -> Result<(), OutboxError> {
+        let body: bytes::Bytes = serde_json::to_vec(effect)
+            .map_err(|e| OutboxError::Post(e.to_string()))?
+            .into();
+        let give_up = tokio::time::Instant::now() + self.timeout * RETRY_TIMEOUTS;
+        let mut pause = Duration::from_millis(100);
+        loop {
+            let mut headers = async_nats::HeaderMap::new();
+            headers.insert(async_nats::header::NATS_MESSAGE_ID, id);
+            let posted = tokio::time::timeout(self.timeout, async {
+                self.js
+                    .publish_with_headers(outbox_subject(&effect.seat), headers, body.clone())
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .await
+                    .map_err(|e| e.to_string())
+            })
             .await
-            .map_err(|e| OutboxError::Post(e.to_string()))?;
-        tokio::time::timeout(self.timeout, ack)
-            .await
-            .map_err(|_| OutboxError::Post(format!("no answer within {:?}", self.timeout)))?
-            .map_err(|e| OutboxError::Post(e.to_string()))?;
-        Ok(())
+            .unwrap_or_else(|_| Err(format!("no answer within {:?}", self.timeout)));
+            match posted {
+                Ok(_) => return Ok(()),
+                Err(e) if tokio::time::Instant::now() + pause < give_up => {
+                    tracing::debug!(seat = %effect.seat, id, error = %e, "cannot post an effect yet; trying again");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(1));
+                }
+                Err(e) => return Err(OutboxError::Post(e)),
+            }
+        }
     }
 
     async fn read(&self, seat: Option<&str>) -> Result<Vec<Effect>, OutboxError> {

@@ -137,6 +137,23 @@ impl Tools {
         format!("a2a-{}", &hex::encode(h.finalize())[..32])
     }
 
+    /// The identity of an outbound effect: the same for every re-run of
+    /// the same work (so the outbox keeps one), distinct per call.
+    fn effect_id(turn: &TurnInput, call: &ToolCall) -> String {
+        let work = turn.work_key.as_deref().unwrap_or(&turn.turn_id);
+        let mut h = Sha256::new();
+        for part in [
+            work,
+            turn.seat.as_str(),
+            call.name.as_str(),
+            call.id.as_str(),
+        ] {
+            h.update(part.as_bytes());
+            h.update([0u8]);
+        }
+        format!("effect-{}", &hex::encode(h.finalize())[..32])
+    }
+
     async fn run(&self, turn: &TurnInput, call: &ToolCall) -> Result<Value, ToolError> {
         match call.name.as_str() {
             "post_outbox" => {
@@ -146,7 +163,10 @@ impl Tools {
                     call.args.clone()
                 };
                 self.outbox
-                    .post(&self.effect(turn, "post_outbox", body))
+                    .post(
+                        &self.effect(turn, "post_outbox", body),
+                        &Self::effect_id(turn, call),
+                    )
                     .await
                     .map_err(|e| ToolError::Failed(e.to_string()))?;
                 Ok(json!({"posted": true}))
@@ -188,7 +208,10 @@ impl Tools {
                     json!({"to": to, "agent_id": route.agent_id.to_string(), "envelope_id": id});
                 if let Err(e) = self
                     .outbox
-                    .post(&self.effect(turn, "a2a_message", effect.clone()))
+                    .post(
+                        &self.effect(turn, "a2a_message", effect.clone()),
+                        &Self::effect_id(turn, call),
+                    )
                     .await
                 {
                     tracing::warn!(seat = %turn.seat, error = %e, "the a2a message went out; its outbox record did not");

@@ -6,7 +6,9 @@
 //! fetch); Defer hands the delivery back at once and quiesces; a message
 //! past its delivery budget, or one its handler calls poison, is
 //! dead-lettered visibly; a handler panic is caught and the delivery handed
-//! back. A backend supplies only [`Source`] (fetch one) and [`Settle`]
+//! back. A handler still running when the attachment is detached is
+//! neither waited for nor abandoned: it finishes on its own task and
+//! settles what it took. A backend supplies only [`Source`] (fetch one) and [`Settle`]
 //! (ack / nak / dead-letter one). This loop never decides whether this node
 //! should be consuming — its owner (the seat host) does.
 
@@ -67,6 +69,9 @@ pub struct Attachment {
     gate: Arc<watch::Sender<Gate>>,
     busy: watch::Receiver<bool>,
     cancel: CancellationToken,
+    /// Set by [`Attachment::abandon`]: the running handler is dropped and
+    /// what it took handed back.
+    drop_in_flight: Arc<std::sync::atomic::AtomicBool>,
     task: Option<JoinHandle<()>>,
 }
 
@@ -90,12 +95,14 @@ impl Attachment {
         }));
         let (busy_tx, busy) = watch::channel(false);
         let cancel = CancellationToken::new();
+        let drop_in_flight = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let task = tokio::spawn(consume(Loop {
             subscription: subscription.clone(),
             max_deliveries,
             gate: gate.clone(),
             busy: busy_tx,
             cancel: cancel.clone(),
+            drop_in_flight: drop_in_flight.clone(),
             source,
             handler,
             events,
@@ -105,6 +112,7 @@ impl Attachment {
             gate,
             busy,
             cancel,
+            drop_in_flight,
             task: Some(task),
         }
     }
@@ -162,14 +170,27 @@ impl Attachment {
     }
 
     /// Stop consuming. Non-destructive: the subscription and what it
-    /// retains survive; a message in flight goes back (one delivery spent).
-    /// Does not wait for a running handler to finish its work: the handler
-    /// is abandoned at its next await.
+    /// retains survive. Does not wait for a running handler: it goes on, on
+    /// its own task, and its answer settles what it took (a turn whose seat
+    /// was fenced stops at its next round or call and hands its delivery
+    /// back — or records and acknowledges it when its effects already
+    /// left). Dropping the handler instead handed the delivery to the
+    /// seat's next holder while the effect it was posting still landed.
     pub async fn detach(mut self) {
         self.cancel.cancel();
         if let Some(task) = self.task.take() {
             let _ = task.await;
         }
+    }
+
+    /// Stop consuming and drop the running handler, handing what it took
+    /// back at once (one delivery spent): how the tests play a node that
+    /// died with a delivery in flight and was replaced at once. A node
+    /// never abandons its own handler ([`Attachment::detach`]).
+    pub async fn abandon(self) {
+        self.drop_in_flight
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.detach().await
     }
 }
 
@@ -181,6 +202,7 @@ impl Drop for Attachment {
 
 struct Loop {
     subscription: String,
+    drop_in_flight: Arc<std::sync::atomic::AtomicBool>,
     max_deliveries: u64,
     gate: Arc<watch::Sender<Gate>>,
     busy: watch::Sender<bool>,
@@ -259,30 +281,53 @@ async fn consume(l: Loop) {
         }
         let deliveries: Vec<Delivery> = live.iter().map(|(d, _)| d.clone()).collect();
         let _ = l.busy.send(true);
+        let handler = l.handler.clone();
+        let mut run = tokio::spawn(async move {
+            AssertUnwindSafe(async {
+                if deliveries.len() == 1 {
+                    vec![handler.handle(deliveries[0].clone()).await]
+                } else {
+                    handler.handle_batch(deliveries).await
+                }
+            })
+            .catch_unwind()
+            .await
+        });
         let outcome = tokio::select! {
             _ = l.cancel.cancelled() => None,
-            r = AssertUnwindSafe(async {
-                if deliveries.len() == 1 {
-                    vec![l.handler.handle(deliveries[0].clone()).await]
-                } else {
-                    l.handler.handle_batch(deliveries.clone()).await
-                }
-            }).catch_unwind() => Some(r),
+            r = &mut run => Some(r),
         };
         let _ = l.busy.send(false);
         let dispositions = match outcome {
-            None => {
-                // Detached with these in flight: they go back.
+            None if l.drop_in_flight.load(std::sync::atomic::Ordering::SeqCst) => {
+                run.abort();
                 for (_, settle) in live {
                     settle_or_log("return", &l.subscription, settle.nak().await).await;
                 }
                 return;
             }
-            Some(Err(_panic)) => {
+            None => {
+                // Detached with these in flight: the handler finishes on
+                // its own and its answer settles them.
+                let (subscription, events) = (l.subscription.clone(), l.events.clone());
+                tokio::spawn(async move {
+                    let n = live.len();
+                    let dispositions = match run.await {
+                        Ok(Ok(d)) => d,
+                        _ => {
+                            tracing::error!(subscription = %subscription, "a handler panicked; the deliveries go back");
+                            vec![Disposition::Nak; n]
+                        }
+                    };
+                    settle_all(&subscription, &events, live, dispositions).await;
+                });
+                return;
+            }
+            Some(Ok(Ok(d))) => d,
+            Some(_) => {
                 tracing::error!(subscription = %l.subscription, "a handler panicked; the deliveries go back");
                 vec![Disposition::Nak; live.len()]
             }
-            Some(Ok(d)) => d,
         };
         // Quiesce before any hand-back of a Defer, so the next fetch
         // cannot race it.
@@ -292,36 +337,64 @@ async fn consume(l: Loop) {
         {
             l.gate.send_modify(|g| g.quiesced = true);
         }
-        for (i, (delivery, settle)) in live.into_iter().enumerate() {
-            let (subject, seq) = (delivery.subject.clone(), delivery.seq);
-            match dispositions.get(i).cloned().unwrap_or(Disposition::Nak) {
-                Disposition::Ack => {
-                    settle_or_log("ack", &l.subscription, settle.ack().await).await;
-                }
-                Disposition::Nak => {
-                    settle_or_log("return", &l.subscription, settle.nak().await).await;
-                }
-                Disposition::Defer(reason) => {
-                    settle_or_log("return", &l.subscription, settle.nak().await).await;
-                    (l.events)(QueueEvent::Deferred {
-                        subscription: l.subscription.clone(),
-                        subject,
-                        seq,
-                        reason,
-                    });
-                }
-                Disposition::Poison(why) => {
-                    dead_letter(&l, &delivery, settle, DeadLetterReason::Poison(why)).await;
-                }
+        settle_all(&l.subscription, &l.events, live, dispositions).await;
+    }
+}
+
+/// Settle each delivery as its handler answered (a missing answer hands
+/// it back).
+async fn settle_all(
+    subscription: &str,
+    events: &EventSink,
+    live: Vec<(Delivery, Box<dyn Settle>)>,
+    dispositions: Vec<Disposition>,
+) {
+    for (i, (delivery, settle)) in live.into_iter().enumerate() {
+        let (subject, seq) = (delivery.subject.clone(), delivery.seq);
+        match dispositions.get(i).cloned().unwrap_or(Disposition::Nak) {
+            Disposition::Ack => {
+                settle_or_log("ack", subscription, settle.ack().await).await;
+            }
+            Disposition::Nak => {
+                settle_or_log("return", subscription, settle.nak().await).await;
+            }
+            Disposition::Defer(reason) => {
+                settle_or_log("return", subscription, settle.nak().await).await;
+                (events)(QueueEvent::Deferred {
+                    subscription: subscription.to_string(),
+                    subject,
+                    seq,
+                    reason,
+                });
+            }
+            Disposition::Poison(why) => {
+                dead_letter_in(
+                    subscription,
+                    events,
+                    &delivery,
+                    settle,
+                    DeadLetterReason::Poison(why),
+                )
+                .await;
             }
         }
     }
 }
 
 async fn dead_letter(l: &Loop, d: &Delivery, settle: Box<dyn Settle>, reason: DeadLetterReason) {
+    dead_letter_in(&l.subscription, &l.events, d, settle, reason).await
+}
+
+async fn dead_letter_in(
+    subscription: &str,
+    events: &EventSink,
+    d: &Delivery,
+    settle: Box<dyn Settle>,
+    reason: DeadLetterReason,
+) {
     match settle.dead_letter(&reason).await {
-        Ok(()) => (l.events)(QueueEvent::DeadLettered {
-            subscription: l.subscription.clone(),
+        Ok(()) => (events)(QueueEvent::DeadLettered {
+            subscription: subscription.to_string(),
             subject: d.subject.clone(),
             seq: d.seq,
             delivered: d.delivered,
@@ -330,7 +403,7 @@ async fn dead_letter(l: &Loop, d: &Delivery, settle: Box<dyn Settle>, reason: De
         Err(e) => {
             // Not copied, so not removed: it stays in the subscription and
             // the next delivery tries again.
-            tracing::error!(subscription = %l.subscription, seq = d.seq, error = %e, "cannot dead-letter a message; it stays queued");
+            tracing::error!(subscription = %subscription, seq = d.seq, error = %e, "cannot dead-letter a message; it stays queued");
         }
     }
 }

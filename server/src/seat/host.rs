@@ -202,10 +202,21 @@ impl Fence {
     }
 
     /// Does this node still hold the seat at the epoch the turn began under?
+    /// And provably so: a renewal sent at t bought the seat through t + TTL,
+    /// so past that, with no renewal since, a peer may hold it — whether or
+    /// not the heartbeat has run to notice. A process that was stopped (or
+    /// whose heartbeat was held up) resumes with the fence closed, before
+    /// its turn's next round or call, rather than posting for a seat that
+    /// moved while it slept. Within the TTL a store that cannot answer
+    /// closes nothing.
     pub fn holds(&self) -> bool {
         self.host.upgrade().is_some_and(|h| {
+            let ttl = h.store.lease_ttl();
             lock(&h.seats).get(&self.handle).is_some_and(|e| {
-                e.phase == Phase::Attached && !e.fenced && e.lease.epoch == self.epoch
+                e.phase == Phase::Attached
+                    && !e.fenced
+                    && e.lease.epoch == self.epoch
+                    && e.last_renewed.elapsed() < ttl
             })
         })
     }
@@ -379,6 +390,18 @@ impl SeatHost {
 
     /// Claim `seat:{handle}` and, when won, establish it.
     pub async fn claim(&self, handle: &str) -> Result<Acquired, crate::coord::StoreError> {
+        self.claim_with(handle, &|| {}).await
+    }
+
+    /// [`SeatHost::claim`], calling `progress` as each step settles — the
+    /// claim, each step of the acquire hook, each step of a hand-back: the
+    /// caller's watchdog beat. Every step is bounded, but a claim whose hook
+    /// fails and hands the seat back can take several of them in a row.
+    pub async fn claim_with(
+        &self,
+        handle: &str,
+        progress: &(dyn Fn() + Sync),
+    ) -> Result<Acquired, crate::coord::StoreError> {
         let seat_lock = self.seat_lock(handle);
         let _g = seat_lock.lock().await;
         if self.is_draining() {
@@ -395,7 +418,9 @@ impl SeatHost {
             self.inner.cfg.owner.clone(),
             self.inner.cfg.node_id.clone(),
         );
-        let lease = match self.inner.store.claim(req).await? {
+        let claimed = self.inner.store.claim(req).await;
+        progress();
+        let lease = match claimed? {
             Claim::HeldBy(l) => return Ok(Acquired::HeldBy(l)),
             Claim::Won(l) => l,
         };
@@ -435,7 +460,7 @@ impl SeatHost {
             epoch,
             lease,
         };
-        match self.establish(&ctx).await {
+        match self.establish(&ctx, progress).await {
             Ok(()) => {
                 self.inner.events.emit(Event::SeatAttached {
                     seat: handle.to_string(),
@@ -456,7 +481,7 @@ impl SeatHost {
                 } else {
                     DetachReason::HookFailed
                 };
-                self.release_locked(handle, reason).await;
+                self.release_locked(handle, reason, progress).await;
                 Ok(Acquired::Won {
                     epoch,
                     established: false,
@@ -467,16 +492,25 @@ impl SeatHost {
 
     /// The acquire hook, in the seed's order. Attachments land in the entry
     /// as they are made, so a failure part way detaches what was attached.
-    async fn establish(&self, ctx: &SeatContext) -> Result<(), HookError> {
+    async fn establish(
+        &self,
+        ctx: &SeatContext,
+        progress: &(dyn Fn() + Sync),
+    ) -> Result<(), HookError> {
         let hooks = self.inner.hooks.clone();
         let guarded = async {
             hooks.start_children(ctx).await?;
+            progress();
             hooks.hydrate_memory(ctx).await?;
+            progress();
             let reflect = hooks.attach_reflect(ctx).await?;
             self.put_attachment(&ctx.handle, |e| e.reflect = reflect);
+            progress();
             let control = hooks.attach_control(ctx).await?;
             self.put_attachment(&ctx.handle, |e| e.control = control);
+            progress();
             let holds = hooks.pause_holds(ctx).await?;
+            progress();
             let holds: Vec<&str> = holds.iter().map(String::as_str).collect();
             let fence = Fence {
                 host: Arc::downgrade(&self.inner),
@@ -510,12 +544,28 @@ impl SeatHost {
 
     /// Give a seat back for `reason` (voluntary or fenced by the reason).
     pub async fn release(&self, handle: &str, reason: DetachReason) {
-        let seat_lock = self.seat_lock(handle);
-        let _g = seat_lock.lock().await;
-        self.release_locked(handle, reason).await;
+        self.release_with(handle, reason, &|| {}).await
     }
 
-    async fn release_locked(&self, handle: &str, reason: DetachReason) {
+    /// [`SeatHost::release`], calling `progress` as each step settles (the
+    /// caller's watchdog beat).
+    pub async fn release_with(
+        &self,
+        handle: &str,
+        reason: DetachReason,
+        progress: &(dyn Fn() + Sync),
+    ) {
+        let seat_lock = self.seat_lock(handle);
+        let _g = seat_lock.lock().await;
+        self.release_locked(handle, reason, progress).await;
+    }
+
+    async fn release_locked(
+        &self,
+        handle: &str,
+        reason: DetachReason,
+        progress: &(dyn Fn() + Sync),
+    ) {
         let taken = {
             let mut seats = lock(&self.inner.seats);
             match seats.get_mut(handle) {
@@ -550,6 +600,7 @@ impl SeatHost {
                         "the in-flight turn did not finish in time; detaching anyway"
                     );
                 }
+                progress();
             }
             for a in [inbox, control, reflect].into_iter().flatten() {
                 a.detach().await;
@@ -565,12 +616,16 @@ impl SeatHost {
                 seat: handle.to_string(),
             });
         }
+        progress();
         let ctx = SeatContext::of(handle, &lease);
-        match self.teardown(&ctx).await {
+        let torn_down = self.teardown(&ctx).await;
+        progress();
+        match torn_down {
             Ok(()) => {
                 lock(&self.inner.seats).remove(handle);
                 if reason != DetachReason::Lost {
                     self.give_back(&lease).await;
+                    progress();
                 }
             }
             Err(e) => {
@@ -635,19 +690,28 @@ impl SeatHost {
             .for_each_concurrent(RENEW_CONCURRENCY, |handle| async move {
                 let seat_lock = self.seat_lock(&handle);
                 let _g = seat_lock.lock().await;
-                self.renew_one(&handle, ttl).await;
+                self.renew_one(&handle, ttl, progress).await;
                 progress();
             })
             .await;
     }
 
-    async fn renew_one(&self, handle: &str, ttl: Duration) {
+    async fn renew_one(&self, handle: &str, ttl: Duration, progress: &(dyn Fn() + Sync)) {
         let Some((lease, phase, last)) = lock(&self.inner.seats)
             .get(handle)
             .map(|e| (e.lease.clone(), e.phase, e.last_renewed))
         else {
             return;
         };
+        if phase != Phase::Undead && last.elapsed() > ttl {
+            // No renewal has proven the seat for a TTL (the store did not
+            // answer, or this process did not run): a peer may hold it. A
+            // lapsed lease cannot be renewed, only re-acquired, so there is
+            // nothing to ask the store.
+            self.release_locked(handle, DetachReason::GraceExpired, progress)
+                .await;
+            return;
+        }
         let sent = Instant::now();
         match self
             .inner
@@ -681,7 +745,8 @@ impl SeatHost {
                     tracing::error!(seat = handle, "an undead seat's lease was lost");
                     lock(&self.inner.seats).remove(handle);
                 } else {
-                    self.release_locked(handle, DetachReason::Lost).await;
+                    self.release_locked(handle, DetachReason::Lost, progress)
+                        .await;
                 }
                 return;
             }
@@ -706,13 +771,14 @@ impl SeatHost {
                     });
                 }
                 if last.elapsed() > ttl && phase != Phase::Undead {
-                    self.release_locked(handle, DetachReason::GraceExpired)
+                    self.release_locked(handle, DetachReason::GraceExpired, progress)
                         .await;
                     return;
                 }
             }
         }
         if phase == Phase::Undead {
+            progress();
             self.retry_teardown(handle).await;
         }
     }
@@ -770,7 +836,7 @@ impl SeatHost {
             .collect();
         for e in entries {
             for a in [e.inbox, e.control, e.reflect].into_iter().flatten() {
-                a.detach().await;
+                a.abandon().await;
             }
         }
     }

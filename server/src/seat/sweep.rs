@@ -538,7 +538,7 @@ impl SeatEngine {
                 ReleaseReason::PlacementMoved => DetachReason::PlacementMoved,
                 ReleaseReason::Unserviceable => DetachReason::Unserviceable,
             };
-            self.host.release(handle, reason).await;
+            self.host.release_with(handle, reason, progress).await;
             progress();
             released += 1;
         }
@@ -580,7 +580,7 @@ impl SeatEngine {
                     break;
                 }
             }
-            let claim = self.host.claim(handle).await;
+            let claim = self.host.claim_with(handle, progress).await;
             progress();
             match claim {
                 Ok(Acquired::Won {

@@ -67,7 +67,7 @@ impl NatsServer {
         name: &str,
         port: u16,
         monitor_port: u16,
-        cluster: Option<(u16, &[u16])>,
+        cluster: Option<(u16, &[u16], &str)>,
         extra: &str,
     ) -> NatsServer {
         let dir = tempfile::tempdir().expect("temp dir for nats-server");
@@ -77,13 +77,13 @@ impl NatsServer {
              jetstream {{\n  store_dir: \"{}\"\n}}\n",
             store.display()
         );
-        if let Some((cluster_port, routes)) = cluster {
+        if let Some((cluster_port, routes, cluster_extra)) = cluster {
             let routes: Vec<String> = routes
                 .iter()
                 .map(|p| format!("    nats-route://127.0.0.1:{p}"))
                 .collect();
             conf.push_str(&format!(
-                "cluster {{\n  name: crewlet-test\n  listen: 127.0.0.1:{cluster_port}\n  routes: [\n{}\n  ]\n}}\n",
+                "cluster {{\n  name: crewlet-test\n  listen: 127.0.0.1:{cluster_port}\n  routes: [\n{}\n  ]\n{cluster_extra}}}\n",
                 routes.join("\n")
             ));
         }
@@ -236,6 +236,13 @@ pub struct NatsCluster {
 
 impl NatsCluster {
     pub async fn start(n: usize) -> NatsCluster {
+        NatsCluster::start_with(n, "").await
+    }
+
+    /// A cluster whose `cluster { … }` blocks also carry `cluster_extra`
+    /// (`no_advertise: true`, say: clients learn no other server's address,
+    /// so a client given proxies stays behind them).
+    pub async fn start_with(n: usize, cluster_extra: &str) -> NatsCluster {
         let ports: Vec<(u16, u16, u16)> = (0..n)
             .map(|_| (free_port(), free_port(), free_port()))
             .collect();
@@ -248,7 +255,7 @@ impl NatsCluster {
                     &format!("n{i}"),
                     *port,
                     *monitor,
-                    Some((*cluster, &routes)),
+                    Some((*cluster, &routes, cluster_extra)),
                     "",
                 )
             })

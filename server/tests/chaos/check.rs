@@ -1,0 +1,893 @@
+//! The invariant checker: pure functions over a run's recording.
+//!
+//! The recording is what the harness saw from outside the nodes — what it
+//! published, the outbox and dead-letter streams, every node's own log of
+//! its events (one log per process, timestamps in microseconds), the
+//! processes' lives (started, stopped, cut off, ended and how) and the
+//! company's removals. Times are microseconds since the Unix epoch on the
+//! one machine every process runs on.
+//!
+//! The rules (README § Chaos testing):
+//! - epochs: a seat's attachments come in strictly increasing epochs;
+//! - overlap: two processes are attached to one seat at once (not counting
+//!   time the older one spent stopped) for at most TTL + heartbeat + store
+//!   timeout — how long a holder that lost the store takes to learn it;
+//! - admission: no turn starts at an epoch once a newer epoch of the seat
+//!   was claimed (beyond the store timeout a turn's ledger read may take);
+//! - lost: every acknowledged publish has an outbox effect naming it, or is
+//!   dead-lettered;
+//! - duplicates: no trigger has effects from two turns, unless one of the
+//!   turns outlived the ack window (the documented bound), which is named;
+//! - stops: a process stopped past the TTL exits 75 or resumes fenced;
+//! - exits: a SIGTERM exits 0; a process ending on its own exits 75 after a
+//!   stall (stopped, or cut off from NATS), never otherwise;
+//! - panics: none in any node's stderr.
+//!
+//! Dark time (a seat nobody serves) is measured, not judged: a seat is
+//! served from its attachment until its detachment, its holder's end, or
+//! the holder being stopped or cut off, whichever comes first.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+/// Microseconds since the Unix epoch.
+pub type Ts = i64;
+
+pub const SECOND: i64 = 1_000_000;
+
+/// One process of a node: the node's id and its spawn number.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ProcId {
+    pub node: String,
+    pub spawn: u32,
+}
+
+impl std::fmt::Display for ProcId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}#{}", self.node, self.spawn)
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Published {
+    pub id: String,
+    pub seat: String,
+    pub at: Ts,
+    /// The stream acknowledged it (a publish never acknowledged may or may
+    /// not be stored, and is not counted as lost).
+    pub acked: bool,
+}
+
+#[derive(Clone, Debug)]
+pub struct EffectRec {
+    /// The stream's timestamp.
+    pub at: Ts,
+    pub seat: String,
+    pub node: String,
+    pub epoch: u64,
+    pub turn_id: String,
+    pub trigger_ids: Vec<String>,
+}
+
+#[derive(Clone, Debug)]
+pub struct DeadRec {
+    pub id: String,
+}
+
+#[derive(Clone, Debug)]
+pub struct NodeEvent {
+    pub at: Ts,
+    pub proc: ProcId,
+    pub name: String,
+    pub v: serde_json::Value,
+}
+
+impl NodeEvent {
+    fn str(&self, k: &str) -> &str {
+        self.v.get(k).and_then(|v| v.as_str()).unwrap_or("")
+    }
+    fn u64(&self, k: &str) -> u64 {
+        self.v.get(k).and_then(|v| v.as_u64()).unwrap_or(0)
+    }
+}
+
+/// Why a process ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EndCause {
+    /// kill -9 by the harness.
+    Killed,
+    /// SIGTERM by the harness: a drain, which must exit 0.
+    Terminated,
+    /// Nobody asked it to.
+    OnItsOwn,
+}
+
+#[derive(Clone, Debug)]
+pub struct Proc {
+    pub id: ProcId,
+    pub ended: Option<Ts>,
+    pub cause: Option<EndCause>,
+    pub code: Option<i32>,
+    pub signal: Option<i32>,
+    /// SIGSTOP → SIGCONT.
+    pub stops: Vec<(Ts, Ts)>,
+    /// Cut off from NATS (blackholed) → forwarded again.
+    pub cutoffs: Vec<(Ts, Ts)>,
+}
+
+impl Proc {
+    /// Time spent stopped within [a, b).
+    fn frozen_within(&self, a: Ts, b: Ts) -> i64 {
+        self.stops
+            .iter()
+            .map(|(s, e)| (e.min(&b) - s.max(&a)).max(0))
+            .sum()
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Removal {
+    pub seat: String,
+    pub from: Ts,
+    pub to: Ts,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct Timings {
+    pub ttl: i64,
+    pub heartbeat: i64,
+    pub store_timeout: i64,
+    pub ack_wait: i64,
+}
+
+/// One answer of `GET /query/fleet`: seat → (holder node, epoch).
+#[derive(Clone, Debug)]
+pub struct Poll {
+    pub at: Ts,
+    pub by: String,
+    pub seats: BTreeMap<String, (String, u64)>,
+}
+
+/// Everything a run recorded.
+#[derive(Clone, Debug)]
+pub struct History {
+    pub timings: Timings,
+    /// From the fleet's first convergence to the end of the final settle:
+    /// where dark time is measured.
+    pub window: (Ts, Ts),
+    pub seats: Vec<String>,
+    pub published: Vec<Published>,
+    pub effects: Vec<EffectRec>,
+    pub dead: Vec<DeadRec>,
+    pub events: Vec<NodeEvent>,
+    pub procs: Vec<Proc>,
+    pub removals: Vec<Removal>,
+    pub polls: Vec<Poll>,
+    /// Panic lines found in the nodes' stderr.
+    pub panics: Vec<(ProcId, String)>,
+    /// What the harness itself saw go wrong (a node's /health not
+    /// answering at the end, an apply refused, a fleet that did not
+    /// recover).
+    pub harness: Vec<String>,
+}
+
+/// A seat's tenure on one process.
+#[derive(Clone, Debug)]
+pub struct Tenure {
+    pub proc: ProcId,
+    pub seat: String,
+    pub epoch: u64,
+    pub attached: Ts,
+    pub ended: Ts,
+    /// The detach reason, or `process_end`.
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Stats {
+    pub messages: usize,
+    pub unconfirmed: usize,
+    pub effects: usize,
+    /// Triggers with effects from two or more turns, violations and named
+    /// bounded cases together.
+    pub duplicates: usize,
+    pub bounded_duplicates: usize,
+    pub lost: usize,
+    pub dead_lettered: usize,
+    /// Effects posted at an epoch after a newer epoch of the seat was
+    /// claimed (a zombie's last round: bounded by the in-turn fence).
+    pub zombie_effects: usize,
+    pub max_dark_us: i64,
+    pub p99_dark_us: i64,
+    pub dark_stretches: usize,
+    pub max_overlap_us: i64,
+    pub stops_exit75: usize,
+    pub stops_fenced: usize,
+    /// Publish → first effect.
+    pub max_latency_us: i64,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Findings {
+    pub violations: Vec<String>,
+    /// Documented, bounded exceptions that happened, named.
+    pub bounded: Vec<String>,
+    pub stats: Stats,
+}
+
+fn secs(us: i64) -> String {
+    format!("{:.2}s", us as f64 / SECOND as f64)
+}
+
+/// Every tenure in the recording, from the nodes' attach and detach events.
+pub fn tenures(h: &History) -> Vec<Tenure> {
+    let end_of: HashMap<&ProcId, Ts> = h
+        .procs
+        .iter()
+        .map(|p| (&p.id, p.ended.unwrap_or(h.window.1)))
+        .collect();
+    let mut open: BTreeMap<(ProcId, String), (u64, Ts)> = BTreeMap::new();
+    let mut out = Vec::new();
+    let mut events: Vec<&NodeEvent> = h.events.iter().collect();
+    events.sort_by_key(|e| e.at);
+    for e in events {
+        match e.name.as_str() {
+            "seat_attached" => {
+                open.insert(
+                    (e.proc.clone(), e.str("seat").to_string()),
+                    (e.u64("epoch"), e.at),
+                );
+            }
+            "seat_detached" => {
+                let key = (e.proc.clone(), e.str("seat").to_string());
+                if let Some((epoch, at)) = open.remove(&key) {
+                    out.push(Tenure {
+                        proc: key.0,
+                        seat: key.1,
+                        epoch,
+                        attached: at,
+                        ended: e.at,
+                        reason: e.str("reason").to_string(),
+                    });
+                }
+            }
+            _ => {}
+        }
+    }
+    for ((proc, seat), (epoch, at)) in open {
+        let ended = end_of.get(&proc).copied().unwrap_or(h.window.1);
+        out.push(Tenure {
+            proc,
+            seat,
+            epoch,
+            attached: at,
+            ended,
+            reason: "process_end".into(),
+        });
+    }
+    out.sort_by_key(|t| (t.seat.clone(), t.attached));
+    out
+}
+
+fn percentile(sorted: &[i64], p: f64) -> i64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+/// Subtract `cut` from the intervals in `spans` (both half-open).
+fn minus(spans: Vec<(Ts, Ts)>, cut: (Ts, Ts)) -> Vec<(Ts, Ts)> {
+    let mut out = Vec::new();
+    for (a, b) in spans {
+        if cut.1 <= a || cut.0 >= b {
+            out.push((a, b));
+            continue;
+        }
+        if cut.0 > a {
+            out.push((a, cut.0));
+        }
+        if cut.1 < b {
+            out.push((cut.1, b));
+        }
+    }
+    out
+}
+
+/// The stretches of each seat's window no tenure served, longest first.
+pub fn dark_stretches(h: &History, tenures: &[Tenure]) -> Vec<(String, Ts, i64)> {
+    let procs: HashMap<&ProcId, &Proc> = h.procs.iter().map(|p| (&p.id, p)).collect();
+    let mut out = Vec::new();
+    for seat in &h.seats {
+        // When it is served: attached, not stopped, not cut off.
+        let mut served: Vec<(Ts, Ts)> = Vec::new();
+        for t in tenures.iter().filter(|t| &t.seat == seat) {
+            let mut end = t.ended;
+            if let Some(p) = procs.get(&t.proc) {
+                for (s, _) in p.stops.iter().chain(p.cutoffs.iter()) {
+                    if *s >= t.attached && *s < end {
+                        end = *s;
+                    }
+                }
+            }
+            if end > t.attached {
+                served.push((t.attached, end));
+            }
+        }
+        served.sort();
+        let mut expected = vec![h.window];
+        for r in h.removals.iter().filter(|r| &r.seat == seat) {
+            // A removed seat is not expected to be served; a re-added one
+            // gets a sweep to be claimed again, like any new seat.
+            expected = minus(expected, (r.from, r.to));
+        }
+        for s in served {
+            expected = minus(expected, s);
+        }
+        for (a, b) in expected {
+            if b > a {
+                out.push((seat.clone(), a, b - a));
+            }
+        }
+    }
+    out.sort_by_key(|x| std::cmp::Reverse(x.2));
+    out
+}
+
+/// Check every rule over `h`.
+pub fn check(h: &History) -> Findings {
+    let mut f = Findings::default();
+    let t = h.timings;
+    let tenures = tenures(h);
+    let procs: HashMap<&ProcId, &Proc> = h.procs.iter().map(|p| (&p.id, p)).collect();
+
+    // Epochs: strictly increasing attachments per seat.
+    let mut by_seat: BTreeMap<&str, Vec<&Tenure>> = BTreeMap::new();
+    for t in &tenures {
+        by_seat.entry(t.seat.as_str()).or_default().push(t);
+    }
+    for (seat, ts) in &by_seat {
+        for w in ts.windows(2) {
+            if w[1].epoch <= w[0].epoch {
+                f.violations.push(format!(
+                    "epochs: seat {seat} attached at epoch {} on {} after epoch {} on {}",
+                    w[1].epoch, w[1].proc, w[0].epoch, w[0].proc
+                ));
+            }
+        }
+    }
+
+    // Overlap: two processes attached to one seat at once.
+    let bound = t.ttl + t.heartbeat + t.store_timeout;
+    for (seat, ts) in &by_seat {
+        for (i, a) in ts.iter().enumerate() {
+            for b in ts.iter().skip(i + 1) {
+                if a.proc == b.proc {
+                    continue;
+                }
+                let (s, e) = (a.attached.max(b.attached), a.ended.min(b.ended));
+                if e <= s {
+                    continue;
+                }
+                // The older tenure's time stopped is not time it acted.
+                let older = if a.epoch < b.epoch { a } else { b };
+                let frozen = procs
+                    .get(&older.proc)
+                    .map(|p| p.frozen_within(s, e))
+                    .unwrap_or(0);
+                let overlap = e - s - frozen;
+                f.stats.max_overlap_us = f.stats.max_overlap_us.max(overlap);
+                if overlap > bound {
+                    f.violations.push(format!(
+                        "overlap: seat {seat} attached on {} (epoch {}) and {} (epoch {}) at once for {} (bound {})",
+                        a.proc,
+                        a.epoch,
+                        b.proc,
+                        b.epoch,
+                        secs(overlap),
+                        secs(bound)
+                    ));
+                }
+            }
+        }
+    }
+
+    // Claims per seat, for admission and zombie effects.
+    let mut claims: BTreeMap<&str, Vec<(u64, Ts)>> = BTreeMap::new();
+    for e in h.events.iter().filter(|e| e.name == "seat_claimed") {
+        claims
+            .entry(e.str("seat"))
+            .or_default()
+            .push((e.u64("epoch"), e.at));
+    }
+    let newer_claim = |seat: &str, epoch: u64| -> Option<Ts> {
+        claims
+            .get(seat)?
+            .iter()
+            .filter(|(e, _)| *e > epoch)
+            .map(|(_, at)| *at)
+            .min()
+    };
+
+    // Admission.
+    let mut started: HashMap<&str, &NodeEvent> = HashMap::new();
+    for e in h.events.iter().filter(|e| e.name == "turn_started") {
+        started.insert(e.str("turn_id"), e);
+        let (seat, epoch) = (e.str("seat"), e.u64("epoch"));
+        if let Some(c) = newer_claim(seat, epoch)
+            && e.at > c
+        {
+            let frozen = procs
+                .get(&e.proc)
+                .map(|p| p.frozen_within(c, e.at))
+                .unwrap_or(0);
+            let running = e.at - c - frozen;
+            if running > t.store_timeout + SECOND / 2 {
+                f.violations.push(format!(
+                    "admission: {} started turn {} on seat {seat} at epoch {epoch} {} after a newer epoch was claimed",
+                    e.proc,
+                    e.str("turn_id"),
+                    secs(running)
+                ));
+            }
+        }
+    }
+
+    // Effects per trigger.
+    f.stats.effects = h.effects.len();
+    let mut by_id: HashMap<&str, Vec<&EffectRec>> = HashMap::new();
+    for e in &h.effects {
+        for id in &e.trigger_ids {
+            by_id.entry(id.as_str()).or_default().push(e);
+        }
+        if let Some(c) = newer_claim(&e.seat, e.epoch)
+            && e.at > c
+        {
+            f.stats.zombie_effects += 1;
+        }
+    }
+    let dead: BTreeSet<&str> = h.dead.iter().map(|d| d.id.as_str()).collect();
+    f.stats.dead_lettered = h.dead.len();
+    f.stats.messages = h.published.len();
+    let mut lost = Vec::new();
+    for p in &h.published {
+        if !p.acked {
+            f.stats.unconfirmed += 1;
+        }
+        let effects = by_id.get(p.id.as_str());
+        match effects {
+            Some(es) => {
+                let first = es.iter().map(|e| e.at).min().unwrap_or(p.at);
+                f.stats.max_latency_us = f.stats.max_latency_us.max(first - p.at);
+                let turns: BTreeSet<&str> = es.iter().map(|e| e.turn_id.as_str()).collect();
+                if turns.len() > 1 {
+                    f.stats.duplicates += 1;
+                    // The documented bound: a turn that outlived the ack
+                    // window (its delivery came back to another holder).
+                    let outlived: Vec<String> = es
+                        .iter()
+                        .filter_map(|e| {
+                            let s = started.get(e.turn_id.as_str())?;
+                            let ran = e.at - s.at;
+                            (ran > t.ack_wait).then(|| {
+                                format!(
+                                    "turn {} on {} (epoch {}) ran {}",
+                                    e.turn_id,
+                                    s.proc,
+                                    e.epoch,
+                                    secs(ran)
+                                )
+                            })
+                        })
+                        .collect();
+                    let which: Vec<String> = es
+                        .iter()
+                        .map(|e| format!("{}@{}:epoch {}", e.turn_id, e.node, e.epoch))
+                        .collect();
+                    if outlived.is_empty() {
+                        f.violations.push(format!(
+                            "duplicate: trigger {} of seat {} has effects from {} turns: {}",
+                            p.id,
+                            p.seat,
+                            turns.len(),
+                            which.join(", ")
+                        ));
+                    } else {
+                        f.stats.bounded_duplicates += 1;
+                        f.bounded.push(format!(
+                            "a turn outlived the ack window ({}): trigger {} of seat {} ran twice — {}",
+                            secs(t.ack_wait),
+                            p.id,
+                            p.seat,
+                            outlived.join("; ")
+                        ));
+                    }
+                }
+            }
+            None if dead.contains(p.id.as_str()) => {}
+            None if p.acked => lost.push(p),
+            None => {}
+        }
+    }
+    f.stats.lost = lost.len();
+    if !lost.is_empty() {
+        let sample: Vec<String> = lost
+            .iter()
+            .take(10)
+            .map(|p| format!("{} (seat {})", p.id, p.seat))
+            .collect();
+        f.violations.push(format!(
+            "lost: {} acknowledged messages have no effect and were not dead-lettered: {}{}",
+            lost.len(),
+            sample.join(", "),
+            if lost.len() > 10 { ", …" } else { "" }
+        ));
+    }
+
+    // Stops and exits.
+    for p in &h.procs {
+        for (i, (s, r)) in p.stops.iter().enumerate() {
+            if r - s <= t.ttl {
+                continue;
+            }
+            let exited_75 = p.code == Some(75)
+                && p.cause == Some(EndCause::OnItsOwn)
+                && p.ended
+                    .is_some_and(|e| e >= *r && e <= r + t.ttl + 5 * SECOND)
+                && i + 1 == p.stops.len();
+            if exited_75 {
+                f.stats.stops_exit75 += 1;
+                continue;
+            }
+            // Resumed: every seat it held when stopped was lost or fenced
+            // after it resumed, and it started no turn at those epochs.
+            let held: Vec<&Tenure> = tenures
+                .iter()
+                .filter(|x| x.proc == p.id && x.attached < *s && x.ended > *s)
+                .collect();
+            let mut fenced = true;
+            for x in &held {
+                let taken = newer_claim(&x.seat, x.epoch).is_some_and(|c| c < x.ended);
+                if !taken {
+                    continue;
+                }
+                if !(x.reason == "lost" || x.reason == "grace_expired" || x.ended <= *r) {
+                    fenced = false;
+                    f.violations.push(format!(
+                        "stop: {} resumed after {} stopped and held seat {} (epoch {}) until {} ({}) after a peer claimed it",
+                        p.id,
+                        secs(r - s),
+                        x.seat,
+                        x.epoch,
+                        secs(x.ended - r),
+                        x.reason
+                    ));
+                }
+            }
+            if p.ended.is_some_and(|e| e < *r + t.ttl + 5 * SECOND)
+                && p.cause == Some(EndCause::OnItsOwn)
+                && p.code != Some(75)
+            {
+                fenced = false;
+                f.violations.push(format!(
+                    "stop: {} ended with code {:?} (signal {:?}) after it was resumed",
+                    p.id, p.code, p.signal
+                ));
+            }
+            if fenced {
+                f.stats.stops_fenced += 1;
+            }
+        }
+        match (p.cause, p.code) {
+            (Some(EndCause::Terminated), c) if c != Some(0) => f.violations.push(format!(
+                "exit: {} was sent SIGTERM and exited with {:?} (signal {:?}), not 0",
+                p.id, c, p.signal
+            )),
+            (Some(EndCause::OnItsOwn), Some(75)) => {
+                let end = p.ended.unwrap_or(h.window.1);
+                let stalled = p
+                    .stops
+                    .iter()
+                    .chain(p.cutoffs.iter())
+                    .any(|(s, _)| *s <= end && end <= s + 60 * SECOND);
+                if !stalled {
+                    f.violations.push(format!(
+                        "exit: {} exited 75 (its watchdog) without being stopped or cut off",
+                        p.id
+                    ));
+                }
+            }
+            (Some(EndCause::OnItsOwn), c) => f.violations.push(format!(
+                "exit: {} ended on its own with {:?} (signal {:?})",
+                p.id, c, p.signal
+            )),
+            _ => {}
+        }
+    }
+
+    for (p, line) in &h.panics {
+        f.violations.push(format!("panic: {p}: {line}"));
+    }
+
+    // The lease view never goes back.
+    let mut seen: BTreeMap<&str, (u64, Ts, &str)> = BTreeMap::new();
+    let mut polls: Vec<&Poll> = h.polls.iter().collect();
+    polls.sort_by_key(|p| p.at);
+    for p in polls {
+        // Epoch 0 is a claim still being written (its record, then the
+        // counter, then the token): not a tenure.
+        for (seat, (_, epoch)) in p.seats.iter().filter(|(_, (_, e))| *e > 0) {
+            if let Some((e, at, by)) = seen.get(seat.as_str())
+                && epoch < e
+            {
+                f.violations.push(format!(
+                    "fleet view: seat {seat} at epoch {epoch} (asked {}) after epoch {e} (asked {by}, {} earlier)",
+                    p.by,
+                    secs(p.at - at)
+                ));
+            }
+            let best = seen.get(seat.as_str()).map(|x| x.0).unwrap_or(0);
+            if *epoch >= best {
+                seen.insert(seat, (*epoch, p.at, &p.by));
+            }
+        }
+    }
+
+    let dark = dark_stretches(h, &tenures);
+    let mut d: Vec<i64> = dark.iter().map(|x| x.2).collect();
+    d.sort();
+    f.stats.dark_stretches = d.len();
+    f.stats.max_dark_us = d.last().copied().unwrap_or(0);
+    f.stats.p99_dark_us = percentile(&d, 0.99);
+
+    f.violations.extend(h.harness.iter().cloned());
+    f
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn proc(node: &str, spawn: u32) -> ProcId {
+        ProcId {
+            node: node.into(),
+            spawn,
+        }
+    }
+
+    fn ev(at: i64, p: &ProcId, name: &str, v: serde_json::Value) -> NodeEvent {
+        NodeEvent {
+            at: at * SECOND,
+            proc: p.clone(),
+            name: name.into(),
+            v,
+        }
+    }
+
+    fn running(p: &ProcId) -> Proc {
+        Proc {
+            id: p.clone(),
+            ended: None,
+            cause: None,
+            code: None,
+            signal: None,
+            stops: vec![],
+            cutoffs: vec![],
+        }
+    }
+
+    fn base() -> History {
+        History {
+            timings: Timings {
+                ttl: 3 * SECOND,
+                heartbeat: SECOND,
+                store_timeout: 2 * SECOND,
+                ack_wait: 10 * SECOND,
+            },
+            window: (0, 100 * SECOND),
+            seats: vec!["s".into()],
+            published: vec![],
+            effects: vec![],
+            dead: vec![],
+            events: vec![],
+            procs: vec![],
+            removals: vec![],
+            polls: vec![],
+            panics: vec![],
+            harness: vec![],
+        }
+    }
+
+    fn effect(at: i64, turn: &str, node: &str, epoch: u64, ids: &[&str]) -> EffectRec {
+        EffectRec {
+            at: at * SECOND,
+            seat: "s".into(),
+            node: node.into(),
+            epoch,
+            turn_id: turn.into(),
+            trigger_ids: ids.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    fn published(id: &str) -> Published {
+        Published {
+            id: id.into(),
+            seat: "s".into(),
+            at: 0,
+            acked: true,
+        }
+    }
+
+    #[test]
+    fn a_clean_handoff_is_clean_and_its_gap_is_dark_time() {
+        let (a, b) = (proc("a", 0), proc("b", 0));
+        let mut h = base();
+        h.procs = vec![running(&a), running(&b)];
+        h.events = vec![
+            ev(0, &a, "seat_claimed", json!({"seat": "s", "epoch": 1})),
+            ev(0, &a, "seat_attached", json!({"seat": "s", "epoch": 1})),
+            ev(
+                40,
+                &a,
+                "seat_detached",
+                json!({"seat": "s", "epoch": 1, "reason": "drain"}),
+            ),
+            ev(41, &b, "seat_claimed", json!({"seat": "s", "epoch": 2})),
+            ev(42, &b, "seat_attached", json!({"seat": "s", "epoch": 2})),
+        ];
+        h.published = vec![published("m1")];
+        h.effects = vec![effect(5, "t1", "a", 1, &["m1"])];
+        let f = check(&h);
+        assert!(f.violations.is_empty(), "{:?}", f.violations);
+        assert_eq!(f.stats.max_dark_us, 2 * SECOND);
+        assert_eq!(f.stats.lost, 0);
+    }
+
+    #[test]
+    fn a_message_with_no_effect_and_no_dead_letter_is_lost() {
+        let mut h = base();
+        h.published = vec![published("m1"), published("m2"), published("m3")];
+        h.effects = vec![effect(5, "t1", "a", 1, &["m1"])];
+        h.dead = vec![DeadRec { id: "m2".into() }];
+        let f = check(&h);
+        assert_eq!(f.stats.lost, 1);
+        assert!(f.violations[0].contains("m3"), "{:?}", f.violations);
+    }
+
+    #[test]
+    fn two_effects_for_one_trigger_are_a_violation_unless_a_turn_outlived_the_ack_window() {
+        let (a, b) = (proc("a", 0), proc("b", 0));
+        let mut h = base();
+        h.procs = vec![running(&a), running(&b)];
+        h.published = vec![published("m1")];
+        h.events = vec![
+            ev(
+                10,
+                &a,
+                "turn_started",
+                json!({"seat": "s", "turn_id": "t1", "epoch": 1}),
+            ),
+            ev(
+                12,
+                &b,
+                "turn_started",
+                json!({"seat": "s", "turn_id": "t2", "epoch": 2}),
+            ),
+        ];
+        h.effects = vec![
+            effect(11, "t1", "a", 1, &["m1"]),
+            effect(13, "t2", "b", 2, &["m1"]),
+        ];
+        let f = check(&h);
+        assert_eq!(f.stats.duplicates, 1);
+        assert!(f.violations.iter().any(|v| v.starts_with("duplicate")));
+        // The same, with the first turn running 12 s (stopped mid-turn).
+        h.effects[0].at = 22 * SECOND;
+        let f = check(&h);
+        assert!(f.violations.is_empty(), "{:?}", f.violations);
+        assert_eq!(f.stats.bounded_duplicates, 1);
+        assert!(f.bounded[0].contains("outlived the ack window"));
+    }
+
+    #[test]
+    fn attachments_overlapping_past_the_bound_are_a_violation_but_stopped_time_is_not() {
+        let (a, b) = (proc("a", 0), proc("b", 0));
+        let mut h = base();
+        h.procs = vec![running(&a), running(&b)];
+        h.events = vec![
+            ev(0, &a, "seat_attached", json!({"seat": "s", "epoch": 1})),
+            ev(10, &b, "seat_attached", json!({"seat": "s", "epoch": 2})),
+            ev(
+                30,
+                &a,
+                "seat_detached",
+                json!({"seat": "s", "epoch": 1, "reason": "lost"}),
+            ),
+        ];
+        let f = check(&h);
+        assert!(
+            f.violations.iter().any(|v| v.starts_with("overlap")),
+            "{:?}",
+            f.violations
+        );
+        // a was stopped from 5 s to 29 s: it held nothing it could act on.
+        h.procs[0].stops = vec![(5 * SECOND, 29 * SECOND)];
+        let f = check(&h);
+        assert!(
+            !f.violations.iter().any(|v| v.starts_with("overlap")),
+            "{:?}",
+            f.violations
+        );
+        assert_eq!(f.stats.stops_fenced, 1);
+    }
+
+    #[test]
+    fn a_turn_started_long_after_a_newer_claim_breaks_admission() {
+        let (a, b) = (proc("a", 0), proc("b", 0));
+        let mut h = base();
+        h.procs = vec![running(&a), running(&b)];
+        h.events = vec![
+            ev(10, &b, "seat_claimed", json!({"seat": "s", "epoch": 2})),
+            ev(
+                15,
+                &a,
+                "turn_started",
+                json!({"seat": "s", "turn_id": "t1", "epoch": 1}),
+            ),
+        ];
+        let f = check(&h);
+        assert!(
+            f.violations.iter().any(|v| v.starts_with("admission")),
+            "{:?}",
+            f.violations
+        );
+    }
+
+    #[test]
+    fn a_stopped_node_exiting_75_is_fine_and_exiting_otherwise_is_not() {
+        let a = proc("a", 0);
+        let mut h = base();
+        let mut p = running(&a);
+        p.stops = vec![(10 * SECOND, 16 * SECOND)];
+        p.ended = Some(16 * SECOND + SECOND / 2);
+        p.cause = Some(EndCause::OnItsOwn);
+        p.code = Some(75);
+        h.procs = vec![p.clone()];
+        let f = check(&h);
+        assert!(f.violations.is_empty(), "{:?}", f.violations);
+        assert_eq!(f.stats.stops_exit75, 1);
+        p.code = Some(1);
+        h.procs = vec![p.clone()];
+        assert!(!check(&h).violations.is_empty());
+        // A watchdog exit with no stall behind it.
+        p.code = Some(75);
+        p.stops.clear();
+        h.procs = vec![p];
+        assert!(check(&h).violations.iter().any(|v| v.contains("watchdog")));
+    }
+
+    #[test]
+    fn a_removed_seat_is_not_dark_while_it_is_out_of_the_company() {
+        let a = proc("a", 0);
+        let mut h = base();
+        h.procs = vec![running(&a)];
+        h.events = vec![
+            ev(0, &a, "seat_attached", json!({"seat": "s", "epoch": 1})),
+            ev(
+                20,
+                &a,
+                "seat_detached",
+                json!({"seat": "s", "epoch": 1, "reason": "role_gone"}),
+            ),
+            ev(51, &a, "seat_attached", json!({"seat": "s", "epoch": 2})),
+        ];
+        h.removals = vec![Removal {
+            seat: "s".into(),
+            from: 19 * SECOND,
+            to: 50 * SECOND,
+        }];
+        let f = check(&h);
+        assert_eq!(f.stats.max_dark_us, SECOND);
+    }
+}

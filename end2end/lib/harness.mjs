@@ -3,7 +3,8 @@
 // them. Everything started here is stopped by `stop()`.
 
 import { spawn, execFileSync } from 'node:child_process';
-import { mkdtempSync, writeFileSync, mkdirSync } from 'node:fs';
+import { mkdtempSync, writeFileSync, mkdirSync, existsSync, rmSync } from 'node:fs';
+import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join, dirname } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -40,13 +41,14 @@ export async function until(what, check, ms = 15000) {
  * more company-file text (more roles, settings).
  * Resolves to { url, proc, dir, log(), stop() } once the node answers /health.
  */
-export async function startNode({ id = 'node-e2e', people = [], roles = ['alpha-agent', 'beta-agent'], more = '' } = {}) {
+export async function startNode({ id = 'node-e2e', people = [], roles = ['alpha-agent', 'beta-agent'], more = '', nats = null } = {}) {
   const dir = mkdtempSync(join(tmpdir(), 'crewlet-e2e-'));
   const users = people
     .map((p) => `[[auth.users]]\nname = "${p.name}"\npassword_hash = "${hashPassword(p.password)}"\nrole = "${p.role}"\n`)
     .join('\n');
   const roleText = roles.map((h) => `[[roles]]\nhandle = "${h}"\nagent = { kind = "echo" }\n`).join('\n');
-  const config = `[node]\nid = "${id}"\nlisten = "127.0.0.1:0"\ndata_dir = "${join(dir, 'data')}"\nlabels = ["e2e"]\n\n[company]\nname = "End-to-end company"\n\n${roleText}\n${more}\n${users}\n[logging]\nformat = "json"\n`;
+  const fleet = nats ? fleetConfig(nats) : '';
+  const config = `[node]\nid = "${id}"\nlisten = "127.0.0.1:0"\ndata_dir = "${join(dir, 'data')}"\nlabels = ["e2e"]\n\n[company]\nname = "End-to-end company"\n\n${roleText}\n${fleet}\n${more}\n${users}\n[logging]\nformat = "json"\n`;
   const file = join(dir, 'crewlet.toml');
   writeFileSync(file, config);
   const proc = spawn(crewletBin, ['run', '--config', file], { stdio: ['ignore', 'pipe', 'pipe'] });
@@ -68,6 +70,69 @@ export async function startNode({ id = 'node-e2e', people = [], roles = ['alpha-
     async stop() {
       if (proc.exitCode === null) proc.kill('SIGTERM');
       return exited;
+    },
+  };
+}
+
+/**
+ * The company-file text that puts a node on a fleet sharing `nats` (from
+ * `startNats`): leases in JetStream KV, mailboxes on JetStream, and the
+ * shortest timings the company file allows, so a joining node takes its
+ * share within a few seconds.
+ */
+function fleetConfig(nats) {
+  return `[coordination]\ntype = "embedded-kv"\nlease_ttl_seconds = 3\nheartbeat_seconds = 1\nsweep_seconds = 1\n\n[stream]\ntype = "nats"\nurls = ["${nats.url}"]\n`;
+}
+
+/** A free loopback TCP port. */
+export async function freePort() {
+  return new Promise((resolve, reject) => {
+    const srv = createServer();
+    srv.unref();
+    srv.on('error', reject);
+    srv.listen(0, '127.0.0.1', () => {
+      const { port } = srv.address();
+      srv.close(() => resolve(port));
+    });
+  });
+}
+
+/** Debian's `nats-server` (or `NATS_SERVER`), or null when it is not installed. */
+export function natsServerBin() {
+  const candidates = [process.env.NATS_SERVER, '/usr/sbin/nats-server', '/usr/bin/nats-server', '/usr/local/bin/nats-server'];
+  return candidates.find((p) => p && existsSync(p)) || null;
+}
+
+/**
+ * Start a JetStream `nats-server` on free loopback ports with a temporary
+ * store directory. Resolves to { url, proc, log(), stop() } once JetStream
+ * answers the monitor's health check; `stop()` kills it and removes the store.
+ */
+export async function startNats() {
+  const bin = natsServerBin();
+  if (!bin) throw new Error('nats-server is not installed (./dev deps installs it)');
+  const dir = mkdtempSync(join(tmpdir(), 'crewlet-e2e-nats-'));
+  const port = await freePort();
+  const monitor = await freePort();
+  const proc = spawn(bin, ['-js', '-sd', join(dir, 'jetstream'), '-a', '127.0.0.1', '-p', String(port), '-m', String(monitor)], {
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  let output = '';
+  proc.stdout.on('data', (d) => (output += d));
+  proc.stderr.on('data', (d) => (output += d));
+  const exited = new Promise((r) => proc.on('exit', (code, signal) => r(code ?? signal)));
+  await until('nats-server to answer with JetStream ready', async () => {
+    if (proc.exitCode !== null) throw new Error(`nats-server exited ${proc.exitCode}:\n${output}`);
+    return (await fetch(`http://127.0.0.1:${monitor}/healthz?js-enabled-only=true`)).ok;
+  }, 30000);
+  return {
+    url: `nats://127.0.0.1:${port}`,
+    proc,
+    log: () => output,
+    async stop() {
+      if (proc.exitCode === null && proc.signalCode === null) proc.kill('SIGKILL');
+      await exited;
+      rmSync(dir, { recursive: true, force: true });
     },
   };
 }

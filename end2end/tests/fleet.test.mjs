@@ -1,0 +1,125 @@
+// Two nodes on one real NATS JetStream: node A's dashboard shows node B
+// joining and seats moving to it without a reload, and A's Memory page
+// reads a seat B holds from B, saying so.
+//
+// Needs `nats-server` (Debian's package; `./dev deps` installs it). Without
+// it these tests are skipped, saying why.
+
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { join } from 'node:path';
+import { startNode, startNats, natsServerBin, launchBrowser, strictPage, signIn, resultsDir, until } from '../lib/harness.mjs';
+
+const OPERATOR = { name: 'olivia', password: 'operator-pass-1', role: 'operator' };
+const ROLES = ['alpha-agent', 'beta-agent', 'gamma-agent', 'delta-agent'];
+const skip = natsServerBin() ? false : 'nats-server is not installed: run ./dev deps (or set NATS_SERVER) to run the fleet tests';
+
+let nats;
+let nodeA;
+let nodeB;
+let browser;
+
+before(async () => {
+  if (skip) return;
+  nats = await startNats();
+  nodeA = await startNode({ id: 'node-a', people: [OPERATOR], roles: ROLES, nats });
+  browser = await launchBrowser();
+});
+
+after(async () => {
+  await browser?.close();
+  const codes = [];
+  for (const n of [nodeB, nodeA]) if (n) codes.push([n, await n.stop()]);
+  await nats?.stop();
+  for (const [n, code] of codes) assert.equal(code, 0, `the node exits 0 on SIGTERM; its log:\n${n.log()}`);
+});
+
+async function startNodeB() {
+  nodeB ??= await startNode({ id: 'node-b', people: [OPERATOR], roles: ROLES, nats });
+  return nodeB;
+}
+
+/** The seats a node's row on Settings › Nodes lists, opening its list first. */
+async function seatsListed(page, nodeId) {
+  const row = page.locator(`tr[data-node="${nodeId}"]`);
+  const details = row.locator('details.seats');
+  if ((await details.count()) === 0) return [];
+  if ((await details.getAttribute('open')) === null) await details.locator('summary').click();
+  return row.locator('li[data-seat]').evaluateAll((lis) => lis.map((li) => li.dataset.seat));
+}
+
+test('a seat moves to a joining node and the nodes page shows it live', { skip }, async () => {
+  const { page, context, problems } = await strictPage(browser);
+  await signIn(page, nodeA.url, OPERATOR.name, OPERATOR.password);
+  await page.locator('.live.live-open').waitFor();
+  await page.evaluate(() => (window.__sameDocument = true));
+  await page.locator('tr[data-node="node-a"]').waitFor();
+  const held = await until('node A to list every seat', async () => {
+    const seats = await seatsListed(page, 'node-a');
+    return seats.length === ROLES.length && seats;
+  }, 30000);
+  assert.deepEqual([...held].sort(), [...ROLES].sort());
+  assert.equal(await page.locator('tr[data-node="node-b"]').count(), 0, 'node B has not started yet');
+
+  await startNodeB();
+
+  // Without a reload: B's row appears, then seats listed under B and gone from A.
+  const rowB = page.locator('tr[data-node="node-b"]');
+  await rowB.waitFor({ timeout: 30000 });
+  // Seats move a sweep at a time: wait until the page settles on a split
+  // where B holds some and every seat is listed under exactly one node.
+  const { onA, onB } = await until('seats to move to node B on the page', async () => {
+    const onB = await seatsListed(page, 'node-b');
+    const onA = await seatsListed(page, 'node-a');
+    const split = onB.length > 0 && onA.length + onB.length === ROLES.length && onA.every((s) => !onB.includes(s));
+    return split && { onA, onB };
+  }, 40000);
+  assert.deepEqual([...onA, ...onB].sort(), [...ROLES].sort(), 'every seat is listed under exactly one node');
+  assert.match(await rowB.innerText(), /serving/);
+  for (const seat of onB) {
+    assert.match(await rowB.locator(`li[data-seat="${seat}"]`).innerText(), /epoch \d+ · since \d\d:\d\d/);
+  }
+  assert.equal(await page.evaluate(() => window.__sameDocument), true, 'no reload');
+  await page.screenshot({ path: join(resultsDir, 'nodes-two-1280.png'), fullPage: true });
+  assert.deepEqual(problems, []);
+  await context.close();
+});
+
+test('a memory read on a node that does not hold the seat says which node answered', { skip }, async () => {
+  await startNodeB();
+  const { page, context, problems } = await strictPage(browser);
+  await signIn(page, nodeA.url, OPERATOR.name, OPERATOR.password);
+  // A seat B holds, from A's own roster (Settings › Nodes).
+  const seat = await until('a seat held by node B', async () => {
+    await page.goto(`${nodeA.url}/settings/nodes`);
+    await page.waitForSelector('html[data-hydrated]');
+    await page.locator('tr[data-node="node-a"]').waitFor();
+    const seats = await seatsListed(page, 'node-b');
+    return seats[0];
+  }, 40000);
+
+  // A turn runs there: the trigger is published through node A.
+  const sent = await page.evaluate(async (handle) => {
+    const r = await fetch(`/api/seats/${handle}/inbox`, {
+      method: 'POST',
+      body: JSON.stringify({ id: `evt-e2e-fleet-memory-${handle}`, type: 'task_assigned', body: { title: 'remember this on node B' } }),
+    });
+    return { status: r.status, body: await r.text() };
+  }, seat);
+  assert.equal(sent.status, 200, sent.body);
+
+  await page.goto(`${nodeA.url}/memory?seat=${seat}`);
+  await page.waitForSelector('html[data-hydrated]');
+  const section = page.locator(`section.memory-seat[data-seat="${seat}"]`);
+  await section.waitFor();
+  // The episode the turn wrote on B shows, read from B (live on the event stream).
+  const episodes = section.locator('[data-kind="episodes"] tbody tr');
+  await until('the episode written on node B to show', async () => (await episodes.count()) > 0, 30000);
+  assert.equal(await section.getAttribute('data-state'), 'held');
+  const answered = section.locator('.answered');
+  assert.equal(await answered.getAttribute('data-answered-by'), 'node-b');
+  assert.match(await answered.innerText(), /^Answered by node-b \(holder, epoch \d+\)\.$/);
+  await page.screenshot({ path: join(resultsDir, 'memory-from-b-1280.png'), fullPage: true });
+  assert.deepEqual(problems, []);
+  await context.close();
+});

@@ -289,6 +289,43 @@ pub struct SeatRow {
     /// The last error that broke one of its turns, and the node it broke on.
     pub last_error: Option<String>,
     pub last_error_node: Option<String>,
+    /// The turn running now, when this node holds the seat and one runs
+    /// (its turn id); `None` otherwise, or when a peer holds the seat.
+    #[serde(default)]
+    pub running_turn: Option<String>,
+    /// The seat's detached runs (`crewlet_runs`), live ones first; read
+    /// for the seats of the page shown only.
+    #[serde(default)]
+    pub runs: Vec<SeatRunView>,
+}
+
+/// A detached run as the Seats page shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SeatRunView {
+    pub run_id: String,
+    /// `running`, `parked`, `finished`, `failed` or `ended`.
+    pub state: String,
+    /// The node whose child runs (or ran) the command.
+    pub launcher_node: String,
+}
+
+/// The Seats row's line about a seat's detached runs: "1 run: running on
+/// node-a", "2 runs: running on node-a, finished on node-b"; `None` when
+/// it has none.
+pub fn runs_summary(runs: &[SeatRunView]) -> Option<String> {
+    if runs.is_empty() {
+        return None;
+    }
+    let each: Vec<String> = runs
+        .iter()
+        .map(|r| format!("{} on {}", r.state, r.launcher_node))
+        .collect();
+    let n = runs.len();
+    Some(format!(
+        "{n} run{}: {}",
+        if n == 1 { "" } else { "s" },
+        each.join(", ")
+    ))
 }
 
 /// What the Seats page asks for: a search over handles and holder nodes,

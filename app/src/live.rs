@@ -114,6 +114,10 @@ pub const SEAT_EVENTS: &[&str] = &[
     "turn_started",
     "turn_completed",
     "turn.guard_breach",
+    "run_started",
+    "run_adopted",
+    "run_resumed",
+    "sandbox_run_failed",
 ];
 
 /// Events that follow a person's action (and so a new audit row).

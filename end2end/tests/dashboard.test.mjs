@@ -1,7 +1,7 @@
 // The signed-in dashboard, driven in headless Chromium against a real node:
 // sign-in, hydration, the Nodes page, people and the audit log, the Seats
-// page's pause / resume / stop, the Events page and live updates from the
-// node's event stream.
+// page's pause / resume / stop, its running turns and detached runs, the
+// Events page and live updates from the node's event stream.
 
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
@@ -570,4 +570,87 @@ test('when the coordination store cannot be read, Settings › Nodes says unknow
     await other?.stop();
     await nats.stop();
   }
+});
+
+/** Publish a trigger to a seat's inbox from inside the page (its session). */
+async function publish(page, handle, envelope) {
+  return page.evaluate(
+    async ({ handle, envelope }) => {
+      const r = await fetch(`/api/seats/${handle}/inbox`, { method: 'POST', body: JSON.stringify(envelope) });
+      return { status: r.status, body: await r.text() };
+    },
+    { handle, envelope },
+  );
+}
+
+/** Collect the node's events of `name` in the page from now on (`window.__events`). */
+async function collectEvents(page, name) {
+  await page.evaluate(async (name) => {
+    window.__events = [];
+    const es = new EventSource('/api/events');
+    es.addEventListener(name, (m) => window.__events.push(JSON.parse(m.data)));
+    await new Promise((resolve) => es.addEventListener('open', resolve, { once: true }));
+  }, name);
+}
+
+test('an operator stops a running turn from the seats page', async () => {
+  const { page, context, problems } = await livePage(OPERATOR, '/seats');
+  const row = page.locator('tr[data-seat="alpha-agent"]');
+  await row.waitFor();
+  await collectEvents(page, 'turn_completed');
+  // A slow echo turn: 40 rounds half a second apart.
+  const sent = await publish(page, 'alpha-agent', {
+    id: 'evt-e2e-slow-turn',
+    type: 'task_assigned',
+    body: { title: 'a slow turn to stop', echo: { rounds: 40, round_delay_ms: 500 } },
+  });
+  assert.equal(sent.status, 200, sent.body);
+  // The row says a turn is running, without a reload.
+  const running = row.locator('.running-turn');
+  await running.waitFor({ timeout: 20000 });
+  const turnId = await running.getAttribute('data-turn');
+  assert.ok(turnId, 'the running turn is named');
+  assert.match(await running.innerText(), /running turn/);
+  await page.screenshot({ path: join(resultsDir, 'seats-running-turn-1280.png'), fullPage: true });
+
+  await row.locator('button[data-action="stop"]').click();
+  const dialog = page.locator('dialog.confirm[open]');
+  await dialog.waitFor();
+  assert.match(await dialog.innerText(), /Stop alpha-agent's running turn\?[\s\S]*node-e2e holds it/);
+  await dialog.getByRole('button', { name: 'Stop turn', exact: true }).click();
+  await page.getByText('alpha-agent: stop requested').waitFor();
+
+  // The turn ends stopped: the node says so on its event stream, and the row
+  // no longer shows it running.
+  const completed = await until(
+    'turn_completed for the stopped turn',
+    () => page.evaluate((id) => window.__events.find((e) => e.seat === 'alpha-agent' && e.turn_id === id), turnId),
+    20000,
+  );
+  assert.equal(completed.outcome, 'stopped', JSON.stringify(completed));
+  await running.waitFor({ state: 'detached' });
+  assert.deepEqual(problems, []);
+  await context.close();
+});
+
+test("the seats page shows a seat's detached runs with their state and launcher", async () => {
+  const { page, context, problems } = await livePage(OPERATOR, '/seats');
+  const row = page.locator('tr[data-seat="beta-agent"]');
+  await row.waitFor();
+  assert.equal(await row.locator('.runs').count(), 0, 'no runs yet');
+  await page.evaluate(() => (window.__sameDocument = true));
+  const sent = await publish(page, 'beta-agent', {
+    id: 'evt-e2e-detached-run',
+    type: 'task_assigned',
+    body: { title: 'start a long command', run: { argv: ['sleep', '30'] } },
+  });
+  assert.equal(sent.status, 200, sent.body);
+  const runs = row.locator('.runs');
+  await runs.waitFor({ timeout: 20000 });
+  assert.equal(await runs.innerText(), '1 run: running on node-e2e');
+  assert.equal(await runs.getAttribute('data-live-runs'), '1');
+  assert.equal(await page.evaluate(() => window.__sameDocument), true, 'no reload');
+  await page.screenshot({ path: join(resultsDir, 'seats-runs-1280.png'), fullPage: true });
+  assert.deepEqual(problems, []);
+  await context.close();
 });

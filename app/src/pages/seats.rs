@@ -8,7 +8,7 @@ use leptos::prelude::*;
 use leptos_router::components::Form;
 use leptos_router::hooks::use_query_map;
 
-use crate::api::{SeatActionResult, SeatList, SeatRow, SeatState};
+use crate::api::{SeatActionResult, SeatList, SeatRow, SeatState, runs_summary};
 use crate::components::notice::ErrorNotice;
 use crate::error::AppError;
 use crate::fns::{list_seats, pause_seat, resume_seat, stop_seat_turn, whoami};
@@ -123,13 +123,17 @@ pub fn SeatsPage() -> impl IntoView {
             .is_some_and(|p| p.is_operator())
     });
 
-    // Turn events only matter for the seats on this page (their inbox depth
-    // and last error); everything else may change any row or the counts.
+    // Turn and run events only matter for the seats on this page (their
+    // running turn, inbox depth, last error and detached runs); everything
+    // else may change any row or the counts.
     let on_page = StoredValue::new(Vec::<String>::new());
     let live = refetch_on(
         SEAT_EVENTS,
         move |e| {
-            !e.name.starts_with("turn")
+            let seat_scoped = e.name.starts_with("turn")
+                || e.name.starts_with("run_")
+                || e.name == "sandbox_run_failed";
+            !seat_scoped
                 || e.seat()
                     .is_some_and(|s| on_page.try_with_value(|v| v.contains(&s)).unwrap_or(false))
         },
@@ -475,6 +479,25 @@ fn SeatRowView(row: SeatRow, operator: Signal<bool>, ask: Callback<Confirm>) -> 
                                 <time datetime=at.clone() title=at.clone()>{hhmm(&at)}</time>
                                 {p.reason.map(|r| format!(" · {r}"))}
                                 {p.stop_running_turn.then_some(" · turn stopped")}
+                            </div>
+                        }
+                    })}
+                {row
+                    .running_turn
+                    .clone()
+                    .map(|t| {
+                        view! {
+                            <div class="small running-turn" data-turn=t.clone() title=t>
+                                "running turn"
+                            </div>
+                        }
+                    })}
+                {runs_summary(&row.runs)
+                    .map(|text| {
+                        let live = row.runs.iter().filter(|r| r.state == "running" || r.state == "parked").count();
+                        view! {
+                            <div class="muted small runs" data-runs=row.runs.len() data-live-runs=live>
+                                {text}
                             </div>
                         }
                     })}

@@ -340,11 +340,14 @@ impl Console for NodeConsole {
             })
             .collect();
         let local = self.engine.host().status();
-        let local_errors = self
-            .turns
-            .seats()
+        let turns = self.turns.seats();
+        let local_errors = turns
+            .iter()
+            .filter_map(|s| s.last_error.clone().map(|e| (s.handle.clone(), e)))
+            .collect();
+        let local_running = turns
             .into_iter()
-            .filter_map(|s| s.last_error.map(|e| (s.handle, e)))
+            .filter_map(|s| s.running_turn.map(|t| (s.handle, t)))
             .collect();
         let notes = self.notes.snapshot();
         let rows = seat_rows(&SeatFacts {
@@ -354,6 +357,7 @@ impl Console for NodeConsole {
             me: self.info.incarnation.as_str(),
             local: &local,
             local_errors: &local_errors,
+            local_running: &local_running,
             notes: &notes,
         });
         let total = rows.len();
@@ -365,8 +369,25 @@ impl Console for NodeConsole {
             async move { queue.pending(&group).await.ok() }
         }))
         .await;
-        for (row, depth) in paged.rows.iter_mut().zip(depths) {
+        // The detached runs of the page's seats only, read all at once; a
+        // seat whose runs cannot be read shows none.
+        let runs = self.turns.runs();
+        let records = futures::future::join_all(
+            paged
+                .rows
+                .iter()
+                .map(|r| async move { runs.list(&r.handle).await.ok() }),
+        )
+        .await;
+        for ((row, depth), records) in paged.rows.iter_mut().zip(depths).zip(records) {
             row.pending = depth;
+            row.runs = crate::web::seats::run_views(
+                records
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|(r, _)| r)
+                    .collect(),
+            );
         }
         Ok(SeatList {
             answered_by: self.info.node_id.clone(),

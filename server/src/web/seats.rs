@@ -5,11 +5,14 @@
 
 use std::collections::HashMap;
 
-use app::api::{SEAT_PAGE_SIZE, SeatHolder, SeatPauseView, SeatQuery, SeatRow, SeatState};
+use app::api::{
+    SEAT_PAGE_SIZE, SeatHolder, SeatPauseView, SeatQuery, SeatRow, SeatRunView, SeatState,
+};
 
 use crate::config::{PlacementConfig, RoleConfig};
 use crate::coord::{Lease, LeaseState};
 use crate::engine::pause::PauseRecord;
+use crate::engine::runs::RunRecord;
 use crate::seat::host::{Phase, SeatStatus};
 use crate::web::live::SeatNote;
 
@@ -25,6 +28,8 @@ pub struct SeatFacts<'a> {
     pub local: &'a [SeatStatus],
     /// The last error of each seat whose turns run here.
     pub local_errors: &'a HashMap<String, String>,
+    /// The turn running now in each seat whose turns run here.
+    pub local_running: &'a HashMap<String, String>,
     /// What the fleet's events said of seats held anywhere.
     pub notes: &'a HashMap<String, SeatNote>,
 }
@@ -142,11 +147,31 @@ pub fn seat_rows(facts: &SeatFacts<'_>) -> Vec<SeatRow> {
                 }),
                 last_error,
                 last_error_node,
+                running_turn: facts.local_running.get(handle).filter(|_| mine).cloned(),
+                runs: Vec::new(),
             }
         })
         .collect();
     rows.sort_by(|a, b| a.handle.cmp(&b.handle));
     rows
+}
+
+/// A seat's run records as its row shows them: live runs first, then by
+/// run id.
+pub fn run_views(records: Vec<RunRecord>) -> Vec<SeatRunView> {
+    let mut records = records;
+    records.sort_by(|a, b| (!a.state.is_live(), &a.run_id).cmp(&(!b.state.is_live(), &b.run_id)));
+    records
+        .into_iter()
+        .map(|r| SeatRunView {
+            state: serde_json::to_value(r.state)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_string))
+                .unwrap_or_default(),
+            run_id: r.run_id,
+            launcher_node: r.launcher_node,
+        })
+        .collect()
 }
 
 /// One page of `rows` matching `q`.
@@ -203,6 +228,7 @@ pub fn page_of(rows: Vec<SeatRow>, q: &SeatQuery) -> Paged {
 mod tests {
     use super::*;
     use crate::coord::StoreTime;
+    use crate::engine::runs::RunState;
 
     fn role(handle: &str) -> RoleConfig {
         RoleConfig {
@@ -244,6 +270,7 @@ mod tests {
         pauses: HashMap<String, PauseRecord>,
         local: Vec<SeatStatus>,
         local_errors: HashMap<String, String>,
+        local_running: HashMap<String, String>,
         notes: HashMap<String, SeatNote>,
     }
 
@@ -256,6 +283,7 @@ mod tests {
                 me: "n1:aaaa",
                 local: &self.local,
                 local_errors: &self.local_errors,
+                local_running: &self.local_running,
                 notes: &self.notes,
             })
         }
@@ -317,6 +345,7 @@ mod tests {
                 status(&undead_here, Phase::Undead),
             ],
             local_errors: HashMap::new(),
+            local_running: HashMap::new(),
             notes: [(
                 "d-undead-there".to_string(),
                 SeatNote {
@@ -357,6 +386,7 @@ mod tests {
             pauses: HashMap::new(),
             local: Vec::new(),
             local_errors: HashMap::new(),
+            local_running: HashMap::new(),
             notes: [(
                 "a".to_string(),
                 SeatNote {
@@ -385,6 +415,7 @@ mod tests {
             local_errors: [("a".to_string(), "panicked".to_string())]
                 .into_iter()
                 .collect(),
+            local_running: HashMap::new(),
             notes: HashMap::new(),
         };
         let row = &w.rows()[0];
@@ -392,6 +423,83 @@ mod tests {
         assert_eq!(row.pause.as_ref().unwrap().reason.as_deref(), Some("keys"));
         assert_eq!(row.last_error.as_deref(), Some("panicked"));
         assert_eq!(row.last_error_node.as_deref(), Some("n1"));
+    }
+
+    #[test]
+    fn a_running_turn_is_shown_for_a_seat_held_here_only() {
+        let mine = lease("a", "n1:aaaa", 1);
+        let theirs = lease("b", "n2:bbbb", 3);
+        let w = World {
+            roles: vec![role("a"), role("b")],
+            leases: vec![mine.clone(), theirs],
+            pauses: HashMap::new(),
+            local: vec![status(&mine, Phase::Attached)],
+            local_errors: HashMap::new(),
+            // A turn this node still reports for a seat that moved away
+            // is not the holder's.
+            local_running: [("a", "turn-1"), ("b", "turn-stale")]
+                .into_iter()
+                .map(|(h, t)| (h.to_string(), t.to_string()))
+                .collect(),
+            notes: HashMap::new(),
+        };
+        let rows = w.rows();
+        assert_eq!(rows[0].running_turn.as_deref(), Some("turn-1"));
+        assert_eq!(rows[1].running_turn, None);
+    }
+
+    fn run(id: &str, state: RunState, node: &str) -> RunRecord {
+        RunRecord {
+            run_id: id.into(),
+            seat: "a".into(),
+            owner: "n1:aaaa".into(),
+            owner_epoch: 1,
+            launcher: format!("{node}:x"),
+            launcher_node: node.into(),
+            state,
+            argv: vec!["sleep".into(), "30".into()],
+            work_key: None,
+            result: None,
+            resumed: false,
+            created_at: String::new(),
+            updated_at: String::new(),
+        }
+    }
+
+    #[test]
+    fn a_seats_runs_show_live_ones_first_with_their_state_and_launcher() {
+        let views = run_views(vec![
+            run("r1", RunState::Finished, "node-b"),
+            run("r3", RunState::Running, "node-a"),
+            run("r2", RunState::Parked, "node-a"),
+        ]);
+        let states: Vec<(&str, &str, &str)> = views
+            .iter()
+            .map(|v| {
+                (
+                    v.run_id.as_str(),
+                    v.state.as_str(),
+                    v.launcher_node.as_str(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            states,
+            [
+                ("r2", "parked", "node-a"),
+                ("r3", "running", "node-a"),
+                ("r1", "finished", "node-b"),
+            ]
+        );
+        assert_eq!(
+            app::api::runs_summary(&views[1..2]).as_deref(),
+            Some("1 run: running on node-a")
+        );
+        assert_eq!(
+            app::api::runs_summary(&views).as_deref(),
+            Some("3 runs: parked on node-a, running on node-a, finished on node-b")
+        );
+        assert_eq!(app::api::runs_summary(&[]), None);
     }
 
     fn many(n: usize) -> Vec<SeatRow> {
@@ -414,6 +522,8 @@ mod tests {
                 pause: None,
                 last_error: None,
                 last_error_node: None,
+                running_turn: None,
+                runs: Vec::new(),
             })
             .collect()
     }

@@ -98,7 +98,14 @@ test('a memory read on a node that does not hold the seat says which node answer
     return seats[0];
   }, 40000);
 
-  // A turn runs there: the trigger is published through node A.
+  // A turn runs there: the trigger is published through node A, and A
+  // hears B's turn_completed on the fleet's events.
+  await page.evaluate(async () => {
+    window.__completed = [];
+    const es = new EventSource('/api/events');
+    es.addEventListener('turn_completed', (m) => window.__completed.push(JSON.parse(m.data)));
+    await new Promise((resolve) => es.addEventListener('open', resolve, { once: true }));
+  });
   const sent = await page.evaluate(async (handle) => {
     const r = await fetch(`/api/seats/${handle}/inbox`, {
       method: 'POST',
@@ -107,14 +114,23 @@ test('a memory read on a node that does not hold the seat says which node answer
     return { status: r.status, body: await r.text() };
   }, seat);
   assert.equal(sent.status, 200, sent.body);
+  const completed = await until(
+    `node A to hear the turn on ${seat} complete`,
+    () => page.evaluate((handle) => window.__completed.find((e) => e.seat === handle), seat),
+    30000,
+  );
+  assert.equal(completed.node, 'node-b', JSON.stringify(completed));
+  assert.equal(completed.outcome, 'completed', JSON.stringify(completed));
 
   await page.goto(`${nodeA.url}/memory?seat=${seat}`);
   await page.waitForSelector('html[data-hydrated]');
   const section = page.locator(`section.memory-seat[data-seat="${seat}"]`);
   await section.waitFor();
-  // The episode the turn wrote on B shows, read from B (live on the event stream).
+  // The episode the turn wrote on B shows: A read it from B.
   const episodes = section.locator('[data-kind="episodes"] tbody tr');
-  await until('the episode written on node B to show', async () => (await episodes.count()) > 0, 30000);
+  await until('the episode written on node B to show', async () => (await episodes.count()) > 0, 10000).catch(async (e) => {
+    throw new Error(`${e.message}; the page says:\n${await section.innerText()}`);
+  });
   assert.equal(await section.getAttribute('data-state'), 'held');
   const answered = section.locator('.answered');
   assert.equal(await answered.getAttribute('data-answered-by'), 'node-b');

@@ -395,6 +395,9 @@ impl TurnEngine {
             delivered,
             triggers: vec![env.clone()],
         };
+        // Running before it is announced: whoever reads the seat on
+        // `turn_started` finds the turn.
+        *lock(&rt.running) = Some(turn.turn_id.clone());
         self.events.emit(Event::TurnStarted {
             seat: handle.to_string(),
             turn_id: turn.turn_id.clone(),
@@ -403,7 +406,6 @@ impl TurnEngine {
             trigger_ids: vec![turn.triggers[0].id.clone()],
             delivered,
         });
-        *lock(&rt.running) = Some(turn.turn_id.clone());
         let guard = Guard {
             fence: fence.clone(),
             rt: rt.clone(),
@@ -714,6 +716,10 @@ impl TurnEngine {
             delivered: runs.iter().map(|(_, _, d)| *d).max().unwrap_or(1),
             triggers,
         };
+        // Running before it is announced: whoever reads the seat on
+        // `turn_started` finds the turn.
+        *lock(&rt.running) = Some(turn.turn_id.clone());
+        *lock(&rt.stop) = None;
         self.events.emit(Event::TurnStarted {
             seat: handle.clone(),
             turn_id: turn.turn_id.clone(),
@@ -722,8 +728,6 @@ impl TurnEngine {
             trigger_ids: turn.triggers.iter().map(|t| t.id.clone()).collect(),
             delivered: turn.delivered,
         });
-        *lock(&rt.running) = Some(turn.turn_id.clone());
-        *lock(&rt.stop) = None;
         let guard = Guard {
             fence: fence.clone(),
             rt: rt.clone(),

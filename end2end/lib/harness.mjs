@@ -97,10 +97,13 @@ export async function freePort() {
   });
 }
 
-/** Debian's `nats-server` (or `NATS_SERVER`), or null when it is not installed. */
+/**
+ * `NATS_SERVER` when set, else Debian's `nats-server`; null when that is
+ * not installed.
+ */
 export function natsServerBin() {
-  const candidates = [process.env.NATS_SERVER, '/usr/sbin/nats-server', '/usr/bin/nats-server', '/usr/local/bin/nats-server'];
-  return candidates.find((p) => p && existsSync(p)) || null;
+  if (process.env.NATS_SERVER) return existsSync(process.env.NATS_SERVER) ? process.env.NATS_SERVER : null;
+  return ['/usr/sbin/nats-server', '/usr/bin/nats-server', '/usr/local/bin/nats-server'].find((p) => existsSync(p)) || null;
 }
 
 /**

@@ -139,3 +139,57 @@ test('a memory read on a node that does not hold the seat says which node answer
   assert.deepEqual(problems, []);
   await context.close();
 });
+
+test("node A's seats page shows a turn running on node B, and stopping it there ends it stopped", { skip }, async () => {
+  await startNodeB();
+  const { page, context, problems } = await strictPage(browser);
+  await signIn(page, nodeA.url, OPERATOR.name, OPERATOR.password);
+  const seat = await until('a seat held by node B', async () => {
+    await page.goto(`${nodeA.url}/settings/nodes`);
+    await page.waitForSelector('html[data-hydrated]');
+    await page.locator('tr[data-node="node-a"]').waitFor();
+    return (await seatsListed(page, 'node-b'))[0];
+  }, 40000);
+  await page.goto(`${nodeA.url}/seats`);
+  await page.waitForSelector('html[data-hydrated]');
+  await page.locator('.live.live-open').waitFor();
+  const row = page.locator(`tr[data-seat="${seat}"]`);
+  await row.waitFor();
+  assert.match(await row.innerText(), /node-b/);
+  await page.evaluate(async () => {
+    window.__completed = [];
+    const es = new EventSource('/api/events');
+    es.addEventListener('turn_completed', (m) => window.__completed.push(JSON.parse(m.data)));
+    await new Promise((resolve) => es.addEventListener('open', resolve, { once: true }));
+  });
+  const sent = await page.evaluate(async (handle) => {
+    const r = await fetch(`/api/seats/${handle}/inbox`, {
+      method: 'POST',
+      body: JSON.stringify({ id: `evt-e2e-fleet-slow-${handle}`, type: 'task_assigned', body: { title: 'a slow turn on node B', echo: { rounds: 40, round_delay_ms: 500 } } }),
+    });
+    return { status: r.status, body: await r.text() };
+  }, seat);
+  assert.equal(sent.status, 200, sent.body);
+  // Node A learns of B's turn from the fleet's events.
+  const running = row.locator('.running-turn');
+  await running.waitFor({ timeout: 20000 });
+  const turnId = await running.getAttribute('data-turn');
+
+  await row.locator('button[data-action="stop"]').click();
+  const dialog = page.locator('dialog.confirm[open]');
+  await dialog.waitFor();
+  assert.match(await dialog.innerText(), /node-b holds it/);
+  await dialog.getByRole('button', { name: 'Stop turn', exact: true }).click();
+  await page.getByText(`${seat}: stop requested`).waitFor();
+  const completed = await until(
+    'turn_completed for the stopped turn',
+    () => page.evaluate((id) => window.__completed.find((e) => e.turn_id === id), turnId),
+    20000,
+  );
+  assert.equal(completed.node, 'node-b', JSON.stringify(completed));
+  assert.equal(completed.outcome, 'stopped', JSON.stringify(completed));
+  await running.waitFor({ state: 'detached' });
+  await page.screenshot({ path: join(resultsDir, 'seats-two-1280.png'), fullPage: true });
+  assert.deepEqual(problems, []);
+  await context.close();
+});

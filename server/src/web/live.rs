@@ -240,6 +240,9 @@ pub struct SeatNote {
     pub unproven_since: Option<i64>,
     /// (node, error) of the last turn that broke.
     pub last_error: Option<(String, String)>,
+    /// (node, epoch, turn id) of the turn running now, from `turn_started`
+    /// until its `turn_completed`.
+    pub running_turn: Option<(String, u64, String)>,
 }
 
 /// Unix seconds of an RFC 3339 timestamp.
@@ -287,6 +290,24 @@ impl SeatNotes {
             Event::TurnGuardBreach { seat, error, .. } => {
                 seats.entry(seat.clone()).or_default().last_error =
                     Some((e.node.clone(), error.clone()));
+            }
+            Event::TurnStarted {
+                seat,
+                turn_id,
+                epoch,
+                ..
+            } => {
+                seats.entry(seat.clone()).or_default().running_turn =
+                    Some((e.node.clone(), *epoch, turn_id.clone()));
+            }
+            Event::TurnCompleted { seat, turn_id, .. } => {
+                if let Some(n) = seats.get_mut(seat)
+                    && n.running_turn
+                        .as_ref()
+                        .is_some_and(|(_, _, t)| t == turn_id)
+                {
+                    n.running_turn = None;
+                }
             }
             _ => {}
         }
@@ -597,6 +618,50 @@ mod tests {
             assert!(names.iter().any(|m| m == n), "{n} is not an event name");
         }
         assert!(!names.iter().any(|n| n == RESYNC));
+    }
+
+    #[test]
+    fn a_seats_running_turn_is_noted_from_its_start_until_it_completes() {
+        let notes = SeatNotes::default();
+        let at = |event: Event| FleetEvent {
+            node: "n2".into(),
+            incarnation: "n2:1".into(),
+            at: "2026-11-30T08:00:00Z".into(),
+            event,
+        };
+        let completed = |turn_id: &str| {
+            at(Event::TurnCompleted {
+                seat: "a".into(),
+                turn_id: turn_id.into(),
+                work_key: None,
+                epoch: 4,
+                outcome: "stopped".into(),
+                rounds: 1,
+                calls: 0,
+                reached_outside: false,
+                recorded: true,
+                disposition: "ack".into(),
+                delivered: 1,
+                error: None,
+            })
+        };
+        notes.learn(&at(Event::TurnStarted {
+            seat: "a".into(),
+            turn_id: "t2".into(),
+            work_key: None,
+            epoch: 4,
+            trigger_ids: vec!["e1".into()],
+            delivered: 1,
+        }));
+        assert_eq!(
+            notes.snapshot()["a"].running_turn,
+            Some(("n2".into(), 4, "t2".into()))
+        );
+        // An earlier turn's completion heard late ends nothing.
+        notes.learn(&completed("t1"));
+        assert!(notes.snapshot()["a"].running_turn.is_some());
+        notes.learn(&completed("t2"));
+        assert_eq!(notes.snapshot()["a"].running_turn, None);
     }
 
     #[test]

@@ -285,6 +285,7 @@ mod tests {
                 unproven: Some(("n2".into(), 5)),
                 unproven_since: Some(1_000),
                 last_error: None,
+                running_turn: None,
             },
         );
         // A note about a tenure that is over says nothing.
@@ -294,6 +295,7 @@ mod tests {
                 unproven: Some(("n2".into(), 1)),
                 unproven_since: Some(900),
                 last_error: None,
+                running_turn: None,
             },
         );
         let got = alarms(&roster(), &f);

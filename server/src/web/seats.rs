@@ -147,7 +147,17 @@ pub fn seat_rows(facts: &SeatFacts<'_>) -> Vec<SeatRow> {
                 }),
                 last_error,
                 last_error_node,
-                running_turn: facts.local_running.get(handle).filter(|_| mine).cloned(),
+                // This node's own engine for the seats it holds; for a
+                // peer's, the fleet's turn events of the holder's tenure.
+                running_turn: if mine {
+                    facts.local_running.get(handle).cloned()
+                } else {
+                    note.and_then(|n| n.running_turn.as_ref())
+                        .filter(|(node, epoch, _)| {
+                            lease.is_some_and(|l| node == node_of(&l.owner) && *epoch == l.epoch)
+                        })
+                        .map(|(_, _, turn)| turn.clone())
+                },
                 runs: Vec::new(),
             }
         })
@@ -352,6 +362,7 @@ mod tests {
                     unproven: Some(("n2".into(), 4)),
                     unproven_since: None,
                     last_error: None,
+                    running_turn: None,
                 },
             )]
             .into_iter()
@@ -393,6 +404,7 @@ mod tests {
                     unproven: Some(("n2".into(), 6)),
                     unproven_since: None,
                     last_error: Some(("n2".into(), "boom".into())),
+                    running_turn: None,
                 },
             )]
             .into_iter()
@@ -446,6 +458,32 @@ mod tests {
         let rows = w.rows();
         assert_eq!(rows[0].running_turn.as_deref(), Some("turn-1"));
         assert_eq!(rows[1].running_turn, None);
+    }
+
+    #[test]
+    fn a_peers_running_turn_is_shown_from_its_events_for_its_tenure_only() {
+        let theirs = lease("b", "n2:bbbb", 3);
+        let mut w = World {
+            roles: vec![role("b")],
+            leases: vec![theirs],
+            pauses: HashMap::new(),
+            local: vec![],
+            local_errors: HashMap::new(),
+            local_running: HashMap::new(),
+            notes: [(
+                "b".to_string(),
+                SeatNote {
+                    running_turn: Some(("n2".into(), 3, "turn-9".into())),
+                    ..SeatNote::default()
+                },
+            )]
+            .into_iter()
+            .collect(),
+        };
+        assert_eq!(w.rows()[0].running_turn.as_deref(), Some("turn-9"));
+        // Said of an earlier tenure: not the holder's turn.
+        w.notes.get_mut("b").unwrap().running_turn = Some(("n2".into(), 2, "turn-8".into()));
+        assert_eq!(w.rows()[0].running_turn, None);
     }
 
     fn run(id: &str, state: RunState, node: &str) -> RunRecord {

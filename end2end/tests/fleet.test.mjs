@@ -1,6 +1,7 @@
 // Two nodes on one real NATS JetStream: node A's dashboard shows node B
-// joining and seats moving to it without a reload, and A's Memory page
-// reads a seat B holds from B, saying so.
+// joining and seats moving to it without a reload, A's Memory page reads a
+// seat B holds from B, saying so, and A's Seats page shows a turn running
+// on B and stops it there.
 //
 // Needs `nats-server` (Debian's package; `./dev deps` installs it). Without
 // it these tests are skipped, saying why.

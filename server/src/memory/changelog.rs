@@ -123,28 +123,21 @@ impl NatsChangelog {
     }
 }
 
-#[async_trait::async_trait]
-impl Changelog for NatsChangelog {
-    async fn publish(&self, handle: &str, row: &CarriedRow) -> Result<(), ChangelogError> {
-        let body = serde_json::to_vec(row).map_err(|e| ChangelogError::Publish(e.to_string()))?;
-        let ack = self
-            .js
-            .publish(memory_subject(handle, row), body.into())
-            .await
-            .map_err(|e| ChangelogError::Publish(e.to_string()))?;
-        tokio::time::timeout(self.timeout, ack)
-            .await
-            .map_err(|_| ChangelogError::Publish(format!("no answer within {:?}", self.timeout)))?
-            .map_err(|e| ChangelogError::Publish(e.to_string()))?;
-        Ok(())
-    }
-
-    async fn replay(&self, handle: &str) -> Result<Vec<CarriedRow>, ChangelogError> {
+impl NatsChangelog {
+    /// Every current row of `filter`, read through one consumer up to the
+    /// row at stream sequence `last`; `None` when the consumer ran out
+    /// before it (it is served by a member that is behind).
+    async fn replay_to(
+        &self,
+        handle: &str,
+        filter: &str,
+        last: u64,
+    ) -> Result<Option<Vec<CarriedRow>>, ChangelogError> {
         let read = |e: &dyn std::fmt::Display| ChangelogError::Read(e.to_string());
         let c = tokio::time::timeout(
             self.timeout,
             self.stream.create_consumer(consumer::pull::Config {
-                filter_subject: format!("crewlet.memory.{handle}.>"),
+                filter_subject: filter.to_string(),
                 ack_policy: consumer::AckPolicy::None,
                 deliver_policy: consumer::DeliverPolicy::All,
                 inactive_threshold: Duration::from_secs(30),
@@ -155,14 +148,14 @@ impl Changelog for NatsChangelog {
         .map_err(|_| ChangelogError::Read(format!("no answer within {:?}", self.timeout)))?
         .map_err(|e| read(&e))?;
         // One message per subject, so delivering all is delivering the
-        // current value of every row. The end: nothing pending at the
-        // consumer's creation, or a message with nothing pending after it.
+        // current value of every row. The end: the leader's last row, or
+        // nothing more pending here before it (a member behind).
         let mut out = Vec::new();
         if c.cached_info().num_pending == 0 {
-            return Ok(out);
+            return Ok(None);
         }
         let mut empty = 0;
-        'replay: loop {
+        loop {
             let mut batch = c
                 .fetch()
                 .max_messages(500)
@@ -182,8 +175,12 @@ impl Changelog for NatsChangelog {
                         tracing::warn!(subject = %m.subject, error = %err, "an unreadable memory row; skipped")
                     }
                 }
-                if m.info().map_err(|e| read(&e))?.pending == 0 {
-                    break 'replay;
+                let info = m.info().map_err(|e| read(&e))?;
+                if info.stream_sequence >= last {
+                    return Ok(Some(out));
+                }
+                if info.pending == 0 {
+                    return Ok(None);
                 }
             }
             if got == 0 {
@@ -196,7 +193,63 @@ impl Changelog for NatsChangelog {
                 }
             }
         }
-        Ok(out)
+    }
+}
+
+#[async_trait::async_trait]
+impl Changelog for NatsChangelog {
+    async fn publish(&self, handle: &str, row: &CarriedRow) -> Result<(), ChangelogError> {
+        let body = serde_json::to_vec(row).map_err(|e| ChangelogError::Publish(e.to_string()))?;
+        let ack = self
+            .js
+            .publish(memory_subject(handle, row), body.into())
+            .await
+            .map_err(|e| ChangelogError::Publish(e.to_string()))?;
+        tokio::time::timeout(self.timeout, ack)
+            .await
+            .map_err(|_| ChangelogError::Publish(format!("no answer within {:?}", self.timeout)))?
+            .map_err(|e| ChangelogError::Publish(e.to_string()))?;
+        Ok(())
+    }
+
+    async fn replay(&self, handle: &str) -> Result<Vec<CarriedRow>, ChangelogError> {
+        let read = |e: &dyn std::fmt::Display| ChangelogError::Read(e.to_string());
+        let filter = format!("crewlet.memory.{handle}.>");
+        // The seat's last row as the stream's leader has it. A consumer may
+        // be served by a member that has not caught up yet (one just
+        // restarted): its "nothing pending" would leave the rows it has not
+        // seen behind — rows a graceful hand-back flushed a moment ago. So
+        // the replay ends at this row, never before.
+        let last = match tokio::time::timeout(
+            self.timeout,
+            self.stream.get_last_raw_message_by_subject(&filter),
+        )
+        .await
+        .map_err(|_| ChangelogError::Read(format!("no answer within {:?}", self.timeout)))?
+        {
+            Ok(m) => m.sequence,
+            Err(e) if e.kind() == stream::LastRawMessageErrorKind::NoMessageFound => {
+                return Ok(Vec::new());
+            }
+            Err(e) => return Err(read(&e)),
+        };
+        let give_up = tokio::time::Instant::now() + self.timeout * 5;
+        loop {
+            if let Some(rows) = self.replay_to(handle, &filter, last).await? {
+                return Ok(rows);
+            }
+            if tokio::time::Instant::now() >= give_up {
+                return Err(ChangelogError::Read(format!(
+                    "the replay of seat {handle} never reached the stream's last row (sequence {last})"
+                )));
+            }
+            tracing::debug!(
+                seat = handle,
+                last,
+                "a memory replay read a member that is behind; reading again"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
 }
 

@@ -229,6 +229,40 @@ async fn jetstream_ready(urls: &[String], login: Option<(String, String)>) -> bo
     ok
 }
 
+/// Can a stream with `replicas` replicas be created (and is it removed
+/// again)?
+async fn replicated_stream_placeable(urls: &[String], replicas: usize) -> bool {
+    let Ok(Ok(client)) = tokio::time::timeout(
+        Duration::from_secs(1),
+        async_nats::ConnectOptions::new().connect(urls.to_vec()),
+    )
+    .await
+    else {
+        return false;
+    };
+    let js = async_nats::jetstream::new(client.clone());
+    let made = tokio::time::timeout(
+        Duration::from_secs(2),
+        js.create_stream(async_nats::jetstream::stream::Config {
+            name: "CLUSTER_READY_PROBE".into(),
+            subjects: vec!["cluster.ready.probe".into()],
+            num_replicas: replicas,
+            ..Default::default()
+        }),
+    )
+    .await;
+    let ok = matches!(made, Ok(Ok(_)));
+    if ok {
+        let _ = tokio::time::timeout(
+            Duration::from_secs(2),
+            js.delete_stream("CLUSTER_READY_PROBE"),
+        )
+        .await;
+    }
+    let _ = client.drain().await;
+    ok
+}
+
 /// A 3-server JetStream cluster on loopback.
 pub struct NatsCluster {
     pub servers: Vec<NatsServer>,
@@ -267,6 +301,19 @@ impl NatsCluster {
         }
         // And through the whole list, the way a node connects.
         c.servers[0].await_ready(&urls).await;
+        // A meta leader answers before every peer has joined it: wait until
+        // a stream replicated on every server can be placed.
+        let n = c.servers.len();
+        wait_for(
+            "the cluster to place a stream on every server",
+            READY,
+            Duration::from_millis(100),
+            || {
+                let urls = urls.clone();
+                async move { replicated_stream_placeable(&urls, n).await.then_some(()) }
+            },
+        )
+        .await;
         c
     }
 

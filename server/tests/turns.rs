@@ -313,7 +313,8 @@ async fn a_pause_holds_mail_across_a_seat_move_until_resume(f: Fleet) {
     a.publish("s0", &trigger("M", json!({}))).await;
     let mut b = f.node("b", &[]).await;
     a.engine.drain().await;
-    f.until("b holds s0", WAIT, || b.holds("s0")).await;
+    f.until("b has s0 established", WAIT, || b.attached("s0"))
+        .await;
     let bhost = b.engine.host().clone();
     assert_eq!(
         bhost.inbox_quiesced("s0"),

@@ -64,6 +64,11 @@ pub const EVENT_NAMES: &[&str] = &[
     "run_resumed",
     "sandbox_run_failed",
     "schedule_fired",
+    "seat_offered",
+    "seat_offer_taken",
+    "seat_offer_withdrawn",
+    "seat_move_requested",
+    "node_order_changed",
 ];
 
 /// The event sent instead of a replay the node cannot give.

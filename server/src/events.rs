@@ -27,6 +27,8 @@ pub enum DetachReason {
     GraceExpired,
     HookFailed,
     Shed,
+    /// An operator moved the seat to another node.
+    Moved,
 }
 
 impl DetachReason {
@@ -42,6 +44,7 @@ impl DetachReason {
             DetachReason::GraceExpired => "grace_expired",
             DetachReason::HookFailed => "hook_failed",
             DetachReason::Shed => "shed",
+            DetachReason::Moved => "moved",
         }
     }
 
@@ -284,6 +287,46 @@ pub enum Event {
         seat: String,
         run_id: String,
         reason: String,
+    },
+    /// Phase 1 of a handoff: the holder quiesced the seat (no new turn) and
+    /// offered its lease to `to` (a node id). `reason` is the detach reason
+    /// the move stands for (`rebalance`, `drain`, `placement_moved`,
+    /// `moved`).
+    SeatOffered {
+        seat: String,
+        epoch: u64,
+        to: String,
+        reason: DetachReason,
+    },
+    /// The successor took the offered lease (a new epoch) and attached the
+    /// seat's inbox; `dark_ms` is how long no turn could be admitted, from
+    /// the giver's quiesce to this attach, on the store's clock.
+    SeatOfferTaken {
+        seat: String,
+        epoch: u64,
+        from_epoch: u64,
+        from: String,
+        dark_ms: u64,
+    },
+    /// The giver took its offer back and resumed the seat; `why` says
+    /// what happened (`timeout`: the successor did not take it in time).
+    SeatOfferWithdrawn {
+        seat: String,
+        epoch: u64,
+        to: String,
+        why: String,
+    },
+    /// An operator asked for the seat to run on node `to`.
+    SeatMoveRequested {
+        seat: String,
+        to: String,
+        by: String,
+        reason: String,
+    },
+    /// An operator saved the fleet's node priority order.
+    NodeOrderChanged {
+        nodes: Vec<String>,
+        by: String,
     },
     /// A schedule fired (once fleet-wide for this due time).
     ScheduleFired {

@@ -194,12 +194,28 @@ fn soak() {
     let runs = env_u64("CHAOS_RUNS").unwrap_or(100);
     let rt = runtime();
     let mut outcomes = Vec::new();
+    let mut broken = Vec::new();
     for seed in first..first + runs {
-        let o = rt.block_on(harness::run(Schedule::soak(seed), run_dir("soak", seed)));
+        // A run the harness itself could not carry out (it panicked) is
+        // listed, and the soak goes on with the next seed.
+        let run = rt.block_on(async {
+            tokio::spawn(harness::run(Schedule::soak(seed), run_dir("soak", seed))).await
+        });
+        let o = match run {
+            Ok(o) => o,
+            Err(e) => {
+                println!("CHAOS_SEED={seed}: the harness could not run this schedule: {e}");
+                broken.push(format!("CHAOS_SEED={seed}: {e}"));
+                continue;
+            }
+        };
         report(&o);
         keep(&o);
         outcomes.push(o);
         println!("{}", summary(&outcomes));
+    }
+    if !broken.is_empty() {
+        println!("schedules the harness could not run: {}", broken.join("; "));
     }
     let failed: Vec<String> = outcomes
         .iter()

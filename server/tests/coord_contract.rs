@@ -1154,6 +1154,7 @@ async fn buckets_are_made_as_designed() {
         ("crewlet_pauses", Duration::ZERO),
         ("crewlet_config", Duration::ZERO),
         ("crewlet_runs", Duration::ZERO),
+        ("crewlet_handoffs", Duration::from_secs(3600)),
     ] {
         let mut st = js.get_stream(format!("KV_{name}")).await.expect("stream");
         let c = st.info().await.expect("info").config.clone();

@@ -33,13 +33,17 @@ pub enum BucketId {
     Config,
     /// Detached runs' records.
     Runs,
+    /// Handoff notices and move requests (an hour's age).
+    Handoffs,
 }
 
 /// The completion ledger's age: seven days.
 pub const LEDGER_MAX_AGE: Duration = Duration::from_secs(7 * 24 * 3600);
+/// Handoff notices and move requests age out after an hour.
+pub const HANDOFFS_MAX_AGE: Duration = Duration::from_secs(3600);
 
 impl BucketId {
-    pub const ALL: [BucketId; 8] = [
+    pub const ALL: [BucketId; 9] = [
         BucketId::Leases,
         BucketId::Epochs,
         BucketId::Duties,
@@ -48,6 +52,7 @@ impl BucketId {
         BucketId::Pauses,
         BucketId::Config,
         BucketId::Runs,
+        BucketId::Handoffs,
     ];
 
     pub fn name(self) -> &'static str {
@@ -60,6 +65,7 @@ impl BucketId {
             BucketId::Pauses => "crewlet_pauses",
             BucketId::Config => "crewlet_config",
             BucketId::Runs => "crewlet_runs",
+            BucketId::Handoffs => "crewlet_handoffs",
         }
     }
 
@@ -68,6 +74,7 @@ impl BucketId {
         match self {
             BucketId::Leases => Some(lease_ttl),
             BucketId::Ledger => Some(LEDGER_MAX_AGE),
+            BucketId::Handoffs => Some(HANDOFFS_MAX_AGE),
             _ => None,
         }
     }

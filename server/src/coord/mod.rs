@@ -222,6 +222,8 @@ pub enum StateBucket {
     Config,
     /// Detached runs' records, `crewlet_runs`.
     Runs,
+    /// Handoff notices and move requests, `crewlet_handoffs` (an hour).
+    Handoffs,
 }
 
 impl StateBucket {
@@ -232,6 +234,7 @@ impl StateBucket {
             StateBucket::Pauses => BucketId::Pauses,
             StateBucket::Config => BucketId::Config,
             StateBucket::Runs => BucketId::Runs,
+            StateBucket::Handoffs => BucketId::Handoffs,
         }
     }
 }

@@ -33,6 +33,9 @@ pub const BLIP_HOLD: &str = "store-blip";
 pub const STILL_UNPROVEN_EVERY: u32 = 20;
 /// Seat renewals one heartbeat keeps in flight at once.
 pub const RENEW_CONCURRENCY: usize = 32;
+/// While a renewal waits for a seat's lock (a claim or a hand-back of the
+/// seat holds it), the heartbeat beats this often.
+const LOCK_WAIT_BEAT: Duration = Duration::from_millis(250);
 
 /// What a hook knows about the seat it works on.
 #[derive(Clone, Debug)]
@@ -689,7 +692,17 @@ impl SeatHost {
         futures::stream::iter(handles)
             .for_each_concurrent(RENEW_CONCURRENCY, |handle| async move {
                 let seat_lock = self.seat_lock(&handle);
-                let _g = seat_lock.lock().await;
+                // A claim or a hand-back of this seat holds its lock through
+                // its hooks, each bounded and beaten by its own loop: the
+                // heartbeat waiting its turn is not a wedged loop.
+                let waiting = seat_lock.lock();
+                tokio::pin!(waiting);
+                let _g = loop {
+                    tokio::select! {
+                        g = &mut waiting => break g,
+                        _ = tokio::time::sleep(LOCK_WAIT_BEAT) => progress(),
+                    }
+                };
                 self.renew_one(&handle, ttl, progress).await;
                 progress();
             })

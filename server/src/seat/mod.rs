@@ -2,5 +2,6 @@
 //! node (the seat host, the sweep).
 
 pub mod host;
+pub mod moves;
 pub mod placement;
 pub mod sweep;

@@ -98,6 +98,8 @@ struct Shared {
     /// Nodes the poller may ask: (id, port).
     pollable: Mutex<Vec<(String, u16)>>,
     bus_events: AtomicUsize,
+    /// Publishes still being tried (acknowledged or given up on: done).
+    publishing: AtomicUsize,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -193,9 +195,28 @@ role = "operator"
     )
 }
 
-/// Read every message of `stream` (filtered on `subject`, when not empty):
-/// (payload, headers, the stream's timestamp).
+/// Read every message of `stream`: (payload, headers, the stream's
+/// timestamp). A consumer can be served by a cluster member still catching
+/// up, so the read is done again until it holds as many messages as the
+/// stream's leader says there are.
 async fn read_stream(
+    js: &jetstream::Context,
+    stream: &str,
+) -> Result<Vec<(bytes::Bytes, Option<async_nats::HeaderMap>, Ts)>, String> {
+    let mut last = Vec::new();
+    for _ in 0..20 {
+        let mut s = js.get_stream(stream).await.map_err(|e| e.to_string())?;
+        let want = s.info().await.map_err(|e| e.to_string())?.state.messages as usize;
+        last = read_stream_once(js, stream).await?;
+        if last.len() >= want {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    Ok(last)
+}
+
+async fn read_stream_once(
     js: &jetstream::Context,
     stream: &str,
 ) -> Result<Vec<(bytes::Bytes, Option<async_nats::HeaderMap>, Ts)>, String> {
@@ -902,7 +923,16 @@ async fn publisher(
             p.len() - 1
         };
         let (js, shared) = (js.clone(), shared.clone());
+        shared.publishing.fetch_add(1, Ordering::SeqCst);
         tokio::spawn(async move {
+            // However this publish ends, it is no longer being tried.
+            struct Done(Arc<Shared>);
+            impl Drop for Done {
+                fn drop(&mut self) {
+                    self.0.publishing.fetch_sub(1, Ordering::SeqCst);
+                }
+            }
+            let _done = Done(shared.clone());
             let subject = format!("crewlet.agent.{seat}.inbox");
             let payload = bytes::Bytes::from(envelope.to_string());
             let until = Instant::now() + Duration::from_secs(90);
@@ -1157,11 +1187,14 @@ async fn provision(client: async_nats::Client, seats: &[String]) {
         max_deliveries: 25,
         ack_wait: Duration::from_secs(ACK_WAIT_S),
     };
-    let q = &q;
+    let q = Arc::new(q);
     let made: Vec<Result<(), (String, crewlet::queue::QueueError)>> =
-        futures::stream::iter(seats.iter().map(|h| async move {
-            q.ensure_subscriptions(&SubscriptionSpec::seat(h, settings))
-                .await
+        futures::stream::iter(seats.iter().cloned().map(|h: String| {
+            let q = q.clone();
+            async move {
+                q.ensure_subscriptions(&SubscriptionSpec::seat(&h, settings))
+                    .await
+            }
         }))
         .buffer_unordered(50)
         .collect()
@@ -1191,7 +1224,19 @@ pub async fn run(sched: Schedule, dir: PathBuf) -> Outcome {
 
     // The cluster advertises no client URLs, so a node given proxies
     // never learns a way around them.
-    let cluster = NatsCluster::start_with(3, "  no_advertise: true\n").await;
+    // A cluster that does not come up (a port taken between the harness
+    // picking it and the server binding it) is started again, afresh.
+    let mut cluster = None;
+    for attempt in 1..=3 {
+        match tokio::spawn(NatsCluster::start_with(3, "  no_advertise: true\n")).await {
+            Ok(c) => {
+                cluster = Some(c);
+                break;
+            }
+            Err(e) => println!("[chaos] the NATS cluster did not start (attempt {attempt}): {e}"),
+        }
+    }
+    let cluster = cluster.expect("a NATS cluster in three attempts");
     let client = async_nats::ConnectOptions::new()
         .connect(cluster.urls())
         .await
@@ -1295,7 +1340,7 @@ pub async fn run(sched: Schedule, dir: PathBuf) -> Outcome {
         sched.profile.rate,
         publish_stop.clone(),
     )));
-    c.pause(Duration::from_secs(3)).await;
+    c.pause(Duration::from_secs(1)).await;
 
     for (k, step) in sched.steps.iter().enumerate() {
         c.inject(&step.fault).await;
@@ -1316,7 +1361,7 @@ pub async fn run(sched: Schedule, dir: PathBuf) -> Outcome {
             "recover: the fleet did not hold every seat within {RECOVER_WITHIN:?} of the last fault"
         ));
     }
-    c.pause(Duration::from_secs(3)).await;
+    c.pause(Duration::from_secs(1)).await;
     publish_stop.cancel();
     let published = lock(&shared.published).len();
     c.say(format!(
@@ -1327,6 +1372,10 @@ pub async fn run(sched: Schedule, dir: PathBuf) -> Outcome {
     let mut last_read = Instant::now() - Duration::from_secs(10);
     loop {
         c.reap();
+        // A publish still being tried may yet be acknowledged: the run
+        // waits for it (the last message of a run was acknowledged after
+        // this loop had looked, and nobody was left to answer it).
+        let in_flight = shared.publishing.load(Ordering::SeqCst);
         let acked: Vec<String> = lock(&shared.published)
             .iter()
             .filter(|p| p.acked)
@@ -1358,11 +1407,14 @@ pub async fn run(sched: Schedule, dir: PathBuf) -> Outcome {
             lock(&shared.effect_ids).extend(found.iter().cloned());
             open.retain(|id| !found.contains(*id));
         }
-        if open.is_empty() {
+        if open.is_empty() && in_flight == 0 {
             break;
         }
         if Instant::now() >= until {
-            c.say(format!("{} messages still unanswered", open.len()));
+            c.say(format!(
+                "{} messages still unanswered, {in_flight} publishes still being tried",
+                open.len()
+            ));
             break;
         }
         c.pause(Duration::from_millis(500)).await;

@@ -162,7 +162,11 @@ fn draw(kind: &str, p: &Profile, rng: &mut StdRng, soak: bool) -> Fault {
         },
         "blackhole" => Fault::Blackhole {
             node,
-            dark: ms(4_000, 9_000, rng),
+            dark: if soak {
+                ms(4_000, 9_000, rng)
+            } else {
+                ms(4_000, 6_000, rng)
+            },
         },
         "drain" => Fault::Drain {
             node,
@@ -171,7 +175,11 @@ fn draw(kind: &str, p: &Profile, rng: &mut StdRng, soak: bool) -> Fault {
         "rolling" => Fault::Rolling,
         "old_protocol" => Fault::LowerProtocol {
             node,
-            hold: ms(3_000, 8_000, rng),
+            hold: if soak {
+                ms(3_000, 8_000, rng)
+            } else {
+                ms(3_000, 5_000, rng)
+            },
         },
         "apply_roles" => {
             let k = rng.gen_range(1..=4usize);
@@ -181,7 +189,11 @@ fn draw(kind: &str, p: &Profile, rng: &mut StdRng, soak: bool) -> Fault {
             seats.sort();
             Fault::RemoveRoles {
                 seats,
-                absent: ms(2_000, 8_000, rng),
+                absent: if soak {
+                    ms(2_000, 8_000, rng)
+                } else {
+                    ms(2_000, 4_000, rng)
+                },
             }
         }
         other => unreachable!("no fault kind {other}"),

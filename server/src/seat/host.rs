@@ -36,6 +36,9 @@ pub const RENEW_CONCURRENCY: usize = 32;
 /// While a renewal waits for a seat's lock (a claim or a hand-back of the
 /// seat holds it), the heartbeat beats this often.
 const LOCK_WAIT_BEAT: Duration = Duration::from_millis(250);
+/// The bound on one step of an acquire or release hook: a step still
+/// running then has failed (the seat is handed back, or undead).
+pub const HOOK_BOUND: Duration = Duration::from_secs(30);
 
 /// What a hook knows about the seat it works on.
 #[derive(Clone, Debug)]
@@ -257,6 +260,49 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Await `fut`, calling `progress` every [`LOCK_WAIT_BEAT`] while it runs,
+/// and give up after `bound` (`None`: no bound of its own). Only for waits
+/// that end by construction — a hook step under [`HOOK_BOUND`], a seat's
+/// lock held by such a step — so the loop waiting is turning, however slow
+/// the step (a sweep waiting on a seat lock while the heartbeat retried an
+/// undead seat's teardown against a NATS leader election was shot as
+/// wedged, and a turn waiting to record its completion died with it).
+async fn watched<F: std::future::Future>(
+    progress: &(dyn Fn() + Sync),
+    bound: Option<Duration>,
+    fut: F,
+) -> Option<F::Output> {
+    tokio::pin!(fut);
+    let deadline = bound.map(|b| tokio::time::Instant::now() + b);
+    loop {
+        let beat = tokio::time::sleep(LOCK_WAIT_BEAT);
+        tokio::select! {
+            out = &mut fut => return Some(out),
+            _ = beat => {
+                progress();
+                if deadline.is_some_and(|d| tokio::time::Instant::now() >= d) {
+                    return None;
+                }
+            }
+        }
+    }
+}
+
+/// Run one hook step under [`HOOK_BOUND`], beating while it runs.
+async fn hook_step<T>(
+    progress: &(dyn Fn() + Sync),
+    step: &'static str,
+    fut: impl std::future::Future<Output = Result<T, HookError>>,
+) -> Result<T, HookError> {
+    match watched(progress, Some(HOOK_BOUND), fut).await {
+        Some(r) => r,
+        None => Err(HookError::new(
+            step,
+            format!("did not finish within {HOOK_BOUND:?}"),
+        )),
+    }
+}
+
 impl SeatHost {
     pub fn new(
         cfg: HostConfig,
@@ -406,7 +452,9 @@ impl SeatHost {
         progress: &(dyn Fn() + Sync),
     ) -> Result<Acquired, crate::coord::StoreError> {
         let seat_lock = self.seat_lock(handle);
-        let _g = seat_lock.lock().await;
+        let Some(_g) = watched(progress, None, seat_lock.lock()).await else {
+            return Ok(Acquired::Draining);
+        };
         if self.is_draining() {
             return Ok(Acquired::Draining);
         }
@@ -502,17 +550,17 @@ impl SeatHost {
     ) -> Result<(), HookError> {
         let hooks = self.inner.hooks.clone();
         let guarded = async {
-            hooks.start_children(ctx).await?;
+            hook_step(progress, "children", hooks.start_children(ctx)).await?;
             progress();
-            hooks.hydrate_memory(ctx).await?;
+            hook_step(progress, "memory hydration", hooks.hydrate_memory(ctx)).await?;
             progress();
-            let reflect = hooks.attach_reflect(ctx).await?;
+            let reflect = hook_step(progress, "reflect attach", hooks.attach_reflect(ctx)).await?;
             self.put_attachment(&ctx.handle, |e| e.reflect = reflect);
             progress();
-            let control = hooks.attach_control(ctx).await?;
+            let control = hook_step(progress, "control attach", hooks.attach_control(ctx)).await?;
             self.put_attachment(&ctx.handle, |e| e.control = control);
             progress();
-            let holds = hooks.pause_holds(ctx).await?;
+            let holds = hook_step(progress, "pause holds", hooks.pause_holds(ctx)).await?;
             progress();
             let holds: Vec<&str> = holds.iter().map(String::as_str).collect();
             let fence = Fence {
@@ -559,7 +607,9 @@ impl SeatHost {
         progress: &(dyn Fn() + Sync),
     ) {
         let seat_lock = self.seat_lock(handle);
-        let _g = seat_lock.lock().await;
+        let Some(_g) = watched(progress, None, seat_lock.lock()).await else {
+            return;
+        };
         self.release_locked(handle, reason, progress).await;
     }
 
@@ -621,7 +671,7 @@ impl SeatHost {
         }
         progress();
         let ctx = SeatContext::of(handle, &lease);
-        let torn_down = self.teardown(&ctx).await;
+        let torn_down = self.teardown(&ctx, progress).await;
         progress();
         match torn_down {
             Ok(()) => {
@@ -653,14 +703,21 @@ impl SeatHost {
         }
     }
 
-    async fn teardown(&self, ctx: &SeatContext) -> Result<(), HookError> {
-        match AssertUnwindSafe(self.inner.hooks.release(ctx))
-            .catch_unwind()
-            .await
-        {
-            Ok(r) => r,
-            Err(_) => Err(HookError::new("release hook", "panicked")),
-        }
+    async fn teardown(
+        &self,
+        ctx: &SeatContext,
+        progress: &(dyn Fn() + Sync),
+    ) -> Result<(), HookError> {
+        let run = async {
+            match AssertUnwindSafe(self.inner.hooks.release(ctx))
+                .catch_unwind()
+                .await
+            {
+                Ok(r) => r,
+                Err(_) => Err(HookError::new("release hook", "panicked")),
+            }
+        };
+        hook_step(progress, "release hook", run).await
     }
 
     async fn give_back(&self, lease: &Lease) {
@@ -695,13 +752,8 @@ impl SeatHost {
                 // A claim or a hand-back of this seat holds its lock through
                 // its hooks, each bounded and beaten by its own loop: the
                 // heartbeat waiting its turn is not a wedged loop.
-                let waiting = seat_lock.lock();
-                tokio::pin!(waiting);
-                let _g = loop {
-                    tokio::select! {
-                        g = &mut waiting => break g,
-                        _ = tokio::time::sleep(LOCK_WAIT_BEAT) => progress(),
-                    }
+                let Some(_g) = watched(progress, None, seat_lock.lock()).await else {
+                    return;
                 };
                 self.renew_one(&handle, ttl, progress).await;
                 progress();
@@ -792,16 +844,16 @@ impl SeatHost {
         }
         if phase == Phase::Undead {
             progress();
-            self.retry_teardown(handle).await;
+            self.retry_teardown(handle, progress).await;
         }
     }
 
-    async fn retry_teardown(&self, handle: &str) {
+    async fn retry_teardown(&self, handle: &str, progress: &(dyn Fn() + Sync)) {
         let Some(lease) = lock(&self.inner.seats).get(handle).map(|e| e.lease.clone()) else {
             return;
         };
         let ctx = SeatContext::of(handle, &lease);
-        match self.teardown(&ctx).await {
+        match self.teardown(&ctx, progress).await {
             Ok(()) => {
                 let attempts = lock(&self.inner.seats)
                     .remove(handle)

@@ -410,6 +410,12 @@ pub fn check(h: &History) -> Findings {
     };
 
     // Admission.
+    let completed: std::collections::HashSet<&str> = h
+        .events
+        .iter()
+        .filter(|e| e.name == "turn_completed")
+        .map(|e| e.str("turn_id"))
+        .collect();
     let mut started: HashMap<&str, &NodeEvent> = HashMap::new();
     for e in h.events.iter().filter(|e| e.name == "turn_started") {
         started.insert(e.str("turn_id"), e);
@@ -480,11 +486,44 @@ pub fn check(h: &History) -> Findings {
                             })
                         })
                         .collect();
+                    // The seed's other window: the effect shipped and its
+                    // process died (killed, or the watchdog's exit) before
+                    // the turn's completion was recorded — a record written
+                    // after the effects cannot un-ship them.
+                    let died: Vec<String> = es
+                        .iter()
+                        .filter_map(|e| {
+                            let s = started.get(e.turn_id.as_str())?;
+                            if completed.contains(e.turn_id.as_str()) {
+                                return None;
+                            }
+                            let p = procs.get(&s.proc)?;
+                            let died = match p.cause {
+                                Some(EndCause::Killed) => true,
+                                Some(EndCause::OnItsOwn) => p.code == Some(75),
+                                _ => false,
+                            };
+                            died.then(|| {
+                                format!(
+                                    "turn {} on {} (epoch {}) posted its effect and its process ended before the turn completed",
+                                    e.turn_id, s.proc, e.epoch
+                                )
+                            })
+                        })
+                        .collect();
                     let which: Vec<String> = es
                         .iter()
                         .map(|e| format!("{}@{}:epoch {}", e.turn_id, e.node, e.epoch))
                         .collect();
-                    if outlived.is_empty() {
+                    if !died.is_empty() && outlived.is_empty() {
+                        f.stats.bounded_duplicates += 1;
+                        f.bounded.push(format!(
+                            "a holder died between an effect and its completion record: trigger {} of seat {} ran twice — {}",
+                            p.id,
+                            p.seat,
+                            died.join("; ")
+                        ));
+                    } else if outlived.is_empty() {
                         f.violations.push(format!(
                             "duplicate: trigger {} of seat {} has effects from {} turns: {}",
                             p.id,
@@ -788,6 +827,59 @@ mod tests {
         assert!(f.violations.is_empty(), "{:?}", f.violations);
         assert_eq!(f.stats.bounded_duplicates, 1);
         assert!(f.bounded[0].contains("outlived the ack window"));
+    }
+
+    #[test]
+    fn a_holder_killed_between_its_effect_and_its_completion_record_is_the_named_bound() {
+        let (a, b) = (proc("a", 0), proc("b", 0));
+        let mut h = base();
+        let mut dead = running(&a);
+        dead.ended = Some(14 * SECOND);
+        dead.cause = Some(EndCause::Killed);
+        h.procs = vec![dead, running(&b)];
+        h.published = vec![published("m1")];
+        h.events = vec![
+            ev(
+                10,
+                &a,
+                "turn_started",
+                json!({"seat": "s", "turn_id": "t1", "epoch": 1}),
+            ),
+            ev(
+                20,
+                &b,
+                "turn_started",
+                json!({"seat": "s", "turn_id": "t2", "epoch": 2}),
+            ),
+            ev(
+                21,
+                &b,
+                "turn_completed",
+                json!({"seat": "s", "turn_id": "t2", "epoch": 2}),
+            ),
+        ];
+        h.effects = vec![
+            effect(11, "t1", "a", 1, &["m1"]),
+            effect(21, "t2", "b", 2, &["m1"]),
+        ];
+        let f = check(&h);
+        assert!(f.violations.is_empty(), "{:?}", f.violations);
+        assert_eq!(f.stats.bounded_duplicates, 1);
+        assert!(f.bounded[0].contains("died between an effect and its completion record"));
+        // Had the first turn completed (its record written), the second run
+        // is a violation whatever happened to its process after.
+        h.events.push(ev(
+            12,
+            &a,
+            "turn_completed",
+            json!({"seat": "s", "turn_id": "t1", "epoch": 1}),
+        ));
+        let f = check(&h);
+        assert!(
+            f.violations.iter().any(|v| v.starts_with("duplicate")),
+            "{:?}",
+            f.violations
+        );
     }
 
     #[test]

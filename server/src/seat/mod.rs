@@ -4,4 +4,5 @@
 pub mod host;
 pub mod moves;
 pub mod placement;
+pub mod ranking;
 pub mod sweep;

@@ -21,7 +21,7 @@ use bytes::Bytes;
 use crewlet::coord::{
     Backend, BucketId, Claim, ClaimRequest, ClaimStep, ConnectionState, Coordinator,
     CoordinatorOptions, Event, Fault, KvError, Lease, LeaseState, MemoryBackend, Metadata,
-    NatsBackend, NatsOptions, NatsStore, Release, Renewal, StateBucket, Store, StoreError,
+    NatsBackend, NatsOptions, NatsStore, Offer, Release, Renewal, StateBucket, Store, StoreError,
     StoreTime,
 };
 use crewlet::tasks::Tasks;
@@ -244,7 +244,135 @@ contract!(
     ledger_record_written_by_one_node_is_found_by_a_peer,
     removal_markers_are_listed_and_purged_through_their_own_revision,
     keys_outside_the_grammar_are_refused_with_a_typed_error,
+    offered_lease_is_taken_with_the_next_epoch_while_the_giver_still_holds,
+    a_renewal_keeps_a_standing_offer_and_a_take_reads_past_it,
+    a_withdrawn_offer_is_never_taken_and_the_giver_holds_on,
+    an_offer_is_taken_only_by_the_node_it_names,
+    an_offer_on_a_lapsed_lease_is_never_taken,
 );
+
+fn offer_to(to: &str, id: &str, at: StoreTime) -> Offer {
+    Offer {
+        to: to.into(),
+        id: id.into(),
+        quiesced_at: at,
+    }
+}
+
+async fn offered(store: &impl Store, l: &Lease, owner: &str, o: Option<Offer>) -> Lease {
+    match store.offer(l, owner, o).await {
+        Renewal::Renewed(l) => l,
+        other => panic!("expected the offer to be written, got {other:?}"),
+    }
+}
+
+async fn offered_lease_is_taken_with_the_next_epoch_while_the_giver_still_holds<B: Backend>(
+    fx: Fx<B>,
+) {
+    let peer = fx.peer().await;
+    let a = won(&fx.store, req("seat:alice", A)).await;
+    let now = fx.store.now().await.expect("now");
+    let a = offered(&fx.store, &a, A, Some(offer_to("node-b", "o1", now))).await;
+    assert_eq!(a.offer.as_ref().map(|o| o.to.as_str()), Some("node-b"));
+    // The giver still holds it, offer and all, in everyone's eyes.
+    let seen = peer.lease("seat:alice").await.expect("read").expect("held");
+    assert_eq!((seen.owner.as_str(), seen.epoch), (A, a.epoch));
+    assert_eq!(seen.offer, a.offer);
+    let b = match peer
+        .take("seat:alice", "o1", B, "node-b", crewlet::config::PROTOCOL)
+        .await
+    {
+        Ok(Claim::Won(l)) => l,
+        other => panic!("expected the take to win, got {other:?}"),
+    };
+    assert_eq!(b.owner, B);
+    assert_eq!(b.epoch, a.epoch + 1, "the take is the successor's assertion");
+    assert_eq!(b.preferred, "node-b");
+    assert!(b.offer.is_none());
+    assert!(b.acquired_at >= a.acquired_at, "a new tenure, a new since");
+    assert_eq!(fx.store.epoch("seat:alice").await.expect("epoch"), b.epoch);
+    // The giver's tenure is over: it can neither renew nor release it.
+    assert_eq!(fx.store.renew(&a, A, None).await, Renewal::Lost);
+    assert_eq!(
+        fx.store.release(&a, A).await.expect("release"),
+        Release::NotHeld
+    );
+    let now_held = fx.store.lease("seat:alice").await.expect("read").expect("held");
+    assert_eq!((now_held.owner.as_str(), now_held.epoch), (B, b.epoch));
+    renewed(&peer, &b, B).await;
+}
+
+async fn a_renewal_keeps_a_standing_offer_and_a_take_reads_past_it<B: Backend>(fx: Fx<B>) {
+    let peer = fx.peer().await;
+    let a = won(&fx.store, req("seat:alice", A)).await;
+    let now = fx.store.now().await.expect("now");
+    let a = offered(&fx.store, &a, A, Some(offer_to("node-b", "o1", now))).await;
+    let a2 = renewed(&fx.store, &a, A).await;
+    assert_ne!(a2.revision, a.revision);
+    assert_eq!(a2.offer, a.offer, "a renewal keeps the offer");
+    match peer
+        .take("seat:alice", "o1", B, "node-b", crewlet::config::PROTOCOL)
+        .await
+    {
+        Ok(Claim::Won(l)) => assert_eq!(l.epoch, a.epoch + 1),
+        other => panic!("expected the take to win, got {other:?}"),
+    }
+}
+
+async fn a_withdrawn_offer_is_never_taken_and_the_giver_holds_on<B: Backend>(fx: Fx<B>) {
+    let peer = fx.peer().await;
+    let a = won(&fx.store, req("seat:alice", A)).await;
+    let now = fx.store.now().await.expect("now");
+    let a = offered(&fx.store, &a, A, Some(offer_to("node-b", "o1", now))).await;
+    let a = offered(&fx.store, &a, A, None).await;
+    assert!(a.offer.is_none());
+    match peer
+        .take("seat:alice", "o1", B, "node-b", crewlet::config::PROTOCOL)
+        .await
+    {
+        Ok(Claim::HeldBy(l)) => assert_eq!((l.owner.as_str(), l.epoch), (A, a.epoch)),
+        other => panic!("expected the take to find the giver, got {other:?}"),
+    }
+    // A stale notice of an earlier offer does not take a new one either.
+    let a = offered(&fx.store, &a, A, Some(offer_to("node-b", "o2", now))).await;
+    assert!(matches!(
+        peer.take("seat:alice", "o1", B, "node-b", crewlet::config::PROTOCOL)
+            .await,
+        Ok(Claim::HeldBy(_))
+    ));
+    let a = renewed(&fx.store, &a, A).await;
+    assert_eq!(fx.store.epoch("seat:alice").await.expect("epoch"), a.epoch);
+}
+
+async fn an_offer_is_taken_only_by_the_node_it_names<B: Backend>(fx: Fx<B>) {
+    let peer = fx.peer().await;
+    let a = won(&fx.store, req("seat:alice", A)).await;
+    let now = fx.store.now().await.expect("now");
+    offered(&fx.store, &a, A, Some(offer_to("node-b", "o1", now))).await;
+    match peer
+        .take("seat:alice", "o1", "node-c:0000000c", "node-c", crewlet::config::PROTOCOL)
+        .await
+    {
+        Ok(Claim::HeldBy(l)) => assert_eq!(l.owner, A),
+        other => panic!("expected the take to be refused, got {other:?}"),
+    }
+}
+
+async fn an_offer_on_a_lapsed_lease_is_never_taken<B: Backend>(fx: Fx<B>) {
+    let peer = fx.peer().await;
+    let a = won(&fx.store, req("seat:alice", A)).await;
+    let now = fx.store.now().await.expect("now");
+    let a = offered(&fx.store, &a, A, Some(offer_to("node-b", "o1", now))).await;
+    fx.lapse(&a).await;
+    assert!(
+        peer.take("seat:alice", "o1", B, "node-b", crewlet::config::PROTOCOL)
+            .await
+            .is_err(),
+        "a lapsed lease is claimed, never taken"
+    );
+    let b = won(&peer, req("seat:alice", B)).await;
+    assert!(b.epoch > a.epoch);
+}
 
 async fn claim_mints_epoch_one_for_a_fresh_resource<B: Backend>(fx: Fx<B>) {
     let s = &fx.store;

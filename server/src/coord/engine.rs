@@ -26,7 +26,7 @@ use tokio::sync::Notify;
 
 use super::kv::{self, Backend, BucketId, RawEntry, RawEvent, RawEventStream, WriteError, Written};
 use super::lease::{
-    self, EpochRecord, Found, Lease, LeaseRecord, LeaseState, ResourceKind, StoreTime,
+    self, EpochRecord, Found, Lease, LeaseRecord, LeaseState, Offer, ResourceKind, StoreTime,
 };
 use super::view::LeaseView;
 use super::{
@@ -518,11 +518,97 @@ impl<B: Backend> Coordinator<B> {
         Ok(lease)
     }
 
+    /// Writes the next epoch into an offered record, by compare-and-set on
+    /// the record as read: a renewal by the giver in between is read again,
+    /// a withdrawal or a new offer ends the take.
+    async fn take_inner(
+        &self,
+        resource: &str,
+        offer_id: &str,
+        owner: &str,
+        preferred: &str,
+        protocol: u32,
+    ) -> Result<Claim, StoreError> {
+        let (b, kind) = bucket_of(resource)?;
+        if kind != ResourceKind::Seat {
+            return Err(StoreError::InvalidKey {
+                key: resource.into(),
+                reason: "only a seat lease is offered and taken",
+            });
+        }
+        let key = resource;
+        let claim = claim_id();
+        let mut minted: Option<u64> = None;
+        let mut last_err = None;
+        for _ in 0..MAX_ATTEMPTS {
+            let now = self.be().now();
+            let Some(cur) = self.read_lease(b, key).await?.filter(|l| l.is_live(now)) else {
+                return Err(StoreError::ClaimFailed {
+                    key: key.into(),
+                    reason: "the offered lease is gone (lapsed or released)".into(),
+                });
+            };
+            if cur.claim == claim {
+                // Our write, whose answer was lost, landed.
+                return Ok(Claim::Won(cur));
+            }
+            let standing = cur.state == LeaseState::Held
+                && cur
+                    .offer
+                    .as_ref()
+                    .is_some_and(|o| o.id == offer_id && o.to == preferred);
+            if !standing {
+                return Ok(Claim::HeldBy(cur));
+            }
+            let epoch = match minted {
+                Some(e) => e,
+                None => {
+                    let e = self.mint_epoch(key, &claim, None).await?;
+                    minted = Some(e);
+                    e
+                }
+            };
+            let rec = LeaseRecord::taken(&cur, owner, preferred, protocol, &claim, epoch);
+            match self
+                .be()
+                .update_stamped(b, key, rec.encode(), cur.revision)
+                .await
+            {
+                Ok(w) => {
+                    let at = self.stamp(b, key, w).await?;
+                    let mut lease = Lease::resolve(rec, w.revision, at, self.bucket_ttl(b));
+                    lease.resource = key.into();
+                    return Ok(Claim::Won(lease));
+                }
+                // The giver renewed in between: read again.
+                Err(WriteError::Conflict) => {}
+                // Read again: the record says whether it landed.
+                Err(WriteError::Unknown(e)) => last_err = Some(e),
+            }
+        }
+        Err(last_err.unwrap_or_else(|| StoreError::ClaimFailed {
+            key: key.into(),
+            reason: "the offered record kept changing under the take".into(),
+        }))
+    }
+
     async fn renew_inner(
         &self,
         lease: &Lease,
         owner: &str,
         metadata: Option<Metadata>,
+    ) -> Result<Renewal, StoreError> {
+        self.renew_offering(lease, owner, metadata, None).await
+    }
+
+    /// A renewal that may also set or clear the handoff offer (`offer`:
+    /// `None` keeps the lease's own).
+    async fn renew_offering(
+        &self,
+        lease: &Lease,
+        owner: &str,
+        metadata: Option<Metadata>,
+        offer: Option<Option<Offer>>,
     ) -> Result<Renewal, StoreError> {
         if lease.owner != owner {
             return Ok(Renewal::Lost);
@@ -533,7 +619,10 @@ impl<B: Backend> Coordinator<B> {
             // A lapsed lease cannot be renewed, only re-acquired.
             return Ok(Renewal::Lost);
         }
-        let rec = LeaseRecord::renewal(lease, &lease.claim, metadata);
+        let mut rec = LeaseRecord::renewal(lease, &lease.claim, metadata);
+        if let Some(offer) = offer {
+            rec.offer = offer;
+        }
         let body = rec.encode();
         let mut expected = lease.revision;
         let mut expires = lease.expires_at;
@@ -781,6 +870,28 @@ impl<B: Backend> Store for Coordinator<B> {
 
     async fn release(&self, lease: &Lease, owner: &str) -> Result<Release, StoreError> {
         self.bounded(self.release_inner(lease, owner)).await
+    }
+
+    async fn offer(&self, lease: &Lease, owner: &str, offer: Option<Offer>) -> Renewal {
+        match self
+            .bounded(self.renew_offering(lease, owner, None, Some(offer)))
+            .await
+        {
+            Ok(r) => r,
+            Err(e) => Renewal::Unknown(e),
+        }
+    }
+
+    async fn take(
+        &self,
+        resource: &str,
+        offer_id: &str,
+        owner: &str,
+        preferred: &str,
+        protocol: u32,
+    ) -> Result<Claim, StoreError> {
+        self.bounded(self.take_inner(resource, offer_id, owner, preferred, protocol))
+            .await
     }
 
     async fn lease(&self, resource: &str) -> Result<Option<Lease>, StoreError> {

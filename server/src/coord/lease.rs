@@ -109,6 +109,21 @@ pub enum LeaseState {
     Held,
 }
 
+/// Phase 1 of a two-phase handoff, carried on a held seat lease: its
+/// holder quiesced the seat and offers the lease to the node `to`, which
+/// may take it (a compare-and-set that mints the next epoch) while the
+/// holder still holds and renews it. Older nodes ignore the field.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Offer {
+    /// The successor's stable node id.
+    pub to: String,
+    /// Names this offer: a take names the offer it takes, so an offer
+    /// withdrawn and made again is never taken by a stale notice.
+    pub id: String,
+    /// When the holder stopped admitting turns, on the store's clock.
+    pub quiesced_at: StoreTime,
+}
+
 /// The record as stored.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LeaseRecord {
@@ -137,6 +152,9 @@ pub struct LeaseRecord {
     pub claim: String,
     #[serde(default)]
     pub metadata: Metadata,
+    /// A standing handoff offer (seats only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub offer: Option<Offer>,
 }
 
 impl LeaseRecord {
@@ -165,6 +183,7 @@ impl LeaseRecord {
             state: LeaseState::Claiming,
             claim: claim.to_string(),
             metadata: req.metadata.clone(),
+            offer: None,
         }
     }
 
@@ -191,6 +210,25 @@ impl LeaseRecord {
             state: LeaseState::Held,
             claim: claim.to_string(),
             metadata: metadata.unwrap_or_else(|| lease.metadata.clone()),
+            offer: lease.offer.clone(),
+        }
+    }
+
+    /// The write that takes an offered lease: a new tenure for `owner`
+    /// (node `preferred`) at `epoch`, begun at this write's own timestamp.
+    pub fn taken(lease: &Lease, owner: &str, preferred: &str, protocol: u32, claim: &str, epoch: u64) -> LeaseRecord {
+        LeaseRecord {
+            resource: lease.resource.clone(),
+            owner: owner.to_string(),
+            epoch,
+            acquired_at: None,
+            ttl_ms: lease.ttl.as_millis() as u64,
+            preferred: preferred.to_string(),
+            protocol,
+            state: LeaseState::Held,
+            claim: claim.to_string(),
+            metadata: Metadata::new(),
+            offer: None,
         }
     }
 }
@@ -214,6 +252,8 @@ pub struct Lease {
     pub ttl: Duration,
     /// The claim call that began the tenure.
     pub claim: String,
+    /// A standing handoff offer.
+    pub offer: Option<Offer>,
 }
 
 impl Lease {
@@ -240,6 +280,7 @@ impl Lease {
             revision,
             ttl,
             claim: record.claim,
+            offer: record.offer,
         }
     }
 

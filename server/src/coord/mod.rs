@@ -36,7 +36,7 @@ use futures::stream::BoxStream;
 
 pub use engine::{ClaimStep, Coordinator, CoordinatorOptions, Fault};
 pub use kv::{Backend, BucketId};
-pub use lease::{Lease, LeaseRecord, LeaseState, ResourceKind, StoreTime};
+pub use lease::{Lease, LeaseRecord, LeaseState, Offer, ResourceKind, StoreTime};
 pub use memory::MemoryBackend;
 pub use nats::{NatsBackend, NatsOptions};
 
@@ -294,6 +294,22 @@ pub trait Store: Send + Sync {
     /// Give back `owner`'s tenure `lease` (only that tenure: compare-and-set).
     async fn release(&self, lease: &Lease, owner: &str) -> Result<Release, StoreError>;
 
+    /// Set (`Some`) or withdraw (`None`) a handoff offer on `owner`'s live
+    /// seat tenure `lease`, renewing it: three-valued, like a renewal (a
+    /// renewal keeps a standing offer).
+    async fn offer(&self, lease: &Lease, owner: &str, offer: Option<Offer>) -> Renewal;
+    /// Take the seat lease on `resource` offered to node `preferred` under
+    /// `offer_id`: a new tenure for `owner` with the next epoch, begun at
+    /// this write (`Won`), while the giver still holds it — or the record
+    /// as found when that offer does not stand (`HeldBy`).
+    async fn take(
+        &self,
+        resource: &str,
+        offer_id: &str,
+        owner: &str,
+        preferred: &str,
+        protocol: u32,
+    ) -> Result<Claim, StoreError>;
     /// The live lease on `resource`, read from the leader.
     async fn lease(&self, resource: &str) -> Result<Option<Lease>, StoreError>;
 

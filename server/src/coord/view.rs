@@ -292,6 +292,7 @@ mod tests {
             revision: 1,
             ttl: Duration::from_secs(1),
             claim: String::new(),
+            offer: None,
         }
     }
 

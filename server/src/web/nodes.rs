@@ -247,6 +247,7 @@ mod tests {
             revision: 1,
             ttl: Duration::from_secs(45),
             claim: String::new(),
+            offer: None,
         }
     }
 

@@ -262,6 +262,7 @@ mod tests {
             revision: 1,
             ttl: std::time::Duration::from_secs(45),
             claim: String::new(),
+            offer: None,
         }
     }
 

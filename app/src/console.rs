@@ -8,8 +8,8 @@
 use std::sync::Arc;
 
 use crate::api::{
-    AuditEntry, FleetView, MemoryOverview, NewPerson, Person, PersonRole, PersonView,
-    SeatActionResult, SeatList, SeatMemoryRead, SeatQuery,
+    AuditEntry, FleetView, MemoryOverview, MoveRequestView, NewPerson, NodeOrderView, Person,
+    PersonRole, PersonView, SeatActionResult, SeatList, SeatMemoryRead, SeatQuery,
 };
 
 /// A failure the dashboard shows to a person as a sentence.
@@ -24,6 +24,10 @@ pub enum ConsoleError {
     /// The thing acted on does not exist; the message names it.
     #[error("{0}")]
     NotFound(String),
+    /// The thing acted on changed since the person read it; the message
+    /// says to reload.
+    #[error("{0}")]
+    Conflict(String),
     /// Something the node depends on failed; the message says what.
     #[error("{0}")]
     Unavailable(String),
@@ -92,6 +96,31 @@ pub trait Console: Send + Sync + 'static {
         handle: &str,
         reason: Option<String>,
     ) -> Result<SeatActionResult, ConsoleError>;
+    /// The fleet's node priority order: as saved, and as every node ranks
+    /// the live fleet now.
+    async fn node_order(&self) -> Result<NodeOrderView, ConsoleError>;
+    /// Save `nodes` (top first) as the fleet's priority order, against the
+    /// revision the person read (`None`: none was saved) — operators only,
+    /// audited. `Conflict` when somebody saved since; `Invalid` naming a
+    /// repeated or empty node id.
+    async fn save_node_order(
+        &self,
+        actor: &Person,
+        nodes: Vec<String>,
+        revision: Option<u64>,
+    ) -> Result<NodeOrderView, ConsoleError>;
+    /// Ask that seat `handle` run on node `node` ("move this seat now"):
+    /// its holder hands it over, or the node claims it once a lapsed lease
+    /// is free — operators only, audited with the reason (required).
+    /// `Invalid` with the reason for a node outside the seat's placement,
+    /// not serving, unknown, or already holding it.
+    async fn move_seat(
+        &self,
+        actor: &Person,
+        handle: &str,
+        node: &str,
+        reason: &str,
+    ) -> Result<MoveRequestView, ConsoleError>;
 }
 
 /// How the node hands the console to Leptos.

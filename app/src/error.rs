@@ -18,6 +18,9 @@ pub enum AppError {
     /// The thing asked about does not exist; the sentence names it.
     #[error("{0}")]
     NotFound(String),
+    /// The thing changed since it was read; the sentence says to reload.
+    #[error("{0}")]
+    Conflict(String),
     #[error("{0}")]
     Unavailable(String),
     /// The request never reached the node, or its answer could not be read.
@@ -46,6 +49,7 @@ impl From<crate::console::ConsoleError> for AppError {
             ConsoleError::Invalid(m) => AppError::Invalid(m),
             ConsoleError::Forbidden(m) => AppError::Forbidden(m),
             ConsoleError::NotFound(m) => AppError::NotFound(m),
+            ConsoleError::Conflict(m) => AppError::Conflict(m),
             ConsoleError::Unavailable(m) => AppError::Unavailable(m),
         }
     }

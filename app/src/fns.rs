@@ -9,8 +9,8 @@
 use leptos::prelude::*;
 
 use crate::api::{
-    AuditEntry, FleetView, MemoryOverviewPage, NewPerson, Person, PersonView, SeatActionResult,
-    SeatList, SeatMemoryRead,
+    AuditEntry, FleetView, MemoryOverviewPage, MoveRequestView, NewPerson, NodeOrderView, Person,
+    PersonView, SeatActionResult, SeatList, SeatMemoryRead,
 };
 use crate::error::AppError;
 
@@ -56,6 +56,7 @@ pub mod ssr {
             ConsoleError::Invalid(_) => StatusCode::BAD_REQUEST,
             ConsoleError::Forbidden(_) => StatusCode::FORBIDDEN,
             ConsoleError::NotFound(_) => StatusCode::NOT_FOUND,
+            ConsoleError::Conflict(_) => StatusCode::CONFLICT,
             ConsoleError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
         });
         e.into()
@@ -196,6 +197,44 @@ pub async fn stop_seat_turn(
     let actor = ssr::person().await?;
     ssr::console()?
         .stop(&actor, &handle, reason)
+        .await
+        .map_err(ssr::fail)
+}
+
+/// The fleet's node priority order: as saved, and as every node ranks the
+/// live fleet now.
+#[server(endpoint = "node_order")]
+pub async fn node_order() -> Result<NodeOrderView, AppError> {
+    ssr::person().await?;
+    ssr::console()?.node_order().await.map_err(ssr::fail)
+}
+
+/// Save the fleet's node priority order (top first) against the revision
+/// read (operators only; audited). A JSON body: the list does not fit a
+/// form well.
+#[server(endpoint = "save_node_order", input = server_fn::codec::Json)]
+pub async fn save_node_order(
+    nodes: Vec<String>,
+    #[server(default)] revision: Option<u64>,
+) -> Result<NodeOrderView, AppError> {
+    let actor = ssr::person().await?;
+    ssr::console()?
+        .save_node_order(&actor, nodes, revision)
+        .await
+        .map_err(ssr::fail)
+}
+
+/// Ask that a seat run on a named node, with a reason (operators only;
+/// audited).
+#[server(endpoint = "move_seat")]
+pub async fn move_seat(
+    handle: String,
+    node: String,
+    #[server(default)] reason: String,
+) -> Result<MoveRequestView, AppError> {
+    let actor = ssr::person().await?;
+    ssr::console()?
+        .move_seat(&actor, &handle, &node, &reason)
         .await
         .map_err(ssr::fail)
 }

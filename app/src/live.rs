@@ -89,7 +89,15 @@ pub const NODE_EVENTS: &[&str] = &[
     "seats_unplaceable",
     "seat_claims_blocked_by_older_protocol",
     "company_applied",
+    "seat_offered",
+    "seat_offer_taken",
+    "seat_offer_withdrawn",
+    "node_order_changed",
+    "seat_move_requested",
 ];
+
+/// The events of a handoff, which Settings › Nodes lists as they happen.
+pub const HANDOFF_EVENTS: &[&str] = &["seat_offered", "seat_offer_taken", "seat_offer_withdrawn"];
 
 /// Events that change what the Memory page shows.
 pub const MEMORY_EVENTS: &[&str] = &[
@@ -131,6 +139,8 @@ pub const ACTION_EVENTS: &[&str] = &[
     "seat_resumed",
     "turn_stop_requested",
     "company_applied",
+    "node_order_changed",
+    "seat_move_requested",
 ];
 
 /// After a refetch, events within this window are one more refetch at its
@@ -225,6 +235,18 @@ pub fn refetch_on(
     relevant: impl Fn(&LiveEvent) -> bool + 'static,
     refetch: impl Fn() + Clone + 'static,
 ) -> ReadSignal<Connection> {
+    refetch_on_and(names, relevant, refetch, |_| {})
+}
+
+/// [`refetch_on`], on the same stream also handing every event named in
+/// `names` (and every `resync`) to `each` as it arrives — for a page that
+/// both refetches and keeps a list built from the events themselves.
+pub fn refetch_on_and(
+    names: &'static [&'static str],
+    relevant: impl Fn(&LiveEvent) -> bool + 'static,
+    refetch: impl Fn() + Clone + 'static,
+    each: impl Fn(&LiveEvent) + 'static,
+) -> ReadSignal<Connection> {
     #[cfg(feature = "hydrate")]
     {
         use std::cell::Cell;
@@ -255,6 +277,7 @@ pub fn refetch_on(
         let window = Rc::new(Window::default());
         let later: Rc<dyn Fn()> = Rc::new(refetch.clone());
         let on_event = move |e: LiveEvent| {
+            each(&e);
             if e.name != RESYNC && !relevant(&e) {
                 return;
             }
@@ -269,7 +292,7 @@ pub fn refetch_on(
     }
     #[cfg(not(feature = "hydrate"))]
     {
-        let _ = (relevant, refetch);
+        let _ = (relevant, refetch, each);
         use_event_stream(names, |_| {}, || {})
     }
 }

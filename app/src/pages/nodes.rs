@@ -2,7 +2,9 @@
 //! long, seats no node may run, a protocol floor blocking claims), then
 //! every live node of the fleet, its status, roles, labels, protocol,
 //! presence and the seats it holds, refreshed live from the event stream
-//! when a seat moves or a node comes or goes.
+//! when a seat moves or a node comes or goes. Below the nodes: the fleet's
+//! priority order (operators reorder and save it) and the handoffs seen
+//! live ([`super::node_order`]).
 //!
 //! When the roster cannot be read the page does not guess: every node's
 //! status is `unknown`, and the last roster read is shown greyed "as of
@@ -14,11 +16,14 @@ use std::collections::BTreeSet;
 
 use leptos::prelude::*;
 
-use crate::api::{FleetAlarm, FleetView, NodeView, duration_words};
+use crate::api::{
+    FleetAlarm, FleetView, HandoffView, NodeView, apply_handoff_event, duration_words,
+};
 use crate::components::notice::{ErrorNotice, InfoNotice};
 use crate::error::AppError;
-use crate::fns::fleet;
-use crate::live::{LiveBadge, NODE_EVENTS, refetch_on};
+use crate::fns::{fleet, node_order, whoami};
+use crate::live::{HANDOFF_EVENTS, LiveBadge, NODE_EVENTS, refetch_on_and};
+use crate::pages::node_order::{Handoffs, PriorityOrder};
 
 /// How often the page reads the roster again while it cannot be read.
 pub const STALE_RETRY_SECS: u64 = 5;
@@ -31,16 +36,32 @@ fn hhmmss(at: &str) -> String {
 #[component]
 pub fn NodesPage() -> impl IntoView {
     let data = Resource::new(|| (), |_| fleet());
+    let order = Resource::new(|| (), |_| node_order());
+    let me = Resource::new(|| (), |_| whoami());
+    let operator = Signal::derive(move || {
+        me.get()
+            .and_then(|r| r.ok())
+            .is_some_and(|p| p.is_operator())
+    });
+    let handoffs = RwSignal::new(Vec::<HandoffView>::new());
     // A blocked claim is reported at every sweep while it lasts: once the
     // page shows the floor, those reports change nothing.
     let floor_shown = StoredValue::new(false);
-    let live = refetch_on(
+    let live = refetch_on_and(
         NODE_EVENTS,
         move |e| {
             e.name != "seat_claims_blocked_by_older_protocol"
                 || !floor_shown.try_get_value().unwrap_or(true)
         },
-        move || data.refetch(),
+        move || {
+            data.refetch();
+            order.refetch();
+        },
+        move |e| {
+            if HANDOFF_EVENTS.contains(&e.name.as_str()) {
+                handoffs.update(|l| apply_handoff_event(l, &e.name, &e.data));
+            }
+        },
     );
     // While the roster cannot be read, read it again a while later.
     Effect::new(move |_| {
@@ -118,7 +139,9 @@ pub fn NodesPage() -> impl IntoView {
                         </tbody>
                     </table>
                 </div>
+                <PriorityOrder order=order operator=operator />
             </Transition>
+            <Handoffs list=handoffs />
         </section>
     }
 }

@@ -1,17 +1,18 @@
 //! Seats: every seat of the active company revision — holder, state,
 //! pause, inbox depth and last turn error — searched, filtered and paged by
 //! the node, with Pause / Resume / Stop turn for operators (each confirmed
-//! in a dialog naming the seat and its holder), refreshed live from the
-//! event stream.
+//! in a dialog naming the seat and its holder) and Move… (a dialog picking
+//! a live node and asking why; a refusal is shown in it, as the node words
+//! it), refreshed live from the event stream.
 
 use leptos::prelude::*;
 use leptos_router::components::Form;
 use leptos_router::hooks::use_query_map;
 
-use crate::api::{SeatActionResult, SeatList, SeatRow, SeatState, runs_summary};
+use crate::api::{MoveRequestView, SeatActionResult, SeatList, SeatRow, SeatState, runs_summary};
 use crate::components::notice::ErrorNotice;
 use crate::error::AppError;
-use crate::fns::{list_seats, pause_seat, resume_seat, stop_seat_turn, whoami};
+use crate::fns::{fleet, list_seats, move_seat, pause_seat, resume_seat, stop_seat_turn, whoami};
 use crate::live::{LiveBadge, SEAT_EVENTS, refetch_on};
 
 /// What a person asks of a seat.
@@ -55,6 +56,21 @@ struct Request {
     handle: String,
     reason: String,
     stop_running_turn: bool,
+}
+
+/// The seat a move dialog is about.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct MoveAsk {
+    handle: String,
+    holder: Option<String>,
+}
+
+/// A move as submitted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct MoveRequest {
+    handle: String,
+    node: String,
+    reason: String,
 }
 
 async fn run(r: Request) -> Result<SeatActionResult, AppError> {
@@ -178,6 +194,67 @@ pub fn SeatsPage() -> impl IntoView {
         }
     };
 
+    // Move…: the live nodes are read when the dialog opens; a refusal
+    // stays in the dialog, a recorded request closes it.
+    let move_dialog = NodeRef::<leptos::html::Dialog>::new();
+    let moving = RwSignal::new(None::<MoveAsk>);
+    let move_to = RwSignal::new(String::new());
+    let move_reason = RwSignal::new(String::new());
+    let move_error = RwSignal::new(None::<AppError>);
+    let moved = RwSignal::new(None::<MoveRequestView>);
+    let live_nodes = Action::new(|_: &()| fleet());
+    let move_act = Action::new(|r: &MoveRequest| {
+        move_seat(r.handle.clone(), r.node.clone(), r.reason.clone())
+    });
+    let close_move = move || {
+        if let Some(d) = move_dialog.get() {
+            d.close();
+        }
+    };
+    let ask_move = Callback::new(move |m: MoveAsk| {
+        move_to.set(String::new());
+        move_reason.set(String::new());
+        move_error.set(None);
+        moving.set(Some(m));
+        live_nodes.dispatch(());
+        if let Some(d) = move_dialog.get() {
+            let _ = d.show_modal();
+        }
+    });
+    // The first live node that does not hold the seat is picked to start.
+    Effect::new(move |_| {
+        if let Some(Ok(f)) = live_nodes.value().get()
+            && move_to.get_untracked().is_empty()
+        {
+            let holder = moving.get_untracked().and_then(|m| m.holder);
+            let pick = f
+                .nodes
+                .iter()
+                .find(|n| Some(&n.node_id) != holder.as_ref())
+                .or(f.nodes.first())
+                .map(|n| n.node_id.clone());
+            if let Some(p) = pick {
+                move_to.set(p);
+            }
+        }
+    });
+    Effect::new(move |prev: Option<usize>| {
+        let v = move_act.version().get();
+        if prev.is_some_and(|p| p != v) {
+            match move_act.value().get_untracked() {
+                Some(Ok(req)) => {
+                    move_error.set(None);
+                    moved.set(Some(req));
+                    close_move();
+                    list.refetch();
+                }
+                Some(Err(e)) => move_error.set(Some(e)),
+                None => {}
+            }
+        }
+        v
+    });
+
     view! {
         <section class="page">
             <div class="page-head">
@@ -227,6 +304,22 @@ pub fn SeatsPage() -> impl IntoView {
                         Err(e) => view! { <ErrorNotice error=e /> }.into_any(),
                     })
             }}
+            {move || {
+                moved
+                    .get()
+                    .map(|m| {
+                        view! {
+                            <p class="notice notice-info" role="status" data-moved=m.seat.clone()>
+                                {format!(
+                                    "{}: move to {} requested ({}). Its holder hands it over; Settings › Nodes shows the handoff.",
+                                    m.seat,
+                                    m.to,
+                                    m.reason,
+                                )}
+                            </p>
+                        }
+                    })
+            }}
             <Transition fallback=|| view! { <p class="muted">"Reading the seats…"</p> }>
                 {move || {
                     list.get()
@@ -251,7 +344,7 @@ pub fn SeatsPage() -> impl IntoView {
                         </thead>
                         <tbody>
                             <For each=rows key=|r| format!("{r:?}") let:r>
-                                <SeatRowView row=r operator=operator ask=ask />
+                                <SeatRowView row=r operator=operator ask=ask ask_move=ask_move />
                             </For>
                         </tbody>
                     </table>
@@ -347,6 +440,121 @@ pub fn SeatsPage() -> impl IntoView {
                         })
                 }}
             </dialog>
+            <dialog
+                node_ref=move_dialog
+                class="move-dialog"
+                aria-labelledby="move-title"
+                on:close=move |_| moving.set(None)
+            >
+                {move || {
+                    moving
+                        .get()
+                        .map(|m| {
+                            let body = match &m.holder {
+                                Some(n) => format!(
+                                    "{n} holds it now. It hands the seat over once the node you pick has it ready; no turn runs on both."
+                                ),
+                                None => "Nobody holds it now: the node you pick claims it.".to_string(),
+                            };
+                            let holder = m.holder.clone();
+                            let handle = m.handle.clone();
+                            view! {
+                                <form
+                                    data-confirm="move"
+                                    on:submit=move |ev| {
+                                        ev.prevent_default();
+                                        move_error.set(None);
+                                        move_act.dispatch(MoveRequest {
+                                            handle: handle.clone(),
+                                            node: move_to.get_untracked(),
+                                            reason: move_reason.get_untracked(),
+                                        });
+                                    }
+                                >
+                                    <h2 id="move-title">{format!("Move {}", m.handle)}</h2>
+                                    <p>{body}</p>
+                                    <label for="move-node">"To node"</label>
+                                    <select
+                                        id="move-node"
+                                        required
+                                        on:change=move |ev| move_to.set(event_target_value(&ev))
+                                    >
+                                        {move || match live_nodes.value().get() {
+                                            None => {
+                                                view! {
+                                                    <option value="" disabled selected>
+                                                        "Reading the live nodes…"
+                                                    </option>
+                                                }
+                                                    .into_any()
+                                            }
+                                            Some(Err(_)) => {
+                                                view! {
+                                                    <option value="" disabled selected>
+                                                        "The live nodes cannot be read"
+                                                    </option>
+                                                }
+                                                    .into_any()
+                                            }
+                                            Some(Ok(f)) => {
+                                                let holder = holder.clone();
+                                                f.nodes
+                                                    .into_iter()
+                                                    .map(|n| {
+                                                        let id = n.node_id.clone();
+                                                        let here = holder.as_deref() == Some(id.as_str());
+                                                        let label = format!(
+                                                            "{id} ({}{})",
+                                                            n.status.as_str(),
+                                                            if here { ", holds it now" } else { "" },
+                                                        );
+                                                        let sel = id.clone();
+                                                        view! {
+                                                            <option value=id selected=move || move_to.get() == sel>
+                                                                {label}
+                                                            </option>
+                                                        }
+                                                    })
+                                                    .collect_view()
+                                                    .into_any()
+                                            }
+                                        }}
+                                    </select>
+                                    <label for="move-reason">"Reason (required; it is audited)"</label>
+                                    <input
+                                        id="move-reason"
+                                        type="text"
+                                        required
+                                        maxlength="500"
+                                        autocomplete="off"
+                                        bind:value=move_reason
+                                    />
+                                    {move || {
+                                        move_error
+                                            .get()
+                                            .map(|e| {
+                                                view! {
+                                                    <p class="notice notice-error" role="alert" data-move-error="true">
+                                                        {e.to_string()}
+                                                    </p>
+                                                }
+                                            })
+                                    }}
+                                    <div class="dialog-actions">
+                                        <button type="button" on:click=move |_| close_move()>"Cancel"</button>
+                                        <button
+                                            type="submit"
+                                            class="primary"
+                                            disabled=move || move_act.pending().get()
+                                        >
+                                            "Move"
+                                        </button>
+                                    </div>
+                                </form>
+                            }
+                        })
+                }}
+            </dialog>
         </section>
     }
 }
@@ -381,7 +589,7 @@ fn SeatSummary(list: SeatList, operator: Signal<bool>) -> impl IntoView {
                 .then(|| {
                     view! {
                         <p class="muted small">
-                            "You are signed in as a viewer: only operators may pause, resume or stop seats."
+                            "You are signed in as a viewer: only operators may pause, resume, stop or move seats."
                         </p>
                     }
                 })
@@ -414,7 +622,12 @@ fn Pager(list: SeatList, query: String, state: String) -> impl IntoView {
 }
 
 #[component]
-fn SeatRowView(row: SeatRow, operator: Signal<bool>, ask: Callback<Confirm>) -> impl IntoView {
+fn SeatRowView(
+    row: SeatRow,
+    operator: Signal<bool>,
+    ask: Callback<Confirm>,
+    ask_move: Callback<MoveAsk>,
+) -> impl IntoView {
     let state = row.state.as_str();
     let holder_node = row.holder.as_ref().map(|h| h.node_id.clone());
     let paused = row.pause.is_some();
@@ -443,6 +656,24 @@ fn SeatRowView(row: SeatRow, operator: Signal<bool>, ask: Callback<Confirm>) -> 
         button(Ask::Pause)
     };
     let stop = button(Ask::Stop);
+    let move_button = {
+        let m = MoveAsk {
+            handle: row.handle.clone(),
+            holder: holder_node.clone(),
+        };
+        let label = format!("Move {} to another node", row.handle);
+        view! {
+            <button
+                type="button"
+                data-action="move"
+                aria-label=label
+                disabled=move || !operator.get()
+                on:click=move |_| ask_move.run(m.clone())
+            >
+                "Move…"
+            </button>
+        }
+    };
     view! {
         <tr data-seat=row.handle.clone() data-state=state>
             <td data-label="Seat">
@@ -523,7 +754,7 @@ fn SeatRowView(row: SeatRow, operator: Signal<bool>, ask: Callback<Confirm>) -> 
                 }}
             </td>
             <td data-label="Actions">
-                <div class="actions">{first} {stop}</div>
+                <div class="actions">{first} {stop} {move_button}</div>
             </td>
         </tr>
     }

@@ -348,6 +348,7 @@ fn token_path(path: &str) -> bool {
         || path == "/api/company"
         || path == "/api/dead-letters"
         || path == "/api/memory"
+        || path == "/api/nodes/order"
         || path.starts_with("/api/seats/")
 }
 

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use sqlx::SqlitePool;
 
 use app::api::{
-    AuditEntry, FleetView, MemoryOverview, NewPerson, Person, PersonRole, PersonView,
-    SeatActionResult, SeatList, SeatMemoryRead, SeatQuery,
+    AuditEntry, FleetView, MemoryOverview, MoveRequestView, NewPerson, NodeOrderView, Person,
+    PersonRole, PersonView, SeatActionResult, SeatList, SeatMemoryRead, SeatQuery,
 };
 use app::console::{Console, ConsoleError};
 
@@ -693,6 +693,120 @@ impl Console for NodeConsole {
             seat: handle.to_string(),
             result: result.to_string(),
         })
+    }
+
+    async fn node_order(&self) -> Result<NodeOrderView, ConsoleError> {
+        crate::web::ranking::order_view(&**self.engine.store())
+            .await
+            .map_err(|e| crate::web::ranking::ranking_failure(e).0)
+    }
+
+    async fn save_node_order(
+        &self,
+        actor: &Person,
+        nodes: Vec<String>,
+        revision: Option<u64>,
+    ) -> Result<NodeOrderView, ConsoleError> {
+        use crate::seat::ranking;
+        const ACTION: &str = "node_order_set";
+        let asked = format!("order: {}", nodes.join(", "));
+        if !actor.is_operator() {
+            self.audited(actor, ACTION, Some(&asked), "refused: not an operator")
+                .await?;
+            return Err(ConsoleError::Forbidden(format!(
+                "{} is a viewer: only operators may change the node order.",
+                actor.name
+            )));
+        }
+        let store = self.engine.store();
+        match ranking::save(&**store, nodes.clone(), &actor.name, revision).await {
+            Ok(saved) => {
+                // Audited before it is announced: a page that refetches the
+                // audit log on the event finds the row.
+                let audited = self
+                    .audited(
+                        actor,
+                        ACTION,
+                        Some(&asked),
+                        &format!("saved (revision {saved})"),
+                    )
+                    .await;
+                self.engine.events().emit(Event::NodeOrderChanged {
+                    nodes,
+                    by: actor.name.clone(),
+                });
+                audited?;
+                self.node_order().await
+            }
+            Err(e) => {
+                let (e, result) = crate::web::ranking::ranking_failure(e);
+                self.audited(actor, ACTION, Some(&asked), &result).await?;
+                Err(e)
+            }
+        }
+    }
+
+    async fn move_seat(
+        &self,
+        actor: &Person,
+        handle: &str,
+        node: &str,
+        reason: &str,
+    ) -> Result<MoveRequestView, ConsoleError> {
+        const ACTION: &str = "seat_move_requested";
+        let reason = reason.trim();
+        let why = Some(reason).filter(|r| !r.is_empty());
+        let audit_row = |result: String| {
+            let pool = self.pool.clone();
+            let person = actor.name.clone();
+            async move {
+                audit::record(&pool, &person, ACTION, Some(handle), why, &result)
+                    .await
+                    .map_err(|e| unavailable("write the audit log", e))
+            }
+        };
+        if !actor.is_operator() {
+            audit_row(format!("refused: not an operator (to {node})")).await?;
+            return Err(ConsoleError::Forbidden(format!(
+                "{} is a viewer: only operators may move a seat.",
+                actor.name
+            )));
+        }
+        let n = reason.chars().count();
+        if n > MAX_REASON_CHARS {
+            audit::record(
+                &self.pool,
+                &actor.name,
+                ACTION,
+                Some(handle),
+                None,
+                "refused: reason too long",
+            )
+            .await
+            .map_err(|e| unavailable("write the audit log", e))?;
+            return Err(ConsoleError::Invalid(format!(
+                "reason: at most {MAX_REASON_CHARS} characters (this one has {n})."
+            )));
+        }
+        let store = self.engine.store();
+        match crate::seat::moves::request(&**store, handle, node, &actor.name, reason).await {
+            Ok(req) => {
+                let audited = audit_row(format!("requested: to {}", req.to)).await;
+                self.engine.events().emit(Event::SeatMoveRequested {
+                    seat: req.seat.clone(),
+                    to: req.to.clone(),
+                    by: req.by.clone(),
+                    reason: req.reason.clone(),
+                });
+                audited?;
+                Ok(crate::web::ranking::move_view(&req))
+            }
+            Err(e) => {
+                let (e, result) = crate::web::ranking::move_failure(e);
+                audit_row(result).await?;
+                Err(e)
+            }
+        }
     }
 
     async fn audit(&self, limit: u32) -> Result<Vec<AuditEntry>, ConsoleError> {

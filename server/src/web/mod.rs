@@ -10,6 +10,7 @@ pub mod console;
 pub mod live;
 pub mod memory;
 pub mod nodes;
+pub mod ranking;
 pub mod seats;
 
 use std::net::SocketAddr;
@@ -179,6 +180,11 @@ pub async fn router(setup: WebSetup<'_>) -> Result<Router, WebError> {
         .route("/api/seats/{handle}/pause", post(pause_seat))
         .route("/api/seats/{handle}/resume", post(resume_seat))
         .route("/api/seats/{handle}/stop", post(stop_seat_turn))
+        .route("/api/seats/{handle}/move", post(ranking::move_seat))
+        .route(
+            "/api/nodes/order",
+            get(ranking::get_order).put(ranking::put_order),
+        )
         .route("/api/seats/{handle}/memory", get(seat_memory))
         .route("/api/memory", get(memory_overview))
         .leptos_routes_with_context(
@@ -404,13 +410,14 @@ async fn stop_seat_turn(
     seat_action_answer(console.stop(&person, &handle, body.reason).await)
 }
 
-fn console_error(e: app::console::ConsoleError) -> axum::response::Response {
+pub(crate) fn console_error(e: app::console::ConsoleError) -> axum::response::Response {
     use app::console::ConsoleError;
     use axum::http::StatusCode;
     let status = match e {
         ConsoleError::Invalid(_) => StatusCode::BAD_REQUEST,
         ConsoleError::Forbidden(_) => StatusCode::FORBIDDEN,
         ConsoleError::NotFound(_) => StatusCode::NOT_FOUND,
+        ConsoleError::Conflict(_) => StatusCode::CONFLICT,
         ConsoleError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
     };
     (status, Json(serde_json::json!({ "error": e.to_string() }))).into_response()

@@ -73,6 +73,7 @@ fn engine_cfg(id: &str, ttl: Duration, beat: Duration, sweep: Duration) -> Engin
         release_limit: 2,
         release_wait: beat,
         queue: QueueSettings::default(),
+        handoff: Default::default(),
     }
 }
 

@@ -286,7 +286,11 @@ async fn offered_lease_is_taken_with_the_next_epoch_while_the_giver_still_holds<
         other => panic!("expected the take to win, got {other:?}"),
     };
     assert_eq!(b.owner, B);
-    assert_eq!(b.epoch, a.epoch + 1, "the take is the successor's assertion");
+    assert_eq!(
+        b.epoch,
+        a.epoch + 1,
+        "the take is the successor's assertion"
+    );
     assert_eq!(b.preferred, "node-b");
     assert!(b.offer.is_none());
     assert!(b.acquired_at >= a.acquired_at, "a new tenure, a new since");
@@ -297,7 +301,12 @@ async fn offered_lease_is_taken_with_the_next_epoch_while_the_giver_still_holds<
         fx.store.release(&a, A).await.expect("release"),
         Release::NotHeld
     );
-    let now_held = fx.store.lease("seat:alice").await.expect("read").expect("held");
+    let now_held = fx
+        .store
+        .lease("seat:alice")
+        .await
+        .expect("read")
+        .expect("held");
     assert_eq!((now_held.owner.as_str(), now_held.epoch), (B, b.epoch));
     renewed(&peer, &b, B).await;
 }
@@ -350,7 +359,13 @@ async fn an_offer_is_taken_only_by_the_node_it_names<B: Backend>(fx: Fx<B>) {
     let now = fx.store.now().await.expect("now");
     offered(&fx.store, &a, A, Some(offer_to("node-b", "o1", now))).await;
     match peer
-        .take("seat:alice", "o1", "node-c:0000000c", "node-c", crewlet::config::PROTOCOL)
+        .take(
+            "seat:alice",
+            "o1",
+            "node-c:0000000c",
+            "node-c",
+            crewlet::config::PROTOCOL,
+        )
         .await
     {
         Ok(Claim::HeldBy(l)) => assert_eq!(l.owner, A),

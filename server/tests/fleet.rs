@@ -5,14 +5,14 @@
 
 mod support;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crewlet::config::{PlacementConfig, RoleConfig};
 use crewlet::coord::{
-    Claim, ClaimRequest, Coordinator, CoordinatorOptions, MemoryBackend, NatsBackend, NatsOptions,
-    Store,
+    Claim, ClaimRequest, Coordinator, CoordinatorOptions, Lease, MemoryBackend, NatsBackend,
+    NatsOptions, Store,
 };
 use crewlet::events::{DetachReason, Event, EventBus, FleetEvent};
 use crewlet::node::company;
@@ -33,6 +33,8 @@ const SWEEP: Duration = Duration::from_secs(1);
 /// What a test node's hooks do, and what they saw.
 #[derive(Default)]
 struct TestHooks {
+    /// Memory hydration never finishes (a successor stuck mid-prepare).
+    stuck_hydration: std::sync::atomic::AtomicBool,
     log: Mutex<Vec<String>>,
     failing_release: Mutex<BTreeSet<String>>,
     holds: Mutex<Vec<String>>,
@@ -56,6 +58,12 @@ impl SeatHooks for TestHooks {
     }
     async fn hydrate_memory(&self, s: &SeatContext) -> Result<(), HookError> {
         self.note(s, "hydrate");
+        while self
+            .stuck_hydration
+            .load(std::sync::atomic::Ordering::SeqCst)
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         Ok(())
     }
     async fn attach_reflect(&self, s: &SeatContext) -> Result<Option<Attachment>, HookError> {
@@ -241,6 +249,7 @@ impl Fleet {
             release_limit: 2,
             release_wait: BEAT,
             queue: QueueSettings::default(),
+            handoff: Default::default(),
         };
         let engine = SeatEngine::new(
             cfg,
@@ -261,6 +270,22 @@ impl Fleet {
             seen: Vec::new(),
             store,
             queue,
+        }
+    }
+
+    /// [`Fleet::until`] for a condition that has to ask something.
+    async fn until_async<F, Fut>(&self, what: &str, within: Duration, mut cond: F)
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
+        let deadline = tokio::time::Instant::now() + within;
+        while !cond().await {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "timed out after {within:?} waiting for {what}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 
@@ -332,6 +357,11 @@ macro_rules! both {
 }
 
 both!(
+    drain_hands_every_seat_to_a_successor_that_takes_it_while_it_is_held,
+    a_rebalance_hands_seats_to_the_joiner_through_an_offer,
+    a_successor_stuck_mid_prepare_leaves_the_giver_to_resume_with_no_gap,
+    a_giver_that_dies_mid_handoff_is_replaced_after_the_ttl,
+    a_person_moves_a_seat_to_a_named_node_through_an_offer,
     a_single_node_holds_every_seat,
     two_nodes_split_the_seats_fairly,
     a_node_that_booted_alone_gives_back_to_a_later_joiner,
@@ -1090,4 +1120,270 @@ async fn a_store_gone_for_longer_than_the_ttl_fences_the_seat_as_grace_expired()
     assert_eq!(a.engine.host().may_start("s0"), None);
     f.server.as_mut().unwrap().restart().await;
     a.engine.crash().await;
+}
+
+/// Every `seat_offer_taken` a node has seen: (seat, epoch, from_epoch).
+fn takes(n: &mut TestNode) -> Vec<(String, u64, u64)> {
+    n.events()
+        .iter()
+        .filter_map(|e| match &e.event {
+            Event::SeatOfferTaken {
+                seat,
+                epoch,
+                from_epoch,
+                ..
+            } => Some((seat.clone(), *epoch, *from_epoch)),
+            _ => None,
+        })
+        .collect()
+}
+
+async fn drain_hands_every_seat_to_a_successor_that_takes_it_while_it_is_held(f: Fleet) {
+    let company = roles("s", 4);
+    let mut a = f.node("a", &[], &company).await;
+    let mut b = f.node("b", &[], &company).await;
+    f.until("a 2/2 split", Duration::from_secs(30), || {
+        a.count() == 2 && b.count() == 2
+    })
+    .await;
+    let mine: BTreeMap<String, u64> = a
+        .engine
+        .host()
+        .status()
+        .into_iter()
+        .map(|s| (s.handle, s.epoch))
+        .collect();
+    let seen_before = a.events().len();
+    a.engine.drain().await;
+    assert_eq!(a.count(), 0);
+    f.until("b to hold everything", Duration::from_secs(20), || {
+        b.count() == 4
+    })
+    .await;
+    let offered: Vec<String> = a.events()[seen_before..]
+        .iter()
+        .filter_map(|e| match &e.event {
+            Event::SeatOffered {
+                seat, to, reason, ..
+            } => {
+                assert_eq!((to.as_str(), *reason), ("b", DetachReason::Drain));
+                Some(seat.clone())
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        offered.iter().cloned().collect::<BTreeSet<_>>(),
+        mine.keys().cloned().collect::<BTreeSet<_>>(),
+        "every seat of the draining node is offered to the successor"
+    );
+    // Each was taken from the giver's own tenure: the next epoch, minted
+    // while the giver held it — never claimed after a release or a lapse.
+    let taken = takes(&mut b);
+    for (seat, epoch) in &mine {
+        assert!(
+            taken
+                .iter()
+                .any(|(s, e, from)| s == seat && from == epoch && *e == epoch + 1),
+            "{seat} at epoch {epoch} was not taken from its giver: {taken:?}"
+        );
+    }
+    b.engine.drain().await;
+}
+
+async fn a_rebalance_hands_seats_to_the_joiner_through_an_offer(f: Fleet) {
+    let company = roles("s", 4);
+    let a = f.node("a", &[], &company).await;
+    f.until("a to hold everything", Duration::from_secs(30), || {
+        a.count() == 4
+    })
+    .await;
+    let mut b = f.node("b", &[], &company).await;
+    f.until("a 2/2 split", Duration::from_secs(30), || {
+        a.count() == 2 && b.count() == 2
+    })
+    .await;
+    let taken = takes(&mut b);
+    assert_eq!(
+        taken.len(),
+        2,
+        "the joiner's seats came by offers, not claims of released seats: {taken:?}"
+    );
+    assert!(taken.iter().all(|(_, e, from)| *e == from + 1));
+    a.engine.drain().await;
+    b.engine.drain().await;
+}
+
+async fn a_successor_stuck_mid_prepare_leaves_the_giver_to_resume_with_no_gap(f: Fleet) {
+    let company = roles("s", 2);
+    let mut a = f.node("a", &[], &company).await;
+    f.until("a to hold everything", Duration::from_secs(30), || {
+        a.count() == 2
+    })
+    .await;
+    let before: BTreeMap<String, u64> = a
+        .engine
+        .host()
+        .status()
+        .into_iter()
+        .map(|s| (s.handle, s.epoch))
+        .collect();
+    let hooks = Arc::new(TestHooks::default());
+    hooks
+        .stuck_hydration
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let b = f
+        .node_with("b", &[], &company, hooks, crewlet::config::PROTOCOL)
+        .await;
+    let withdrawn = |a: &mut TestNode| -> Vec<(String, u64)> {
+        a.events()
+            .iter()
+            .filter_map(|e| match &e.event {
+                Event::SeatOfferWithdrawn { seat, epoch, .. } => Some((seat.clone(), *epoch)),
+                _ => None,
+            })
+            .collect()
+    };
+    f.until(
+        "the giver to withdraw its offer",
+        Duration::from_secs(30),
+        || !withdrawn(&mut a).is_empty(),
+    )
+    .await;
+    b.engine.crash().await;
+    let (seat, epoch) = withdrawn(&mut a)[0].clone();
+    assert_eq!(
+        before.get(&seat),
+        Some(&epoch),
+        "the same tenure throughout"
+    );
+    // From the offer to its withdrawal the giver held and never detached
+    // the seat: quiesced, then resumed — no moment without a holder. (What
+    // its next pass does with no other successor is a plain release.)
+    let events = a.events().to_vec();
+    let offered_at = events
+        .iter()
+        .position(|e| matches!(&e.event, Event::SeatOffered { seat: s, .. } if *s == seat))
+        .expect("the seat was offered");
+    let withdrawn_at = events
+        .iter()
+        .position(|e| matches!(&e.event, Event::SeatOfferWithdrawn { seat: s, .. } if *s == seat))
+        .expect("the offer was withdrawn");
+    assert!(offered_at < withdrawn_at);
+    assert!(
+        !events[..withdrawn_at]
+            .iter()
+            .any(|e| matches!(&e.event, Event::SeatDetached { seat: s, .. } if *s == seat)),
+        "the seat never left the giver before the withdrawal"
+    );
+    a.engine.drain().await;
+}
+
+async fn a_giver_that_dies_mid_handoff_is_replaced_after_the_ttl(f: Fleet) {
+    let company = roles("s", 2);
+    let a = f.node("a", &[], &company).await;
+    f.until("a to hold everything", Duration::from_secs(30), || {
+        a.count() == 2
+    })
+    .await;
+    let hooks = Arc::new(TestHooks::default());
+    hooks
+        .stuck_hydration
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let mut b = f
+        .node_with("b", &[], &company, hooks.clone(), crewlet::config::PROTOCOL)
+        .await;
+    // Wait for an offer to b to stand on a lease, then the giver dies.
+    let store = a.store.clone();
+    let mut offered: Option<Lease> = None;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while offered.is_none() {
+        assert!(tokio::time::Instant::now() < deadline, "no offer was made");
+        for h in ["s0", "s1"] {
+            if let Ok(Some(l)) = store.lease(&format!("seat:{h}")).await
+                && l.offer.as_ref().is_some_and(|o| o.to == "b")
+            {
+                offered = Some(l);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let offered = offered.unwrap();
+    a.engine.crash().await;
+    // Nothing takes the seat from the dead giver until its lease lapses.
+    f.until_async(
+        "the dead giver's lease to lapse",
+        Duration::from_secs(30),
+        || {
+            let store = store.clone();
+            let key = offered.resource.clone();
+            async move { matches!(store.lease(&key).await, Ok(None)) }
+        },
+    )
+    .await;
+    // The successor never took it; it claims the seat, at a newer epoch.
+    hooks
+        .stuck_hydration
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    let seat = offered.resource.trim_start_matches("seat:").to_string();
+    f.until("b to hold the seat", Duration::from_secs(30), || {
+        b.held().contains(&seat)
+    })
+    .await;
+    let now = b
+        .store
+        .lease(&offered.resource)
+        .await
+        .unwrap()
+        .expect("held");
+    assert!(now.epoch > offered.epoch);
+    assert!(
+        now.acquired_at >= offered.expires_at,
+        "claimed only after the giver's lease lapsed"
+    );
+    assert!(
+        !takes(&mut b).iter().any(|(s, _, _)| *s == seat),
+        "a lapsed offer is never taken"
+    );
+    b.engine.drain().await;
+}
+
+async fn a_person_moves_a_seat_to_a_named_node_through_an_offer(f: Fleet) {
+    let company = roles("s", 4);
+    let mut a = f.node("a", &[], &company).await;
+    let mut b = f.node("b", &[], &company).await;
+    f.until("a 2/2 split", Duration::from_secs(30), || {
+        a.count() == 2 && b.count() == 2
+    })
+    .await;
+    let seat = a.held().into_iter().next().unwrap();
+    let req = crewlet::seat::moves::request(&*a.store, &seat, "b", "op", "closer to its data")
+        .await
+        .expect("the move is accepted");
+    assert_eq!(req.to, "b");
+    // Asking again for the node that already runs it is refused, naming it.
+    f.until("b to hold the moved seat", Duration::from_secs(30), || {
+        b.held().contains(&seat)
+    })
+    .await;
+    assert!(
+        takes(&mut b).iter().any(|(s, _, _)| *s == seat),
+        "the live holder handed the seat over through an offer"
+    );
+    f.until(
+        "the giver to detach it as moved",
+        Duration::from_secs(10),
+        || a.detached().contains(&(seat.clone(), DetachReason::Moved)),
+    )
+    .await;
+    let again = crewlet::seat::moves::request(&*a.store, &seat, "b", "op", "again").await;
+    assert!(
+        matches!(
+            again,
+            Err(crewlet::seat::moves::MoveError::AlreadyThere { .. })
+        ),
+        "{again:?}"
+    );
+    a.engine.drain().await;
+    b.engine.drain().await;
 }

@@ -230,6 +230,20 @@ pub struct CoordinationSection {
     pub claim_limit: u32,
     pub release_limit: u32,
     pub store_timeout_ms: u64,
+    /// How a voluntary move happens: `two-phase` (offer the seat to a
+    /// successor, which takes it while it is still held) or `release`
+    /// (release, then anyone claims).
+    pub handoff: HandoffMode,
+    /// How long an offer stands before the giver withdraws it and resumes.
+    pub handoff_timeout_ms: u64,
+}
+
+/// `coordination.handoff`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum HandoffMode {
+    TwoPhase,
+    Release,
 }
 
 impl Default for CoordinationSection {
@@ -242,6 +256,8 @@ impl Default for CoordinationSection {
             claim_limit: 4,
             release_limit: 2,
             store_timeout_ms: 2000,
+            handoff: HandoffMode::TwoPhase,
+            handoff_timeout_ms: 5000,
         }
     }
 }

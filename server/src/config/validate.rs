@@ -177,6 +177,14 @@ pub(super) fn check(c: &Config) -> Vec<Problem> {
             "the default is 2000".into(),
         );
     }
+    if !(100..=600_000).contains(&co.handoff_timeout_ms) {
+        p(
+            "coordination.handoff_timeout_ms",
+            Some(co.handoff_timeout_ms.to_string()),
+            "must be between 100 and 600000",
+            "the default is 5000 (an offer stands five seconds)".into(),
+        );
+    }
 
     // The pairing (seed § Single node).
     match (co.kind, c.stream.kind) {

@@ -216,7 +216,14 @@ impl LeaseRecord {
 
     /// The write that takes an offered lease: a new tenure for `owner`
     /// (node `preferred`) at `epoch`, begun at this write's own timestamp.
-    pub fn taken(lease: &Lease, owner: &str, preferred: &str, protocol: u32, claim: &str, epoch: u64) -> LeaseRecord {
+    pub fn taken(
+        lease: &Lease,
+        owner: &str,
+        preferred: &str,
+        protocol: u32,
+        claim: &str,
+        epoch: u64,
+    ) -> LeaseRecord {
         LeaseRecord {
             resource: lease.resource.clone(),
             owner: owner.to_string(),
@@ -402,6 +409,7 @@ mod tests {
             revision: 1,
             ttl: Duration::from_secs(45),
             claim: "c".into(),
+            offer: None,
         }
     }
 

@@ -1022,6 +1022,29 @@ impl SeatHooks for TurnEngine {
         }
     }
 
+    async fn quiesce(&self, seat: &SeatContext) -> Result<(), HookError> {
+        // The reflect subscription is gone and no turn runs: what the
+        // successor hydrates is complete after this flush.
+        changelog::flush(&self.tools.memory, &*self.changelog, &seat.handle)
+            .await
+            .map(|_| ())
+            .map_err(|e| HookError::new("memory flush", e.to_string()))
+    }
+
+    async fn unprepare(&self, seat: &SeatContext) -> Result<(), HookError> {
+        // Children started for a seat this node did not take; its memory
+        // stays as hydrated (the holder's flushes replace it on a later
+        // hydration), nothing is published.
+        let rt = lock(&self.seats).remove(&seat.handle);
+        if let Some(rt) = rt {
+            rt.agent
+                .stop()
+                .await
+                .map_err(|e| HookError::new("children", e.to_string()))?;
+        }
+        Ok(())
+    }
+
     async fn release(&self, seat: &SeatContext) -> Result<(), HookError> {
         if let Some(rt) = self.runtime(&seat.handle) {
             rt.agent

@@ -27,6 +27,9 @@ use crate::coord::{Claim, ClaimRequest, Lease, Release, Renewal, Store};
 use crate::events::{DetachReason, Event, EventBus};
 use crate::queue::{Attachment, Handler, Queue, inbox_group};
 
+mod handoff;
+pub use handoff::{HandOff, OfferNotice, notice_key, notice_prefix};
+
 /// The hold a store blip takes on a seat's inbox.
 pub const BLIP_HOLD: &str = "store-blip";
 /// Re-raise an undead seat's alarm every this many heartbeats.
@@ -104,6 +107,17 @@ pub trait SeatHooks: Send + Sync + 'static {
     fn inbox_handler(&self, seat: &SeatContext, fence: Fence) -> Arc<dyn Handler>;
     /// The hook returned: the seat admits turns from now on.
     async fn established(&self, _seat: &SeatContext) {}
+    /// Phase 1 of a handoff, after the inbox is quiesced and the reflect
+    /// subscription detached: make what the successor reads complete (the
+    /// memory flush). A failure offers nothing; the seat resumes here.
+    async fn quiesce(&self, _seat: &SeatContext) -> Result<(), HookError> {
+        Ok(())
+    }
+    /// A successor prepared the seat (children, memory) and did not take
+    /// it: undo the preparation without touching what the holder owns.
+    async fn unprepare(&self, _seat: &SeatContext) -> Result<(), HookError> {
+        Ok(())
+    }
     /// The mirror of the acquire hook: children die, memory is flushed. An
     /// error (or a panic) makes the seat undead.
     async fn release(&self, _seat: &SeatContext) -> Result<(), HookError> {
@@ -134,6 +148,9 @@ struct SeatEntry {
     last_error: String,
     /// A fenced release has begun: the turn's fence is closed from here.
     fenced: bool,
+    /// Offered to a successor (phase 1 of a handoff): the inbox stays
+    /// quiesced whatever a renewal proves.
+    offered: bool,
 }
 
 /// A seat as the host reports it.
@@ -504,6 +521,7 @@ impl SeatHost {
                 attempts: 0,
                 last_error: String::new(),
                 fenced: false,
+                offered: false,
             },
         );
         let ctx = SeatContext {
@@ -511,7 +529,7 @@ impl SeatHost {
             epoch,
             lease,
         };
-        match self.establish(&ctx, progress).await {
+        match self.establish(&ctx, progress, false).await {
             Ok(()) => {
                 self.inner.events.emit(Event::SeatAttached {
                     seat: handle.to_string(),
@@ -543,7 +561,9 @@ impl SeatHost {
 
     /// The acquire hook, in the seed's order. Attachments land in the entry
     /// as they are made, so a failure part way detaches what was attached.
-    async fn establish(
+    /// The acquire hook's first steps, which need no epoch: what a
+    /// successor does while the giver still holds the seat.
+    async fn prepare(
         &self,
         ctx: &SeatContext,
         progress: &(dyn Fn() + Sync),
@@ -554,6 +574,25 @@ impl SeatHost {
             progress();
             hook_step(progress, "memory hydration", hooks.hydrate_memory(ctx)).await?;
             progress();
+            Ok(())
+        };
+        match AssertUnwindSafe(guarded).catch_unwind().await {
+            Ok(r) => r,
+            Err(_) => Err(HookError::new("acquire hook", "panicked")),
+        }
+    }
+
+    async fn establish(
+        &self,
+        ctx: &SeatContext,
+        progress: &(dyn Fn() + Sync),
+        prepared: bool,
+    ) -> Result<(), HookError> {
+        let hooks = self.inner.hooks.clone();
+        let guarded = async {
+            if !prepared {
+                self.prepare(ctx, progress).await?;
+            }
             let reflect = hook_step(progress, "reflect attach", hooks.attach_reflect(ctx)).await?;
             self.put_attachment(&ctx.handle, |e| e.reflect = reflect);
             progress();
@@ -800,6 +839,7 @@ impl SeatHost {
                     // missed, or the seat is owned, attached and deaf).
                     if let Some(a) = &e.inbox
                         && a.is_quiesced()
+                        && !e.offered
                     {
                         a.resume();
                     }

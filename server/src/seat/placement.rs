@@ -58,7 +58,18 @@ pub struct Snapshot {
     pub unserviceable: bool,
     pub claim_limit: usize,
     pub release_limit: usize,
+    /// The fleet's effective node priority order, top first (empty: none).
+    pub ranking: Vec<String>,
+    /// Free seats this node left to a better-ranked node, with how many
+    /// passes in a row it has done so.
+    pub deferred: BTreeMap<String, u32>,
+    /// Standing move requests: seat → the node it is to run on.
+    pub moves: BTreeMap<String, String>,
 }
+
+/// A node leaves a free seat that prefers nobody here to a better-ranked
+/// node with room for at most this many passes in a row, then claims it.
+pub const DEFER_PASSES: u32 = 2;
 
 /// Why a seat is given back.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -125,6 +136,8 @@ pub struct Plan {
     /// Seats this node holds or keeps undead, against that capacity.
     pub holding: usize,
     pub groups: Vec<GroupView>,
+    /// Free seats left to a better-ranked node this pass.
+    pub deferred: Vec<String>,
 }
 
 fn ceil_div(a: usize, b: usize) -> usize {
@@ -300,19 +313,113 @@ pub fn plan(snap: &Snapshot) -> Plan {
                         && !snap.held_elsewhere.contains(&s.handle)
                 })
                 .collect();
+            // A seat a person moved to another node is left to it.
+            free.retain(|s| snap.moves.get(&s.handle).is_none_or(|to| to == me));
             // Stickiness: seats whose preferred hint names this node first.
             free.sort_by_key(|s| (s.preferred.as_deref() != Some(me), s.handle.clone()));
-            claims.extend(
-                free.into_iter()
-                    .take(g.allowance - g.held)
-                    .map(|s| s.handle.clone()),
-            );
+            // The ranking: a seat that prefers nobody here goes first to a
+            // better-ranked node with room, for a bounded number of passes.
+            // It never changes how many seats this node may take.
+            let better_with_room = better_ranked_with_room(snap, &g.placement);
+            let mut take = Vec::new();
+            for s in free {
+                if take.len() >= g.allowance - g.held {
+                    break;
+                }
+                if better_with_room
+                    && s.preferred.as_deref() != Some(me)
+                    && snap.deferred.get(&s.handle).copied().unwrap_or(0) < DEFER_PASSES
+                {
+                    plan.deferred.push(s.handle.clone());
+                    continue;
+                }
+                take.push(s.handle.clone());
+            }
+            claims.extend(take);
         }
         claims.truncate(snap.claim_limit);
         plan.claims = claims;
     }
     plan.groups = views.into_iter().map(|(g, _)| g).collect();
     plan
+}
+
+/// Where `node` stands in `ranking` (unranked nodes after every ranked
+/// one, by id).
+fn rank_of<'a>(ranking: &[String], node: &'a str) -> (usize, &'a str) {
+    (
+        ranking.iter().position(|n| n == node).unwrap_or(usize::MAX),
+        node,
+    )
+}
+
+/// What a live node may hold in all: the sum of its shares of the groups
+/// it matches (from this node's view of the fleet).
+fn capacity_of(snap: &Snapshot, p: &Presence) -> usize {
+    let live: Vec<&Presence> = snap.presence.iter().filter(|p| !p.withdrawn).collect();
+    let mut groups: BTreeMap<PlacementKey, (PlacementConfig, usize)> = BTreeMap::new();
+    for s in &snap.seats {
+        groups
+            .entry(PlacementKey::of(&s.placement))
+            .or_insert_with(|| (s.placement.clone(), 0))
+            .1 += 1;
+    }
+    groups
+        .values()
+        .filter(|(pl, _)| matches_placement(&p.node_id, &p.labels, pl))
+        .map(|(pl, size)| {
+            let matching = live
+                .iter()
+                .filter(|q| matches_placement(&q.node_id, &q.labels, pl))
+                .count();
+            ceil_div(*size, matching)
+        })
+        .sum()
+}
+
+fn has_room(snap: &Snapshot, p: &Presence, extra: usize) -> bool {
+    p.seats_held
+        .is_some_and(|h| (h as usize) + extra < capacity_of(snap, p))
+}
+
+/// Whether a live node ranked above this one matches `placement` and has
+/// room under its shares.
+fn better_ranked_with_room(snap: &Snapshot, placement: &PlacementConfig) -> bool {
+    if snap.ranking.is_empty() {
+        return false;
+    }
+    let me = rank_of(&snap.ranking, &snap.node_id);
+    snap.presence.iter().any(|p| {
+        !p.withdrawn
+            && p.node_id != snap.node_id
+            && rank_of(&snap.ranking, &p.node_id) < me
+            && matches_placement(&p.node_id, &p.labels, placement)
+            && has_room(snap, p, 0)
+    })
+}
+
+/// Pure: the node a seat this node gives back is offered to — the
+/// best-ranked live node, other than this one and those in `exclude`, that
+/// matches the seat's placement and has room under its shares (counting
+/// `offered`: what this node already offered it this pass). `None`: no
+/// successor is eligible, and the seat is released for anyone to claim.
+pub fn successor(
+    snap: &Snapshot,
+    seat: &SeatSpec,
+    exclude: &BTreeSet<String>,
+    offered: &BTreeMap<String, usize>,
+) -> Option<String> {
+    snap.presence
+        .iter()
+        .filter(|p| {
+            !p.withdrawn
+                && p.node_id != snap.node_id
+                && !exclude.contains(&p.node_id)
+                && matches_placement(&p.node_id, &p.labels, &seat.placement)
+                && has_room(snap, p, offered.get(&p.node_id).copied().unwrap_or(0))
+        })
+        .min_by(|a, b| rank_of(&snap.ranking, &a.node_id).cmp(&rank_of(&snap.ranking, &b.node_id)))
+        .map(|p| p.node_id.clone())
 }
 
 /// A placement as a sortable, comparable key.

@@ -11,7 +11,7 @@
 //! changes the seats brings one pass forward, at most once per interval.
 //! Every loop beats the watchdog; all of them are owned by one [`Tasks`].
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -19,9 +19,12 @@ use serde_json::json;
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
-use super::host::{Acquired, SeatHooks, SeatHost};
+use futures::StreamExt;
+
+use super::host::{Acquired, HandOff, OfferNotice, SeatHooks, SeatHost, notice_prefix};
 use super::placement::{self, Presence, ReleaseReason, SeatSpec, Snapshot, Withheld};
-use crate::coord::{Claim, ClaimRequest, Lease, Metadata, Renewal, Store};
+use super::{moves, ranking};
+use crate::coord::{Claim, ClaimRequest, Lease, Metadata, Renewal, StateBucket, Store};
 use crate::events::{DetachReason, Event, EventBus};
 use crate::node::company::{Company, wants_early_sweep};
 use crate::node::matches_placement;
@@ -42,7 +45,33 @@ pub struct EngineConfig {
     pub release_limit: usize,
     pub release_wait: Duration,
     pub queue: QueueSettings,
+    pub handoff: HandoffSettings,
 }
+
+/// How a voluntary move happens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HandoffSettings {
+    /// Offer the seat to a successor first (the two-phase handoff); when
+    /// false, every move is a release and a claim.
+    pub two_phase: bool,
+    /// How long an offer stands before the giver withdraws it and resumes.
+    pub timeout: Duration,
+}
+
+impl Default for HandoffSettings {
+    fn default() -> Self {
+        HandoffSettings {
+            two_phase: true,
+            timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// A successor that let an offer lapse is not offered that seat again for
+/// this long.
+const REFUSED_FOR: Duration = Duration::from_secs(30);
+/// Offers a draining node makes at once.
+const DRAIN_HANDOFFS: usize = 4;
 
 impl EngineConfig {
     pub fn from_config(c: &crate::config::Config, owner: &str) -> EngineConfig {
@@ -59,6 +88,10 @@ impl EngineConfig {
             queue: QueueSettings {
                 max_deliveries: c.stream.max_deliveries,
                 ack_wait: Duration::from_secs(c.stream.ack_wait_seconds),
+            },
+            handoff: HandoffSettings {
+                two_phase: c.coordination.handoff == crate::config::HandoffMode::TwoPhase,
+                timeout: Duration::from_millis(c.coordination.handoff_timeout_ms),
             },
         }
     }
@@ -82,6 +115,11 @@ pub struct SeatEngine {
     claims_blocked_by: Mutex<Option<u32>>,
     behind: std::sync::atomic::AtomicBool,
     withdrawn: std::sync::atomic::AtomicBool,
+    /// Free seats left to a better-ranked node, passes in a row.
+    deferred: Mutex<BTreeMap<String, u32>>,
+    /// seat → (node that let an offer of it lapse, until when it is not
+    /// offered that seat again).
+    refused: Mutex<BTreeMap<String, (String, Instant)>>,
 }
 
 fn presence_of(lease: &Lease) -> Option<Presence> {
@@ -161,6 +199,8 @@ impl SeatEngine {
             claims_blocked_by: Mutex::new(None),
             behind: false.into(),
             withdrawn: false.into(),
+            deferred: Mutex::new(BTreeMap::new()),
+            refused: Mutex::new(BTreeMap::new()),
         }))
     }
 
@@ -245,6 +285,164 @@ impl SeatEngine {
         let me = self.clone();
         self.tasks
             .spawn("company-changes", async move { me.company_loop().await });
+        let me = self.clone();
+        self.tasks
+            .spawn("handoff-offers", async move { me.offers_loop().await });
+        let me = self.clone();
+        self.tasks
+            .spawn("move-requests", async move { me.moves_loop().await });
+    }
+
+    /// Offers made to this node, as their notices arrive: each is
+    /// considered (and taken) in its own task.
+    async fn offers_loop(self: Arc<Self>) {
+        let prefix = notice_prefix(&self.cfg.node_id);
+        loop {
+            match self.store.watch(StateBucket::Handoffs, &prefix).await {
+                Ok(mut stream) => {
+                    while let Some(ev) = stream.next().await {
+                        match ev {
+                            Ok(crate::coord::Event::Put(e)) => {
+                                match serde_json::from_slice::<OfferNotice>(&e.value) {
+                                    Ok(n) => {
+                                        let me = self.clone();
+                                        self.tasks.spawn("take-offer", async move {
+                                            me.consider_offer(n).await
+                                        });
+                                    }
+                                    Err(err) => {
+                                        tracing::warn!(key = %e.key, error = %err, "an unreadable offer notice; ignored")
+                                    }
+                                }
+                            }
+                            Ok(_) => {}
+                            Err(e) => {
+                                tracing::warn!(error = %e, "the offers watch failed; opening it again");
+                                break;
+                            }
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot watch for offers made to this node; trying again")
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    /// Take an offered seat if this node may run it now.
+    async fn consider_offer(&self, n: OfferNotice) {
+        use std::sync::atomic::Ordering::SeqCst;
+        if self.host.is_draining() || self.withdrawn.load(SeqCst) || self.behind.load(SeqCst) {
+            return;
+        }
+        let company = self.company();
+        let Some(role) = company.roles.iter().find(|r| r.handle == n.seat) else {
+            return;
+        };
+        if !matches_placement(&self.cfg.node_id, &self.cfg.labels, &role.placement) {
+            return;
+        }
+        match self.host.take_offer(&n.seat, &n.offer_id, &|| {}).await {
+            Ok(Acquired::Won {
+                established: true, ..
+            }) => self.refresh_presence().await,
+            Ok(_) => {}
+            Err(e) => {
+                tracing::debug!(seat = %n.seat, error = %e, "an offered seat was not taken")
+            }
+        }
+    }
+
+    /// A person's move request wakes a pass at once on every node (the
+    /// holder hands off, or the target claims a free seat).
+    async fn moves_loop(self: Arc<Self>) {
+        let mut rx = self.events.subscribe();
+        loop {
+            match rx.recv().await {
+                Ok(f) => {
+                    if matches!(f.event, Event::SeatMoveRequested { .. }) {
+                        self.early.notify_one();
+                    }
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                Err(_) => return,
+            }
+        }
+    }
+
+    fn refused_for(&self, seat: &str) -> BTreeSet<String> {
+        let mut r = self.refused.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        r.retain(|_, (_, until)| *until > now);
+        r.get(seat).map(|(n, _)| n.clone()).into_iter().collect()
+    }
+
+    fn refuse(&self, seat: &str, node: &str) {
+        self.refused
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(
+                seat.to_string(),
+                (node.to_string(), Instant::now() + REFUSED_FOR),
+            );
+    }
+
+    /// Give `handle` back for `reason`: offered to a successor first when
+    /// one is eligible (the two-phase handoff), released otherwise. Returns
+    /// whether the seat left this node.
+    async fn give_back(
+        &self,
+        snap: &Snapshot,
+        handle: &str,
+        reason: DetachReason,
+        offered: &Mutex<BTreeMap<String, usize>>,
+        progress: &(dyn Fn() + Sync),
+    ) -> bool {
+        let handoff = self.cfg.handoff;
+        let voluntary = matches!(
+            reason,
+            DetachReason::Rebalance
+                | DetachReason::PlacementMoved
+                | DetachReason::Unserviceable
+                | DetachReason::Drain
+        );
+        if handoff.two_phase
+            && voluntary
+            && let Some(spec) = snap.seats.iter().find(|s| s.handle == handle)
+        {
+            let to = {
+                let o = offered.lock().unwrap_or_else(|e| e.into_inner());
+                placement::successor(snap, spec, &self.refused_for(handle), &o)
+            };
+            if let Some(to) = to {
+                *offered
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .entry(to.clone())
+                    .or_default() += 1;
+                match self
+                    .host
+                    .hand_off(handle, &to, reason, handoff.timeout, progress)
+                    .await
+                {
+                    HandOff::Taken { .. } | HandOff::Lost => return true,
+                    HandOff::Withdrawn => {
+                        self.refuse(handle, &to);
+                        // A drain cannot wait for another pass.
+                        if reason != DetachReason::Drain {
+                            return false;
+                        }
+                    }
+                    HandOff::NotOffered(why) => {
+                        tracing::info!(seat = handle, to = %to, why = %why, "no handoff; releasing the seat instead");
+                    }
+                }
+            }
+        }
+        self.host.release_with(handle, reason, progress).await;
+        true
     }
 
     /// Run the watchdog over the loops (a process, not a test, does this).
@@ -480,7 +678,52 @@ impl SeatEngine {
             unserviceable: withdrawn,
             claim_limit: self.cfg.claim_limit,
             release_limit: self.cfg.release_limit,
+            ranking: Vec::new(),
+            deferred: self
+                .deferred
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone(),
+            moves: BTreeMap::new(),
         };
+        // The fleet's one priority order (never a private one), applied to
+        // the nodes present; an unreadable order ranks nobody.
+        let mut present: Vec<(String, crate::coord::StoreTime)> = presence_leases
+            .iter()
+            .filter_map(|l| {
+                l.resource
+                    .strip_prefix("node:")
+                    .map(|id| (id.to_string(), l.acquired_at))
+            })
+            .collect();
+        if !present.iter().any(|(id, _)| *id == self.cfg.node_id) && !self.host.is_draining() {
+            present.push((
+                self.cfg.node_id.clone(),
+                crate::coord::StoreTime::from_unix_nanos(i64::MAX),
+            ));
+        }
+        match ranking::read(&*self.store).await {
+            Ok(order) => {
+                let saved = order.map(|(o, _)| o.nodes).unwrap_or_default();
+                snap.ranking = ranking::effective_order(&saved, &present);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "the node order cannot be read; ranking nobody this pass")
+            }
+        }
+        progress();
+        let standing = match moves::standing(&*self.store).await {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::warn!(error = %e, "move requests cannot be read; this pass acts on none");
+                Vec::new()
+            }
+        };
+        progress();
+        snap.moves = standing
+            .iter()
+            .map(|(m, _)| (m.seat.clone(), m.to.clone()))
+            .collect();
         let mut plan = placement::plan(&snap);
         // Only a pass that would claim reads the seat leases: a full node,
         // or a fleet whose presence counts say it is full, reads the
@@ -530,7 +773,16 @@ impl SeatEngine {
             }
         }
 
+        {
+            let mut d = self.deferred.lock().unwrap_or_else(|e| e.into_inner());
+            let before = std::mem::take(&mut *d);
+            for h in &plan.deferred {
+                d.insert(h.clone(), before.get(h).copied().unwrap_or(0) + 1);
+            }
+        }
+
         let mut released = 0;
+        let offered = Mutex::new(BTreeMap::new());
         for (handle, reason) in &plan.releases {
             let reason = match reason {
                 ReleaseReason::Rebalance => DetachReason::Rebalance,
@@ -538,9 +790,59 @@ impl SeatEngine {
                 ReleaseReason::PlacementMoved => DetachReason::PlacementMoved,
                 ReleaseReason::Unserviceable => DetachReason::Unserviceable,
             };
-            self.host.release_with(handle, reason, progress).await;
+            if self
+                .give_back(&snap, handle, reason, &offered, progress)
+                .await
+            {
+                released += 1;
+            }
             progress();
-            released += 1;
+        }
+
+        // A person's move: the holder hands the seat to its target; the
+        // target claims it only once no live lease holds it (a holder is
+        // never robbed); once the target holds it the request is done.
+        let held_now: BTreeSet<String> = self.host.held().into_iter().collect();
+        for (m, revision) in &standing {
+            if held_now.contains(&m.seat) {
+                if m.to == self.cfg.node_id {
+                    moves::finish(&*self.store, &m.seat, *revision).await;
+                } else if !self.refused_for(&m.seat).contains(&m.to) {
+                    match self
+                        .host
+                        .hand_off(
+                            &m.seat,
+                            &m.to,
+                            DetachReason::Moved,
+                            self.cfg.handoff.timeout,
+                            progress,
+                        )
+                        .await
+                    {
+                        HandOff::Taken { .. } | HandOff::Lost => released += 1,
+                        HandOff::Withdrawn => self.refuse(&m.seat, &m.to),
+                        HandOff::NotOffered(why) => {
+                            tracing::warn!(seat = %m.seat, to = %m.to, why = %why, "cannot hand the seat to its requested node")
+                        }
+                    }
+                }
+                progress();
+            } else if m.to == self.cfg.node_id && plan.withheld.is_none() {
+                let free = matches!(
+                    self.store.lease(&format!("seat:{}", m.seat)).await,
+                    Ok(None)
+                );
+                progress();
+                if free {
+                    if let Ok(Acquired::Won {
+                        established: true, ..
+                    }) = self.host.claim_with(&m.seat, progress).await
+                    {
+                        moves::finish(&*self.store, &m.seat, *revision).await;
+                    }
+                    progress();
+                }
+            }
         }
         if released > 0 {
             // A seat given back is advertised in the release itself.
@@ -617,10 +919,70 @@ impl SeatEngine {
         if let Some(p) = self.presence.lock().await.take() {
             let _ = self.store.release(&p, &self.cfg.owner).await;
         }
-        for handle in self.host.held() {
-            self.host.release(&handle, DetachReason::Drain).await;
-        }
+        // Every seat is offered to a successor first (a drain is a
+        // voluntary move), a few at a time; released when none is eligible.
+        let snap = self.drain_snapshot().await;
+        let offered = Mutex::new(BTreeMap::new());
+        let snap = &snap;
+        let offered = &offered;
+        futures::stream::iter(self.host.held())
+            .for_each_concurrent(DRAIN_HANDOFFS, |handle| async move {
+                match snap {
+                    Some(snap) => {
+                        self.give_back(snap, &handle, DetachReason::Drain, offered, &|| {})
+                            .await;
+                    }
+                    None => self.host.release(&handle, DetachReason::Drain).await,
+                }
+            })
+            .await;
         self.tasks.shutdown().await;
+    }
+
+    /// What a draining node knows for choosing successors: the live
+    /// presence rows (this node's given up), the seats, the order.
+    async fn drain_snapshot(&self) -> Option<Snapshot> {
+        if !self.cfg.handoff.two_phase {
+            return None;
+        }
+        let leases = self.store.list("node:").await.ok()?;
+        let presence: Vec<Presence> = leases
+            .iter()
+            .filter_map(presence_of)
+            .filter(|p| p.node_id != self.cfg.node_id)
+            .collect();
+        let present: Vec<(String, crate::coord::StoreTime)> = leases
+            .iter()
+            .filter_map(|l| {
+                l.resource
+                    .strip_prefix("node:")
+                    .map(|id| (id.to_string(), l.acquired_at))
+            })
+            .collect();
+        let saved = ranking::read(&*self.store)
+            .await
+            .ok()
+            .flatten()
+            .map(|(o, _)| o.nodes)
+            .unwrap_or_default();
+        let company = self.company();
+        Some(Snapshot {
+            node_id: self.cfg.node_id.clone(),
+            labels: self.cfg.labels.clone(),
+            seats: company
+                .roles
+                .iter()
+                .map(|r| SeatSpec {
+                    handle: r.handle.clone(),
+                    placement: r.placement.clone(),
+                    preferred: None,
+                })
+                .collect(),
+            presence,
+            draining: true,
+            ranking: ranking::effective_order(&saved, &present),
+            ..Snapshot::default()
+        })
     }
 
     /// Stop without releasing anything, as a crash would (tests).

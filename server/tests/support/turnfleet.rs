@@ -219,6 +219,7 @@ impl Fleet {
             release_limit: 2,
             release_wait: BEAT,
             queue: QueueSettings::default(),
+            handoff: Default::default(),
         };
         let engine = SeatEngine::new(
             cfg,

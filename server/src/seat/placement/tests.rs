@@ -495,3 +495,112 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_better_ranked_node_with_room_takes_unpreferred_seats_first_for_a_bounded_time() {
+    let (a, b) = (node("a", &[]), node("b", &[]));
+    let fleet = [a.clone(), b.clone()];
+    let mut s = snap(&a, &fleet, seats("s", 4, &pl(&[], &[])));
+    s.ranking = vec!["b".into(), "a".into()];
+    let p = plan(&s);
+    assert!(p.claims.is_empty(), "a leaves them to b: {:?}", p.claims);
+    assert!(!p.deferred.is_empty());
+    // After DEFER_PASSES passes of b not taking them, a claims them.
+    for h in &p.deferred {
+        s.deferred.insert(h.clone(), DEFER_PASSES);
+    }
+    let p = plan(&s);
+    assert_eq!(p.claims.len(), 2, "its share, no more");
+    // A seat that prefers a is a's at once, ranking or not.
+    let mut s2 = snap(&a, &fleet, seats("s", 4, &pl(&[], &[])));
+    s2.ranking = vec!["b".into(), "a".into()];
+    s2.seats[0].preferred = Some("a".into());
+    assert_eq!(plan(&s2).claims, vec!["s000".to_string()]);
+    // Ranked first, a defers to nobody.
+    let mut s3 = snap(&a, &fleet, seats("s", 4, &pl(&[], &[])));
+    s3.ranking = vec!["a".into(), "b".into()];
+    assert_eq!(plan(&s3).claims.len(), 2);
+}
+
+#[test]
+fn the_ranking_never_changes_a_share() {
+    // Random fleets: with any ranking, what a node may claim is bounded by
+    // the same allowance as without one.
+    let mut rng = 7u64;
+    let mut next = || {
+        rng = rng
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (rng >> 33) as usize
+    };
+    for _ in 0..300 {
+        let n = 1 + next() % 4;
+        let fleet: Vec<Presence> = (0..n)
+            .map(|i| {
+                let mut p = node(&format!("n{i}"), &[]);
+                p.seats_held = Some((next() % 4) as u32);
+                p
+            })
+            .collect();
+        let me = fleet[next() % n].clone();
+        let mut s = snap(&me, &fleet, seats("s", 1 + next() % 12, &pl(&[], &[])));
+        s.claim_limit = 100;
+        let unranked = plan(&s);
+        let mut order: Vec<String> = fleet.iter().map(|p| p.node_id.clone()).collect();
+        order.rotate_left(next() % n);
+        s.ranking = order;
+        let ranked = plan(&s);
+        assert_eq!(ranked.capacity, unranked.capacity);
+        assert!(ranked.claims.len() <= unranked.claims.len());
+        assert!(
+            ranked
+                .claims
+                .iter()
+                .all(|c| unranked.claims.contains(c) || !s.held.contains(c))
+        );
+    }
+}
+
+#[test]
+fn the_successor_is_the_best_ranked_matching_node_with_room() {
+    let a = node("a", &[]);
+    let mut b = node("b", &["gpu"]);
+    let mut c = node("c", &["gpu"]);
+    b.seats_held = Some(0);
+    c.seats_held = Some(0);
+    let fleet = [a.clone(), b.clone(), c.clone()];
+    let gpu = pl(&[], &["gpu"]);
+    let mut s = snap(&a, &fleet, seats("g", 4, &gpu));
+    let seat = s.seats[0].clone();
+    let none = BTreeSet::new();
+    let offered = BTreeMap::new();
+    // No ranking: the first by id.
+    assert_eq!(successor(&s, &seat, &none, &offered), Some("b".into()));
+    s.ranking = vec!["c".into(), "b".into(), "a".into()];
+    assert_eq!(successor(&s, &seat, &none, &offered), Some("c".into()));
+    // c full (its share of 4 over b and c is 2), b it is.
+    s.presence[2].seats_held = Some(2);
+    assert_eq!(successor(&s, &seat, &none, &offered), Some("b".into()));
+    // What was already offered counts; a node that let an offer lapse is
+    // excluded; nobody left means release-then-claim.
+    let mut o = BTreeMap::new();
+    o.insert("b".to_string(), 2usize);
+    assert_eq!(successor(&s, &seat, &none, &o), None);
+    assert_eq!(successor(&s, &seat, &set(&["b"]), &offered), None);
+    // Never a node outside the seat's placement (a has no gpu label).
+    let mut s2 = snap(&b, &fleet, seats("g", 4, &gpu));
+    s2.presence[2].seats_held = Some(2);
+    assert_eq!(successor(&s2, &s2.seats[0].clone(), &none, &offered), None);
+}
+
+#[test]
+fn a_seat_moved_to_another_node_is_left_to_it() {
+    let a = node("a", &[]);
+    let fleet = [a.clone(), node("b", &[])];
+    let mut s = snap(&a, &fleet, seats("s", 2, &pl(&[], &[])));
+    s.moves.insert("s000".into(), "b".into());
+    let p = plan(&s);
+    assert!(!p.claims.contains(&"s000".to_string()), "{:?}", p.claims);
+    s.moves.insert("s000".into(), "a".into());
+    assert!(plan(&s).claims.contains(&"s000".to_string()));
+}

@@ -1,0 +1,531 @@
+//! The two-phase handoff on the seat host (seed 002 § 4–6 in the lease
+//! world of seed 000): how a voluntary move happens without a moment in
+//! which nobody holds the seat.
+//!
+//! Giver, phase 1 ([`SeatHost::hand_off`]): quiesce — the inbox admits no
+//! new turn and the one in flight finishes; the reflect subscription goes
+//! and memory is flushed — while the lease is kept and renewed; then the
+//! lease is offered to a named successor (a compare-and-set on the lease
+//! record) and a notice is left for it in `crewlet_handoffs`. Successor
+//! ([`SeatHost::take_offer`]): prepares the seat while the giver still
+//! holds it (children started, memory hydrated), takes the lease by
+//! compare-and-set from the offered record — the next epoch, its assertion
+//! — and only then attaches reflect, control and the inbox. Giver, phase 2:
+//! seeing the new owner, it detaches and forgets the seat. If the offer is
+//! not taken within the bound, the giver withdraws it and resumes: quiesce
+//! is reversible. The epoch and the fence still guarantee no two turns run.
+
+use std::time::Duration;
+
+use super::*;
+use crate::coord::{Offer, StateBucket};
+
+/// How often the giver reads the lease while its offer stands.
+const OFFER_POLL: Duration = Duration::from_millis(20);
+
+/// How a handoff ended, as the giver saw it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HandOff {
+    /// The successor took the lease at `epoch`; the seat is detached here.
+    Taken { epoch: u64 },
+    /// Not taken within the bound: the offer was withdrawn, the seat runs
+    /// on here.
+    Withdrawn,
+    /// Nothing was offered (the seat is not attached here, a quiesce step
+    /// failed, the store could not say); the seat runs on here.
+    NotOffered(String),
+    /// The lease was lost while offered; the seat was detached fenced.
+    Lost,
+}
+
+/// Why phase 1 offered nothing.
+enum Unoffered {
+    /// The seat was resumed here.
+    Resumed(String),
+    /// The offer's write was not answered: it may stand.
+    Unknown(Offer),
+}
+
+/// The notice a giver leaves for its successor: `offer:{to}:{handle}` in
+/// the handoffs bucket. The lease record is the authority; the notice only
+/// wakes the successor.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct OfferNotice {
+    pub seat: String,
+    pub epoch: u64,
+    /// The giver's node id.
+    pub from: String,
+    pub offer_id: String,
+    pub reason: DetachReason,
+}
+
+/// The notice key for an offer of `seat` to node `to`.
+pub fn notice_key(to: &str, seat: &str) -> String {
+    format!("offer:{to}:{seat}")
+}
+
+/// The prefix a node watches for offers made to it.
+pub fn notice_prefix(node: &str) -> String {
+    format!("offer:{node}:")
+}
+
+impl SeatHost {
+    /// Hand `handle` to node `to` through the two-phase handoff, waiting at
+    /// most `bound` for the take. `reason` is what the move stands for.
+    pub async fn hand_off(
+        &self,
+        handle: &str,
+        to: &str,
+        reason: DetachReason,
+        bound: Duration,
+        progress: &(dyn Fn() + Sync),
+    ) -> HandOff {
+        let offer = match self.offer_seat(handle, to, reason, progress).await {
+            Ok(o) => o,
+            Err(Unoffered::Resumed(why)) => return HandOff::NotOffered(why),
+            // Whether the offer landed is unknown: withdraw it first.
+            Err(Unoffered::Unknown(o)) => return self.withdraw(handle, &o, reason, progress).await,
+        };
+        let resource = format!("seat:{handle}");
+        let until = Instant::now() + bound;
+        // Wait without the seat's lock: the heartbeat renews the offered
+        // lease meanwhile (a renewal keeps the offer), and a renewal that
+        // finds the lease taken detaches the seat as lost.
+        let taken = loop {
+            progress();
+            if !lock(&self.inner.seats).contains_key(handle) {
+                // The heartbeat found the tenure over and detached it.
+                break None;
+            }
+            match self.inner.store.lease(&resource).await {
+                Ok(Some(l)) if l.owner != self.inner.cfg.owner => break Some(l.epoch),
+                Ok(_) | Err(_) => {}
+            }
+            if Instant::now() >= until {
+                return self.withdraw(handle, &offer, reason, progress).await;
+            }
+            tokio::time::sleep(OFFER_POLL).await;
+        };
+        self.clear_notice(to, handle).await;
+        match taken {
+            Some(epoch) => {
+                self.detach_taken(handle, reason, progress).await;
+                HandOff::Taken { epoch }
+            }
+            None => match self.inner.store.lease(&resource).await {
+                Ok(Some(l)) if l.owner != self.inner.cfg.owner => HandOff::Taken { epoch: l.epoch },
+                _ => HandOff::Lost,
+            },
+        }
+    }
+
+    /// Phase 1 under the seat's lock: quiesce, flush, offer, leave the
+    /// notice. On any failure the seat is resumed and nothing is offered.
+    async fn offer_seat(
+        &self,
+        handle: &str,
+        to: &str,
+        reason: DetachReason,
+        progress: &(dyn Fn() + Sync),
+    ) -> Result<Offer, Unoffered> {
+        let seat_lock = self.seat_lock(handle);
+        let Some(_g) = watched(progress, None, seat_lock.lock()).await else {
+            return Err(Unoffered::Resumed("the seat's lock was not had".into()));
+        };
+        if self.is_draining() && reason != DetachReason::Drain {
+            return Err(Unoffered::Resumed("this node is draining".into()));
+        }
+        let (lease, inbox, reflect) = {
+            let mut seats = lock(&self.inner.seats);
+            match seats.get_mut(handle) {
+                Some(e) if e.phase == Phase::Attached && !e.fenced && !e.offered => {
+                    e.offered = true;
+                    (e.lease.clone(), e.inbox.take(), e.reflect.take())
+                }
+                Some(_) => {
+                    return Err(Unoffered::Resumed("the seat is not attached here".into()));
+                }
+                None => return Err(Unoffered::Resumed("the seat is not held here".into())),
+            }
+        };
+        let ctx = SeatContext::of(handle, &lease);
+        // Stop admitting; the turn in flight finishes.
+        if let Some(a) = &inbox {
+            a.quiesce();
+            if !a.wait_idle(self.inner.cfg.release_wait).await {
+                tracing::warn!(
+                    seat = handle,
+                    "the in-flight turn did not finish in time; offering anyway (its fence closes at the take)"
+                );
+            }
+            progress();
+        }
+        let quiesced_at = self.inner.store.now().await.ok();
+        if let Some(a) = reflect {
+            a.detach().await;
+        }
+        if let Err(e) = hook_step(progress, "quiesce", self.inner.hooks.quiesce(&ctx)).await {
+            self.resume_here(handle, inbox, &ctx, progress).await;
+            return Err(Unoffered::Resumed(format!("the quiesce hook failed: {e}")));
+        }
+        progress();
+        let Some(quiesced_at) = quiesced_at else {
+            self.resume_here(handle, inbox, &ctx, progress).await;
+            return Err(Unoffered::Resumed(
+                "the store's clock could not be read".into(),
+            ));
+        };
+        let offer = Offer {
+            to: to.to_string(),
+            id: uuid::Uuid::new_v4().to_string(),
+            quiesced_at,
+        };
+        let written = self
+            .inner
+            .store
+            .offer(&lease, &self.inner.cfg.owner, Some(offer.clone()))
+            .await;
+        progress();
+        match written {
+            Renewal::Renewed(l) => {
+                if let Some(e) = lock(&self.inner.seats).get_mut(handle) {
+                    e.lease = l;
+                    e.inbox = inbox;
+                }
+            }
+            Renewal::Lost => {
+                // The tenure is over: what was quiesced is detached fenced.
+                if let Some(e) = lock(&self.inner.seats).get_mut(handle) {
+                    e.inbox = inbox;
+                }
+                self.release_locked(handle, DetachReason::Lost, progress)
+                    .await;
+                return Err(Unoffered::Resumed(
+                    "the lease was lost before the offer".into(),
+                ));
+            }
+            Renewal::Unknown(e) => {
+                // Whether the offer landed is unknown: withdraw it (tried
+                // again for up to a TTL) before resuming.
+                if let Some(e) = lock(&self.inner.seats).get_mut(handle) {
+                    e.inbox = inbox;
+                }
+                tracing::warn!(seat = handle, error = %e, "the store could not answer the offer; withdrawing it");
+                return Err(Unoffered::Unknown(offer));
+            }
+        }
+        let notice = OfferNotice {
+            seat: handle.to_string(),
+            epoch: lease.epoch,
+            from: self.inner.cfg.node_id.clone(),
+            offer_id: offer.id.clone(),
+            reason,
+        };
+        self.put_notice(to, &notice).await;
+        progress();
+        self.inner.events.emit(Event::SeatOffered {
+            seat: handle.to_string(),
+            epoch: lease.epoch,
+            to: to.to_string(),
+            reason,
+        });
+        Ok(offer)
+    }
+
+    /// Put the inbox back, re-attach reflect and admit turns again.
+    async fn resume_here(
+        &self,
+        handle: &str,
+        inbox: Option<Attachment>,
+        ctx: &SeatContext,
+        progress: &(dyn Fn() + Sync),
+    ) {
+        let reflect = match hook_step(
+            progress,
+            "reflect attach",
+            self.inner.hooks.attach_reflect(ctx),
+        )
+        .await
+        {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(seat = handle, error = %e, "cannot re-attach the seat's reflect subscription after a handoff that did not happen");
+                None
+            }
+        };
+        if let Some(a) = &inbox {
+            a.resume();
+        }
+        if let Some(e) = lock(&self.inner.seats).get_mut(handle) {
+            e.offered = false;
+            e.inbox = inbox;
+            e.reflect = reflect;
+        }
+    }
+
+    /// The offer was not taken in time: withdraw it and resume. A
+    /// withdrawal that finds the lease taken completes the handoff instead.
+    async fn withdraw(
+        &self,
+        handle: &str,
+        offer: &Offer,
+        reason: DetachReason,
+        progress: &(dyn Fn() + Sync),
+    ) -> HandOff {
+        let seat_lock = self.seat_lock(handle);
+        let Some(_g) = watched(progress, None, seat_lock.lock()).await else {
+            return HandOff::Lost;
+        };
+        self.clear_notice(&offer.to, handle).await;
+        let Some(lease) = lock(&self.inner.seats).get(handle).map(|e| e.lease.clone()) else {
+            return HandOff::Lost;
+        };
+        // Unknown is not ownership either way: the offer may still stand,
+        // so the seat stays quiesced while the withdrawal is tried again,
+        // for at most a TTL — then it is fenced as a renewal would.
+        let give_up = Instant::now() + self.inner.store.lease_ttl();
+        loop {
+            match self
+                .inner
+                .store
+                .offer(&lease, &self.inner.cfg.owner, None)
+                .await
+            {
+                Renewal::Renewed(l) => {
+                    let inbox = lock(&self.inner.seats).get_mut(handle).and_then(|e| {
+                        e.lease = l.clone();
+                        e.last_renewed = Instant::now();
+                        e.inbox.take()
+                    });
+                    let ctx = SeatContext::of(handle, &l);
+                    self.resume_here(handle, inbox, &ctx, progress).await;
+                    self.inner.events.emit(Event::SeatOfferWithdrawn {
+                        seat: handle.to_string(),
+                        epoch: l.epoch,
+                        to: offer.to.clone(),
+                        why: "timeout".into(),
+                    });
+                    return HandOff::Withdrawn;
+                }
+                Renewal::Lost => {
+                    let resource = format!("seat:{handle}");
+                    return match self.inner.store.lease(&resource).await {
+                        Ok(Some(l)) if l.owner != self.inner.cfg.owner => {
+                            self.detach_taken_locked(handle, reason, progress).await;
+                            HandOff::Taken { epoch: l.epoch }
+                        }
+                        _ => {
+                            self.release_locked(handle, DetachReason::Lost, progress)
+                                .await;
+                            HandOff::Lost
+                        }
+                    };
+                }
+                Renewal::Unknown(e) => {
+                    progress();
+                    if Instant::now() >= give_up {
+                        tracing::warn!(seat = handle, error = %e, "the offer could not be withdrawn for a TTL; fencing the seat");
+                        self.release_locked(handle, DetachReason::GraceExpired, progress)
+                            .await;
+                        return HandOff::Lost;
+                    }
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        }
+    }
+
+    /// Phase 2: the successor holds the seat; detach and forget it here.
+    async fn detach_taken(&self, handle: &str, reason: DetachReason, progress: &(dyn Fn() + Sync)) {
+        let seat_lock = self.seat_lock(handle);
+        let Some(_g) = watched(progress, None, seat_lock.lock()).await else {
+            return;
+        };
+        self.detach_taken_locked(handle, reason, progress).await;
+    }
+
+    async fn detach_taken_locked(
+        &self,
+        handle: &str,
+        reason: DetachReason,
+        progress: &(dyn Fn() + Sync),
+    ) {
+        let Some((lease, attachments)) = lock(&self.inner.seats).get_mut(handle).map(|e| {
+            (
+                e.lease.clone(),
+                [e.inbox.take(), e.control.take(), e.reflect.take()],
+            )
+        }) else {
+            return;
+        };
+        for a in attachments.into_iter().flatten() {
+            a.detach().await;
+        }
+        self.inner.events.emit(Event::SeatDetached {
+            seat: handle.to_string(),
+            epoch: lease.epoch,
+            reason,
+        });
+        progress();
+        let ctx = SeatContext::of(handle, &lease);
+        if let Err(e) = self.teardown(&ctx, progress).await {
+            // Not this node's lease any more: nothing to keep renewing.
+            tracing::error!(seat = handle, error = %e, "teardown failed after a handoff");
+        }
+        lock(&self.inner.seats).remove(handle);
+    }
+
+    async fn put_notice(&self, to: &str, notice: &OfferNotice) {
+        let key = notice_key(to, &notice.seat);
+        let body = bytes::Bytes::from(serde_json::to_vec(notice).unwrap_or_default());
+        let store = &self.inner.store;
+        let written = match store.get(StateBucket::Handoffs, &key).await {
+            Ok(None) => store
+                .create(StateBucket::Handoffs, &key, body)
+                .await
+                .map(|_| ()),
+            Ok(Some(e)) => store
+                .update(StateBucket::Handoffs, &key, body, e.revision)
+                .await
+                .map(|_| ()),
+            Err(e) => Err(e.into()),
+        };
+        if let Err(e) = written {
+            tracing::warn!(seat = %notice.seat, to, error = %e, "cannot leave the offer's notice; the successor may not see it before the offer is withdrawn");
+        }
+    }
+
+    async fn clear_notice(&self, to: &str, seat: &str) {
+        let key = notice_key(to, seat);
+        if let Ok(Some(e)) = self.inner.store.get(StateBucket::Handoffs, &key).await {
+            let _ = self
+                .inner
+                .store
+                .delete(StateBucket::Handoffs, &key, e.revision)
+                .await;
+        }
+    }
+
+    /// The successor's side: prepare `handle` while its giver still holds
+    /// it, take the lease offered under `offer_id`, then attach. Anything
+    /// short of a take undoes the preparation; the giver withdraws at its
+    /// bound.
+    pub async fn take_offer(
+        &self,
+        handle: &str,
+        offer_id: &str,
+        progress: &(dyn Fn() + Sync),
+    ) -> Result<Acquired, crate::coord::StoreError> {
+        let seat_lock = self.seat_lock(handle);
+        let Some(_g) = watched(progress, None, seat_lock.lock()).await else {
+            return Ok(Acquired::Draining);
+        };
+        if self.is_draining() {
+            return Ok(Acquired::Draining);
+        }
+        let resource = format!("seat:{handle}");
+        let Some(current) = self.inner.store.lease(&resource).await? else {
+            return Err(crate::coord::StoreError::ClaimFailed {
+                key: resource,
+                reason: "the offered lease is gone".into(),
+            });
+        };
+        if lock(&self.inner.seats).contains_key(handle) {
+            return Ok(Acquired::HeldBy(current));
+        }
+        let Some(offer) = current
+            .offer
+            .clone()
+            .filter(|o| o.id == offer_id && o.to == self.inner.cfg.node_id)
+        else {
+            return Ok(Acquired::HeldBy(current));
+        };
+        // Prepare under the giver's lease: these steps need no epoch.
+        let provisional = SeatContext::of(handle, &current);
+        if let Err(e) = self.prepare(&provisional, progress).await {
+            tracing::warn!(seat = handle, error = %e, "cannot prepare an offered seat; the giver keeps it");
+            let _ = self.inner.hooks.unprepare(&provisional).await;
+            return Ok(Acquired::HeldBy(current));
+        }
+        let sent = Instant::now();
+        let taken = self
+            .inner
+            .store
+            .take(
+                &resource,
+                offer_id,
+                &self.inner.cfg.owner,
+                &self.inner.cfg.node_id,
+                crate::config::protocol(),
+            )
+            .await;
+        progress();
+        let lease = match taken {
+            Ok(Claim::Won(l)) => l,
+            Ok(Claim::HeldBy(l)) => {
+                let _ = self.inner.hooks.unprepare(&provisional).await;
+                return Ok(Acquired::HeldBy(l));
+            }
+            Err(e) => {
+                let _ = self.inner.hooks.unprepare(&provisional).await;
+                return Err(e);
+            }
+        };
+        let epoch = lease.epoch;
+        self.inner.events.emit(Event::SeatClaimed {
+            seat: handle.to_string(),
+            epoch,
+        });
+        lock(&self.inner.seats).insert(
+            handle.to_string(),
+            SeatEntry {
+                lease: lease.clone(),
+                phase: Phase::Establishing,
+                inbox: None,
+                control: None,
+                reflect: None,
+                last_renewed: sent,
+                blip: false,
+                undead_since: None,
+                attempts: 0,
+                last_error: String::new(),
+                fenced: false,
+                offered: false,
+            },
+        );
+        let ctx = SeatContext::of(handle, &lease);
+        match self.establish(&ctx, progress, true).await {
+            Ok(()) => {
+                self.inner.events.emit(Event::SeatAttached {
+                    seat: handle.to_string(),
+                    epoch,
+                });
+                let dark_ms = match self.inner.store.now().await {
+                    Ok(now) => now.since(offer.quiesced_at).as_millis() as u64,
+                    Err(_) => 0,
+                };
+                self.inner.events.emit(Event::SeatOfferTaken {
+                    seat: handle.to_string(),
+                    epoch,
+                    from_epoch: current.epoch,
+                    from: current.preferred.clone(),
+                    dark_ms,
+                });
+                self.inner.hooks.established(&ctx).await;
+                Ok(Acquired::Won {
+                    epoch,
+                    established: true,
+                })
+            }
+            Err(e) => {
+                tracing::warn!(seat = handle, epoch, error = %e, "the acquire hook failed after a take; handing the seat back");
+                self.release_locked(handle, DetachReason::HookFailed, progress)
+                    .await;
+                Ok(Acquired::Won {
+                    epoch,
+                    established: false,
+                })
+            }
+        }
+    }
+}

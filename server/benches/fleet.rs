@@ -8,7 +8,10 @@
 //!   against a pass that reads every seat lease — goal ≤ 10;
 //! - sweep time at 10,000 seats on the twin (one thread: ≈ CPU) — goal ≤ 5 ms;
 //! - dark time per seat after a node is killed, as a ratio to TTL + sweep
-//!   — goal ≤ 1.0, and on a graceful drain.
+//!   — goal ≤ 1.0, and on a graceful drain;
+//! - dark time per moved seat on a rebalance and on a drain, the two-phase
+//!   handoff against release-then-claim, p50/p99 in the same run (issue
+//!   11) — goal p99 ≤ 100 ms.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -361,6 +364,87 @@ async fn dark_time() -> (Vec<Duration>, Vec<Duration>, Duration) {
     (killed, drained, ttl + sweep)
 }
 
+/// Dark time per moved seat, measured from the giver's last word (the
+/// offer for a two-phase handoff, the detach for a release) to the new
+/// holder's attach, both heard in process: on a rebalance (b joins a node
+/// holding 20 seats) and on a drain of the giver.
+async fn handoff_dark(two_phase: bool) -> (Vec<Duration>, Vec<Duration>) {
+    let server = support::nats::NatsServer::start().await;
+    let ttl = Duration::from_secs(3);
+    let beat = Duration::from_secs(1);
+    let sweep = Duration::from_secs(1);
+    let seats = 20;
+    let (sa, qa) = nats(&server, "crewlet-a", ttl).await;
+    company::apply(&*sa, "bench", &roles(seats)).await.unwrap();
+    type Heard = Arc<std::sync::Mutex<Vec<(Instant, Event)>>>;
+    let run = |id: &'static str, s: Arc<dyn Store>, q: Arc<dyn Queue>| async move {
+        let bus = EventBus::new(id, &format!("{id}:bench"));
+        let mut rx = bus.subscribe();
+        let heard: Heard = Arc::default();
+        let h = heard.clone();
+        tokio::spawn(async move {
+            while let Ok(e) = rx.recv().await {
+                h.lock().unwrap().push((Instant::now(), e.event));
+            }
+        });
+        let mut cfg = engine_cfg(id, ttl, beat, sweep);
+        cfg.handoff.two_phase = two_phase;
+        let e = engine(id, s, q, cfg, bus).await;
+        e.start();
+        (e, heard)
+    };
+    let (a, heard_a) = run("a", sa, qa).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while a.host().held().len() < seats {
+        assert!(Instant::now() < deadline, "a never held every seat");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let measure = |from: &Heard, to: &Heard, since: usize| -> Vec<Duration> {
+        let from = from.lock().unwrap();
+        let to = to.lock().unwrap();
+        let mut out = Vec::new();
+        for (t0, e) in from.iter().skip(since) {
+            let seat = match (two_phase, e) {
+                (true, Event::SeatOffered { seat, .. }) => seat,
+                (false, Event::SeatDetached { seat, .. }) => seat,
+                _ => continue,
+            };
+            if let Some((t1, _)) = to.iter().find(|(t1, e)| {
+                t1 >= t0 && matches!(e, Event::SeatAttached { seat: s, .. } if s == seat)
+            }) {
+                out.push(*t1 - *t0);
+            }
+        }
+        out.sort();
+        out
+    };
+    let since = heard_a.lock().unwrap().len();
+    let (sb, qb) = nats(&server, "crewlet-b", ttl).await;
+    let (b, heard_b) = run("b", sb, qb).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !(a.host().held().len() == seats / 2 && b.host().held().len() == seats / 2) {
+        assert!(Instant::now() < deadline, "no even split");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let rebalance = measure(&heard_a, &heard_b, since);
+    let since = heard_a.lock().unwrap().len();
+    a.drain().await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while b.host().held().len() < seats {
+        assert!(Instant::now() < deadline, "b never held every seat");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let drain = measure(&heard_a, &heard_b, since);
+    b.crash().await;
+    (rebalance, drain)
+}
+
+fn p50_p99(v: &[Duration]) -> String {
+    format!("p50 {} / p99 {} ({} seats)", ms(pct(v, 0.5)), ms(pct(v, 0.99)), v.len())
+}
+
 fn ms(d: Duration) -> String {
     format!("{:.0} ms", d.as_secs_f64() * 1000.0)
 }
@@ -370,6 +454,8 @@ async fn main() {
     let (idle, idle_base) = idle_messages().await;
     let (p50, p99, base50) = sweep_time().await;
     let (killed, drained, bound) = dark_time().await;
+    let (two_rebalance, two_drain) = handoff_dark(true).await;
+    let (rel_rebalance, rel_drain) = handoff_dark(false).await;
     println!();
     println!(
         "| seat engine (loopback, single nats-server) | measured | baseline (same run) | goal |"
@@ -400,5 +486,15 @@ async fn main() {
         drained.len(),
         ms(pct(&drained, 0.5)),
         ms(drained.last().copied().unwrap_or_default())
+    );
+    println!(
+        "| dark time per moved seat on a rebalance (20 seats, b joins a; TTL 3 s, sweep 1 s) | two-phase handoff: {} | release-then-claim: {} | p99 ≤ 100 ms |",
+        p50_p99(&two_rebalance),
+        p50_p99(&rel_rebalance)
+    );
+    println!(
+        "| dark time per moved seat on a drain (10 seats, a drains to b) | two-phase handoff: {} | release-then-claim: {} | p99 ≤ 100 ms |",
+        p50_p99(&two_drain),
+        p50_p99(&rel_drain)
     );
 }

@@ -442,7 +442,12 @@ async fn handoff_dark(two_phase: bool) -> (Vec<Duration>, Vec<Duration>) {
 }
 
 fn p50_p99(v: &[Duration]) -> String {
-    format!("p50 {} / p99 {} ({} seats)", ms(pct(v, 0.5)), ms(pct(v, 0.99)), v.len())
+    format!(
+        "p50 {} / p99 {} ({} seats)",
+        ms(pct(v, 0.5)),
+        ms(pct(v, 0.99)),
+        v.len()
+    )
 }
 
 fn ms(d: Duration) -> String {

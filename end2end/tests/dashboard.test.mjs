@@ -260,9 +260,9 @@ test('an operator pauses a seat from the Seats page: it turns paused live, here 
 test('a viewer sees the seat actions disabled and is refused anyway', async () => {
   const { page, context, problems } = await livePage(VIEWER, '/seats');
   const buttons = page.locator('tr[data-seat="beta-agent"] button');
-  assert.equal(await buttons.count(), 2);
-  for (let i = 0; i < 2; i++) assert.equal(await buttons.nth(i).isDisabled(), true);
-  await page.getByText('only operators may pause, resume or stop seats').waitFor();
+  assert.equal(await buttons.count(), 3);
+  for (let i = 0; i < 3; i++) assert.equal(await buttons.nth(i).isDisabled(), true);
+  await page.getByText('only operators may pause, resume, stop or move seats').waitFor();
   const refused = await serverFn(page, 'pause_seat', { handle: 'beta-agent', reason: 'curious' });
   assert.equal(refused.status, 403);
   assert.match(refused.body, /victor is a viewer: only operators may pause a seat\./);
@@ -652,5 +652,67 @@ test("the seats page shows a seat's detached runs with their state and launcher"
   assert.equal(await page.evaluate(() => window.__sameDocument), true, 'no reload');
   await page.screenshot({ path: join(resultsDir, 'seats-runs-1280.png'), fullPage: true });
   assert.deepEqual(problems, []);
+  await context.close();
+});
+
+test('the priority order lists this node; an operator saves it and the audit has node_order_set; a viewer reads it without controls', async () => {
+  const op = await livePage(OPERATOR, '/settings/nodes');
+  const panel = op.page.locator('section.priority-order');
+  const item = panel.locator('li[data-node="node-e2e"]');
+  await item.waitFor();
+  assert.match(await item.innerText(), /1\s*node-e2e/);
+  assert.equal(await item.getAttribute('draggable'), 'true');
+  // The only node can move neither up nor down.
+  assert.equal(await item.locator('button[data-move="up"]').isDisabled(), true);
+  assert.equal(await item.locator('button[data-move="down"]').isDisabled(), true);
+  await panel.getByText('No order saved yet').waitFor();
+  await panel.locator('button[data-action="save-order"]').click();
+  await panel.locator('[data-order-set-by="olivia"]').waitFor();
+  assert.match(await panel.innerText(), /Saved by olivia at \d\d:\d\d:\d\d \(revision \d+\)/);
+  await op.page.screenshot({ path: join(resultsDir, 'nodes-order-1280.png'), fullPage: true });
+  await op.page.goto(`${node.url}/audit`);
+  const saved = op.page.locator('table.audit tr[data-action="node_order_set"]').first();
+  await saved.waitFor();
+  assert.match(await saved.innerText(), /olivia\s+node_order_set[\s\S]*order: node-e2e\s+saved \(revision \d+\)/);
+  assert.deepEqual(op.problems, []);
+  await op.context.close();
+
+  const viewer = await livePage(VIEWER, '/settings/nodes');
+  const vpanel = viewer.page.locator('section.priority-order');
+  await vpanel.locator('li[data-node="node-e2e"]').waitFor();
+  await vpanel.getByText('only operators may change the order').waitFor();
+  await vpanel.locator('[data-order-set-by="olivia"]').waitFor();
+  assert.equal(await vpanel.locator('button').count(), 0);
+  assert.equal(await vpanel.locator('li[data-node="node-e2e"]').getAttribute('draggable'), 'false');
+  // The handoffs panel is there, empty on a single node.
+  await viewer.page.locator('section.handoffs').getByText('No handoff since this page opened.').waitFor();
+  assert.deepEqual(viewer.problems, []);
+  await viewer.context.close();
+});
+
+test('moving a seat to the node that already runs it is refused, and the dialog shows why', async () => {
+  const { page, context, problems } = await livePage(OPERATOR, '/seats');
+  const row = page.locator('tr[data-seat="beta-agent"]');
+  await row.locator('button[data-action="move"]').click();
+  const dialog = page.locator('dialog.move-dialog[open]');
+  await dialog.waitFor();
+  assert.match(await dialog.innerText(), /Move beta-agent[\s\S]*node-e2e holds it now/);
+  await until('the live nodes to be offered', async () => (await dialog.locator('#move-node option[value="node-e2e"]').count()) === 1);
+  await dialog.locator('#move-node').selectOption('node-e2e');
+  await dialog.locator('#move-reason').fill('checking the refusal');
+  await dialog.getByRole('button', { name: 'Move', exact: true }).click();
+  const refusal = dialog.locator('[data-move-error]');
+  await refusal.waitFor();
+  assert.match(await refusal.innerText(), /already runs on node "node-e2e"/);
+  await page.screenshot({ path: join(resultsDir, 'seats-move-refused-1280.png') });
+  // The dialog stays open with the refusal; Escape leaves it.
+  await page.keyboard.press('Escape');
+  await until('the move dialog to close', async () => !(await page.locator('dialog.move-dialog').evaluate((d) => d.open)));
+  await page.goto(`${node.url}/audit`);
+  const audited = page.locator('table.audit tr[data-action="seat_move_requested"]').first();
+  await audited.waitFor();
+  assert.match(await audited.innerText(), /olivia\s+seat_move_requested\s+beta-agent\s+checking the refusal\s+refused: seat "beta-agent" already runs on node "node-e2e"/);
+  // The refusal itself is the one error the browser logs.
+  assert.deepEqual(problems.filter((p) => !/status of 400/.test(p)), []);
   await context.close();
 });

@@ -1,7 +1,7 @@
 // Two nodes on one real NATS JetStream: node A's dashboard shows node B
 // joining and seats moving to it without a reload, A's Memory page reads a
 // seat B holds from B, saying so, and A's Seats page shows a turn running
-// on B and stops it there.
+// on B and stops it there; a priority order saved on A shows on B by itself.
 //
 // Needs `nats-server` (Debian's package; `./dev deps` installs it). Without
 // it these tests are skipped, saying why.
@@ -193,4 +193,45 @@ test("node A's seats page shows a turn running on node B, and stopping it there 
   await page.screenshot({ path: join(resultsDir, 'seats-two-1280.png'), fullPage: true });
   assert.deepEqual(problems, []);
   await context.close();
+});
+
+test("a reordering saved from node A's dashboard, by keyboard, shows on node B's by itself", { skip }, async () => {
+  await startNodeB();
+  const pages = [];
+  for (const n of [nodeA, nodeB]) {
+    const p = await strictPage(browser);
+    await signIn(p.page, n.url, OPERATOR.name, OPERATOR.password);
+    await p.page.locator('.live.live-open').waitFor();
+    await p.page.evaluate(() => (window.__sameDocument = true));
+    pages.push(p);
+  }
+  const [a, b] = pages;
+  const order = (page) => page.locator('section.priority-order li[data-node]').evaluateAll((lis) => lis.map((li) => li.dataset.node));
+  const before = await until('both nodes in A\'s priority order', async () => {
+    const o = await order(a.page);
+    return o.length === 2 && o;
+  }, 30000);
+  // Both dashboards rank the fleet the same way.
+  await until('B to show the same order', async () => JSON.stringify(await order(b.page)) === JSON.stringify(before));
+
+  // The top node moves down from the keyboard; focus stays on it.
+  const [top] = before;
+  await a.page.locator(`section.priority-order li[data-node="${top}"] button[data-move="down"]`).focus();
+  await a.page.keyboard.press('Enter');
+  const flipped = [before[1], before[0]];
+  await until('the draft to show the new order', async () => JSON.stringify(await order(a.page)) === JSON.stringify(flipped));
+  assert.equal(await a.page.evaluate(() => document.activeElement?.id), `order-up-${top}`);
+  await a.page.getByText('Unsaved changes').waitFor();
+  await a.page.locator('button[data-action="save-order"]').click();
+  await a.page.locator('section.priority-order [data-order-set-by="olivia"]').waitFor();
+
+  // B's page follows node_order_changed from the fleet's events: no reload.
+  await until('B to show the saved order', async () => JSON.stringify(await order(b.page)) === JSON.stringify(flipped), 15000);
+  await b.page.locator('section.priority-order [data-order-set-by="olivia"]').waitFor();
+  await b.page.screenshot({ path: join(resultsDir, 'nodes-order-fleet-1280.png'), fullPage: true });
+  for (const p of pages) {
+    assert.equal(await p.page.evaluate(() => window.__sameDocument), true, 'no reload');
+    assert.deepEqual(p.problems, []);
+    await p.context.close();
+  }
 });

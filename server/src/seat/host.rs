@@ -184,7 +184,7 @@ pub enum Acquired {
         epoch: u64,
         established: bool,
     },
-    HeldBy(Lease),
+    HeldBy(Box<Lease>),
     /// A drain began: nothing is claimed (or it was handed straight back).
     Draining,
 }
@@ -478,7 +478,7 @@ impl SeatHost {
         if lock(&self.inner.seats).contains_key(handle) {
             // Already ours (held or undead): nothing to claim.
             let lease = lock(&self.inner.seats)[handle].lease.clone();
-            return Ok(Acquired::HeldBy(lease));
+            return Ok(Acquired::HeldBy(Box::new(lease)));
         }
         let sent = Instant::now();
         let req = ClaimRequest::new(
@@ -489,7 +489,7 @@ impl SeatHost {
         let claimed = self.inner.store.claim(req).await;
         progress();
         let lease = match claimed? {
-            Claim::HeldBy(l) => return Ok(Acquired::HeldBy(l)),
+            Claim::HeldBy(l) => return Ok(Acquired::HeldBy(Box::new(l))),
             Claim::Won(l) => l,
         };
         let epoch = lease.epoch;

@@ -431,21 +431,21 @@ impl SeatHost {
             });
         };
         if lock(&self.inner.seats).contains_key(handle) {
-            return Ok(Acquired::HeldBy(current));
+            return Ok(Acquired::HeldBy(Box::new(current)));
         }
         let Some(offer) = current
             .offer
             .clone()
             .filter(|o| o.id == offer_id && o.to == self.inner.cfg.node_id)
         else {
-            return Ok(Acquired::HeldBy(current));
+            return Ok(Acquired::HeldBy(Box::new(current)));
         };
         // Prepare under the giver's lease: these steps need no epoch.
         let provisional = SeatContext::of(handle, &current);
         if let Err(e) = self.prepare(&provisional, progress).await {
             tracing::warn!(seat = handle, error = %e, "cannot prepare an offered seat; the giver keeps it");
             let _ = self.inner.hooks.unprepare(&provisional).await;
-            return Ok(Acquired::HeldBy(current));
+            return Ok(Acquired::HeldBy(Box::new(current)));
         }
         let sent = Instant::now();
         let taken = self
@@ -464,7 +464,7 @@ impl SeatHost {
             Ok(Claim::Won(l)) => l,
             Ok(Claim::HeldBy(l)) => {
                 let _ = self.inner.hooks.unprepare(&provisional).await;
-                return Ok(Acquired::HeldBy(l));
+                return Ok(Acquired::HeldBy(Box::new(l)));
             }
             Err(e) => {
                 let _ = self.inner.hooks.unprepare(&provisional).await;

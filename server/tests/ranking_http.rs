@@ -19,6 +19,13 @@ use serde_json::{Value, json};
 
 const OPERATOR: (&str, &str) = ("olivia", "op-pass");
 const VIEWER: (&str, &str) = ("victor", "view-pass");
+const MONITORING_TOKEN: &str = "monitoring-token-1234";
+const DEPLOY_TOKEN: &str = "deploy-token-5678";
+
+fn sha256_hex(s: &str) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(s.as_bytes()))
+}
 
 struct TestNode {
     node: Option<RunningNode>,
@@ -55,12 +62,24 @@ role = "operator"
 name = "{viewer}"
 password_hash = "{viewer_hash}"
 role = "viewer"
+
+[[auth.tokens]]
+name = "monitoring"
+sha256 = "{monitoring}"
+role = "viewer"
+
+[[auth.tokens]]
+name = "deploy"
+sha256 = "{deploy}"
+role = "operator"
 "#,
             data = dir.path().join("data").display(),
             op = OPERATOR.0,
             op_hash = hash(OPERATOR.1),
             viewer = VIEWER.0,
             viewer_hash = hash(VIEWER.1),
+            monitoring = sha256_hex(MONITORING_TOKEN),
+            deploy = sha256_hex(DEPLOY_TOKEN),
         );
         let config = Config::parse("test.toml", &text, &BTreeMap::new()).unwrap();
         let node = node::start(config).await.unwrap();
@@ -570,5 +589,43 @@ async fn a_move_with_no_reason_to_an_unknown_node_or_where_it_runs_is_400_and_an
     assert_eq!(r.status(), StatusCode::BAD_REQUEST);
     let body = r.text().await.unwrap();
     assert!(body.contains("already runs on node"), "{body}");
+    n.stop().await;
+}
+
+#[tokio::test]
+async fn bearer_tokens_read_the_order_and_only_an_operator_token_saves_it() {
+    let n = TestNode::start().await;
+    let c = reqwest::Client::new();
+    let viewer = n.signed_in(VIEWER).await;
+    order_with_this_node(&n, &viewer).await;
+    let r = c
+        .get(n.url("/api/nodes/order"))
+        .bearer_auth(MONITORING_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(
+        r.json::<Value>().await.unwrap()["effective"],
+        json!(["node-http"])
+    );
+    let body = json!({"nodes": ["node-http"], "revision": null});
+    let r = c
+        .put(n.url("/api/nodes/order"))
+        .bearer_auth(MONITORING_TOKEN)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    let r = c
+        .put(n.url("/api/nodes/order"))
+        .bearer_auth(DEPLOY_TOKEN)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(r.json::<Value>().await.unwrap()["set_by"], "token:deploy");
     n.stop().await;
 }

@@ -195,7 +195,7 @@ test("node A's seats page shows a turn running on node B, and stopping it there 
   await context.close();
 });
 
-test("a reordering saved from node A's dashboard, by keyboard, shows on node B's by itself", { skip }, async () => {
+test("a reordering saved from node A's dashboard, by keyboard, shows on node B's by itself; drag and drop reorders too", { skip }, async () => {
   await startNodeB();
   const pages = [];
   for (const n of [nodeA, nodeB]) {
@@ -229,6 +229,13 @@ test("a reordering saved from node A's dashboard, by keyboard, shows on node B's
   await until('B to show the saved order', async () => JSON.stringify(await order(b.page)) === JSON.stringify(flipped), 15000);
   await b.page.locator('section.priority-order [data-order-set-by="olivia"]').waitFor();
   await b.page.screenshot({ path: join(resultsDir, 'nodes-order-fleet-1280.png'), fullPage: true });
+
+  // Drag and drop reorders too; Discard changes goes back to what is saved.
+  const item = (node) => a.page.locator(`section.priority-order li[data-node="${node}"]`);
+  await item(flipped[1]).dragTo(item(flipped[0]));
+  await until('the dragged order to show', async () => JSON.stringify(await order(a.page)) === JSON.stringify(before));
+  await a.page.locator('button[data-action="discard-order"]').click();
+  await until('the saved order to show again', async () => JSON.stringify(await order(a.page)) === JSON.stringify(flipped));
   for (const p of pages) {
     assert.equal(await p.page.evaluate(() => window.__sameDocument), true, 'no reload');
     assert.deepEqual(p.problems, []);

@@ -80,6 +80,13 @@ test('a seat moves to a joining node and the nodes page shows it live', { skip }
   for (const seat of onB) {
     assert.match(await rowB.locator(`li[data-seat="${seat}"]`).innerText(), /epoch \d+ · since \d\d:\d\d/);
   }
+  // Each seat B took was handed over (rebalance): the Handoffs panel lists it
+  // from the events, taken by node-b with its dark time.
+  for (const seat of onB) {
+    const handoff = page.locator(`section.handoffs tr[data-seat="${seat}"][data-state="taken"]`);
+    await handoff.waitFor({ timeout: 15000 });
+    assert.match(await handoff.innerText(), /node-a[\s\S]*taken by node-b · dark \d+ ms[\s\S]*rebalance/);
+  }
   assert.equal(await page.evaluate(() => window.__sameDocument), true, 'no reload');
   await page.screenshot({ path: join(resultsDir, 'nodes-two-1280.png'), fullPage: true });
   assert.deepEqual(problems, []);

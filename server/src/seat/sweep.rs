@@ -807,7 +807,14 @@ impl SeatEngine {
             if held_now.contains(&m.seat) {
                 if m.to == self.cfg.node_id {
                     moves::finish(&*self.store, &m.seat, *revision).await;
-                } else if !self.refused_for(&m.seat).contains(&m.to) {
+                } else if !self.refused_for(&m.seat).contains(&m.to)
+                    && snap
+                        .presence
+                        .iter()
+                        .any(|p| p.node_id == m.to && !p.withdrawn)
+                {
+                    // Only to a live, serving target: an offer nobody can
+                    // take would leave the seat quiesced for the bound.
                     match self
                         .host
                         .hand_off(
@@ -858,6 +865,13 @@ impl SeatEngine {
             Some(Withheld::FleetFull) | None => {}
         }
 
+        // A node's presence is recorded before it claims: a seat held by a
+        // node the roster does not list yet shows nowhere (the first pass
+        // can run before the heartbeat's first presence write).
+        if !plan.claims.is_empty() && self.presence.lock().await.is_none() {
+            self.refresh_presence().await;
+            progress();
+        }
         let mut claimed = 0;
         if plan.claims.is_empty() {
             self.set_claims_blocked_by(None);

@@ -48,19 +48,53 @@ pub struct NatsServer {
 impl NatsServer {
     /// A single JetStream server.
     pub async fn start() -> NatsServer {
-        let s = NatsServer::configure("n0", free_port(), free_port(), None, "");
-        s.await_ready(&[s.url()]).await;
-        s
+        NatsServer::start_with("", None).await
     }
 
     /// A single JetStream server with `extra` appended to its config (an
     /// `authorization { … }` block, say); `login` is the user and password
-    /// the harness polls it with, when it needs one.
+    /// the harness polls it with, when it needs one. A server that exits
+    /// before it serves (a port taken between the harness picking it and
+    /// the server binding it) is started again on fresh ports.
     pub async fn start_with(extra: &str, login: Option<(&str, &str)>) -> NatsServer {
-        let mut s = NatsServer::configure("n0", free_port(), free_port(), None, extra);
-        s.login = login.map(|(u, p)| (u.to_string(), p.to_string()));
-        s.await_ready(&[s.url()]).await;
-        s
+        for _ in 0..3 {
+            let mut s = NatsServer::configure("n0", free_port(), free_port(), None, extra);
+            s.login = login.map(|(u, p)| (u.to_string(), p.to_string()));
+            if s.serves_or_exits().await {
+                return s;
+            }
+        }
+        panic!("nats-server exited before serving, three times (see the logs above)");
+    }
+
+    /// Wait until JetStream answers (true) or the process has exited
+    /// (false); past the deadline, panic naming the log.
+    async fn serves_or_exits(&mut self) -> bool {
+        let urls = vec![self.url()];
+        let until = std::time::Instant::now() + READY;
+        loop {
+            if jetstream_ready(&urls, self.login.clone()).await {
+                return true;
+            }
+            if let Some(child) = self.child.as_mut()
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+                eprintln!(
+                    "nats-server {} exited ({status}) before serving; starting it again on fresh ports. Its log:\n{log}",
+                    self.name
+                );
+                self.child = None;
+                return false;
+            }
+            assert!(
+                std::time::Instant::now() < until,
+                "timed out after {READY:?} waiting for nats-server {} to serve JetStream (log: {})",
+                self.name,
+                self.log.display()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     fn configure(

@@ -1274,6 +1274,104 @@ async fn user_and_password_reach_an_authenticated_server() {
     );
 }
 
+/// A private authority and a server certificate for 127.0.0.1, made with
+/// the openssl command: (ca, cert, key).
+fn tls_material(
+    dir: &std::path::Path,
+) -> (std::path::PathBuf, std::path::PathBuf, std::path::PathBuf) {
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("the openssl command (apt-get install -y openssl)");
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    run(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=crewlet test CA",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+    ]);
+    run(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        "/CN=127.0.0.1",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+    ]);
+    std::fs::write(dir.join("san.ext"), "subjectAltName=IP:127.0.0.1\n").unwrap();
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-extfile",
+        "san.ext",
+        "-out",
+        "server.pem",
+    ]);
+    (
+        dir.join("ca.pem"),
+        dir.join("server.pem"),
+        dir.join("server.key"),
+    )
+}
+
+#[tokio::test]
+async fn a_tls_url_is_verified_against_the_configured_authority() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ca, cert, key) = tls_material(dir.path());
+    let server = NatsServer::start_tls(&cert, &key, &ca).await;
+    let mut o = nats_options(vec![server.tls_url()]);
+    o.tls_ca_file = Some(ca);
+    let store = Coordinator::new(
+        NatsBackend::connect(&o).await.expect("connect over TLS"),
+        options(Duration::from_secs(60)),
+    );
+    let l = won(&store, req("seat:alice", A)).await;
+    renewed(&store, &l, A).await;
+    // Without the authority the server's certificate proves nothing: the
+    // connection is refused with a typed error, never made in plain text.
+    o.tls_ca_file = None;
+    assert!(
+        matches!(
+            NatsBackend::connect(&o).await,
+            Err(StoreError::Unavailable(_))
+        ),
+        "an unverifiable server is refused"
+    );
+    // And a plain URL to a server that requires TLS does not get in either.
+    let mut plain = nats_options(vec![server.url()]);
+    plain.store_timeout = Duration::from_secs(2);
+    assert!(NatsBackend::connect(&plain).await.is_err());
+}
+
 #[tokio::test]
 async fn several_urls_reach_whichever_server_answers() {
     let server = NatsServer::start().await;

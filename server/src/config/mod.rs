@@ -283,6 +283,10 @@ pub struct StreamSection {
     pub password: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub creds_file: Option<PathBuf>,
+    /// A PEM file of the certificate authorities a `tls://` server's
+    /// certificate is checked against (besides the system's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_ca_file: Option<PathBuf>,
     /// Deliveries a message may spend before it is dead-lettered.
     pub max_deliveries: u64,
     /// How long a fetched message may stay unsettled before it comes back.
@@ -297,6 +301,7 @@ impl Default for StreamSection {
             user: None,
             password: None,
             creds_file: None,
+            tls_ca_file: None,
             max_deliveries: 25,
             ack_wait_seconds: 1800,
         }

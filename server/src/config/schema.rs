@@ -41,6 +41,7 @@ fn exemplar(agent: AgentConfig) -> Config {
             user: Some("u".into()),
             password: Some("p".into()),
             creds_file: Some(PathBuf::from("x.creds")),
+            tls_ca_file: Some(PathBuf::from("ca.pem")),
             ..StreamSection::default()
         },
         company: CompanySection::default(),

@@ -250,6 +250,18 @@ pub(super) fn check(c: &Config) -> Vec<Problem> {
         );
     }
 
+    if let Some(ca) = &st.tls_ca_file
+        && !ca.is_file()
+    {
+        p(
+            "stream.tls_ca_file",
+            Some(format!("{:?}", ca.display().to_string())),
+            "is not a readable file",
+            "point it at the PEM file of the authority that signed the NATS servers' certificates"
+                .into(),
+        );
+    }
+
     if !(1..=1000).contains(&st.max_deliveries) {
         p(
             "stream.max_deliveries",

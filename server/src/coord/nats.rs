@@ -42,6 +42,8 @@ pub struct NatsOptions {
     pub user: Option<String>,
     pub password: Option<String>,
     pub creds_file: Option<PathBuf>,
+    /// Certificate authorities a `tls://` server is checked against.
+    pub tls_ca_file: Option<PathBuf>,
     /// The configured lease TTL (a bucket a peer created wins).
     pub lease_ttl: Duration,
     /// The bound on every call, and the JetStream request timeout.
@@ -59,6 +61,7 @@ impl NatsOptions {
             user: None,
             password: None,
             creds_file: None,
+            tls_ca_file: None,
             lease_ttl: Duration::from_secs(45),
             store_timeout: Duration::from_millis(2000),
             replicas: 1,
@@ -76,6 +79,7 @@ impl NatsOptions {
             user: stream.user.clone(),
             password: stream.password.clone(),
             creds_file: stream.creds_file.clone(),
+            tls_ca_file: stream.tls_ca_file.clone(),
             lease_ttl: Duration::from_secs(coord.lease_ttl_seconds),
             store_timeout: Duration::from_millis(coord.store_timeout_ms),
             replicas: if stream.urls.len() >= 3 { 3 } else { 1 },
@@ -200,6 +204,13 @@ impl NatsBackend {
         }
         if let (Some(u), Some(p)) = (&opts.user, &opts.password) {
             co = co.user_and_password(u.clone(), p.clone());
+        }
+        if let Some(ca) = &opts.tls_ca_file {
+            co = co.add_root_certificates(ca.clone());
+        }
+        if opts.urls.iter().any(|u| u.starts_with("tls://")) {
+            // A `tls://` URL is a promise: never fall back to plain text.
+            co = co.require_tls(true);
         }
         let addrs = opts
             .urls

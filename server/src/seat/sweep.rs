@@ -436,6 +436,11 @@ impl SeatEngine {
                         }
                     }
                     HandOff::NotOffered(why) => {
+                        if self.host.is_offered(handle) {
+                            // Another handoff of it (the sweep's, during a
+                            // drain) is under way: it settles the seat.
+                            return true;
+                        }
                         tracing::info!(seat = handle, to = %to, why = %why, "no handoff; releasing the seat instead");
                     }
                 }

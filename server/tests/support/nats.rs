@@ -42,6 +42,9 @@ pub struct NatsServer {
     child: Option<Child>,
     /// The user and password readiness is polled with.
     login: Option<(String, String)>,
+    /// The authority readiness checks the server's certificate against
+    /// (a server that requires TLS).
+    tls_ca: Option<PathBuf>,
     dir: tempfile::TempDir,
 }
 
@@ -67,13 +70,39 @@ impl NatsServer {
         panic!("nats-server exited before serving, three times (see the logs above)");
     }
 
+    /// A single JetStream server that requires TLS, with the certificate
+    /// and key in `cert` / `key`, signed by the authority in `ca`.
+    pub async fn start_tls(cert: &Path, key: &Path, ca: &Path) -> NatsServer {
+        let extra = format!(
+            "tls {{\n  cert_file: \"{}\"\n  key_file: \"{}\"\n}}\n",
+            cert.display(),
+            key.display()
+        );
+        for _ in 0..3 {
+            let mut s = NatsServer::configure("n0", free_port(), free_port(), None, &extra);
+            s.tls_ca = Some(ca.to_path_buf());
+            if s.serves_or_exits().await {
+                return s;
+            }
+        }
+        panic!("nats-server (TLS) exited before serving, three times");
+    }
+
+    /// The server's client URL with the `tls://` scheme.
+    pub fn tls_url(&self) -> String {
+        format!("tls://127.0.0.1:{}", self.port)
+    }
+
     /// Wait until JetStream answers (true) or the process has exited
     /// (false); past the deadline, panic naming the log.
     async fn serves_or_exits(&mut self) -> bool {
-        let urls = vec![self.url()];
+        let urls = vec![match self.tls_ca {
+            Some(_) => self.tls_url(),
+            None => self.url(),
+        }];
         let until = std::time::Instant::now() + READY;
         loop {
-            if jetstream_ready(&urls, self.login.clone()).await {
+            if jetstream_ready_with(&urls, self.login.clone(), self.tls_ca.clone()).await {
                 return true;
             }
             if let Some(child) = self.child.as_mut()
@@ -133,6 +162,7 @@ impl NatsServer {
             log,
             child: None,
             login: None,
+            tls_ca: None,
             dir,
         };
         s.spawn();
@@ -237,10 +267,21 @@ impl Drop for NatsServer {
 
 /// Whether JetStream answers `$JS.API.INFO` without an error through any of `urls`.
 async fn jetstream_ready(urls: &[String], login: Option<(String, String)>) -> bool {
-    let options = match login {
+    jetstream_ready_with(urls, login, None).await
+}
+
+async fn jetstream_ready_with(
+    urls: &[String],
+    login: Option<(String, String)>,
+    tls_ca: Option<PathBuf>,
+) -> bool {
+    let mut options = match login {
         Some((u, p)) => async_nats::ConnectOptions::with_user_and_password(u, p),
         None => async_nats::ConnectOptions::new(),
     };
+    if let Some(ca) = tls_ca {
+        options = options.add_root_certificates(ca).require_tls(true);
+    }
     let Ok(Ok(client)) =
         tokio::time::timeout(Duration::from_secs(1), options.connect(urls.to_vec())).await
     else {

@@ -70,6 +70,14 @@ pub fn notice_prefix(node: &str) -> String {
 }
 
 impl SeatHost {
+    /// Whether `handle` is offered to a successor right now (a handoff of
+    /// it is under way here).
+    pub fn is_offered(&self, handle: &str) -> bool {
+        lock(&self.inner.seats)
+            .get(handle)
+            .is_some_and(|e| e.offered)
+    }
+
     /// Hand `handle` to node `to` through the two-phase handoff, waiting at
     /// most `bound` for the take. `reason` is what the move stands for.
     pub async fn hand_off(

@@ -281,7 +281,10 @@ async fn dark_time() -> (Vec<Duration>, Vec<Duration>, Duration) {
     let run = |id: &'static str, s: Arc<dyn Store>, q: Arc<dyn Queue>| async move {
         let bus = EventBus::new(id, &format!("{id}:bench"));
         let rx = bus.subscribe();
-        let e = engine(id, s, q, engine_cfg(id, ttl, beat, sweep), bus).await;
+        // The release-then-claim path: the handoff has its own rows.
+        let mut cfg = engine_cfg(id, ttl, beat, sweep);
+        cfg.handoff.two_phase = false;
+        let e = engine(id, s, q, cfg, bus).await;
         e.start();
         (e, rx)
     };

@@ -1372,6 +1372,117 @@ async fn a_tls_url_is_verified_against_the_configured_authority() {
     assert!(NatsBackend::connect(&plain).await.is_err());
 }
 
+/// One JWT signed by `issuer` (the NATS claims encoding: a base64url
+/// header and body, an ed25519 signature by the issuer's nkey).
+fn jwt(issuer: &nkeys::KeyPair, subject: &str, name: &str, nats: serde_json::Value) -> String {
+    use base64::Engine;
+    let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let header = b64.encode(br#"{"typ":"JWT","alg":"ed25519-nkey"}"#);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let claims = serde_json::json!({
+        "jti": format!("{subject}-{now}"),
+        "iat": now,
+        "iss": issuer.public_key(),
+        "name": name,
+        "sub": subject,
+        "nats": nats,
+    });
+    let body = b64.encode(claims.to_string());
+    let signed = format!("{header}.{body}");
+    let sig = issuer.sign(signed.as_bytes()).expect("sign");
+    format!("{signed}.{}", b64.encode(sig))
+}
+
+/// An operator, an account with JetStream and a user: the server's config
+/// lines and the user's creds file.
+fn operator_setup(dir: &std::path::Path) -> (String, std::path::PathBuf) {
+    let operator = nkeys::KeyPair::new_operator();
+    let account = nkeys::KeyPair::new_account();
+    let system = nkeys::KeyPair::new_account();
+    let user = nkeys::KeyPair::new_user();
+    let op_jwt = jwt(
+        &operator,
+        &operator.public_key(),
+        "crewlet-test",
+        serde_json::json!({"type": "operator", "version": 2}),
+    );
+    let unlimited = serde_json::json!({
+        "subs": -1, "data": -1, "payload": -1, "imports": -1, "exports": -1,
+        "wildcards": true, "conn": -1, "leaf": -1,
+        "mem_storage": -1, "disk_storage": -1, "streams": -1, "consumer": -1,
+    });
+    let acc_jwt = jwt(
+        &operator,
+        &account.public_key(),
+        "crewlet",
+        serde_json::json!({"limits": unlimited, "type": "account", "version": 2}),
+    );
+    let sys_jwt = jwt(
+        &operator,
+        &system.public_key(),
+        "SYS",
+        serde_json::json!({"type": "account", "version": 2}),
+    );
+    let user_jwt = jwt(
+        &account,
+        &user.public_key(),
+        "node",
+        serde_json::json!({
+            "pub": {}, "sub": {}, "subs": -1, "data": -1, "payload": -1,
+            "type": "user", "version": 2,
+        }),
+    );
+    let creds = dir.join("node.creds");
+    std::fs::write(
+        &creds,
+        format!(
+            "-----BEGIN NATS USER JWT-----\n{user_jwt}\n------END NATS USER JWT------\n\n\
+             -----BEGIN USER NKEY SEED-----\n{}\n------END USER NKEY SEED------\n",
+            user.seed().expect("seed")
+        ),
+    )
+    .unwrap();
+    let config = format!(
+        "operator: {op_jwt}\nsystem_account: {sys}\nresolver: MEMORY\nresolver_preload: {{\n  {acc}: {acc_jwt}\n  {sys}: {sys_jwt}\n}}\n",
+        acc = account.public_key(),
+        sys = system.public_key(),
+    );
+    (config, creds)
+}
+
+#[tokio::test]
+async fn a_creds_file_signs_in_to_an_operator_mode_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let (config, creds) = operator_setup(dir.path());
+    let server = NatsServer::start_operator(&config, &creds).await;
+    let mut o = nats_options(vec![server.url()]);
+    o.creds_file = Some(creds);
+    let store = Coordinator::new(
+        NatsBackend::connect(&o)
+            .await
+            .expect("connect with the creds file"),
+        options(Duration::from_secs(60)),
+    );
+    let l = won(&store, req("seat:alice", A)).await;
+    renewed(&store, &l, A).await;
+    // Without credentials the server lets nobody in: a typed error.
+    o.creds_file = None;
+    assert!(matches!(
+        NatsBackend::connect(&o).await,
+        Err(StoreError::Unavailable(_))
+    ));
+    // A creds file that is not there is named in the error.
+    o.creds_file = Some(dir.path().join("missing.creds"));
+    match NatsBackend::connect(&o).await {
+        Err(StoreError::Unavailable(m)) => assert!(m.contains("missing.creds"), "{m}"),
+        Err(other) => panic!("expected an unavailable store naming the file, got {other:?}"),
+        Ok(_) => panic!("expected an unavailable store naming the file, got a connection"),
+    }
+}
+
 #[tokio::test]
 async fn several_urls_reach_whichever_server_answers() {
     let server = NatsServer::start().await;

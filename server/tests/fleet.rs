@@ -12,7 +12,7 @@ use std::time::Duration;
 use crewlet::config::{PlacementConfig, RoleConfig};
 use crewlet::coord::{
     Claim, ClaimRequest, Coordinator, CoordinatorOptions, Lease, MemoryBackend, NatsBackend,
-    NatsOptions, Store,
+    NatsOptions, Renewal, Store,
 };
 use crewlet::events::{DetachReason, Event, EventBus, FleetEvent};
 use crewlet::node::company;
@@ -362,6 +362,7 @@ both!(
     a_successor_stuck_mid_prepare_leaves_the_giver_to_resume_with_no_gap,
     a_giver_that_dies_mid_handoff_is_replaced_after_the_ttl,
     a_person_moves_a_seat_to_a_named_node_through_an_offer,
+    a_holder_whose_presence_lapsed_is_never_robbed_and_the_target_claims_once_its_lease_lapses,
     a_single_node_holds_every_seat,
     two_nodes_split_the_seats_fairly,
     a_node_that_booted_alone_gives_back_to_a_later_joiner,
@@ -1385,5 +1386,78 @@ async fn a_person_moves_a_seat_to_a_named_node_through_an_offer(f: Fleet) {
         "{again:?}"
     );
     a.engine.drain().await;
+    b.engine.drain().await;
+}
+
+async fn a_holder_whose_presence_lapsed_is_never_robbed_and_the_target_claims_once_its_lease_lapses(
+    f: Fleet,
+) {
+    let company = roles("s", 1);
+    let (store, _) = f.backends("ghost").await;
+    company::apply(&*store, "Test company", &company)
+        .await
+        .unwrap();
+    // A holder with no presence row (its node's presence lapsed) still
+    // renewing its seat lease.
+    let mut held = match store
+        .claim(ClaimRequest::new("seat:s0", "ghost:1", "ghost"))
+        .await
+        .unwrap()
+    {
+        Claim::Won(l) => l,
+        other => panic!("the ghost should win the seat, got {other:?}"),
+    };
+    let b = f.node("b", &[], &company).await;
+    let roster = store.clone();
+    f.until_async("b's presence", Duration::from_secs(30), || {
+        let roster = roster.clone();
+        async move {
+            roster
+                .list("node:")
+                .await
+                .is_ok_and(|l| l.iter().any(|p| p.resource == "node:b"))
+        }
+    })
+    .await;
+    crewlet::seat::moves::request(&*store, "s0", "b", "op", "its node is gone")
+        .await
+        .expect("the move is accepted");
+    // Proof of an absence: for three TTLs of renewals the target takes
+    // nothing from the live lease.
+    let until = tokio::time::Instant::now() + 3 * f.ttl;
+    while tokio::time::Instant::now() < until {
+        tokio::time::sleep(BEAT / 2).await;
+        held = match store.renew(&held, "ghost:1", None).await {
+            Renewal::Renewed(l) => l,
+            other => panic!("the ghost's renewal should land, got {other:?}"),
+        };
+        assert!(!b.held().contains("s0"), "a live lease was robbed");
+    }
+    // The holder stops renewing: the target claims the seat once the lease
+    // has lapsed, at a newer epoch, and the request is done.
+    f.until("b to hold s0", Duration::from_secs(30), || {
+        b.held().contains("s0")
+    })
+    .await;
+    let now = store.lease("seat:s0").await.unwrap().expect("held");
+    assert!(now.epoch > held.epoch);
+    assert!(
+        now.acquired_at >= held.expires_at,
+        "claimed only after the lapse"
+    );
+    let s = store.clone();
+    f.until_async(
+        "the request to be finished",
+        Duration::from_secs(30),
+        || {
+            let s = s.clone();
+            async move {
+                crewlet::seat::moves::standing(&*s)
+                    .await
+                    .is_ok_and(|m| m.is_empty())
+            }
+        },
+    )
+    .await;
     b.engine.drain().await;
 }

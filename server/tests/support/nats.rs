@@ -45,6 +45,8 @@ pub struct NatsServer {
     /// The authority readiness checks the server's certificate against
     /// (a server that requires TLS).
     tls_ca: Option<PathBuf>,
+    /// The creds file readiness signs in with (a server in operator mode).
+    creds: Option<PathBuf>,
     dir: tempfile::TempDir,
 }
 
@@ -88,6 +90,19 @@ impl NatsServer {
         panic!("nats-server (TLS) exited before serving, three times");
     }
 
+    /// A single JetStream server in operator mode (`operator` / `resolver`
+    /// lines in `extra`), polled signing in with the creds file `creds`.
+    pub async fn start_operator(extra: &str, creds: &Path) -> NatsServer {
+        for _ in 0..3 {
+            let mut s = NatsServer::configure("n0", free_port(), free_port(), None, extra);
+            s.creds = Some(creds.to_path_buf());
+            if s.serves_or_exits().await {
+                return s;
+            }
+        }
+        panic!("nats-server (operator mode) exited before serving, three times");
+    }
+
     /// The server's client URL with the `tls://` scheme.
     pub fn tls_url(&self) -> String {
         format!("tls://127.0.0.1:{}", self.port)
@@ -102,7 +117,14 @@ impl NatsServer {
         }];
         let until = std::time::Instant::now() + READY;
         loop {
-            if jetstream_ready_with(&urls, self.login.clone(), self.tls_ca.clone()).await {
+            if jetstream_ready_with(
+                &urls,
+                self.login.clone(),
+                self.tls_ca.clone(),
+                self.creds.clone(),
+            )
+            .await
+            {
                 return true;
             }
             if let Some(child) = self.child.as_mut()
@@ -163,6 +185,7 @@ impl NatsServer {
             child: None,
             login: None,
             tls_ca: None,
+            creds: None,
             dir,
         };
         s.spawn();
@@ -267,13 +290,14 @@ impl Drop for NatsServer {
 
 /// Whether JetStream answers `$JS.API.INFO` without an error through any of `urls`.
 async fn jetstream_ready(urls: &[String], login: Option<(String, String)>) -> bool {
-    jetstream_ready_with(urls, login, None).await
+    jetstream_ready_with(urls, login, None, None).await
 }
 
 async fn jetstream_ready_with(
     urls: &[String],
     login: Option<(String, String)>,
     tls_ca: Option<PathBuf>,
+    creds: Option<PathBuf>,
 ) -> bool {
     let mut options = match login {
         Some((u, p)) => async_nats::ConnectOptions::with_user_and_password(u, p),
@@ -281,6 +305,12 @@ async fn jetstream_ready_with(
     };
     if let Some(ca) = tls_ca {
         options = options.add_root_certificates(ca).require_tls(true);
+    }
+    if let Some(path) = creds {
+        match options.credentials_file(path).await {
+            Ok(o) => options = o,
+            Err(_) => return false,
+        }
     }
     let Ok(Ok(client)) =
         tokio::time::timeout(Duration::from_secs(1), options.connect(urls.to_vec())).await

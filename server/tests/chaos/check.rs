@@ -55,6 +55,8 @@ pub struct Published {
     /// The stream acknowledged it (a publish never acknowledged may or may
     /// not be stored, and is not counted as lost).
     pub acked: bool,
+    /// The stream sequence its acknowledgement named.
+    pub seq: Option<u64>,
 }
 
 #[derive(Clone, Debug)]
@@ -755,6 +757,7 @@ mod tests {
             seat: "s".into(),
             at: 0,
             acked: true,
+            seq: None,
         }
     }
 

@@ -919,6 +919,7 @@ async fn publisher(
                 seat: seat.clone(),
                 at: now(),
                 acked: false,
+                seq: None,
             });
             p.len() - 1
         };
@@ -945,14 +946,72 @@ async fn publisher(
                         .await
                 })
                 .await;
-                if let Ok(Ok(_)) = acked {
-                    lock(&shared.published)[index].acked = true;
+                if let Ok(Ok(ack)) = acked {
+                    let mut p = lock(&shared.published);
+                    p[index].acked = true;
+                    p[index].seq = Some(ack.sequence);
                     return;
                 }
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
         });
     }
+}
+
+/// For up to ten unanswered messages: whether the inbox stream still holds
+/// each (by the sequence its acknowledgement named), and its seat's inbox
+/// consumer's state.
+async fn diagnose_unanswered(
+    js: &jetstream::Context,
+    shared: &Shared,
+    open: &[String],
+) -> Vec<String> {
+    let wanted: Vec<(String, String, Option<u64>)> = {
+        let p = lock(&shared.published);
+        open.iter()
+            .take(10)
+            .filter_map(|id| {
+                p.iter()
+                    .find(|m| m.id == *id)
+                    .map(|m| (m.id.clone(), m.seat.clone(), m.seq))
+            })
+            .collect()
+    };
+    let mut out = Vec::new();
+    let stream = match js.get_stream("CREWLET_AGENTS").await {
+        Ok(s) => s,
+        Err(e) => return vec![format!("  the inbox stream cannot be read: {e}")],
+    };
+    for (id, seat, seq) in wanted {
+        let stored = match seq {
+            Some(s) => match stream.get_raw_message(s).await {
+                Ok(_) => format!("stored at seq {s}"),
+                Err(e) => format!("not in the stream at seq {s} ({e})"),
+            },
+            None => "no sequence recorded".into(),
+        };
+        let consumer = match stream
+            .get_consumer::<consumer::pull::Config>(&format!("agent-{seat}"))
+            .await
+        {
+            Ok(mut c) => match c.info().await {
+                Ok(i) => format!(
+                    "consumer agent-{seat}: pending {}, ack pending {}, redelivered {}, delivered up to {}, ack floor {}",
+                    i.num_pending,
+                    i.num_ack_pending,
+                    i.num_redelivered,
+                    i.delivered.stream_sequence,
+                    i.ack_floor.stream_sequence
+                ),
+                Err(e) => format!("consumer agent-{seat}: info failed ({e})"),
+            },
+            Err(e) => format!("consumer agent-{seat}: not found ({e})"),
+        };
+        out.push(format!(
+            "  unanswered {id} (seat {seat}): {stored}; {consumer}"
+        ));
+    }
+    out
 }
 
 /// Ask a live node's `/query/fleet` every second.
@@ -1415,6 +1474,12 @@ pub async fn run(sched: Schedule, dir: PathBuf) -> Outcome {
                 "{} messages still unanswered, {in_flight} publishes still being tried",
                 open.len()
             ));
+            // What the broker says about them: still stored or gone, and
+            // where each seat's inbox consumer stands.
+            let open: Vec<String> = open.into_iter().cloned().collect();
+            for line in diagnose_unanswered(&js, &shared, &open).await {
+                c.say(line);
+            }
             break;
         }
         c.pause(Duration::from_millis(500)).await;

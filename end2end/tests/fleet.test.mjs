@@ -76,7 +76,9 @@ test('a seat moves to a joining node and the nodes page shows it live', { skip }
     return split && { onA, onB };
   }, 40000);
   assert.deepEqual([...onA, ...onB].sort(), [...ROLES].sort(), 'every seat is listed under exactly one node');
-  assert.match(await rowB.innerText(), /serving/);
+  // B's row says serving once the page has read B's presence row (a read
+  // made between B's first take and the next event can lack it).
+  await until('node B to show as serving', async () => /serving/.test(await rowB.innerText()), 20000);
   for (const seat of onB) {
     assert.match(await rowB.locator(`li[data-seat="${seat}"]`).innerText(), /epoch \d+ · since \d\d:\d\d/);
   }

@@ -870,13 +870,6 @@ impl SeatEngine {
             Some(Withheld::FleetFull) | None => {}
         }
 
-        // A node's presence is recorded before it claims: a seat held by a
-        // node the roster does not list yet shows nowhere (the first pass
-        // can run before the heartbeat's first presence write).
-        if !plan.claims.is_empty() && self.presence.lock().await.is_none() {
-            self.refresh_presence().await;
-            progress();
-        }
         let mut claimed = 0;
         if plan.claims.is_empty() {
             self.set_claims_blocked_by(None);

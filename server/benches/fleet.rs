@@ -429,8 +429,22 @@ async fn handoff_dark(two_phase: bool) -> (Vec<Duration>, Vec<Duration>) {
         assert!(Instant::now() < deadline, "no even split");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let rebalance = measure(&heard_a, &heard_b, since);
+    // Until every moved seat's attach has been heard (events arrive after
+    // the hosts' state changes).
+    let heard_all = |since: usize| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let (ha, hb) = (heard_a.clone(), heard_b.clone());
+        async move {
+            loop {
+                let m = measure(&ha, &hb, since);
+                if m.len() >= seats / 2 || Instant::now() >= deadline {
+                    return m;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    let rebalance = heard_all(since).await;
     let since = heard_a.lock().unwrap().len();
     a.drain().await;
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -438,8 +452,7 @@ async fn handoff_dark(two_phase: bool) -> (Vec<Duration>, Vec<Duration>) {
         assert!(Instant::now() < deadline, "b never held every seat");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let drain = measure(&heard_a, &heard_b, since);
+    let drain = heard_all(since).await;
     b.crash().await;
     (rebalance, drain)
 }

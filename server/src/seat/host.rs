@@ -153,6 +153,27 @@ struct SeatEntry {
     offered: bool,
 }
 
+impl SeatEntry {
+    /// A tenure just won (claimed or taken) whose acquire hook is to run;
+    /// `sent` is when the winning request was sent.
+    fn establishing(lease: Lease, sent: Instant) -> SeatEntry {
+        SeatEntry {
+            lease,
+            phase: Phase::Establishing,
+            inbox: None,
+            control: None,
+            reflect: None,
+            last_renewed: sent,
+            blip: false,
+            undead_since: None,
+            attempts: 0,
+            last_error: String::new(),
+            fenced: false,
+            offered: false,
+        }
+    }
+}
+
 /// A seat as the host reports it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SeatStatus {
@@ -509,20 +530,7 @@ impl SeatHost {
         });
         lock(&self.inner.seats).insert(
             handle.to_string(),
-            SeatEntry {
-                lease: lease.clone(),
-                phase: Phase::Establishing,
-                inbox: None,
-                control: None,
-                reflect: None,
-                last_renewed: sent,
-                blip: false,
-                undead_since: None,
-                attempts: 0,
-                last_error: String::new(),
-                fenced: false,
-                offered: false,
-            },
+            SeatEntry::establishing(lease.clone(), sent),
         );
         let ctx = SeatContext {
             handle: handle.to_string(),

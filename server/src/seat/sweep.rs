@@ -122,6 +122,32 @@ pub struct SeatEngine {
     refused: Mutex<BTreeMap<String, (String, Instant)>>,
 }
 
+/// The company's seats as placement sees them (no preference read yet).
+fn seat_specs(company: &Company) -> Vec<SeatSpec> {
+    company
+        .roles
+        .iter()
+        .map(|r| SeatSpec {
+            handle: r.handle.clone(),
+            placement: r.placement.clone(),
+            preferred: None,
+        })
+        .collect()
+}
+
+/// Each presence lease's node id with when its presence began (what the
+/// node order ranks newcomers by).
+fn first_seen(presence: &[Lease]) -> Vec<(String, crate::coord::StoreTime)> {
+    presence
+        .iter()
+        .filter_map(|l| {
+            l.resource
+                .strip_prefix("node:")
+                .map(|id| (id.to_string(), l.acquired_at))
+        })
+        .collect()
+}
+
 fn presence_of(lease: &Lease) -> Option<Presence> {
     let node_id = lease.resource.strip_prefix("node:")?.to_string();
     let m = &lease.metadata;
@@ -665,15 +691,7 @@ impl SeatEngine {
         let mut snap = Snapshot {
             node_id: self.cfg.node_id.clone(),
             labels: self.cfg.labels.clone(),
-            seats: company
-                .roles
-                .iter()
-                .map(|r| SeatSpec {
-                    handle: r.handle.clone(),
-                    placement: r.placement.clone(),
-                    preferred: None,
-                })
-                .collect(),
+            seats: seat_specs(&company),
             presence,
             held: self.host.held().into_iter().collect(),
             undead: self.host.undead().into_iter().collect(),
@@ -693,14 +711,7 @@ impl SeatEngine {
         };
         // The fleet's one priority order (never a private one), applied to
         // the nodes present; an unreadable order ranks nobody.
-        let mut present: Vec<(String, crate::coord::StoreTime)> = presence_leases
-            .iter()
-            .filter_map(|l| {
-                l.resource
-                    .strip_prefix("node:")
-                    .map(|id| (id.to_string(), l.acquired_at))
-            })
-            .collect();
+        let mut present = first_seen(&presence_leases);
         if !present.iter().any(|(id, _)| *id == self.cfg.node_id) && !self.host.is_draining() {
             present.push((
                 self.cfg.node_id.clone(),
@@ -963,14 +974,7 @@ impl SeatEngine {
             .filter_map(presence_of)
             .filter(|p| p.node_id != self.cfg.node_id)
             .collect();
-        let present: Vec<(String, crate::coord::StoreTime)> = leases
-            .iter()
-            .filter_map(|l| {
-                l.resource
-                    .strip_prefix("node:")
-                    .map(|id| (id.to_string(), l.acquired_at))
-            })
-            .collect();
+        let present = first_seen(&leases);
         let saved = ranking::read(&*self.store)
             .await
             .ok()
@@ -981,15 +985,7 @@ impl SeatEngine {
         Some(Snapshot {
             node_id: self.cfg.node_id.clone(),
             labels: self.cfg.labels.clone(),
-            seats: company
-                .roles
-                .iter()
-                .map(|r| SeatSpec {
-                    handle: r.handle.clone(),
-                    placement: r.placement.clone(),
-                    preferred: None,
-                })
-                .collect(),
+            seats: seat_specs(&company),
             presence,
             draining: true,
             ranking: ranking::effective_order(&saved, &present),

@@ -486,20 +486,7 @@ impl SeatHost {
         });
         lock(&self.inner.seats).insert(
             handle.to_string(),
-            SeatEntry {
-                lease: lease.clone(),
-                phase: Phase::Establishing,
-                inbox: None,
-                control: None,
-                reflect: None,
-                last_renewed: sent,
-                blip: false,
-                undead_since: None,
-                attempts: 0,
-                last_error: String::new(),
-                fenced: false,
-                offered: false,
-            },
+            SeatEntry::establishing(lease.clone(), sent),
         );
         let ctx = SeatContext::of(handle, &lease);
         match self.establish(&ctx, progress, true).await {

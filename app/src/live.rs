@@ -42,6 +42,7 @@ pub const EVENT_NAMES: &[&str] = &[
     "company_applied",
     "message_dead_lettered",
     "delivery_deferred",
+    "message_requeued",
     "turn_started",
     "turn_completed",
     "turn_trigger_skipped",

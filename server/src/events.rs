@@ -149,6 +149,15 @@ pub enum Event {
         seq: u64,
         reason: String,
     },
+    /// The broker had stranded a message (stored, but behind the point its
+    /// consumer says it delivered, awaiting no acknowledgement): a copy was
+    /// put back in line at `new_seq` and the original at `seq` removed.
+    MessageRequeued {
+        subscription: String,
+        subject: String,
+        seq: u64,
+        new_seq: u64,
+    },
     /// A turn began: the ledgered triggers it runs, under which epoch.
     TurnStarted {
         seat: String,
@@ -354,6 +363,7 @@ impl Event {
                 | Event::SeatsUnplaceable { .. }
                 | Event::SeatClaimsBlockedByOlderProtocol { .. }
                 | Event::MessageDeadLettered { .. }
+                | Event::MessageRequeued { .. }
                 | Event::TurnGuardBreach { .. }
                 | Event::SeatMailboxUnregistered { .. }
                 | Event::SeatMailboxRetirementHeld { .. }
@@ -509,6 +519,17 @@ pub fn queue_sink(bus: &EventBus) -> crate::queue::EventSink {
                 subscription,
                 seq,
                 reason,
+            },
+            QueueEvent::Requeued {
+                subscription,
+                subject,
+                seq,
+                new_seq,
+            } => Event::MessageRequeued {
+                subscription,
+                subject,
+                seq,
+                new_seq,
             },
         })
     })

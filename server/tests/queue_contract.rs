@@ -657,3 +657,171 @@ async fn the_boot_walk_creates_every_seats_mailboxes_idempotently_and_names_a_mi
     assert_eq!(seat, "walk-7");
     assert!(matches!(err, QueueError::SettingsMismatch { .. }), "{err}");
 }
+
+/// Only a broker can strand mail (the twin's deliveries are its own
+/// bookkeeping): these run on a real nats-server.
+mod broker {
+    use super::*;
+
+    /// Leave the consumer's pointer past mail it never delivered, with
+    /// nothing pending: the state NATS 2.9 left seat inboxes in when a
+    /// stream leader restarted during the chaos soak (delivered up to the
+    /// stream's end, ack floor far behind, nothing pending, the mail still
+    /// stored). Made here deterministically: the consumer's filter is moved
+    /// to a subject with no mail, one pull makes it skip to the stream's
+    /// end, and the filter is moved back.
+    async fn strand(url: &str, spec: &SubscriptionSpec) -> async_nats::jetstream::stream::Stream {
+        use futures::StreamExt;
+        let client = async_nats::connect(url).await.unwrap();
+        let js = async_nats::jetstream::new(client);
+        let stream = js
+            .get_stream(crewlet::queue::jetstream::AGENTS_STREAM)
+            .await
+            .unwrap();
+        let original = stream.consumer_info(&spec.name).await.unwrap().config;
+        let mut away = original.clone();
+        away.filter_subject = format!("{}-elsewhere", spec.subject);
+        stream.create_consumer(away).await.unwrap();
+        let consumer: async_nats::jetstream::consumer::Consumer<
+            async_nats::jetstream::consumer::pull::Config,
+        > = stream.get_consumer(&spec.name).await.unwrap();
+        let mut none = consumer
+            .fetch()
+            .max_messages(1)
+            .expires(Duration::from_millis(200))
+            .messages()
+            .await
+            .unwrap();
+        assert!(
+            none.next().await.is_none(),
+            "nothing matches the moved filter"
+        );
+        stream.create_consumer(original).await.unwrap();
+        stream
+    }
+
+    async fn consumer_state(
+        stream: &async_nats::jetstream::stream::Stream,
+        name: &str,
+    ) -> (u64, usize, u64) {
+        let i = stream.consumer_info(name).await.unwrap();
+        (
+            i.num_pending,
+            i.num_ack_pending,
+            i.delivered.stream_sequence,
+        )
+    }
+
+    #[tokio::test]
+    async fn mail_the_broker_stranded_behind_its_consumer_is_requeued_and_delivered_once() {
+        let b = jetstream().await;
+        let url = b._server.as_ref().unwrap().url();
+        let q = &*b.queue;
+        let spec = ensure_seat(q, "stranded").await;
+        for body in ["one", "two"] {
+            publish(q, &spec.subject, body).await;
+        }
+        let stream = strand(&url, &spec).await;
+        // The stranded state, as the broker reports it: nothing pending,
+        // nothing awaiting an acknowledgement, delivered past both — and
+        // both still stored.
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            let (pending, ack_pending, delivered) = consumer_state(&stream, &spec.name).await;
+            if (pending, ack_pending, delivered) == (0, 0, 2) {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the broker did not strand the mail: pending {pending}, ack pending {ack_pending}, delivered up to {delivered}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        for seq in [1, 2] {
+            assert!(
+                stream.get_raw_message(seq).await.is_ok(),
+                "stranded message {seq} is stored"
+            );
+        }
+
+        let (h, mut rx) = recorder(|_| Disposition::Ack);
+        let a = q.attach(&spec.name, &[], h).await.unwrap();
+        let mut got = Vec::new();
+        for _ in 0..2 {
+            got.push(
+                String::from_utf8(recv(&mut rx, "stranded mail").await.payload.to_vec()).unwrap(),
+            );
+        }
+        assert_eq!(got, ["one", "two"], "the stranded mail, in its order");
+        until("two message_requeued events naming the originals", || {
+            let mut seqs: Vec<u64> = b
+                .events
+                .lock()
+                .unwrap()
+                .iter()
+                .filter_map(|e| match e {
+                    QueueEvent::Requeued {
+                        subscription, seq, ..
+                    } if *subscription == spec.name => Some(*seq),
+                    _ => None,
+                })
+                .collect();
+            seqs.sort();
+            seqs == [1, 2]
+        })
+        .await;
+        // Once: the originals are gone and, acknowledged, the copies too.
+        pending_is(q, &spec.name, 0).await;
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            let mut s = stream.clone();
+            let n = s.info().await.unwrap().state.messages;
+            if n == 0 {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{n} messages still stored after the requeued mail was answered"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        nothing_arrives(&mut rx).await;
+        a.detach().await;
+    }
+
+    #[tokio::test]
+    async fn mail_awaiting_its_acknowledgement_is_not_taken_for_stranded() {
+        let b = jetstream().await;
+        let q = &*b.queue;
+        let spec = ensure_seat(q, "inflight").await;
+        publish(q, &spec.subject, "held").await;
+        // A wedged holder keeps the delivery unacknowledged; a second
+        // attach (a successor's) looks for stranded mail and must leave it.
+        let (started_tx, mut started) = mpsc::unbounded_channel();
+        let wedged = handler_fn(move |d: Delivery| {
+            let started_tx = started_tx.clone();
+            async move {
+                let _ = started_tx.send(d.seq);
+                std::future::pending::<Disposition>().await
+            }
+        });
+        let first = q.attach(&spec.name, &[], wedged).await.unwrap();
+        assert_eq!(
+            tokio::time::timeout(WAIT, started.recv()).await.unwrap(),
+            Some(1)
+        );
+        let (h, mut rx) = recorder(|_| Disposition::Ack);
+        let second = q.attach(&spec.name, &[], h).await.unwrap();
+        nothing_arrives(&mut rx).await;
+        assert!(
+            !b.events
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|e| matches!(e, QueueEvent::Requeued { .. })),
+            "a delivery awaiting its acknowledgement was requeued"
+        );
+        second.detach().await;
+        first.abandon().await;
+    }
+}

@@ -6,7 +6,10 @@
 //! fetch); Defer hands the delivery back at once and quiesces; a message
 //! past its delivery budget, or one its handler calls poison, is
 //! dead-lettered visibly; a handler panic is caught and the delivery handed
-//! back. A handler still running when the attachment is detached is
+//! back. Mail a broker stranded (stored for the subscription but behind the
+//! point it says it delivered, awaiting no acknowledgement) is put back in
+//! line: at attach, after a fetch error, and every [`STRANDED_EVERY`].
+//! A handler still running when the attachment is detached is
 //! neither waited for nor abandoned: it finishes on its own task and
 //! settles what it took. A backend supplies only [`Source`] (fetch one) and [`Settle`]
 //! (ack / nak / dead-letter one). This loop never decides whether this node
@@ -36,6 +39,24 @@ pub trait Source: Send + Sync + 'static {
     /// Wait up to `wait` for one message; `None` when none came. Dropping
     /// the future before it returns must lose no message.
     async fn next(&self, wait: Duration) -> Result<Option<Fetched>, QueueError>;
+
+    /// Put back in line every message the broker stranded: stored for this
+    /// subscription, at or behind the point it says it delivered, while
+    /// no delivery awaits its acknowledgement. `None`: not now (a delivery
+    /// awaits its acknowledgement; ask again later). A backend whose
+    /// deliveries cannot strand has nothing to do.
+    async fn requeue_stranded(&self) -> Result<Option<Vec<Requeued>>, QueueError> {
+        Ok(Some(Vec::new()))
+    }
+}
+
+/// One stranded message put back in line: its copy at `new_seq`, the
+/// original at `seq` removed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Requeued {
+    pub subject: String,
+    pub seq: u64,
+    pub new_seq: u64,
 }
 
 /// Settle one fetched message.
@@ -79,6 +100,12 @@ pub struct Attachment {
 pub const FETCH_WAIT: Duration = Duration::from_secs(5);
 /// How long a coalescing fetch waits for one more waiting message.
 pub const COALESCE_WAIT: Duration = Duration::from_millis(10);
+/// How often an attached loop looks for stranded mail when nothing else
+/// made it look (it also looks at attach and after a fetch error).
+pub const STRANDED_EVERY: Duration = Duration::from_secs(30);
+/// After a fetch error, how long the loop lets acknowledgements already
+/// on their way land before it looks for stranded mail.
+pub const STRANDED_AFTER_ERROR: Duration = Duration::from_secs(2);
 
 impl Attachment {
     pub(crate) fn start(
@@ -218,13 +245,45 @@ async fn settle_or_log(what: &str, sub: &str, r: Result<(), QueueError>) {
     }
 }
 
+/// Look for stranded mail; when the next look is due.
+async fn look_for_stranded(l: &Loop) -> tokio::time::Instant {
+    let now = tokio::time::Instant::now();
+    match l.source.requeue_stranded().await {
+        Ok(Some(requeued)) => {
+            for r in requeued {
+                (l.events)(QueueEvent::Requeued {
+                    subscription: l.subscription.clone(),
+                    subject: r.subject,
+                    seq: r.seq,
+                    new_seq: r.new_seq,
+                });
+            }
+            now + STRANDED_EVERY
+        }
+        Ok(None) => now + STRANDED_AFTER_ERROR,
+        Err(e) => {
+            tracing::warn!(subscription = %l.subscription, error = %e, "cannot look for stranded mail; looking again soon");
+            now + STRANDED_AFTER_ERROR
+        }
+    }
+}
+
 async fn consume(l: Loop) {
     let mut gate = l.gate.subscribe();
     let mut backoff = Duration::from_millis(100);
+    // Due at once: mail stranded while nobody was attached is found at
+    // attach.
+    let mut stranded_due = tokio::time::Instant::now();
     loop {
         tokio::select! {
             _ = l.cancel.cancelled() => return,
             r = gate.wait_for(Gate::open) => if r.is_err() { return },
+        }
+        if tokio::time::Instant::now() >= stranded_due {
+            stranded_due = tokio::select! {
+                _ = l.cancel.cancelled() => return,
+                due = look_for_stranded(&l) => due,
+            };
         }
         let fetched = tokio::select! {
             _ = l.cancel.cancelled() => return,
@@ -238,6 +297,9 @@ async fn consume(l: Loop) {
             Ok(None) => continue,
             Err(e) => {
                 tracing::warn!(subscription = %l.subscription, error = %e, "fetch failed; retrying");
+                // A fetch error can be the broker changing leaders, which
+                // can strand mail behind the new leader's pointer.
+                stranded_due = stranded_due.min(tokio::time::Instant::now() + STRANDED_AFTER_ERROR);
                 tokio::select! {
                     _ = l.cancel.cancelled() => return,
                     _ = tokio::time::sleep(backoff) => {}

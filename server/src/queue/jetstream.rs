@@ -20,7 +20,7 @@ use async_nats::jetstream::{self as js, AckKind, ErrorCode};
 use bytes::Bytes;
 use futures::StreamExt;
 
-use super::attach::{Fetched, Settle, Source};
+use super::attach::{Fetched, Requeued, Settle, Source};
 use super::{
     Attachment, DeadLetter, DeadLetterReason, Delivery, EventSink, Handler, Queue, QueueError,
     SubscriptionInfo, SubscriptionSpec,
@@ -340,6 +340,7 @@ impl Queue for JetStreamQueue {
         .map_err(backend)?;
         let source = Arc::new(PullSource {
             consumer,
+            stream: self.agents.clone(),
             js: self.js.clone(),
             name: name.to_string(),
             timeout: self.settings.timeout,
@@ -369,6 +370,7 @@ impl Queue for JetStreamQueue {
 
 struct PullSource {
     consumer: js::consumer::Consumer<pull::Config>,
+    stream: stream::Stream,
     js: js::Context,
     name: String,
     timeout: Duration,
@@ -419,6 +421,138 @@ impl Source for PullSource {
             }),
         }))
     }
+
+    async fn requeue_stranded(&self) -> Result<Option<Vec<Requeued>>, QueueError> {
+        // A consumer leader that takes an acknowledgement for a delivery it
+        // never heard of moves its pointer past it, and every message its
+        // predecessor handed out before that is neither pending nor ever
+        // delivered again (NATS 2.9; nats-server PR #6469). On an interest
+        // stream such a message is still stored: this consumer is the only
+        // interest in its subject and has not acknowledged it.
+        let Some((floor, top, subject)) = self.quiet_range().await? else {
+            return Ok(None);
+        };
+        let mut found = Vec::new();
+        let mut from = floor + 1;
+        while from <= top && found.len() < STRANDED_BATCH {
+            let next = bounded(
+                self.timeout,
+                self.stream
+                    .raw_message_builder()
+                    .sequence(from)
+                    .next_by_subject(subject.clone())
+                    .send(),
+            )
+            .await?;
+            match next {
+                Ok(m) if m.sequence <= top => {
+                    from = m.sequence + 1;
+                    found.push(m);
+                }
+                Ok(_) => break,
+                Err(e) if raw_not_found(&e) => break,
+                Err(e) => return Err(backend(e)),
+            }
+        }
+        if found.is_empty() {
+            return Ok(Some(Vec::new()));
+        }
+        // An acknowledgement taken a moment ago may not have removed its
+        // message from every replica yet: look again after a moment, and
+        // requeue only what is still stored while nothing awaits an
+        // acknowledgement. (A requeued message that was in fact answered is
+        // skipped by the completion ledger: one wasted delivery, no effect.)
+        tokio::time::sleep(STRANDED_SETTLE).await;
+        if self.quiet_range().await?.is_none() {
+            return Ok(None);
+        }
+        let mut out = Vec::new();
+        for m in found {
+            match bounded(self.timeout, self.stream.get_raw_message(m.sequence)).await? {
+                Ok(_) => {}
+                Err(e) if raw_not_found(&e) => continue,
+                Err(e) => return Err(backend(e)),
+            }
+            let mut headers = HeaderMap::new();
+            for (k, values) in m.headers.iter() {
+                if k.as_ref() as &str == AsRef::<str>::as_ref(&async_nats::header::NATS_MESSAGE_ID)
+                {
+                    continue;
+                }
+                for v in values {
+                    headers.append(k.clone(), v.clone());
+                }
+            }
+            // A fresh id per original: a second look before the original
+            // is gone is deduplicated instead of queueing it twice.
+            let original_id = m
+                .headers
+                .get(async_nats::header::NATS_MESSAGE_ID)
+                .map(|v| v.to_string())
+                .unwrap_or_default();
+            headers.insert(
+                async_nats::header::NATS_MESSAGE_ID,
+                format!("{original_id}~requeued@{}", m.sequence).as_str(),
+            );
+            headers.insert("Crewlet-Requeued-From", m.sequence.to_string().as_str());
+            let ack = bounded(self.timeout, async {
+                self.js
+                    .publish_with_headers(m.subject.to_string(), headers, m.payload.clone())
+                    .await?
+                    .await
+            })
+            .await?
+            .map_err(backend)?;
+            match bounded(self.timeout, self.stream.delete_message(m.sequence)).await? {
+                Ok(_) => {}
+                // Gone already (acknowledged meanwhile): the copy is then
+                // a redelivery the completion ledger skips.
+                Err(e) if delete_not_found(&e) => {}
+                Err(e) => return Err(backend(e)),
+            }
+            out.push(Requeued {
+                subject: m.subject.to_string(),
+                seq: m.sequence,
+                new_seq: ack.sequence,
+            });
+        }
+        Ok(Some(out))
+    }
+}
+
+/// At most this many stranded messages are requeued per look.
+const STRANDED_BATCH: usize = 256;
+/// How long a look waits before it re-reads what it found stranded.
+const STRANDED_SETTLE: Duration = Duration::from_millis(500);
+
+impl PullSource {
+    /// The consumer's (ack floor, delivered, filter subject) when no
+    /// delivery awaits its acknowledgement; `None` otherwise.
+    async fn quiet_range(&self) -> Result<Option<(u64, u64, String)>, QueueError> {
+        let info = bounded(self.timeout, self.consumer.get_info())
+            .await?
+            .map_err(backend)?;
+        if info.num_ack_pending > 0 {
+            return Ok(None);
+        }
+        Ok(Some((
+            info.ack_floor.stream_sequence,
+            info.delivered.stream_sequence,
+            info.config.filter_subject.clone(),
+        )))
+    }
+}
+
+fn raw_not_found(e: &async_nats::jetstream::stream::RawMessageError) -> bool {
+    matches!(
+        e.kind(),
+        async_nats::jetstream::stream::RawMessageErrorKind::NoMessageFound
+    )
+}
+
+fn delete_not_found(e: &async_nats::jetstream::stream::DeleteMessageError) -> bool {
+    matches!(e.kind(), async_nats::jetstream::stream::DeleteMessageErrorKind::JetStream(j)
+        if j.error_code() == ErrorCode::NO_MESSAGE_FOUND)
 }
 
 struct PullSettle {

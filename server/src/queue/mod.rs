@@ -219,6 +219,14 @@ pub enum QueueEvent {
         seq: u64,
         reason: String,
     },
+    /// A message the broker stranded was put back in line: its copy is at
+    /// `new_seq`, the original at `seq` is gone.
+    Requeued {
+        subscription: String,
+        subject: String,
+        seq: u64,
+        new_seq: u64,
+    },
 }
 
 /// Where queue events go.
@@ -241,6 +249,12 @@ pub fn log_events() -> EventSink {
             reason,
             ..
         } => tracing::info!(%subscription, %reason, "delivery deferred"),
+        QueueEvent::Requeued {
+            subscription,
+            seq,
+            new_seq,
+            ..
+        } => tracing::warn!(%subscription, seq, new_seq, "stranded message requeued"),
     })
 }
 

@@ -106,6 +106,8 @@ pub struct SeatEngine {
     events: EventBus,
     company: watch::Receiver<Company>,
     presence: tokio::sync::Mutex<Option<Lease>>,
+    /// True once this incarnation's presence has been recorded.
+    presence_recorded: watch::Sender<bool>,
     early: Notify,
     tasks: Tasks,
     watchdog: Watchdog,
@@ -218,6 +220,7 @@ impl SeatEngine {
             events,
             company,
             presence: tokio::sync::Mutex::new(None),
+            presence_recorded: watch::Sender::new(false),
             early: Notify::new(),
             tasks,
             watchdog,
@@ -538,6 +541,7 @@ impl SeatEngine {
             {
                 Renewal::Renewed(l) => {
                     *presence = Some(l);
+                    self.presence_recorded.send_replace(true);
                     return;
                 }
                 Renewal::Lost => *presence = None,
@@ -555,7 +559,10 @@ impl SeatEngine {
         .with_protocol(self.cfg.protocol)
         .with_metadata(meta);
         match self.store.claim(req).await {
-            Ok(Claim::Won(l)) => *presence = Some(l),
+            Ok(Claim::Won(l)) => {
+                *presence = Some(l);
+                self.presence_recorded.send_replace(true);
+            }
             Ok(Claim::HeldBy(l)) => tracing::info!(
                 owner = %l.owner,
                 "this node id's presence is still held by an earlier incarnation; waiting for it to lapse"
@@ -591,6 +598,20 @@ impl SeatEngine {
     async fn sweep_loop(self: Arc<Self>) {
         let stamp = stamp_interval(self.watchdog.threshold()).min(self.cfg.sweep);
         let beat = self.watchdog.watch("sweep");
+        // The first pass waits (up to one heartbeat interval) for this
+        // node's presence to be recorded, without taking the presence lock:
+        // seats held by a node the roster does not list yet showed on
+        // Settings › Nodes as a draining node of protocol 0.
+        let mut recorded = self.presence_recorded.subscribe();
+        let until = Instant::now() + self.cfg.heartbeat;
+        while !*recorded.borrow_and_update() && Instant::now() < until {
+            beat.beat();
+            let _ = tokio::time::timeout(
+                stamp.min(until.saturating_duration_since(Instant::now())),
+                recorded.changed(),
+            )
+            .await;
+        }
         let mut next = Instant::now();
         let mut last_early: Option<Instant> = None;
         loop {

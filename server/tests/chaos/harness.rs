@@ -83,6 +83,9 @@ pub struct Outcome {
     pub dir: PathBuf,
     pub wall: Duration,
     pub memory_handoffs: usize,
+    /// Messages the broker stranded that a holder put back in line
+    /// (`message_requeued`).
+    pub requeued: usize,
 }
 
 /// State the background tasks share with the run.
@@ -1599,6 +1602,16 @@ pub async fn run(sched: Schedule, dir: PathBuf) -> Outcome {
         shared.bus_events.load(Ordering::Relaxed),
         history.events.len()
     ));
+    let requeued = history
+        .events
+        .iter()
+        .filter(|e| e.name == "message_requeued")
+        .count();
+    if requeued > 0 {
+        notes.push(format!(
+            "message_requeued seen {requeued} times (mail the broker stranded, put back in line)"
+        ));
+    }
     let blocked = history
         .events
         .iter()
@@ -1625,5 +1638,6 @@ pub async fn run(sched: Schedule, dir: PathBuf) -> Outcome {
         dir,
         wall: t0.elapsed(),
         memory_handoffs: handoffs,
+        requeued,
     }
 }

@@ -521,7 +521,7 @@ impl Source for PullSource {
 }
 
 /// At most this many stranded messages are requeued per look.
-const STRANDED_BATCH: usize = 256;
+const STRANDED_BATCH: usize = 4096;
 /// How long a look waits before it re-reads what it found stranded.
 const STRANDED_SETTLE: Duration = Duration::from_millis(500);
 

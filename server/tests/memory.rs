@@ -2,7 +2,8 @@
 //! in-process twin and on a real nats-server: a graceful move keeps every
 //! row, a crash loses at most one cycle, a duplicate episode collapses on
 //! the next replay, the vector rule holds both ways, the rowid-reuse bug
-//! stays fixed, and a hydration that fails refuses the seat.
+//! stays fixed, a hydration that fails refuses the seat, and a turn's
+//! reflection is written where the seat is held.
 
 mod support;
 
@@ -12,6 +13,7 @@ use std::time::Duration;
 use crewlet::events::{DetachReason, Event};
 use crewlet::memory::changelog::{self, Changelog, MemoryChangelog, NatsChangelog};
 use crewlet::memory::{Applied, MemoryStore, Table};
+use crewlet::queue::{reflect_group, reflect_subject};
 use support::turnfleet::*;
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -47,6 +49,8 @@ both!(
     a_carried_vector_fills_a_stale_one_and_a_stale_copy_never_erases_a_filled_one,
     deleting_the_newest_diary_note_and_writing_another_still_carries_the_new_one,
     a_hydration_that_fails_refuses_the_seat_and_a_peer_takes_it,
+    a_finished_turn_is_reflected_on_by_the_seats_holder_and_written_once,
+    a_reflection_wake_published_between_holders_is_written_by_the_next_holder,
 );
 
 /// Write one row of every kind for `seat`.
@@ -456,4 +460,148 @@ async fn a_cycle_publishes_only_what_is_new_and_an_idle_cycle_publishes_nothing(
         .unwrap();
     assert_eq!(a.turns.flush_memory(&held).await, 1);
     assert_eq!(a.changelog.replay("s0").await.unwrap().len(), 8);
+}
+
+/// How many of `seat`'s diary notes on node `n` read exactly `note`.
+async fn notes_reading(n: &Node, seat: &str, note: &str) -> usize {
+    n.turns
+        .memory()
+        .diary(seat, 1000)
+        .await
+        .unwrap()
+        .iter()
+        .filter(|d| d.content == note)
+        .count()
+}
+
+/// Seed § A seat's memory follows it: the node that ran a turn puts a
+/// `reflection_due` wake on `crewlet.agent.{handle}.reflect`, and the
+/// seat's holder runs the agent's reflection (for `echo`, a diary note
+/// summarising the turn) into its own store — once, even when the wake
+/// comes again (a byte-identical note collapses on write).
+async fn a_finished_turn_is_reflected_on_by_the_seats_holder_and_written_once(f: Fleet) {
+    let roles = [pinned("s0", "a"), pinned("s1", "b")];
+    let mut a = f.node("a", &roles).await;
+    let b = f.node("b", &roles).await;
+    f.until("a has s0 established", WAIT, || a.attached("s0"))
+        .await;
+    f.until("b has s1 established", WAIT, || b.attached("s1"))
+        .await;
+    a.publish("s0", &trigger("E1", serde_json::json!({}))).await;
+    f.until("the turn completes", WAIT, || !a.turns_of("E1").is_empty())
+        .await;
+    let done = a.matching(|e| match e {
+        Event::TurnCompleted {
+            seat,
+            turn_id,
+            work_key,
+            outcome,
+            ..
+        } if seat == "s0" && outcome == "completed" => Some((turn_id.clone(), work_key.clone())),
+        _ => None,
+    });
+    assert_eq!(done.len(), 1, "{done:?}");
+    let (turn_id, work_key) = done[0].clone();
+    let note = format!("reflection on turn {turn_id}: answered E1");
+    f.until_async("the holder writes the reflection", WAIT, || async {
+        notes_reading(&a, "s0", &note).await == 1
+    })
+    .await;
+    f.until_async("the reflect subject is drained", WAIT, || async {
+        a.queue.pending(&reflect_group("s0")).await.unwrap() == 0
+    })
+    .await;
+    let written: Vec<_> = a
+        .turns
+        .memory()
+        .diary("s0", 1000)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|d| d.content == note)
+        .collect();
+    assert_eq!(written.len(), 1, "written once");
+    assert_eq!(
+        written[0].work_key, work_key,
+        "the note is keyed on the turn's work"
+    );
+    // The same wake again (a redelivery): the note is not written twice.
+    let wake = serde_json::json!({
+        "type": "reflection_due",
+        "turn_id": turn_id,
+        "work_key": work_key,
+        "trigger_ids": ["E1"],
+    });
+    b.queue
+        .publish(
+            &reflect_subject("s0"),
+            None,
+            bytes::Bytes::from(wake.to_string()),
+        )
+        .await
+        .unwrap();
+    f.until_async("the copy is consumed", WAIT, || async {
+        a.queue.pending(&reflect_group("s0")).await.unwrap() == 0
+    })
+    .await;
+    assert_eq!(notes_reading(&a, "s0", &note).await, 1, "still once");
+    // Only the holder reflected: b, which holds another seat, has no
+    // memory of s0.
+    assert!(b.turns.memory().diary("s0", 10).await.unwrap().is_empty());
+    assert!(
+        a.queue.dead_letters(10).await.unwrap().is_empty(),
+        "no wake was dead-lettered"
+    );
+}
+
+/// Seed § A seat's memory follows it: a wake published while the seat is
+/// between holders waits on the subject, and the next holder (after
+/// hydrating the seat) writes the reflection into its own store.
+async fn a_reflection_wake_published_between_holders_is_written_by_the_next_holder(f: Fleet) {
+    let a = f.node("a", &[echo_role("s0")]).await;
+    f.until("a has s0 established", WAIT, || a.attached("s0"))
+        .await;
+    // a dies holding the seat: nobody consumes its reflect subject now.
+    a.engine.crash().await;
+    let (_, queue, _, _) = f.backends("x").await;
+    let wake = serde_json::json!({
+        "type": "reflection_due",
+        "turn_id": "t-between",
+        "work_key": "work-between",
+        "trigger_ids": ["W1"],
+    });
+    queue
+        .publish(
+            &reflect_subject("s0"),
+            Some("reflect-t-between"),
+            bytes::Bytes::from(wake.to_string()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        queue.pending(&reflect_group("s0")).await.unwrap(),
+        1,
+        "the wake waits on the subject"
+    );
+    let b = f.node("b", &[]).await;
+    f.until("b has s0 established", WAIT, || b.attached("s0"))
+        .await;
+    let note = "reflection on turn t-between: answered W1";
+    f.until_async("b writes the reflection", WAIT, || async {
+        notes_reading(&b, "s0", note).await == 1
+    })
+    .await;
+    f.until_async("the reflect subject is drained", WAIT, || async {
+        b.queue.pending(&reflect_group("s0")).await.unwrap() == 0
+    })
+    .await;
+    let written = b.turns.memory().diary("s0", 10).await.unwrap();
+    let ours: Vec<_> = written.iter().filter(|d| d.content == note).collect();
+    assert_eq!(ours.len(), 1, "{written:?}");
+    assert_eq!(ours[0].work_key.as_deref(), Some("work-between"));
+    assert_eq!(
+        notes_reading(&a, "s0", note).await,
+        0,
+        "the dead holder wrote nothing"
+    );
 }

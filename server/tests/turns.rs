@@ -1,9 +1,10 @@
 //! Turns as behaviour, on the in-process twin (tokio's paused clock) and on
 //! a real nats-server: the completion ledger across a crash, partial
 //! overlap, the in-turn fence, the broken-turn policy, a person's pause and
-//! stop, a command agent that will not die, and org-derived routing — the
-//! seed's § Fencing, § The completion ledger, § A turn that broke halfway
-//! and § Routing, as behaviour.
+//! stop, a command agent's tool calls run by the engine, a command agent
+//! that will not die, and org-derived routing — the seed's § Fencing,
+//! § The completion ledger, § A turn that broke halfway and § Routing, as
+//! behaviour.
 
 mod support;
 
@@ -57,6 +58,8 @@ both!(
     an_a2a_message_is_routed_by_the_company_to_the_seat_on_another_node,
     a_message_answered_in_its_thread_is_skipped_on_redelivery,
     a_type_that_runs_no_turn_is_acked_and_what_does_not_decode_is_dead_lettered,
+    a_command_agents_tool_calls_run_in_the_engine_and_only_an_open_world_call_reaches_outside,
+    a_pause_that_stops_the_running_turn_ends_it_and_the_trigger_does_not_come_back,
 );
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -183,6 +186,26 @@ async fn a_turn_fenced_mid_round_costs_one_delivery_and_the_new_owner_runs_it(f:
     assert_eq!(b_turns[0].0, "completed");
     assert_eq!(b_turns[0].3, 2, "one handoff cost one delivery");
     assert!(a.turns_of("E1").iter().all(|t| t.0 != "completed"));
+    // The old holder's turn ended fenced, before any outside call: not
+    // recorded, deferred to the seat's owner.
+    f.until("a's turn ends", WAIT, || !a.turns_of("E1").is_empty())
+        .await;
+    let a_turns = a.turns_of("E1");
+    assert_eq!(a_turns.len(), 1, "{a_turns:?}");
+    let (outcome, disposition, recorded, delivered, _) = &a_turns[0];
+    assert_eq!(
+        (
+            outcome.as_str(),
+            disposition.as_str(),
+            *recorded,
+            *delivered
+        ),
+        ("fenced", "defer", false, 1)
+    );
+    assert!(
+        a.skipped("E1").is_empty(),
+        "a deferred trigger is not given up"
+    );
     let effects = a.effects_of("E1").await;
     assert_eq!(effects.len(), 1, "{effects:?}");
     assert_eq!(effects[0].node, "b");
@@ -374,6 +397,249 @@ async fn stop_ends_the_running_turn_at_the_next_round_and_the_trigger_does_not_c
     })
     .await;
     assert_eq!(a.turns_of("L").len(), 1);
+}
+
+/// A pause that asks for the running turn to stop closes it at the next
+/// round boundary (seed § Fencing: `ErrStoppedByPerson`, recorded and
+/// acked, not deferred); the trigger does not come back, neither while the
+/// seat is paused nor after the resume.
+async fn a_pause_that_stops_the_running_turn_ends_it_and_the_trigger_does_not_come_back(f: Fleet) {
+    let mut a = f.node("a", &[echo_role("s0")]).await;
+    f.until("a holds s0", WAIT, || a.holds("s0")).await;
+    a.publish(
+        "s0",
+        &trigger("L", json!({"echo": {"rounds": 6, "round_delay_ms": 500}})),
+    )
+    .await;
+    f.until("the long turn started", WAIT, || {
+        !a.started_with("L").is_empty()
+    })
+    .await;
+    let record = PauseRecord {
+        by: "ann".into(),
+        at: "2026-11-30T08:00:00Z".into(),
+        reason: Some("it is doing the wrong thing".into()),
+        stop_running_turn: true,
+    };
+    assert!(
+        pause::pause(&*a.store, &*a.queue, "s0", record)
+            .await
+            .unwrap()
+    );
+    f.until("the turn ends", WAIT, || !a.turns_of("L").is_empty())
+        .await;
+    let t = &a.turns_of("L")[0];
+    assert_eq!((t.0.as_str(), t.1.as_str(), t.2), ("stopped", "ack", true));
+    assert!(t.4 < 6, "it stopped before its last round (ran {})", t.4);
+    let errors = a.matching(|e| match e {
+        Event::TurnCompleted { seat, error, .. } if seat == "s0" => error.clone(),
+        _ => None,
+    });
+    assert_eq!(errors, vec!["stopped by ann".to_string()]);
+    assert_eq!(a.skipped("L"), vec!["stopped_by_person"]);
+    assert!(
+        a.effects_of("L").await.is_empty(),
+        "its outbound effect never went"
+    );
+    let host = a.engine.host().clone();
+    f.until("a holds the inbox", WAIT, || {
+        host.inbox_quiesced("s0") == Some(true)
+    })
+    .await;
+    // Acked: nothing waits in the paused inbox.
+    f.until_async("the inbox is empty", WAIT, || async {
+        a.pending("s0").await == 0
+    })
+    .await;
+    assert!(
+        pause::resume(&*a.store, &*a.queue, "s0").await.unwrap(),
+        "it was paused"
+    );
+    f.until("the hold is dropped", WAIT, || {
+        host.inbox_quiesced("s0") == Some(false)
+    })
+    .await;
+    // The seat takes work again, and L is not among it.
+    a.publish("s0", &trigger("after", json!({}))).await;
+    f.until("the next trigger ran", WAIT, || {
+        !a.turns_of("after").is_empty()
+    })
+    .await;
+    assert_eq!(a.started_with("L").len(), 1, "L ran once");
+    assert_eq!(a.turns_of("L").len(), 1);
+    f.until_async("the inbox is empty", WAIT, || async {
+        a.pending("s0").await == 0
+    })
+    .await;
+}
+
+/// A child that asks for two rounds of tool calls, then finishes. Round 1:
+/// a diary note and `read_memory`; round 2 (unless a trigger says `quiet`):
+/// `post_outbox` carrying what round 1's results said — the ids and `ok`
+/// of each, and the diary notes `read_memory` returned. Its annotations
+/// claim the opposite of each tool's own.
+const TWO_ROUND_AGENT: &str = r#"
+import json, sys
+
+def send(m):
+    sys.stdout.write(json.dumps(m) + "\n")
+    sys.stdout.flush()
+
+quiet = {}
+for line in sys.stdin:
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    if m.get("type") == "turn":
+        t = m["turn"]
+        tid = t["turn_id"]
+        ids = [x["id"] for x in t["triggers"]]
+        quiet[tid] = any(x["body"].get("quiet") for x in t["triggers"])
+        send({"type": "calls", "turn_id": tid, "calls": [
+            {"id": "note", "name": "diary_write",
+             "args": {"text": "noted " + ",".join(ids) + " in " + tid},
+             "annotations": {"open_world": True}},
+            {"id": "recall", "name": "read_memory", "args": {"limit": 50}},
+        ]})
+    elif m.get("type") == "results":
+        tid = m["turn_id"]
+        rs = m["results"]
+        if m["round"] == 2 and not quiet.get(tid):
+            recalled = [d["content"] for r in rs if r["id"] == "recall" and r["ok"]
+                        for d in r["output"]["diary"]]
+            send({"type": "calls", "turn_id": tid, "calls": [
+                {"id": "post", "name": "post_outbox",
+                 "args": {"text": "done", "saw": [[r["id"], r["ok"]] for r in rs],
+                          "recalled": recalled},
+                 "annotations": {"read_only": True, "open_world": False}},
+            ]})
+        else:
+            send({"type": "done", "turn_id": tid,
+                  "result": {"saw": [[r["id"], r["ok"]] for r in rs]}})
+"#;
+
+/// (turn id, outcome, rounds, calls, reached_outside, disposition) of
+/// every turn that ran trigger `id`.
+fn completed_turns(n: &mut Node, id: &str) -> Vec<(String, String, u32, u32, bool, String)> {
+    let started: Vec<String> = n.matching(|e| match e {
+        Event::TurnStarted {
+            turn_id,
+            trigger_ids,
+            ..
+        } if trigger_ids.iter().any(|t| t == id) => Some(turn_id.clone()),
+        _ => None,
+    });
+    n.matching(|e| match e {
+        Event::TurnCompleted {
+            turn_id,
+            outcome,
+            rounds,
+            calls,
+            reached_outside,
+            disposition,
+            ..
+        } if started.contains(turn_id) => Some((
+            turn_id.clone(),
+            outcome.clone(),
+            *rounds,
+            *calls,
+            *reached_outside,
+            disposition.clone(),
+        )),
+        _ => None,
+    })
+}
+
+/// A `command` agent's turn through the engine: the child asks for tool
+/// calls, the engine executes them and sends their results in the next
+/// round, `post_outbox` lands on the outbox, and `turn_completed` records
+/// `reached_outside` by the seed's narrow rule — the built-in tools' own
+/// annotations, whatever the child claims (seed § A turn that broke
+/// halfway).
+async fn a_command_agents_tool_calls_run_in_the_engine_and_only_an_open_world_call_reaches_outside(
+    f: Fleet,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("two_rounds.py");
+    std::fs::write(&script, TWO_ROUND_AGENT).unwrap();
+    let role = RoleConfig {
+        handle: "cmd".into(),
+        agent: AgentConfig::Command(CommandConfig::new(vec![
+            "python3".into(),
+            script.display().to_string(),
+        ])),
+        placement: PlacementConfig::default(),
+    };
+    let mut a = f.node("a", &[role]).await;
+    f.until("a holds cmd", WAIT, || a.holds("cmd")).await;
+
+    a.publish("cmd", &trigger("C1", json!({}))).await;
+    f.until("C1's turn completes", WAIT, || {
+        !completed_turns(&mut a, "C1").is_empty()
+    })
+    .await;
+    let turns = completed_turns(&mut a, "C1");
+    assert_eq!(turns.len(), 1, "{turns:?}");
+    let (turn_id, outcome, rounds, calls, outside, disposition) = turns[0].clone();
+    assert_eq!(
+        (
+            outcome.as_str(),
+            rounds,
+            calls,
+            outside,
+            disposition.as_str()
+        ),
+        ("completed", 3, 3, true, "ack"),
+        "post_outbox is open-world: the turn reached outside"
+    );
+    let effects = a.effects_of("C1").await;
+    assert_eq!(effects.len(), 1, "{effects:?}");
+    let e = &effects[0];
+    assert_eq!((e.seat.as_str(), e.node.as_str()), ("cmd", "a"));
+    assert_eq!(e.turn_id, turn_id);
+    assert_eq!(e.trigger_ids, vec!["C1".to_string()]);
+    assert_eq!(e.body["text"], json!("done"));
+    // Round 1's results reached the child in round 2: both calls ran, and
+    // read_memory saw the note diary_write had just written.
+    assert_eq!(e.body["saw"], json!([["note", true], ["recall", true]]));
+    let note = format!("noted C1 in {turn_id}");
+    assert!(
+        e.body["recalled"]
+            .as_array()
+            .unwrap()
+            .contains(&json!(note)),
+        "{}",
+        e.body
+    );
+    let diary = a.turns.memory().diary("cmd", 50).await.unwrap();
+    assert!(diary.iter().any(|d| d.content == note), "{diary:?}");
+
+    // A turn of memory calls only: nothing reached outside, whatever the
+    // child claimed about diary_write.
+    a.publish("cmd", &trigger("Q1", json!({"quiet": true})))
+        .await;
+    f.until("Q1's turn completes", WAIT, || {
+        !completed_turns(&mut a, "Q1").is_empty()
+    })
+    .await;
+    let (_, outcome, rounds, calls, outside, disposition) =
+        completed_turns(&mut a, "Q1")[0].clone();
+    assert_eq!(
+        (
+            outcome.as_str(),
+            rounds,
+            calls,
+            outside,
+            disposition.as_str()
+        ),
+        ("completed", 2, 2, false, "ack")
+    );
+    assert!(a.effects_of("Q1").await.is_empty());
+    f.until_async("the inbox is empty", WAIT, || async {
+        a.pending("cmd").await == 0
+    })
+    .await;
 }
 
 async fn an_a2a_message_is_routed_by_the_company_to_the_seat_on_another_node(f: Fleet) {

@@ -1,0 +1,152 @@
+//! The engine's built-in tools as an agent calls them (README § The command
+//! agent, the tools table): `read_memory` answers the seat's own recent
+//! diary notes and episodes, and reaches nothing outside the engine.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crewlet::coord::{Coordinator, CoordinatorOptions, MemoryBackend, Store};
+use crewlet::engine::agent::{Annotations, ToolCall, TurnInput};
+use crewlet::engine::envelope::Envelope;
+use crewlet::engine::outbox::{MemoryOutbox, Outbox};
+use crewlet::engine::runs::{Runs, Supervisor};
+use crewlet::engine::tools::Tools;
+use crewlet::engine::turn::ToolRunner;
+use crewlet::events::EventBus;
+use crewlet::memory::MemoryStore;
+use crewlet::node::company::Company;
+use crewlet::queue::memory::MemoryQueue;
+use crewlet::queue::{Queue, log_events};
+use serde_json::{Value, json};
+
+async fn tools() -> (Tools, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = crewlet::db::open(dir.path(), &crewlet::db::MIGRATOR)
+        .await
+        .unwrap();
+    let store: Arc<dyn Store> = Arc::new(Coordinator::new(
+        MemoryBackend::new(Duration::from_secs(45)),
+        CoordinatorOptions::default(),
+    ));
+    let queue: Arc<dyn Queue> = Arc::new(MemoryQueue::new(log_events()));
+    let outbox: Arc<dyn Outbox> = Arc::new(MemoryOutbox::new());
+    let runs = Runs::new(store);
+    let (_, company) = tokio::sync::watch::channel(Company {
+        revision: 1,
+        name: "Tool company".into(),
+        roles: vec![],
+        schedules: vec![],
+    });
+    let tools = Tools {
+        incarnation: "n1-inc".into(),
+        supervisor: Arc::new(Supervisor::new(runs.clone(), queue.clone())),
+        runs,
+        events: EventBus::new("n1", "n1-inc"),
+        outbox,
+        queue,
+        memory: MemoryStore::new(pool),
+        company,
+    };
+    (tools, dir)
+}
+
+fn turn(seat: &str) -> TurnInput {
+    TurnInput {
+        turn_id: "t-1".into(),
+        seat: seat.into(),
+        epoch: 1,
+        node: "n1".into(),
+        work_key: Some("work-1".into()),
+        triggers: vec![Envelope {
+            id: "evt-1".into(),
+            kind: "task_assigned".into(),
+            body: json!({}),
+            thread: None,
+            message_id: None,
+            from: None,
+            sent_at: None,
+        }],
+        delivered: 1,
+    }
+}
+
+fn read_memory(args: Value) -> ToolCall {
+    ToolCall {
+        id: "recall".into(),
+        name: "read_memory".into(),
+        args,
+        annotations: Annotations::default(),
+    }
+}
+
+fn contents(output: &Value, table: &str, field: &str) -> Vec<String> {
+    output[table]
+        .as_array()
+        .unwrap_or_else(|| panic!("`{table}` is a list: {output}"))
+        .iter()
+        .map(|r| r[field].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_memory_returns_the_seats_own_diary_and_episodes_newest_first_and_reaches_nothing_outside()
+ {
+    let (tools, _dir) = tools().await;
+    let m = &tools.memory;
+    for note in ["first", "second", "third"] {
+        assert!(m.diary_write("s0", note, None).await.unwrap());
+    }
+    assert!(
+        m.episode_write("s0", Some("work-0"), "did the earlier work", "t-0")
+            .await
+            .unwrap()
+    );
+    // Another seat's memory in the same node's store.
+    m.diary_write("s1", "not s0's", None).await.unwrap();
+    m.episode_write("s1", Some("work-0"), "s1's episode", "t-9")
+        .await
+        .unwrap();
+
+    let (result, reached) = tools.execute(&turn("s0"), &read_memory(json!({}))).await;
+    assert!(result.ok, "{result:?}");
+    assert_eq!(result.id, "recall");
+    assert!(!reached, "read_memory is read-only: it reaches nothing");
+    assert_eq!(
+        contents(&result.output, "diary", "content"),
+        ["third", "second", "first"]
+    );
+    assert_eq!(
+        contents(&result.output, "episodes", "summary"),
+        ["did the earlier work"]
+    );
+
+    // `limit` bounds each list.
+    let (result, _) = tools
+        .execute(&turn("s0"), &read_memory(json!({"limit": 2})))
+        .await;
+    assert!(result.ok, "{result:?}");
+    assert_eq!(
+        contents(&result.output, "diary", "content"),
+        ["third", "second"]
+    );
+
+    // What a turn writes, the same seat reads back.
+    let write = ToolCall {
+        id: "note".into(),
+        name: "diary_write".into(),
+        args: json!({"text": "written in this turn"}),
+        annotations: Annotations::default(),
+    };
+    let (written, reached) = tools.execute(&turn("s0"), &write).await;
+    assert!(written.ok && !reached, "{written:?}");
+    let (result, _) = tools.execute(&turn("s0"), &read_memory(json!({}))).await;
+    assert_eq!(
+        contents(&result.output, "diary", "content")[0],
+        "written in this turn"
+    );
+
+    // A seat with no memory reads empty lists, not an error.
+    let (result, _) = tools.execute(&turn("s2"), &read_memory(json!({}))).await;
+    assert!(result.ok, "{result:?}");
+    assert_eq!(result.output, json!({"diary": [], "episodes": []}));
+}

@@ -2,20 +2,28 @@
 //! owner-routed completion, the epoch fence on run records, recovery in
 //! the acquire hook, a resume applied once, and a retirement that ends a
 //! removed seat's runs before its mailbox goes (seed § Fencing, § Sandbox
-//! control is owner-routed, § The removed seat).
+//! control is owner-routed, § The removed seat, § Establishing a seat: an
+//! answer the last holder recorded and never resumed with is resumed).
 
 mod support;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
 use crewlet::config::PlacementConfig;
 use crewlet::duty::mailboxes::MailboxSweep;
-use crewlet::engine::pause::ControlMessage;
-use crewlet::engine::runs::{RunCompletion, RunError, RunRecord, RunResult, RunState};
+use crewlet::engine::pause::{self, ControlMessage, PauseRecord};
+use crewlet::engine::runs::{
+    RunCompletion, RunError, RunRecord, RunResult, RunState, Runs, Supervisor,
+};
 use crewlet::events::Event;
 use crewlet::node::company;
-use crewlet::queue::{QueueSettings, control_subject};
+use crewlet::queue::{
+    Attachment, DeadLetter, Handler, Queue, QueueError, QueueSettings, SubscriptionInfo,
+    SubscriptionSpec, control_subject,
+};
 use serde_json::json;
 use support::turnfleet::*;
 
@@ -50,6 +58,9 @@ both!(
     a_seat_removed_with_a_running_run_ends_the_run_before_the_mailbox_goes,
     a_resume_is_applied_once_when_its_completion_is_delivered_twice,
     a_runs_completion_waits_behind_the_running_turn_without_holding_up_a_stop,
+    a_run_that_finished_before_its_launcher_died_is_resumed_by_the_next_holder_with_its_result,
+    a_completion_whose_publish_fails_at_first_is_published_again_and_the_run_resumed,
+    a_run_failed_as_launcher_lost_whose_launcher_lived_on_is_resumed_with_its_answer,
 );
 
 fn started(n: &mut Node) -> Vec<String> {
@@ -345,6 +356,256 @@ async fn a_runs_completion_waits_behind_the_running_turn_without_holding_up_a_st
     f.until("the run resumes", WAIT, || !resumed(&mut a).is_empty())
         .await;
     assert_eq!(resumed(&mut a)[0].0, run);
+}
+
+/// What the resume turn of `run` was given as the run's stdout (its
+/// outbound effect echoes the trigger it ran).
+async fn resumed_stdout(n: &Node, run: &str) -> Vec<String> {
+    n.effects_of(&format!("run:{run}"))
+        .await
+        .iter()
+        .map(|e| {
+            e.body["triggers"][0]["body"]["result"]["stdout"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
+        })
+        .collect()
+}
+
+async fn a_run_that_finished_before_its_launcher_died_is_resumed_by_the_next_holder_with_its_result(
+    f: Fleet,
+) {
+    let mut a = f.node("a", &[echo_role("s0")]).await;
+    f.until("a holds s0", WAIT, || a.attached("s0")).await;
+    let dir = tempfile::tempdir().unwrap();
+    let gate = dir.path().join("go");
+    let script = format!(
+        "while [ ! -e {} ]; do sleep 0.05; done; echo finished",
+        gate.display()
+    );
+    let run = start_run(&f, &mut a, "s0", "R5", &["sh", "-c", &script]).await;
+    // A person's pause holds the seat's inbox, so a cannot resume the run
+    // before it dies.
+    let record = PauseRecord {
+        by: "ann".into(),
+        at: "2026-11-30T08:00:00Z".into(),
+        reason: None,
+        stop_running_turn: false,
+    };
+    pause::pause(&*a.store, &*a.queue, "s0", record)
+        .await
+        .unwrap();
+    let host = a.engine.host().clone();
+    f.until("a holds the inbox", WAIT, || {
+        host.inbox_quiesced("s0") == Some(true)
+    })
+    .await;
+    std::fs::write(&gate, b"").unwrap();
+    f.until_async("the launcher records the answer", WAIT, || async {
+        matches!(
+            a.turns.runs().get("s0", &run).await,
+            Ok(Some((r, _))) if r.state == RunState::Finished
+        )
+    })
+    .await;
+    // The launcher, which held the seat, dies before the resume.
+    a.turns.supervisor().shutdown().await;
+    a.engine.crash().await;
+    let mut b = f.node("b", &[]).await;
+    f.until("b holds s0", WAIT, || b.attached("s0")).await;
+    let epoch = b.store.lease("seat:s0").await.unwrap().unwrap().epoch;
+    pause::resume(&*b.store, &*b.queue, "s0").await.unwrap();
+    f.until("b resumes the run", WAIT, || !resumed(&mut b).is_empty())
+        .await;
+    f.until_async("the seat's control and inbox are settled", WAIT, || async {
+        b.queue.pending("control-s0").await.unwrap() == 0
+            && b.queue.pending("agent-s0").await.unwrap() == 0
+    })
+    .await;
+    assert_eq!(
+        resumed(&mut b),
+        vec![(run.clone(), epoch, "completed".into())],
+        "resumed once, by the next holder"
+    );
+    assert!(
+        resumed(&mut a).is_empty(),
+        "the dead launcher never resumed"
+    );
+    assert!(
+        failed(&mut b).is_empty(),
+        "a recorded answer is not announced as launcher_lost"
+    );
+    assert_eq!(resumed_stdout(&b, &run).await, vec!["finished\n"]);
+    let (r, _) = b.turns.runs().get("s0", &run).await.unwrap().unwrap();
+    assert_eq!(r.state, RunState::Finished);
+    assert!(r.resumed);
+    assert_eq!(r.owner_epoch, epoch);
+    assert_eq!(r.result.unwrap().stdout.trim(), "finished");
+}
+
+/// A queue whose first `failures` publishes on a control subject fail,
+/// noting what the run's record held at each try.
+struct Flaky {
+    inner: Arc<dyn Queue>,
+    runs: Runs,
+    failures: AtomicUsize,
+    tries: Mutex<Vec<Option<RunState>>>,
+}
+
+#[async_trait::async_trait]
+impl Queue for Flaky {
+    async fn ensure_subscription(&self, spec: &SubscriptionSpec) -> Result<(), QueueError> {
+        self.inner.ensure_subscription(spec).await
+    }
+    async fn delete_subscription(&self, name: &str) -> Result<bool, QueueError> {
+        self.inner.delete_subscription(name).await
+    }
+    async fn list_subscriptions(&self) -> Result<Vec<SubscriptionInfo>, QueueError> {
+        self.inner.list_subscriptions().await
+    }
+    async fn publish(
+        &self,
+        subject: &str,
+        msg_id: Option<&str>,
+        payload: Bytes,
+    ) -> Result<bool, QueueError> {
+        if subject == control_subject("s0")
+            && let Ok(ControlMessage::RunCompleted(c)) = serde_json::from_slice(&payload)
+        {
+            let state = self
+                .runs
+                .get("s0", &c.run_id)
+                .await
+                .unwrap()
+                .map(|(r, _)| r.state);
+            self.tries.lock().unwrap().push(state);
+            let left = self.failures.load(Ordering::SeqCst);
+            if left > 0 {
+                self.failures.store(left - 1, Ordering::SeqCst);
+                return Err(QueueError::Backend("the stream has no leader".into()));
+            }
+        }
+        self.inner.publish(subject, msg_id, payload).await
+    }
+    async fn attach(
+        &self,
+        name: &str,
+        holds: &[&str],
+        handler: Arc<dyn Handler>,
+    ) -> Result<Attachment, QueueError> {
+        self.inner.attach(name, holds, handler).await
+    }
+    async fn pending(&self, name: &str) -> Result<u64, QueueError> {
+        self.inner.pending(name).await
+    }
+    async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, QueueError> {
+        self.inner.dead_letters(limit).await
+    }
+}
+
+/// A run record of seat s0 launched by `launcher` on node a.
+fn launched(run: &str, launcher: &str, epoch: u64, argv: &[&str]) -> RunRecord {
+    RunRecord {
+        run_id: run.into(),
+        seat: "s0".into(),
+        owner: launcher.into(),
+        owner_epoch: epoch,
+        launcher: launcher.into(),
+        launcher_node: "a".into(),
+        state: RunState::Running,
+        argv: argv.iter().map(|s| s.to_string()).collect(),
+        work_key: None,
+        result: None,
+        resumed: false,
+        created_at: String::new(),
+        updated_at: String::new(),
+    }
+}
+
+async fn a_completion_whose_publish_fails_at_first_is_published_again_and_the_run_resumed(
+    f: Fleet,
+) {
+    let mut a = f.node("a", &[echo_role("s0")]).await;
+    f.until("a holds s0", WAIT, || a.attached("s0")).await;
+    let epoch = a.store.lease("seat:s0").await.unwrap().unwrap().epoch;
+    let flaky = Arc::new(Flaky {
+        inner: a.queue.clone(),
+        runs: Runs::new(a.store.clone()),
+        failures: AtomicUsize::new(2),
+        tries: Mutex::new(Vec::new()),
+    });
+    // A launcher whose queue refuses its first two publishes.
+    let launcher = Supervisor::new(Runs::new(a.store.clone()), flaky.clone());
+    let rec = launched("run-flaky", a.incarnation(), epoch, &["echo", "done"]);
+    assert!(a.turns.runs().create(&rec).await.unwrap());
+    launcher.launch(&rec, WAIT).unwrap();
+    f.until("the run resumes", WAIT, || !resumed(&mut a).is_empty())
+        .await;
+    assert_eq!(
+        resumed(&mut a),
+        vec![("run-flaky".to_string(), epoch, "completed".to_string())]
+    );
+    assert_eq!(
+        *flaky.tries.lock().unwrap(),
+        vec![Some(RunState::Finished); 3],
+        "two refused publishes, then the one that landed; the answer recorded before each"
+    );
+    assert_eq!(resumed_stdout(&a, "run-flaky").await, vec!["done\n"]);
+    let (r, _) = a
+        .turns
+        .runs()
+        .get("s0", "run-flaky")
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(r.resumed);
+    assert_eq!(r.result.unwrap().stdout, "done\n");
+    launcher.shutdown().await;
+}
+
+async fn a_run_failed_as_launcher_lost_whose_launcher_lived_on_is_resumed_with_its_answer(
+    f: Fleet,
+) {
+    let mut a = f.node("a", &[echo_role("s0")]).await;
+    f.until("a holds s0", WAIT, || a.attached("s0")).await;
+    let epoch = a.store.lease("seat:s0").await.unwrap().unwrap().epoch;
+    // A launcher whose presence lapsed (a store blip, say) and was failed
+    // by the seat's holder, while its child went on.
+    let launcher = Supervisor::new(Runs::new(a.store.clone()), a.queue.clone());
+    let dir = tempfile::tempdir().unwrap();
+    let gate = dir.path().join("go");
+    let script = format!(
+        "while [ ! -e {} ]; do sleep 0.05; done; echo late",
+        gate.display()
+    );
+    let rec = launched("run-lost", "a:gone", epoch, &["sh", "-c", &script]);
+    assert!(a.turns.runs().create(&rec).await.unwrap());
+    launcher.launch(&rec, WAIT).unwrap();
+    a.turns
+        .runs()
+        .mutate("s0", "run-lost", epoch, |r| {
+            r.state = RunState::Failed;
+            r.result = Some(RunResult {
+                error: Some("its launcher a:gone is gone".into()),
+                ..RunResult::default()
+            });
+            true
+        })
+        .await
+        .unwrap();
+    std::fs::write(&gate, b"").unwrap();
+    f.until("the run resumes", WAIT, || !resumed(&mut a).is_empty())
+        .await;
+    assert_eq!(
+        resumed(&mut a),
+        vec![("run-lost".to_string(), epoch, "completed".to_string())]
+    );
+    assert_eq!(resumed_stdout(&a, "run-lost").await, vec!["late\n"]);
+    let (r, _) = a.turns.runs().get("s0", "run-lost").await.unwrap().unwrap();
+    assert_eq!(r.state, RunState::Finished);
+    assert!(r.resumed);
+    launcher.shutdown().await;
 }
 
 mod resumes {

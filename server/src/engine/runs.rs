@@ -6,14 +6,19 @@
 //! A run's record lives in the coordination store (`crewlet_runs`, key
 //! `run:{seat}:{run id}`): who owns it and under which epoch
 //! (`owner_epoch`), which process launched it, its state and result. Every
-//! mutation of a live record is a compare-and-set refused when the
-//! record's `owner_epoch` outranks the writer's epoch ([`may_write`]), so a
-//! zombie's late write bounces. The completion is owner-routed: the
-//! launcher publishes it on the seat's control subject
-//! (`crewlet.agent.{handle}.control`), and the holder's control
-//! subscription resumes the run with a new turn; the resume flips the
-//! record at most once. The [`Supervisor`] owns the children this node
-//! launched, and kills one whose record was ended or deleted.
+//! mutation a seat's holder makes to a live record is a compare-and-set
+//! refused when the record's `owner_epoch` outranks the writer's epoch
+//! ([`may_write`]), so a zombie's late write bounces; the launcher's one
+//! write, the answer, is fenced on the launcher instead
+//! ([`Runs::record_answer`]). When the command finishes, its launcher
+//! records the answer (`finished`, with the result) in the record, then
+//! publishes the completion on the seat's control subject
+//! (`crewlet.agent.{handle}.control`), retrying each until it lands; the
+//! holder's control subscription resumes the run with a new turn, and the
+//! resume flips the record at most once. A recorded answer outlives its
+//! launcher: the seat's next holder resumes it. The [`Supervisor`] owns the
+//! children this node launched, and kills one whose record was ended or
+//! deleted.
 
 use std::collections::HashMap;
 use std::process::Stdio;
@@ -104,6 +109,16 @@ pub enum RunError {
     Store(String),
 }
 
+/// What the launcher's record of its run's answer came to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Answer {
+    /// The record holds the answer, waiting for its resume.
+    Recorded,
+    /// Nothing waits for it: the record is gone, ended, already resumed,
+    /// or another launcher's.
+    Unwanted,
+}
+
 fn key(seat: &str, run_id: &str) -> String {
     format!("run:{seat}:{run_id}")
 }
@@ -179,17 +194,70 @@ impl Runs {
         epoch: u64,
         f: impl Fn(&mut RunRecord) -> bool,
     ) -> Result<RunRecord, RunError> {
-        for _ in 0..8 {
-            let Some((mut r, rev)) = self.get(seat, run_id).await? else {
-                return Err(RunError::NotFound(run_id.to_string()));
-            };
+        self.cas(seat, run_id, |r| {
             if !may_write(r.owner_epoch, epoch) {
                 return Err(RunError::Fenced {
                     record: r.owner_epoch,
                     writer: epoch,
                 });
             }
-            if !f(&mut r) {
+            Ok(f(r))
+        })
+        .await
+    }
+
+    /// The launcher records what its child did: the record becomes
+    /// `finished` with `result`, waiting for a resume. Written as the
+    /// launcher, not as an owner: it is refused unless `launcher` launched
+    /// this record's run, and it never touches `owner` or `owner_epoch`
+    /// (the owner's fence stays whole; the resume is what a holder's epoch
+    /// fences). A record a new holder failed as `launcher_lost` takes the
+    /// answer all the same — the launcher was not lost after all.
+    pub async fn record_answer(
+        &self,
+        seat: &str,
+        run_id: &str,
+        launcher: &str,
+        result: &RunResult,
+    ) -> Result<Answer, RunError> {
+        let answer = std::sync::Mutex::new(Answer::Recorded);
+        let set = |a: Answer| *answer.lock().unwrap_or_else(|e| e.into_inner()) = a;
+        let r = self
+            .cas(seat, run_id, |r| {
+                if r.launcher != launcher || r.state == RunState::Ended || r.resumed {
+                    set(Answer::Unwanted);
+                    return Ok(false);
+                }
+                set(Answer::Recorded);
+                if r.state == RunState::Finished {
+                    // This launcher's earlier write landed; its reply did not.
+                    return Ok(false);
+                }
+                r.state = RunState::Finished;
+                r.result = Some(result.clone());
+                Ok(true)
+            })
+            .await;
+        match r {
+            Ok(_) => Ok(*answer.lock().unwrap_or_else(|e| e.into_inner())),
+            Err(RunError::NotFound(_)) => Ok(Answer::Unwanted),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The compare-and-set under every change: `f` checks the record (an
+    /// `Err` refuses the write) and edits it (`false` leaves it as it is).
+    async fn cas(
+        &self,
+        seat: &str,
+        run_id: &str,
+        f: impl Fn(&mut RunRecord) -> Result<bool, RunError>,
+    ) -> Result<RunRecord, RunError> {
+        for _ in 0..8 {
+            let Some((mut r, rev)) = self.get(seat, run_id).await? else {
+                return Err(RunError::NotFound(run_id.to_string()));
+            };
+            if !f(&mut r)? {
                 return Ok(r);
             }
             r.updated_at = crate::audit::now_rfc3339();
@@ -240,6 +308,92 @@ pub struct RunCompletion {
     pub result: RunResult,
 }
 
+/// The first wait before a launcher tries again to record an answer or
+/// publish a completion; it doubles up to [`RETRY_MAX`].
+pub const RETRY_FIRST: Duration = Duration::from_millis(200);
+/// The longest wait between a launcher's tries.
+pub const RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// Wait out one backoff step; `false` when the supervisor stops first.
+async fn backoff(stop: &CancellationToken, wait: &mut Duration) -> bool {
+    tokio::select! {
+        _ = stop.cancelled() => false,
+        _ = tokio::time::sleep(*wait) => {
+            *wait = (*wait * 2).min(RETRY_MAX);
+            true
+        }
+    }
+}
+
+/// What a launcher does with its child's result: record the answer in the
+/// run's record first (so a holder that never sees the completion — the
+/// launcher died before it was resumed — still finds the answer and
+/// resumes it), then publish the completion on the seat's control subject
+/// (deduped by id, so a publish retried after a lost reply lands once).
+/// Each step is retried with backoff until it lands; only stopping the
+/// supervisor ends the retries, and a recorded answer then waits for the
+/// seat's next holder.
+async fn deliver(
+    runs: &Runs,
+    queue: &dyn Queue,
+    stop: &CancellationToken,
+    seat: &str,
+    run_id: &str,
+    launcher: &str,
+    result: RunResult,
+) {
+    let mut wait = RETRY_FIRST;
+    loop {
+        match runs.record_answer(seat, run_id, launcher, &result).await {
+            Ok(Answer::Recorded) => break,
+            Ok(Answer::Unwanted) => {
+                tracing::info!(
+                    seat,
+                    run_id,
+                    "a run finished that nothing waits for (its record is gone, ended or resumed); its completion is not published"
+                );
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(seat, run_id, error = %e, retry_in = ?wait, "cannot record a run's answer; trying again");
+            }
+        }
+        if !backoff(stop, &mut wait).await {
+            tracing::error!(seat, run_id, "stopping with a run's answer unrecorded");
+            return;
+        }
+    }
+    let msg = super::pause::ControlMessage::RunCompleted(RunCompletion {
+        run_id: run_id.to_string(),
+        result,
+    });
+    let body = Bytes::from(serde_json::to_vec(&msg).unwrap_or_default());
+    let mut wait = RETRY_FIRST;
+    loop {
+        match queue
+            .publish(
+                &control_subject(seat),
+                Some(&format!("run-done-{run_id}")),
+                body.clone(),
+            )
+            .await
+        {
+            Ok(_) => return,
+            Err(e) => {
+                tracing::warn!(seat, run_id, error = %e, retry_in = ?wait, "cannot publish a run's completion; trying again");
+            }
+        }
+        if !backoff(stop, &mut wait).await {
+            tracing::warn!(
+                seat,
+                run_id,
+                "stopping before a run's completion was published; its answer is recorded, so the seat's next holder resumes it"
+            );
+            return;
+        }
+    }
+}
+
 /// The children this node launched.
 pub struct Supervisor {
     runs: Runs,
@@ -288,8 +442,10 @@ impl Supervisor {
             .contains_key(run_id)
     }
 
-    /// Start `r`'s command. Its completion goes to the seat's control
-    /// subject; a record that is ended or deleted meanwhile kills it.
+    /// Start `r`'s command. When it finishes, its answer is recorded in the
+    /// run's record and then its completion is published on the seat's
+    /// control subject, each retried until it lands (see [`deliver`]); a
+    /// record that is ended or deleted meanwhile kills it.
     pub fn launch(&self, r: &RunRecord, timeout: Duration) -> Result<(), String> {
         let (program, args) = r
             .argv
@@ -310,7 +466,8 @@ impl Supervisor {
             .insert(r.run_id.clone(), kill.clone());
         let (runs, queue, children) =
             (self.runs.clone(), self.queue.clone(), self.children.clone());
-        let (seat, run_id) = (r.seat.clone(), r.run_id.clone());
+        let (seat, run_id, launcher) = (r.seat.clone(), r.run_id.clone(), r.launcher.clone());
+        let stop = self.stop.clone();
         self.tracker.spawn(async move {
             let mut out = child.stdout.take();
             let mut err = child.stderr.take();
@@ -331,8 +488,11 @@ impl Supervisor {
             let watch = async {
                 loop {
                     tokio::time::sleep(WATCH_EVERY).await;
+                    // A run failed as `launcher_lost` while its launcher
+                    // lives on is left to finish: its answer is recorded
+                    // and resumed all the same.
                     match runs.get(&seat, &run_id).await {
-                        Ok(Some((r, _))) if r.state.is_live() => {}
+                        Ok(Some((r, _))) if r.state != RunState::Ended => {}
                         Ok(_) => return "its record was ended",
                         Err(_) => {}
                     }
@@ -374,22 +534,7 @@ impl Supervisor {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .remove(&run_id);
-            let msg = super::pause::ControlMessage::RunCompleted(RunCompletion {
-                run_id: run_id.clone(),
-                result,
-            });
-            let body = Bytes::from(serde_json::to_vec(&msg).unwrap_or_default());
-            // Deduped by id, so a completion published twice lands once.
-            if let Err(e) = queue
-                .publish(
-                    &control_subject(&seat),
-                    Some(&format!("run-done-{run_id}")),
-                    body,
-                )
-                .await
-            {
-                tracing::error!(seat = %seat, run_id = %run_id, error = %e, "cannot publish a run's completion");
-            }
+            deliver(&runs, &*queue, &stop, &seat, &run_id, &launcher, result).await;
         });
         Ok(())
     }

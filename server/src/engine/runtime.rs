@@ -355,11 +355,16 @@ impl TurnEngine {
         let claim = self
             .runs
             .mutate(handle, &c.run_id, epoch, |r| {
-                let take = !r.resumed && r.state != RunState::Ended && r.state != RunState::Failed;
+                // A run failed as `launcher_lost` is still resumed: its
+                // completion is proof its launcher was not lost after all.
+                let take = !r.resumed && r.state != RunState::Ended;
                 flipped.store(take, Ordering::SeqCst);
                 if take {
+                    // The answer the launcher recorded is the one resumed.
+                    if r.state != RunState::Finished || r.result.is_none() {
+                        r.result = Some(c.result.clone());
+                    }
                     r.state = RunState::Finished;
-                    r.result = Some(c.result.clone());
                     r.resumed = true;
                     r.owner = me.clone();
                     r.owner_epoch = epoch;
@@ -368,8 +373,12 @@ impl TurnEngine {
             })
             .await;
         match claim {
-            Ok(_) if !flipped.load(Ordering::SeqCst) => {
-                tracing::info!(seat = handle, run_id = %c.run_id, "a run's completion again: already resumed");
+            Ok(r) if !flipped.load(Ordering::SeqCst) => {
+                if r.state == RunState::Ended {
+                    tracing::info!(seat = handle, run_id = %c.run_id, "a completion for a run that was ended; dropped");
+                } else {
+                    tracing::info!(seat = handle, run_id = %c.run_id, "a run's completion again: already resumed");
+                }
                 return Disposition::Ack;
             }
             Ok(_) => {}
@@ -466,8 +475,11 @@ impl TurnEngine {
 
     /// Interrupted-run recovery (the acquire hook, with the control
     /// subscription): adopt each live run under this epoch; fail one
-    /// whose launcher is gone (`sandbox_run_failed`, `launcher_lost`);
-    /// resume an answer the last holder recorded and never resumed with.
+    /// whose launcher is gone (`sandbox_run_failed`, `launcher_lost`)
+    /// unless its answer is recorded; resume an answer the last holder
+    /// recorded and never resumed with (the launcher records it before it
+    /// publishes the completion, so a launcher that died before the resume
+    /// loses nothing).
     async fn recover_runs(&self, seat: &SeatContext) -> Result<(), String> {
         let me = self.tools.incarnation.clone();
         for (r, _) in self
@@ -476,7 +488,7 @@ impl TurnEngine {
             .await
             .map_err(|e| e.to_string())?
         {
-            match r.state {
+            let r = match r.state {
                 RunState::Running | RunState::Parked => {
                     let alive = self
                         .store
@@ -485,7 +497,8 @@ impl TurnEngine {
                         .map_err(|e| e.to_string())?
                         .is_some_and(|l| l.owner == r.launcher);
                     if alive {
-                        self.runs
+                        let x = self
+                            .runs
                             .mutate(&seat.handle, &r.run_id, seat.epoch, |x| {
                                 x.owner = me.clone();
                                 x.owner_epoch = seat.epoch;
@@ -498,42 +511,54 @@ impl TurnEngine {
                             run_id: r.run_id.clone(),
                             epoch: seat.epoch,
                         });
+                        x
                     } else {
-                        self.runs
+                        // Failed only while still live: an answer the
+                        // launcher recorded meanwhile is resumed below.
+                        let failed = AtomicBool::new(false);
+                        let x = self
+                            .runs
                             .mutate(&seat.handle, &r.run_id, seat.epoch, |x| {
-                                x.state = RunState::Failed;
-                                x.owner = me.clone();
-                                x.owner_epoch = seat.epoch;
-                                x.result = Some(super::runs::RunResult {
-                                    error: Some(format!("its launcher {} is gone", x.launcher)),
-                                    ..Default::default()
-                                });
-                                true
+                                let live = x.state.is_live();
+                                failed.store(live, Ordering::SeqCst);
+                                if live {
+                                    x.state = RunState::Failed;
+                                    x.owner = me.clone();
+                                    x.owner_epoch = seat.epoch;
+                                    x.result = Some(super::runs::RunResult {
+                                        error: Some(format!("its launcher {} is gone", x.launcher)),
+                                        ..Default::default()
+                                    });
+                                }
+                                live
                             })
                             .await
                             .map_err(|e| e.to_string())?;
-                        self.events.emit(Event::SandboxRunFailed {
-                            seat: seat.handle.clone(),
-                            run_id: r.run_id.clone(),
-                            reason: "launcher_lost".into(),
-                        });
+                        if failed.load(Ordering::SeqCst) {
+                            self.events.emit(Event::SandboxRunFailed {
+                                seat: seat.handle.clone(),
+                                run_id: r.run_id.clone(),
+                                reason: "launcher_lost".into(),
+                            });
+                        }
+                        x
                     }
                 }
-                RunState::Finished if !r.resumed => {
-                    let msg = ControlMessage::RunCompleted(RunCompletion {
-                        run_id: r.run_id.clone(),
-                        result: r.result.clone().unwrap_or_default(),
-                    });
-                    self.queue
-                        .publish(
-                            &crate::queue::control_subject(&seat.handle),
-                            Some(&format!("run-redo-{}-{}", r.run_id, seat.epoch)),
-                            bytes::Bytes::from(serde_json::to_vec(&msg).unwrap_or_default()),
-                        )
-                        .await
-                        .map_err(|e| e.to_string())?;
-                }
-                _ => {}
+                _ => r,
+            };
+            if r.state == RunState::Finished && !r.resumed {
+                let msg = ControlMessage::RunCompleted(RunCompletion {
+                    run_id: r.run_id.clone(),
+                    result: r.result.clone().unwrap_or_default(),
+                });
+                self.queue
+                    .publish(
+                        &crate::queue::control_subject(&seat.handle),
+                        Some(&format!("run-redo-{}-{}", r.run_id, seat.epoch)),
+                        bytes::Bytes::from(serde_json::to_vec(&msg).unwrap_or_default()),
+                    )
+                    .await
+                    .map_err(|e| e.to_string())?;
             }
         }
         Ok(())

@@ -209,6 +209,132 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Mutex;
+    use std::sync::atomic::AtomicU32;
+
+    /// Asks for two calls in round 1, then finishes.
+    struct TwoCalls;
+
+    #[async_trait::async_trait]
+    impl Agent for TwoCalls {
+        async fn round(
+            &self,
+            _turn: &TurnInput,
+            round: u32,
+            _results: Vec<ToolResult>,
+        ) -> Result<Step, super::super::agent::AgentError> {
+            Ok(if round == 1 {
+                Step::Calls(
+                    ["first", "second"]
+                        .iter()
+                        .map(|id| ToolCall {
+                            id: id.to_string(),
+                            name: "post_outbox".into(),
+                            args: serde_json::Value::Null,
+                            annotations: Default::default(),
+                        })
+                        .collect(),
+                )
+            } else {
+                Step::Done {
+                    result: serde_json::Value::Null,
+                    answered: vec![],
+                }
+            })
+        }
+    }
+
+    /// Records the calls it executes; each reaches outside.
+    #[derive(Default)]
+    struct Recorder(Mutex<Vec<String>>);
+
+    #[async_trait::async_trait]
+    impl ToolRunner for Recorder {
+        async fn execute(&self, _turn: &TurnInput, call: &ToolCall) -> (ToolResult, bool) {
+            self.0.lock().unwrap().push(call.id.clone());
+            (ToolResult::ok(&call.id, serde_json::Value::Null), true)
+        }
+    }
+
+    /// Holds the seat for the first `holds_for` checks; a person's stop
+    /// is requested throughout when `stopped`.
+    struct Guard {
+        holds_for: u32,
+        checks: AtomicU32,
+        stopped: bool,
+    }
+
+    impl TurnGuard for Guard {
+        fn holds(&self) -> bool {
+            self.checks.fetch_add(1, Ordering::SeqCst) < self.holds_for
+        }
+        fn stop_requested(&self) -> Option<String> {
+            self.stopped.then(|| "ann".to_string())
+        }
+    }
+
+    fn input() -> TurnInput {
+        TurnInput {
+            turn_id: "t1".into(),
+            seat: "s0".into(),
+            epoch: 3,
+            node: "a".into(),
+            work_key: None,
+            triggers: vec![],
+            delivered: 1,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_stop_aimed_at_a_turn_whose_seat_moved_is_left_to_the_successor() {
+        // Ownership first: the seat moved, so the turn is fenced (deferred
+        // to the owner), not stopped and recorded here.
+        let guard = Guard {
+            holds_for: 0,
+            checks: AtomicU32::new(0),
+            stopped: true,
+        };
+        let tools = Recorder::default();
+        let r = run(&TwoCalls, &tools, &guard, &input()).await;
+        assert_eq!(r.ending, Ending::Fenced);
+        assert_eq!(settle(&r.ending, r.reached_outside).verdict, Verdict::Defer);
+        assert!(tools.0.lock().unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn the_fence_is_checked_before_each_tool_call_and_a_call_after_it_trips_never_runs() {
+        // Held at the round's top and before the first call; moved before
+        // the second.
+        let guard = Guard {
+            holds_for: 2,
+            checks: AtomicU32::new(0),
+            stopped: false,
+        };
+        let tools = Recorder::default();
+        let r = run(&TwoCalls, &tools, &guard, &input()).await;
+        assert_eq!(r.ending, Ending::Fenced);
+        assert_eq!(*tools.0.lock().unwrap(), ["first"]);
+        assert!(r.reached_outside);
+        let s = settle(&r.ending, r.reached_outside);
+        assert_eq!(
+            (s.record, s.verdict),
+            (true, Verdict::Ack),
+            "fenced after a call reached outside: recorded and acked, not repeated"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_stop_on_a_held_seat_ends_the_turn_at_the_round_boundary() {
+        let guard = Guard {
+            holds_for: u32::MAX,
+            checks: AtomicU32::new(0),
+            stopped: true,
+        };
+        let tools = Recorder::default();
+        let r = run(&TwoCalls, &tools, &guard, &input()).await;
+        assert_eq!(r.ending, Ending::Stopped { by: "ann".into() });
+        assert!(tools.0.lock().unwrap().is_empty());
+    }
 
     fn done() -> Ending {
         Ending::Done {

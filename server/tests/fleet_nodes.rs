@@ -139,3 +139,57 @@ async fn two_nodes_on_one_nats_split_the_company_and_a_drain_hands_seats_over() 
     );
     b.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_seats_new_memory_reaches_the_changelog_within_a_cycle_while_the_seat_stays_held() {
+    // What a crash can lose is one `memory.flush_seconds` cycle: the cycle
+    // itself, not a handoff's flush, publishes a held seat's new rows.
+    let server = support::nats::NatsServer::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config("node-a", &server.url(), dir.path());
+    cfg.memory.flush_seconds = 1;
+    let a = node::start(cfg).await.unwrap();
+    until(
+        "node-a to hold every seat",
+        Duration::from_secs(30),
+        async || seats_of(&fleet_view(&a).await, "node-a").len() == 4,
+    )
+    .await;
+
+    let js = async_nats::jetstream::new(async_nats::connect(server.url()).await.unwrap());
+    let trigger = serde_json::json!({
+        "id": "cycle-1",
+        "type": "task_assigned",
+        "body": {"task": "remember this"},
+        "from": "tests"
+    });
+    js.publish(
+        "crewlet.agent.s0.inbox",
+        serde_json::to_vec(&trigger).unwrap().into(),
+    )
+    .await
+    .unwrap()
+    .await
+    .unwrap();
+
+    let memory = js.get_stream("CREWLET_MEMORY").await.unwrap();
+    until(
+        "s0's new rows on the changelog",
+        Duration::from_secs(30),
+        async || {
+            memory
+                .raw_message_builder()
+                .sequence(1)
+                .next_by_subject("crewlet.memory.s0.>")
+                .send()
+                .await
+                .is_ok()
+        },
+    )
+    .await;
+    assert!(
+        seats_of(&fleet_view(&a).await, "node-a").contains(&"s0".to_string()),
+        "s0 never left node-a: no handoff flushed its rows"
+    );
+    a.shutdown().await.unwrap();
+}

@@ -2,6 +2,8 @@
 //! in-process twin and on a real nats-server, with the grace shortened
 //! (seed § Singleton duties, § The removed seat).
 
+#[path = "support/duty_faults.rs"]
+mod duty_faults;
 mod support;
 
 use std::sync::Arc;
@@ -54,6 +56,7 @@ both!(
     a_duty_moves_to_a_peer_when_its_holder_dies,
     a_graceful_stop_gives_a_duty_back_at_once,
     a_schedule_fires_once_per_due_time_on_a_three_node_fleet,
+    unknown_is_never_absent_an_unreadable_pointer_registry_or_lease_stamps_and_retires_nothing,
 );
 
 fn sweep(n: &Node) -> MailboxSweep {
@@ -93,6 +96,144 @@ async fn remove_s1_with_mail(f: &Fleet, n: &Node) {
         .await
         .unwrap();
     assert_eq!(pending(n, "s1").await, Some(1));
+}
+
+/// `handle`'s mailbox record (it must be there).
+async fn record(n: &Node, handle: &str) -> MailboxRecord {
+    let e = n
+        .store
+        .get(StateBucket::Mailboxes, handle)
+        .await
+        .unwrap()
+        .unwrap_or_else(|| panic!("{handle} has no mailbox record"));
+    serde_json::from_slice(&e.value).unwrap()
+}
+
+/// Wait until the grace has run out, on the store's clock, since `handle`
+/// was stamped absent.
+async fn until_the_grace_has_passed(f: &Fleet, n: &Node, handle: &str) {
+    let since = record(n, handle)
+        .await
+        .absent_since_ms
+        .expect("stamped absent");
+    f.until_async("the grace has passed", WAIT, || async {
+        let now = n.store.now().await.unwrap().unix_nanos() / 1_000_000;
+        now - since >= GRACE.as_millis() as i64
+    })
+    .await;
+}
+
+/// Unknown is never absent (seed § The removed seat): a tick that cannot
+/// read the activation pointer, the mailbox registry or a seat's lease
+/// stamps nothing and retires nothing, and says why. One table over the
+/// three reads; the same tick, healthy, then does both — so each fault was
+/// the only thing in the way.
+async fn unknown_is_never_absent_an_unreadable_pointer_registry_or_lease_stamps_and_retires_nothing(
+    f: Fleet,
+) {
+    use duty_faults::{Fault, FaultyStore};
+    let mut a = f
+        .node("a", &[echo_role("s0"), echo_role("s1"), echo_role("s2")])
+        .await;
+    f.until("a holds all three", WAIT, || {
+        a.holds("s0") && a.holds("s1") && a.holds("s2")
+    })
+    .await;
+    // s1 is removed, stamped absent and past its grace: due to retire.
+    company::apply(&*a.store, COMPANY, &[echo_role("s0"), echo_role("s2")])
+        .await
+        .unwrap();
+    let watch = a.engine.company_watch();
+    f.until("s1's removal is applied and s1 given back", WAIT, || {
+        watch.borrow().roles.len() == 2 && !a.holds("s1")
+    })
+    .await;
+    f.until_async("s1's lease is gone", WAIT, || async {
+        a.store.lease("seat:s1").await.unwrap().is_none()
+    })
+    .await;
+    a.publish("s1", &trigger("late-mail", serde_json::json!({})))
+        .await;
+    assert_eq!(sweep(&a).tick().await.absent, vec!["s1"]);
+    let stamped = record(&a, "s1").await;
+    until_the_grace_has_passed(&f, &a, "s1").await;
+    // s2 is removed since: due to be stamped.
+    company::apply(&*a.store, COMPANY, &[echo_role("s0")])
+        .await
+        .unwrap();
+    f.until("s2's removal is applied and s2 given back", WAIT, || {
+        watch.borrow().roles.len() == 1 && !a.holds("s2")
+    })
+    .await;
+    f.until_async("s2's lease is gone", WAIT, || async {
+        a.store.lease("seat:s2").await.unwrap().is_none()
+    })
+    .await;
+    let absent_before = a
+        .matching(|e| match e {
+            Event::SeatMailboxAbsent { seat, .. } => Some(seat.clone()),
+            _ => None,
+        })
+        .len();
+
+    let table = [
+        (
+            "the activation pointer",
+            Fault::Get(StateBucket::Config, company::ACTIVE_KEY.to_string()),
+        ),
+        (
+            "the mailbox registry",
+            Fault::Entries(StateBucket::Mailboxes),
+        ),
+        ("the lease of seat s1", Fault::Lease("seat:s1".to_string())),
+    ];
+    for (what, fault) in table {
+        let faulty = FaultyStore::new(a.store.clone(), std::slice::from_ref(&fault));
+        let s = MailboxSweep {
+            store: faulty.clone(),
+            ..sweep(&a)
+        };
+        let r = s.tick().await;
+        assert!(
+            faulty.hits(&fault) >= 1,
+            "{what}: the fault was never reached"
+        );
+        assert!(
+            r.absent.is_empty() && r.retired.is_empty() && r.discovered.is_empty(),
+            "{what}: {r:?}"
+        );
+        assert!(
+            r.unknown
+                .as_deref()
+                .is_some_and(|u| u.contains("cannot be read")),
+            "{what}: the tick says why: {r:?}"
+        );
+        assert_eq!(record(&a, "s1").await, stamped, "{what}: s1 untouched");
+        assert_eq!(record(&a, "s2").await.absent_since_ms, None, "{what}");
+        assert_eq!(pending(&a, "s1").await, Some(1), "{what}: the mail is kept");
+        assert!(
+            a.store.lease("seat:s1").await.unwrap().is_none(),
+            "{what}: the seat was never claimed"
+        );
+    }
+    let absent_after = a
+        .matching(|e| match e {
+            Event::SeatMailboxAbsent { seat, .. } => Some(seat.clone()),
+            _ => None,
+        })
+        .len();
+    assert_eq!(absent_after, absent_before, "no absence was announced");
+    assert!(
+        a.matching(|e| match e {
+            Event::SeatMailboxRetired { seat } => Some(seat.clone()),
+            _ => None,
+        })
+        .is_empty()
+    );
+    // Healthy again, the same judgement goes through.
+    let r = sweep(&a).tick().await;
+    assert_eq!(r.retired, vec!["s1"], "{r:?}");
+    assert_eq!(r.absent, vec!["s2"], "{r:?}");
 }
 
 async fn a_removed_seats_mailbox_is_retired_after_the_grace_not_before_and_its_memory_is_kept(

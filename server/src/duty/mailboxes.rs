@@ -331,6 +331,25 @@ impl MailboxSweep {
                 }
             }
         }
+        // A seat lease that cannot be read is unknown, and unknown is never
+        // absent: the lease of every seat due for retirement is read before
+        // the tick writes anything, and one that cannot be read makes the
+        // tick stamp nothing and retire nothing. (The retirement reads it
+        // again, fresh, before it claims the seat.)
+        for (h, (rec, _)) in &records {
+            let due = verdict(rec, in_company.contains(h.as_str()), now, self.grace);
+            if !matches!(due, Verdict::Retire | Verdict::Resume) {
+                continue;
+            }
+            if let Err(e) = self.store.lease(&format!("seat:{h}")).await {
+                report.unknown = Some(format!("the lease of seat {h} cannot be read: {e}"));
+                tracing::warn!(
+                    reason = report.unknown.as_deref(),
+                    "mailbox sweep: stamping nothing"
+                );
+                return report;
+            }
+        }
         // Seats of the company with no record (a registration failed).
         for h in &in_company {
             if !records.contains_key(*h) {

@@ -1,0 +1,322 @@
+//! A coordination store that fails (or never answers) the reads and
+//! writes a test names, in front of a fleet's real store, and a turn-fleet
+//! node built over it. The duty suites use it for the store errors and
+//! timeouts the sweep and the registration must survive (seed § The
+//! removed seat: unknown is never absent; a registration that fails still
+//! creates the mailbox).
+//!
+//! Included by path (`#[path = "support/duty_faults.rs"]`) from the suites
+//! that use it, next to `mod support;`.
+
+#![allow(dead_code)]
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use crewlet::config::RoleConfig;
+use crewlet::coord::{
+    Claim, ClaimRequest, ConnectionState, Entry, EventStream, KvError, Lease, Marker, Metadata,
+    Release, Renewal, Revision, StateBucket, Store, StoreError, StoreTime,
+};
+use crewlet::engine::runtime::{TurnEngine, TurnSetup};
+use crewlet::events::EventBus;
+use crewlet::memory::MemoryStore;
+use crewlet::memory::memread::{MemRead, NatsScatter, Scatter};
+use crewlet::node::company;
+use crewlet::queue::QueueSettings;
+use crewlet::seat::sweep::{EngineConfig, SeatEngine};
+use crewlet::tasks::Tasks;
+use tokio::sync::watch;
+
+use crate::support::turnfleet::{BEAT, COMPANY, Fleet, Node, SCATTER_BUDGET, SWEEP};
+
+/// One read or write the store fails.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// `get` of this key in this bucket errors.
+    Get(StateBucket, String),
+    /// `entries` of this bucket errors.
+    Entries(StateBucket),
+    /// `lease` of this resource times out.
+    Lease(String),
+    /// `create` of this key in this bucket errors.
+    Create(StateBucket, String),
+    /// `entries` of this bucket never answers while the fault stands.
+    HangEntries(StateBucket),
+}
+
+/// The fleet's store with [`Fault`]s in front of it. A fault stands until
+/// [`FaultyStore::heal`]; every call it touched is counted in
+/// [`FaultyStore::hits`], so a test can prove the fault was reached.
+pub struct FaultyStore {
+    inner: Arc<dyn Store>,
+    faults: watch::Sender<Vec<Fault>>,
+    hits: Mutex<Vec<Fault>>,
+}
+
+impl FaultyStore {
+    pub fn new(inner: Arc<dyn Store>, faults: &[Fault]) -> Arc<FaultyStore> {
+        Arc::new(FaultyStore {
+            inner,
+            faults: watch::Sender::new(faults.to_vec()),
+            hits: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Every fault stops standing (a hung call answers).
+    pub fn heal(&self) {
+        self.faults.send_replace(Vec::new());
+    }
+
+    /// How often `f` failed (or hung) a call.
+    pub fn hits(&self, f: &Fault) -> usize {
+        self.hits
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|h| *h == f)
+            .count()
+    }
+
+    fn stands(&self, f: &Fault) -> bool {
+        let on = self.faults.borrow().contains(f);
+        if on {
+            self.hits
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(f.clone());
+        }
+        on
+    }
+
+    fn injected(f: &Fault) -> StoreError {
+        StoreError::Unavailable(format!("injected: {f:?}"))
+    }
+}
+
+#[async_trait]
+impl Store for FaultyStore {
+    fn lease_ttl(&self) -> Duration {
+        self.inner.lease_ttl()
+    }
+    fn connection(&self) -> ConnectionState {
+        self.inner.connection()
+    }
+    fn connection_changes(&self) -> watch::Receiver<ConnectionState> {
+        self.inner.connection_changes()
+    }
+    async fn now(&self) -> Result<StoreTime, StoreError> {
+        self.inner.now().await
+    }
+    async fn claim(&self, req: ClaimRequest) -> Result<Claim, StoreError> {
+        self.inner.claim(req).await
+    }
+    async fn renew(&self, lease: &Lease, owner: &str, metadata: Option<Metadata>) -> Renewal {
+        self.inner.renew(lease, owner, metadata).await
+    }
+    async fn release(&self, lease: &Lease, owner: &str) -> Result<Release, StoreError> {
+        self.inner.release(lease, owner).await
+    }
+    async fn offer(
+        &self,
+        lease: &Lease,
+        owner: &str,
+        offer: Option<crewlet::coord::Offer>,
+    ) -> Renewal {
+        self.inner.offer(lease, owner, offer).await
+    }
+    async fn take(
+        &self,
+        resource: &str,
+        offer_id: &str,
+        owner: &str,
+        preferred: &str,
+        protocol: u32,
+    ) -> Result<Claim, StoreError> {
+        self.inner
+            .take(resource, offer_id, owner, preferred, protocol)
+            .await
+    }
+    async fn lease(&self, resource: &str) -> Result<Option<Lease>, StoreError> {
+        if self.stands(&Fault::Lease(resource.to_string())) {
+            return Err(StoreError::Timeout(Duration::from_millis(2000)));
+        }
+        self.inner.lease(resource).await
+    }
+    async fn epoch(&self, resource: &str) -> Result<u64, StoreError> {
+        self.inner.epoch(resource).await
+    }
+    async fn list(&self, prefix: &str) -> Result<Vec<Lease>, StoreError> {
+        self.inner.list(prefix).await
+    }
+    async fn view(&self, prefix: &str) -> Result<Vec<Lease>, StoreError> {
+        self.inner.view(prefix).await
+    }
+    async fn protocol_floor(&self, mine: u32) -> Result<Option<u32>, StoreError> {
+        self.inner.protocol_floor(mine).await
+    }
+    fn view_running(&self) -> bool {
+        self.inner.view_running()
+    }
+    async fn get(&self, bucket: StateBucket, key: &str) -> Result<Option<Entry>, StoreError> {
+        let f = Fault::Get(bucket, key.to_string());
+        if self.stands(&f) {
+            return Err(Self::injected(&f));
+        }
+        self.inner.get(bucket, key).await
+    }
+    async fn create(
+        &self,
+        bucket: StateBucket,
+        key: &str,
+        value: Bytes,
+    ) -> Result<Revision, KvError> {
+        let f = Fault::Create(bucket, key.to_string());
+        if self.stands(&f) {
+            return Err(KvError::Store(Self::injected(&f)));
+        }
+        self.inner.create(bucket, key, value).await
+    }
+    async fn update(
+        &self,
+        bucket: StateBucket,
+        key: &str,
+        value: Bytes,
+        expected: Revision,
+    ) -> Result<Revision, KvError> {
+        self.inner.update(bucket, key, value, expected).await
+    }
+    async fn delete(
+        &self,
+        bucket: StateBucket,
+        key: &str,
+        expected: Revision,
+    ) -> Result<(), KvError> {
+        self.inner.delete(bucket, key, expected).await
+    }
+    async fn entries(&self, bucket: StateBucket, prefix: &str) -> Result<Vec<Entry>, StoreError> {
+        let f = Fault::Entries(bucket);
+        if self.stands(&f) {
+            return Err(Self::injected(&f));
+        }
+        let hang = Fault::HangEntries(bucket);
+        if self.stands(&hang) {
+            let mut rx = self.faults.subscribe();
+            let _ = rx.wait_for(|fs| !fs.contains(&hang)).await;
+        }
+        self.inner.entries(bucket, prefix).await
+    }
+    async fn markers(&self, bucket: StateBucket, prefix: &str) -> Result<Vec<Marker>, StoreError> {
+        self.inner.markers(bucket, prefix).await
+    }
+    async fn purge_marker(
+        &self,
+        bucket: StateBucket,
+        key: &str,
+        revision: Revision,
+    ) -> Result<(), StoreError> {
+        self.inner.purge_marker(bucket, key, revision).await
+    }
+    async fn watch(&self, bucket: StateBucket, prefix: &str) -> Result<EventStream, StoreError> {
+        self.inner.watch(bucket, prefix).await
+    }
+}
+
+/// Start node `id` (as [`Fleet::node`] does) over its fleet store wrapped
+/// in `faults`; the first node writes `roles` as the company. The node's
+/// `store` is the faulty one.
+pub async fn node_over_faults(
+    f: &Fleet,
+    id: &str,
+    roles: &[RoleConfig],
+    faults: &[Fault],
+) -> (Node, Arc<FaultyStore>) {
+    let ((real, queue, outbox, changelog), client) = f.connect(id).await;
+    let faulty = FaultyStore::new(real, faults);
+    let store: Arc<dyn Store> = faulty.clone();
+    let owner = crewlet::node::Incarnation::mint(id).to_string();
+    let events = EventBus::new(id, &owner);
+    let rx = events.subscribe();
+    let tasks = Tasks::new();
+    let first = match company::active(&*store).await.unwrap() {
+        Some(c) => c,
+        None => {
+            company::apply(&*store, COMPANY, roles).await.unwrap();
+            company::active(&*store).await.unwrap().unwrap()
+        }
+    };
+    let company_rx = company::follow(store.clone(), first, &tasks);
+    let dir = tempfile::tempdir().unwrap();
+    let pool = crewlet::db::open(dir.path(), &crewlet::db::MIGRATOR)
+        .await
+        .unwrap();
+    let turns = TurnEngine::new(TurnSetup {
+        node_id: id.into(),
+        incarnation: owner.clone(),
+        store: store.clone(),
+        queue: queue.clone(),
+        outbox: outbox.clone(),
+        memory: MemoryStore::new(pool),
+        changelog: changelog.clone(),
+        events: events.clone(),
+        company: company_rx.clone(),
+        ack_wait: QueueSettings::default().ack_wait,
+    });
+    let cfg = EngineConfig {
+        node_id: id.into(),
+        owner,
+        labels: vec![],
+        protocol: 4,
+        heartbeat: BEAT,
+        sweep: SWEEP,
+        claim_limit: 4,
+        release_limit: 2,
+        release_wait: BEAT,
+        queue: QueueSettings::default(),
+        handoff: Default::default(),
+    };
+    let hooks: Arc<TurnEngine> = turns.clone();
+    let engine = SeatEngine::new(
+        cfg,
+        store.clone(),
+        queue.clone(),
+        hooks,
+        events,
+        company_rx,
+        tasks.clone(),
+    )
+    .await
+    .unwrap();
+    let scatter: Arc<dyn Scatter> = match (&f.scatter, &client) {
+        (Some(local), _) => Arc::new(local.clone()),
+        (None, Some(c)) => Arc::new(NatsScatter::new(c.clone())),
+        (None, None) => unreachable!("a fleet is on the twin or on NATS"),
+    };
+    let memread = Arc::new(MemRead::new(
+        engine.clone(),
+        turns.memory().clone(),
+        scatter.clone(),
+        SCATTER_BUDGET,
+    ));
+    memread.serve(&tasks).await.unwrap();
+    engine.start();
+    (
+        Node {
+            engine,
+            turns,
+            store,
+            queue,
+            outbox,
+            changelog,
+            memread,
+            scatter,
+            client,
+            events: rx,
+            seen: Vec::new(),
+            dir,
+        },
+        faulty,
+    )
+}

@@ -61,6 +61,7 @@ both!(
     a_run_that_finished_before_its_launcher_died_is_resumed_by_the_next_holder_with_its_result,
     a_completion_whose_publish_fails_at_first_is_published_again_and_the_run_resumed,
     a_run_failed_as_launcher_lost_whose_launcher_lived_on_is_resumed_with_its_answer,
+    a_resume_cut_short_by_a_crash_is_resumed_by_the_next_holder_once,
 );
 
 fn started(n: &mut Node) -> Vec<String> {
@@ -606,6 +607,87 @@ async fn a_run_failed_as_launcher_lost_whose_launcher_lived_on_is_resumed_with_i
     assert_eq!(r.state, RunState::Finished);
     assert!(r.resumed);
     launcher.shutdown().await;
+}
+
+async fn a_resume_cut_short_by_a_crash_is_resumed_by_the_next_holder_once(f: Fleet) {
+    use crewlet::config::{AgentConfig, EchoConfig};
+    // Resume turns take three rounds of 1.5 s (the outbound effect in the
+    // second), so a holder can die in the middle of one.
+    let slow = crewlet::config::RoleConfig {
+        agent: AgentConfig::Echo(EchoConfig {
+            rounds: 2,
+            round_delay_ms: 1500,
+            ..EchoConfig::default()
+        }),
+        ..echo_role("s0")
+    };
+    let mut a = f.node("a", &[slow]).await;
+    f.until("a holds s0", WAIT, || a.attached("s0")).await;
+    let epoch_a = a.store.lease("seat:s0").await.unwrap().unwrap().epoch;
+    // The turn that starts the run is quick; the run answers at once.
+    a.publish(
+        "s0",
+        &trigger(
+            "R6",
+            json!({"echo": {"rounds": 1, "round_delay_ms": 0}, "run": {"argv": ["echo", "answer"]}}),
+        ),
+    )
+    .await;
+    f.until("the run starts", WAIT, || !started(&mut a).is_empty())
+        .await;
+    let run = started(&mut a)[0].clone();
+    let trigger_id = format!("run:{run}");
+    f.until("a's resume turn starts", WAIT, || {
+        !a.started_with(&trigger_id).is_empty()
+    })
+    .await;
+    // The holder dies mid-resume, its claim made and never settled.
+    a.turns.supervisor().shutdown().await;
+    a.engine.crash().await;
+    let (r, _) = a.turns.runs().get("s0", &run).await.unwrap().unwrap();
+    assert_eq!(
+        (r.state, r.resumed, r.owner_epoch),
+        (RunState::Resuming, true, epoch_a),
+        "the dead holder's claim is left unsettled"
+    );
+    let mut b = f.node("b", &[]).await;
+    f.until("b holds s0", WAIT, || b.attached("s0")).await;
+    let epoch_b = b.store.lease("seat:s0").await.unwrap().unwrap().epoch;
+    assert!(epoch_b > epoch_a);
+    f.until("b resumes the run", WAIT, || !resumed(&mut b).is_empty())
+        .await;
+    f.until_async("the seat's control and inbox are settled", WAIT, || async {
+        b.queue.pending("control-s0").await.unwrap() == 0
+            && b.queue.pending("agent-s0").await.unwrap() == 0
+    })
+    .await;
+    assert_eq!(
+        resumed(&mut b),
+        vec![(run.clone(), epoch_b, "completed".into())],
+        "the next holder takes the claim over and resumes once"
+    );
+    assert!(resumed(&mut a).is_empty(), "the dead holder never settled");
+    assert_eq!(
+        b.started_with(&trigger_id).len(),
+        1,
+        "one resume turn on the next holder, whatever copies of the completion reach it"
+    );
+    let effects = b.effects_of(&trigger_id).await;
+    assert_eq!(effects.len(), 1, "one outbound effect for the resume");
+    assert_eq!(
+        (effects[0].node.as_str(), effects[0].epoch),
+        ("b", epoch_b),
+        "posted by the next holder's resume turn"
+    );
+    assert_eq!(
+        effects[0].body["triggers"][0]["body"]["result"]["stdout"], "answer\n",
+        "the resume turn ran with the run's result"
+    );
+    let (r, _) = b.turns.runs().get("s0", &run).await.unwrap().unwrap();
+    assert_eq!(
+        (r.state, r.resumed, r.owner_epoch),
+        (RunState::Finished, true, epoch_b)
+    );
 }
 
 mod resumes {

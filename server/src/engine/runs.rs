@@ -15,8 +15,11 @@
 //! publishes the completion on the seat's control subject
 //! (`crewlet.agent.{handle}.control`), retrying each until it lands; the
 //! holder's control subscription resumes the run with a new turn, and the
-//! resume flips the record at most once. A recorded answer outlives its
-//! launcher: the seat's next holder resumes it. The [`Supervisor`] owns the
+//! resume claims the record at most once per epoch (`resuming`), settling
+//! it when its turn settles; a claim made at an earlier epoch that never
+//! settled (its holder died mid-resume) is taken over by the seat's holder
+//! ([`resume_claim`]). A recorded answer outlives its launcher: the seat's
+//! next holder resumes it. The [`Supervisor`] owns the
 //! children this node launched, and kills one whose record was ended or
 //! deleted.
 
@@ -45,7 +48,13 @@ pub enum RunState {
     Running,
     /// Parked on a question (an answer resumes it).
     Parked,
+    /// The answer is recorded (and, with `resumed`, its resume settled).
     Finished,
+    /// A resume claimed the answer and its turn has not settled: the
+    /// claimer is the record's `owner` at `owner_epoch`. A holder at a
+    /// later epoch takes an unsettled claim over ([`resume_claim`]) — its
+    /// claimer lost the seat (a crash, say) before the resume settled.
+    Resuming,
     Failed,
     /// Ended on purpose (its seat was removed).
     Ended,
@@ -95,6 +104,40 @@ pub struct RunRecord {
 /// `record_epoch`? Never when the record's epoch outranks the writer's.
 pub fn may_write(record_epoch: u64, writer_epoch: u64) -> bool {
     writer_epoch >= record_epoch
+}
+
+/// How a resume at some epoch may claim a run's answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Claim {
+    /// Nobody claimed it (or the claim was given back).
+    Fresh,
+    /// A resume claimed it at `from_epoch` and never settled: its claimer
+    /// lost the seat, and the resume is run again here.
+    TakenOver { from_epoch: u64 },
+}
+
+/// Pure: may a resume at `epoch` claim `r`'s answer? Never an ended run,
+/// never a settled resume (`finished` and `resumed`: a completion
+/// delivered twice resumes once), and never a claim made at this epoch or
+/// a later one (this holder's own resume, or a successor's). A claim made
+/// at an earlier epoch whose resume never settled is taken over: the
+/// claimer no longer holds the seat at that epoch, so its resume turn can
+/// neither go on (the in-turn fence) nor settle (its writes are fenced).
+pub fn resume_claim(r: &RunRecord, epoch: u64) -> Option<Claim> {
+    match r.state {
+        RunState::Ended => None,
+        RunState::Resuming if r.resumed => (r.owner_epoch < epoch).then_some(Claim::TakenOver {
+            from_epoch: r.owner_epoch,
+        }),
+        _ if r.resumed => None,
+        _ => Some(Claim::Fresh),
+    }
+}
+
+/// Pure: does `r` hold a resume claim made before `epoch` that never
+/// settled? (What recovery on acquire resumes again.)
+pub fn unsettled_before(r: &RunRecord, epoch: u64) -> bool {
+    r.state == RunState::Resuming && r.resumed && r.owner_epoch < epoch
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -573,6 +616,53 @@ mod tests {
         assert!(may_write(3, 3));
         assert!(may_write(3, 4));
         assert!(!may_write(4, 3));
+    }
+
+    fn rec(state: RunState, resumed: bool, owner_epoch: u64) -> RunRecord {
+        RunRecord {
+            run_id: "r".into(),
+            seat: "s".into(),
+            owner: "a:1".into(),
+            owner_epoch,
+            launcher: "a:1".into(),
+            launcher_node: "a".into(),
+            state,
+            argv: vec!["true".into()],
+            work_key: None,
+            result: None,
+            resumed,
+            created_at: String::new(),
+            updated_at: String::new(),
+        }
+    }
+
+    #[test]
+    fn a_resume_claims_once_and_takes_over_only_an_unsettled_claim_of_an_earlier_epoch() {
+        use RunState::*;
+        assert_eq!(
+            resume_claim(&rec(Finished, false, 2), 2),
+            Some(Claim::Fresh)
+        );
+        assert_eq!(resume_claim(&rec(Failed, false, 2), 3), Some(Claim::Fresh));
+        assert_eq!(resume_claim(&rec(Running, false, 2), 2), Some(Claim::Fresh));
+        assert_eq!(
+            resume_claim(&rec(Finished, true, 2), 3),
+            None,
+            "a settled resume is never run again"
+        );
+        assert_eq!(resume_claim(&rec(Ended, false, 2), 3), None);
+        assert_eq!(
+            resume_claim(&rec(Resuming, true, 2), 2),
+            None,
+            "this holder's own claim"
+        );
+        assert_eq!(
+            resume_claim(&rec(Resuming, true, 2), 3),
+            Some(Claim::TakenOver { from_epoch: 2 })
+        );
+        assert!(unsettled_before(&rec(Resuming, true, 2), 3));
+        assert!(!unsettled_before(&rec(Resuming, true, 3), 3));
+        assert!(!unsettled_before(&rec(Finished, true, 2), 3));
     }
 
     #[test]

@@ -24,11 +24,13 @@ use super::envelope::Envelope;
 use super::ledger::{self, SkipReason};
 use super::outbox::Outbox;
 use super::pause::{self, ControlMessage, PAUSE_HOLD};
-use super::runs::{RunCompletion, RunError, RunState, Runs, Supervisor};
+use super::runs::{
+    Claim, RunCompletion, RunError, RunState, Runs, Supervisor, resume_claim, unsettled_before,
+};
 use super::tools::Tools;
 use super::turn::{self, Ending, TurnGuard, Verdict, settle};
 use crate::config::AgentConfig;
-use crate::coord::Store;
+use crate::coord::{KvError, StateBucket, Store};
 use crate::events::{Event, EventBus};
 use crate::memory::MemoryStore;
 use crate::memory::changelog::{self, Changelog};
@@ -44,6 +46,18 @@ pub const RUN_COMPLETED: &str = "run_completed";
 
 /// Waiting deliveries of one seat coalesced into one partition, at most.
 pub const PARTITION_LIMIT: usize = 16;
+
+/// The work key of a run's resume: a digest of its trigger id
+/// (`run:{run id}`), the same on every re-run of the resume — so the
+/// effects and memory a resume run again by the seat's next holder writes
+/// collapse onto the first run's.
+pub fn resume_work_key(trigger_id: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    h.update(trigger_id.as_bytes());
+    h.update([0u8]);
+    hex::encode(h.finalize())
+}
 
 /// Faults a drill (or a test) can switch on.
 #[derive(Debug, Default)]
@@ -330,10 +344,16 @@ impl TurnEngine {
         }
     }
 
-    /// Resume a finished run: flip its record once (the claim), then run a
-    /// turn with the result. A resume that broke after acting, or
-    /// panicked, keeps its claim; any other failure un-claims and the
-    /// trigger comes back.
+    /// Resume a finished run: claim its answer once (a CAS flipping the
+    /// record to `resuming` under this epoch), run a turn with the result,
+    /// then settle the claim. A resume that finished, broke after acting or
+    /// panicked is recorded in the completion ledger (keyed on its
+    /// trigger, `run:{run id}`) and keeps its claim (`finished`, resumed);
+    /// any other failure un-claims and the trigger comes back. A claim made
+    /// at an earlier epoch that never settled — its holder died mid-resume —
+    /// is taken over and the resume run again; the ledger makes one that had
+    /// finished a skip, and the resume's work key (from its trigger) keeps
+    /// the effects a re-run posts again to one each.
     async fn resume_run(
         &self,
         rt: &Arc<SeatRuntime>,
@@ -341,6 +361,7 @@ impl TurnEngine {
         env: &Envelope,
         delivered: u64,
     ) -> Disposition {
+        let begun = std::time::Instant::now();
         let handle = rt.handle.as_str();
         let c: RunCompletion = match serde_json::from_value(env.body.clone()) {
             Ok(c) => c,
@@ -351,29 +372,37 @@ impl TurnEngine {
             _ => return Disposition::Defer(format!("seat {handle:?} is not owned here")),
         };
         let me = self.tools.incarnation.clone();
-        let flipped = std::sync::atomic::AtomicBool::new(false);
+        if self.resume_done(handle, &env.id).await {
+            return self
+                .resume_already_done(handle, &c.run_id, &env.id, epoch)
+                .await;
+        }
+        let taken: Mutex<Option<Claim>> = Mutex::new(None);
         let claim = self
             .runs
             .mutate(handle, &c.run_id, epoch, |r| {
-                // A run failed as `launcher_lost` is still resumed: its
-                // completion is proof its launcher was not lost after all.
-                let take = !r.resumed && r.state != RunState::Ended;
-                flipped.store(take, Ordering::SeqCst);
-                if take {
-                    // The answer the launcher recorded is the one resumed.
-                    if r.state != RunState::Finished || r.result.is_none() {
-                        r.result = Some(c.result.clone());
-                    }
-                    r.state = RunState::Finished;
-                    r.resumed = true;
-                    r.owner = me.clone();
-                    r.owner_epoch = epoch;
+                let t = resume_claim(r, epoch);
+                *lock(&taken) = t;
+                if t.is_none() {
+                    return false;
                 }
-                take
+                // The answer the launcher recorded is the one resumed.
+                let recorded = matches!(r.state, RunState::Finished | RunState::Resuming)
+                    && r.result.is_some();
+                if !recorded {
+                    r.result = Some(c.result.clone());
+                }
+                r.state = RunState::Resuming;
+                r.resumed = true;
+                r.owner = me.clone();
+                r.owner_epoch = epoch;
+                true
             })
             .await;
-        match claim {
-            Ok(r) if !flipped.load(Ordering::SeqCst) => {
+        let taken = *lock(&taken);
+        let claimed = match claim {
+            Ok(r) if taken.is_some() => r,
+            Ok(r) => {
                 if r.state == RunState::Ended {
                     tracing::info!(seat = handle, run_id = %c.run_id, "a completion for a run that was ended; dropped");
                 } else {
@@ -381,7 +410,6 @@ impl TurnEngine {
                 }
                 return Disposition::Ack;
             }
-            Ok(_) => {}
             Err(RunError::NotFound(_)) => {
                 tracing::info!(seat = handle, run_id = %c.run_id, "a completion for a run with no record (ended); dropped");
                 return Disposition::Ack;
@@ -393,16 +421,33 @@ impl TurnEngine {
                 tracing::warn!(seat = handle, run_id = %c.run_id, error = %e, "cannot claim a run's resume; trying again");
                 return Disposition::Nak;
             }
+        };
+        if let Some(Claim::TakenOver { from_epoch }) = taken {
+            tracing::warn!(
+                seat = handle,
+                run_id = %c.run_id,
+                from_epoch,
+                epoch,
+                "a resume claimed at an earlier epoch never settled; taking it over and resuming again"
+            );
         }
         let _turn = rt.turn_lock.lock().await;
+        // The turn is given the claimed record's answer, whichever copy of
+        // the completion brought it here.
+        let mut trigger = env.clone();
+        trigger.body = serde_json::to_value(RunCompletion {
+            run_id: c.run_id.clone(),
+            result: claimed.result.clone().unwrap_or(c.result.clone()),
+        })
+        .unwrap_or_else(|_| env.body.clone());
         let turn = TurnInput {
             turn_id: uuid::Uuid::new_v4().to_string(),
             seat: handle.to_string(),
             epoch,
             node: self.node_id.clone(),
-            work_key: None,
+            work_key: Some(resume_work_key(&env.id)),
             delivered,
-            triggers: vec![env.clone()],
+            triggers: vec![trigger],
         };
         // Running before it is announced: whoever reads the seat on
         // `turn_started` finds the turn.
@@ -410,7 +455,7 @@ impl TurnEngine {
         self.events.emit(Event::TurnStarted {
             seat: handle.to_string(),
             turn_id: turn.turn_id.clone(),
-            work_key: None,
+            work_key: turn.work_key.clone(),
             epoch,
             trigger_ids: vec![turn.triggers[0].id.clone()],
             delivered,
@@ -426,15 +471,36 @@ impl TurnEngine {
         // The claim stands unless the resume proved nothing (it did not
         // act, and did not panic): then it is given back and comes again.
         let keep = s.verdict == Verdict::Ack;
+        if s.record {
+            // Right behind the effects: a holder that dies before the claim
+            // is settled leaves a resume its successor skips.
+            let within = self
+                .ack_wait
+                .saturating_sub(begun.elapsed())
+                .saturating_sub(self.ack_wait / 10);
+            self.record_resume(handle, &env.id, &turn.turn_id, within)
+                .await;
+        }
         if !keep {
             rt.agent.abort(&turn.turn_id, record.ending.name()).await;
-            let _ = self
-                .runs
-                .mutate(handle, &c.run_id, epoch, |r| {
-                    r.resumed = false;
-                    true
-                })
-                .await;
+        }
+        let settled = self
+            .runs
+            .mutate(handle, &c.run_id, epoch, |r| {
+                if r.state != RunState::Resuming {
+                    return false;
+                }
+                r.state = RunState::Finished;
+                r.resumed = keep;
+                true
+            })
+            .await;
+        if let Err(e) = settled {
+            // A successor at a later epoch took the claim over (fenced), or
+            // the store did not answer: an unsettled claim is resumed again
+            // by the seat's next holder, and the ledger skips it if it was
+            // recorded.
+            tracing::warn!(seat = handle, run_id = %c.run_id, keep, error = %e, "cannot settle a resume's claim");
         }
         if s.guard_breach {
             let error = record.ending.error().unwrap_or_default();
@@ -446,17 +512,30 @@ impl TurnEngine {
                 error,
             });
         }
+        let disposition = match s.verdict {
+            Verdict::Ack => Disposition::Ack,
+            Verdict::Nak => Disposition::Nak,
+            Verdict::Defer => Disposition::Defer(format!(
+                "seat {handle:?} moved during resume turn {}",
+                turn.turn_id
+            )),
+        };
         self.events.emit(Event::TurnCompleted {
             seat: handle.to_string(),
             turn_id: turn.turn_id.clone(),
-            work_key: None,
+            work_key: turn.work_key.clone(),
             epoch,
             outcome: record.ending.name().into(),
             rounds: record.rounds,
             calls: record.calls,
             reached_outside: record.reached_outside,
-            recorded: keep,
-            disposition: if keep { "ack" } else { "nak" }.into(),
+            recorded: s.record,
+            disposition: match s.verdict {
+                Verdict::Ack => "ack",
+                Verdict::Nak => "nak",
+                Verdict::Defer => "defer",
+            }
+            .into(),
             delivered,
             error: record.ending.error(),
         });
@@ -466,11 +545,96 @@ impl TurnEngine {
             epoch,
             outcome: record.ending.name().into(),
         });
-        if keep {
-            Disposition::Ack
-        } else {
-            Disposition::Nak
+        disposition
+    }
+
+    /// Is a resume's trigger recorded in the completion ledger? Fails open
+    /// (an unreadable ledger says no, and the resume runs).
+    async fn resume_done(&self, handle: &str, trigger_id: &str) -> bool {
+        match self
+            .store
+            .get(StateBucket::Ledger, &ledger::done_key(handle, trigger_id))
+            .await
+        {
+            Ok(found) => found.is_some(),
+            Err(e) => {
+                tracing::warn!(seat = handle, trigger_id, error = %e, "the completion ledger cannot be read; resuming (fail open)");
+                false
+            }
         }
+    }
+
+    /// Record a settled resume in the completion ledger, trying again while
+    /// `within` lasts (fail open: a record that never lands is logged).
+    async fn record_resume(&self, handle: &str, trigger_id: &str, turn_id: &str, within: Duration) {
+        let deadline = tokio::time::Instant::now() + within;
+        let key = ledger::done_key(handle, trigger_id);
+        let body = bytes::Bytes::from(
+            serde_json::json!({"turn_id": turn_id, "at": crate::audit::now_rfc3339()}).to_string(),
+        );
+        let mut pause = Duration::from_millis(100);
+        loop {
+            match self
+                .store
+                .create(StateBucket::Ledger, &key, body.clone())
+                .await
+            {
+                Ok(_) | Err(KvError::AlreadyExists) => return,
+                Err(e) if tokio::time::Instant::now() + pause < deadline => {
+                    tracing::debug!(seat = handle, key, error = %e, "cannot record a resume yet; trying again");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_millis(500));
+                }
+                Err(e) => {
+                    tracing::warn!(seat = handle, key, error = %e, "cannot record a resume in the completion ledger (fail open)");
+                    return;
+                }
+            }
+        }
+    }
+
+    /// The ledger says this run's resume finished (a holder recorded it and
+    /// died before settling its claim): settle the claim under this epoch
+    /// and skip the trigger (`turn_trigger_skipped`, `already_done`).
+    async fn resume_already_done(
+        &self,
+        handle: &str,
+        run_id: &str,
+        trigger_id: &str,
+        epoch: u64,
+    ) -> Disposition {
+        let me = self.tools.incarnation.clone();
+        let settled = self
+            .runs
+            .mutate(handle, run_id, epoch, |r| {
+                let open =
+                    r.state != RunState::Ended && !(r.resumed && r.state == RunState::Finished);
+                if open {
+                    r.state = RunState::Finished;
+                    r.resumed = true;
+                    r.owner = me.clone();
+                    r.owner_epoch = epoch;
+                }
+                open
+            })
+            .await;
+        match settled {
+            Ok(_) | Err(RunError::NotFound(_)) => {}
+            Err(RunError::Fenced { .. }) => {
+                return Disposition::Defer(format!("run {run_id} is owned at a later epoch"));
+            }
+            Err(e) => {
+                tracing::warn!(seat = handle, run_id, error = %e, "cannot settle a resume the ledger holds; trying again");
+                return Disposition::Nak;
+            }
+        }
+        self.events.emit(Event::TurnTriggerSkipped {
+            seat: handle.to_string(),
+            trigger_id: trigger_id.to_string(),
+            reason: "already_done".into(),
+            turn_id: None,
+        });
+        Disposition::Ack
     }
 
     /// Interrupted-run recovery (the acquire hook, with the control
@@ -479,7 +643,8 @@ impl TurnEngine {
     /// unless its answer is recorded; resume an answer the last holder
     /// recorded and never resumed with (the launcher records it before it
     /// publishes the completion, so a launcher that died before the resume
-    /// loses nothing).
+    /// loses nothing), and a resume claimed at an earlier epoch that never
+    /// settled (its holder died mid-resume).
     async fn recover_runs(&self, seat: &SeatContext) -> Result<(), String> {
         let me = self.tools.incarnation.clone();
         for (r, _) in self
@@ -546,7 +711,15 @@ impl TurnEngine {
                 }
                 _ => r,
             };
-            if r.state == RunState::Finished && !r.resumed {
+            // An answer never resumed, or a resume claimed under an earlier
+            // epoch that never settled (its holder died mid-resume): the
+            // completion goes round again, and the resume takes the claim
+            // over.
+            let unresumed = r.state == RunState::Finished && !r.resumed;
+            if unresumed || unsettled_before(&r, seat.epoch) {
+                if !unresumed {
+                    tracing::info!(seat = %seat.handle, run_id = %r.run_id, claimed_at = r.owner_epoch, "a resume the last holder claimed never settled; resuming it again");
+                }
                 let msg = ControlMessage::RunCompleted(RunCompletion {
                     run_id: r.run_id.clone(),
                     result: r.result.clone().unwrap_or_default(),

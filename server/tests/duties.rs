@@ -57,6 +57,7 @@ both!(
     a_graceful_stop_gives_a_duty_back_at_once,
     a_schedule_fires_once_per_due_time_on_a_three_node_fleet,
     unknown_is_never_absent_an_unreadable_pointer_registry_or_lease_stamps_and_retires_nothing,
+    a_retirement_the_protocol_gate_refuses_waits_and_says_it_was_the_protocol,
 );
 
 fn sweep(n: &Node) -> MailboxSweep {
@@ -234,6 +235,70 @@ async fn unknown_is_never_absent_an_unreadable_pointer_registry_or_lease_stamps_
     let r = sweep(&a).tick().await;
     assert_eq!(r.retired, vec!["s1"], "{r:?}");
     assert_eq!(r.absent, vec!["s2"], "{r:?}");
+}
+
+/// The protocol gate (seed § The removed seat, § Mixed-version fleets): while
+/// a node on a lower lease protocol still holds a presence or a seat lease
+/// anywhere in the fleet, the retirement claims nothing, keeps the mailbox
+/// and its mail, and says the refusal was the protocol's (not a holder's).
+/// The gate only looks down: a higher-protocol lease does not stop it.
+async fn a_retirement_the_protocol_gate_refuses_waits_and_says_it_was_the_protocol(f: Fleet) {
+    use crewlet::coord::{Claim, ClaimRequest, Release};
+    let mut a = f.node("a", &[echo_role("s0"), echo_role("s1")]).await;
+    f.until("a holds both", WAIT, || a.holds("s0") && a.holds("s1"))
+        .await;
+    remove_s1_with_mail(&f, &a).await;
+    f.until_async("s1's lease is gone", WAIT, || async {
+        a.store.lease("seat:s1").await.unwrap().is_none()
+    })
+    .await;
+    assert_eq!(sweep(&a).tick().await.absent, vec!["s1"]);
+    let stamped = record(&a, "s1").await;
+    until_the_grace_has_passed(&f, &a, "s1").await;
+    for (what, resource) in [
+        ("an older node's presence", "node:old"),
+        ("an older node's seat", "seat:elsewhere"),
+    ] {
+        let req = ClaimRequest::new(resource, "old:1", "old").with_protocol(3);
+        let Claim::Won(old) = a.store.claim(req).await.unwrap() else {
+            panic!("{what}: the lower-protocol lease is taken");
+        };
+        let r = sweep(&a).tick().await;
+        assert_eq!(r.held, vec!["s1"], "{what}: {r:?}");
+        assert!(r.retired.is_empty(), "{what}: {r:?}");
+        assert_eq!(pending(&a, "s1").await, Some(1), "{what}: the mail is kept");
+        assert_eq!(record(&a, "s1").await, stamped, "{what}: nothing marked");
+        assert!(
+            a.store.lease("seat:s1").await.unwrap().is_none(),
+            "{what}: the seat was not claimed"
+        );
+        assert_eq!(
+            a.store.release(&old, "old:1").await.unwrap(),
+            Release::Released
+        );
+    }
+    let held = a.matching(|e| match e {
+        Event::SeatMailboxRetirementHeld {
+            seat,
+            refused,
+            holder,
+        } => Some((seat.clone(), refused.clone(), holder.clone())),
+        _ => None,
+    });
+    assert_eq!(
+        held,
+        vec![
+            ("s1".to_string(), "protocol".to_string(), None),
+            ("s1".to_string(), "protocol".to_string(), None),
+        ],
+        "the refusal names the protocol, never a holder"
+    );
+    // A newer node's lease is no reason to wait.
+    let req = ClaimRequest::new("node:newer", "newer:1", "newer").with_protocol(5);
+    assert!(matches!(a.store.claim(req).await.unwrap(), Claim::Won(_)));
+    let r = sweep(&a).tick().await;
+    assert_eq!(r.retired, vec!["s1"], "{r:?}");
+    assert_eq!(pending(&a, "s1").await, None, "the mailbox is gone");
 }
 
 async fn a_removed_seats_mailbox_is_retired_after_the_grace_not_before_and_its_memory_is_kept(

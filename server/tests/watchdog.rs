@@ -17,7 +17,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crewlet::config::{PlacementConfig, RoleConfig};
-use crewlet::coord::{Coordinator, CoordinatorOptions, MemoryBackend, Store};
+use crewlet::coord::{
+    Claim, ClaimRequest, Coordinator, CoordinatorOptions, MemoryBackend, Renewal, Store,
+};
 use crewlet::events::EventBus;
 use crewlet::node::company;
 use crewlet::queue::memory::MemoryQueue;
@@ -235,11 +237,34 @@ async fn a_claim_whose_hook_fails_and_hands_the_seat_back_is_not_a_wedged_loop()
 /// the TTL). The seats are fenced (grace expired) all the same.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_heartbeat_against_a_silent_store_is_not_a_wedged_loop() {
+    silent_store(Duration::from_secs(10), Duration::from_secs(3), 14, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sweep_whose_presence_write_waits_behind_the_heartbeats_is_not_a_wedged_loop() {
+    // The chaos soak's timings (TTL 3 s, store calls bounded at 2 s): the
+    // seats are fenced, their releases and the presence writes each wait
+    // out the store's bound, and the sweep's presence write waits behind
+    // the heartbeat's on the presence lock. Waiting on bounded calls is
+    // not being wedged.
+    silent_store(Duration::from_secs(3), Duration::from_secs(2), 10, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sweep_handing_seats_over_when_the_store_falls_silent_is_not_a_wedged_loop() {
+    // Seen in the chaos soak (seed 1018): seats offered to a peer, the
+    // store's NATS leader restarted, the heartbeat fenced the offered
+    // seats, and the sweep — clearing the offer's notice and reading the
+    // lease once more, each call waiting out its 2 s bound — went 3.2 s
+    // without a beat and was shot. A peer that never takes makes the
+    // offers stand until the store falls silent.
+    silent_store(Duration::from_secs(3), Duration::from_secs(2), 10, true).await;
+}
+
+async fn silent_store(ttl: Duration, timeout: Duration, silent_secs: u64, ghost_peer: bool) {
     use crewlet::coord::{NatsBackend, NatsOptions};
     use crewlet::queue::jetstream::{JetStreamQueue, JetStreamSettings};
     let server = support::nats::NatsServer::start().await;
-    let ttl = Duration::from_secs(10);
-    let timeout = Duration::from_secs(3);
     let mut opts = NatsOptions::new(vec![server.url()]);
     opts.lease_ttl = ttl;
     opts.store_timeout = timeout;
@@ -252,6 +277,7 @@ async fn a_heartbeat_against_a_silent_store_is_not_a_wedged_loop() {
             ..CoordinatorOptions::default()
         },
     ));
+    let ghost_store = store.clone();
     let queue: Arc<dyn Queue> = Arc::new(
         JetStreamQueue::new(
             client,
@@ -309,10 +335,51 @@ async fn a_heartbeat_against_a_silent_store_is_not_a_wedged_loop() {
         || async { (engine.host().held().len() == 10).then_some(()) },
     )
     .await;
+    let ghost = tokio_util::sync::CancellationToken::new();
+    if ghost_peer {
+        // A live, serving peer holding nothing: placement gives it half the
+        // seats, offered one after the other; it never takes them.
+        let mut offered = engine.events().subscribe();
+        let (store, stop) = (ghost_store.clone(), ghost.clone());
+        tokio::spawn(async move {
+            let req = ClaimRequest::new("node:ghost", "ghost:00000001", "ghost")
+                .with_protocol(4)
+                .with_metadata(crewlet::coord::Metadata::from_iter([(
+                    "seats_held".to_string(),
+                    serde_json::json!(0),
+                )]));
+            let Ok(Claim::Won(mut lease)) = store.claim(req).await else {
+                return;
+            };
+            while !stop.is_cancelled() {
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+                }
+                if let Renewal::Renewed(l) = store.renew(&lease, "ghost:00000001", None).await {
+                    lease = l;
+                }
+            }
+        });
+        support::wait_for(
+            "a seat offered to the peer",
+            Duration::from_secs(30),
+            Duration::from_millis(1),
+            || {
+                let mut got = false;
+                while let Ok(e) = offered.try_recv() {
+                    got |= matches!(e.event, crewlet::events::Event::SeatOffered { .. });
+                }
+                async move { got.then_some(()) }
+            },
+        )
+        .await;
+    }
     let pid = server.pid().unwrap() as i32;
     // SAFETY: kill(2) on the nats-server this test started.
     unsafe { libc::kill(pid, libc::SIGSTOP) };
-    let silent_until = Instant::now() + Duration::from_secs(14);
+    ghost.cancel();
+    let silent_until = Instant::now() + Duration::from_secs(silent_secs);
     let mut wedged = None;
     while Instant::now() < silent_until {
         if let Verdict::Wedged { loop_name, lag } = engine.watchdog().current() {

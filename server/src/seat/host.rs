@@ -305,7 +305,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// the step (a sweep waiting on a seat lock while the heartbeat retried an
 /// undead seat's teardown against a NATS leader election was shot as
 /// wedged, and a turn waiting to record its completion died with it).
-async fn watched<F: std::future::Future>(
+pub(crate) async fn watched<F: std::future::Future>(
     progress: &(dyn Fn() + Sync),
     bound: Option<Duration>,
     fut: F,

@@ -29,6 +29,7 @@ use crate::events::{DetachReason, Event, EventBus};
 use crate::node::company::{Company, wants_early_sweep};
 use crate::node::matches_placement;
 use crate::queue::{Queue, QueueSettings, boot_walk};
+use crate::seat::host::watched;
 use crate::tasks::Tasks;
 use crate::watchdog::{Watchdog, stamp_interval};
 
@@ -584,7 +585,7 @@ impl SeatEngine {
                 let progress = || beat.beat();
                 tokio::join!(
                     async {
-                        self.refresh_presence().await;
+                        watched(&progress, None, self.refresh_presence()).await;
                         beat.beat();
                     },
                     self.host.heartbeat_with(self.store.lease_ttl(), &progress)
@@ -889,8 +890,11 @@ impl SeatEngine {
             }
         }
         if released > 0 {
-            // A seat given back is advertised in the release itself.
-            self.refresh_presence().await;
+            // A seat given back is advertised in the release itself. The
+            // presence write (bounded store calls, maybe behind the
+            // heartbeat's on the presence lock) is waited on beating: a
+            // sweep waiting out a NATS election here was shot as wedged.
+            watched(progress, None, self.refresh_presence()).await;
             progress();
         }
 
@@ -940,8 +944,9 @@ impl SeatEngine {
             }
         }
         if claimed > 0 {
-            // Advertise the new count at the end of the pass.
-            self.refresh_presence().await;
+            // Advertise the new count at the end of the pass (beating
+            // while the presence write waits, as above).
+            watched(progress, None, self.refresh_presence()).await;
             progress();
         }
         self.events.emit(Event::SeatSweep {

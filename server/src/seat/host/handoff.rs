@@ -105,23 +105,25 @@ impl SeatHost {
                 // The heartbeat found the tenure over and detached it.
                 break None;
             }
-            match self.inner.store.lease(&resource).await {
-                Ok(Some(l)) if l.owner != self.inner.cfg.owner => break Some(l.epoch),
-                Ok(_) | Err(_) => {}
+            match watched(progress, None, self.inner.store.lease(&resource)).await {
+                Some(Ok(Some(l))) if l.owner != self.inner.cfg.owner => break Some(l.epoch),
+                _ => {}
             }
             if Instant::now() >= until {
                 return self.withdraw(handle, &offer, reason, progress).await;
             }
             tokio::time::sleep(OFFER_POLL).await;
         };
-        self.clear_notice(to, handle).await;
+        self.clear_notice(to, handle, progress).await;
         match taken {
             Some(epoch) => {
                 self.detach_taken(handle, reason, progress).await;
                 HandOff::Taken { epoch }
             }
-            None => match self.inner.store.lease(&resource).await {
-                Ok(Some(l)) if l.owner != self.inner.cfg.owner => HandOff::Taken { epoch: l.epoch },
+            None => match watched(progress, None, self.inner.store.lease(&resource)).await {
+                Some(Ok(Some(l))) if l.owner != self.inner.cfg.owner => {
+                    HandOff::Taken { epoch: l.epoch }
+                }
                 _ => HandOff::Lost,
             },
         }
@@ -284,7 +286,7 @@ impl SeatHost {
         let Some(_g) = watched(progress, None, seat_lock.lock()).await else {
             return HandOff::Lost;
         };
-        self.clear_notice(&offer.to, handle).await;
+        self.clear_notice(&offer.to, handle, progress).await;
         let Some(lease) = lock(&self.inner.seats).get(handle).map(|e| e.lease.clone()) else {
             return HandOff::Lost;
         };
@@ -293,12 +295,16 @@ impl SeatHost {
         // for at most a TTL — then it is fenced as a renewal would.
         let give_up = Instant::now() + self.inner.store.lease_ttl();
         loop {
-            match self
-                .inner
-                .store
-                .offer(&lease, &self.inner.cfg.owner, None)
-                .await
-            {
+            let withdrawal = watched(
+                progress,
+                None,
+                self.inner.store.offer(&lease, &self.inner.cfg.owner, None),
+            )
+            .await;
+            let Some(withdrawal) = withdrawal else {
+                continue;
+            };
+            match withdrawal {
                 Renewal::Renewed(l) => {
                     let inbox = lock(&self.inner.seats).get_mut(handle).and_then(|e| {
                         e.lease = l.clone();
@@ -317,8 +323,8 @@ impl SeatHost {
                 }
                 Renewal::Lost => {
                     let resource = format!("seat:{handle}");
-                    return match self.inner.store.lease(&resource).await {
-                        Ok(Some(l)) if l.owner != self.inner.cfg.owner => {
+                    return match watched(progress, None, self.inner.store.lease(&resource)).await {
+                        Some(Ok(Some(l))) if l.owner != self.inner.cfg.owner => {
                             self.detach_taken_locked(handle, reason, progress).await;
                             HandOff::Taken { epoch: l.epoch }
                         }
@@ -403,14 +409,26 @@ impl SeatHost {
         }
     }
 
-    async fn clear_notice(&self, to: &str, seat: &str) {
+    /// Each store call is bounded, and waited on beating: a sweep that
+    /// cleared a notice against a silent store (read, then delete, then a
+    /// lease read — three bounds in a row) was shot as wedged.
+    async fn clear_notice(&self, to: &str, seat: &str, progress: &(dyn Fn() + Sync)) {
         let key = notice_key(to, seat);
-        if let Ok(Some(e)) = self.inner.store.get(StateBucket::Handoffs, &key).await {
-            let _ = self
-                .inner
-                .store
-                .delete(StateBucket::Handoffs, &key, e.revision)
-                .await;
+        let read = watched(
+            progress,
+            None,
+            self.inner.store.get(StateBucket::Handoffs, &key),
+        )
+        .await;
+        if let Some(Ok(Some(e))) = read {
+            let _ = watched(
+                progress,
+                None,
+                self.inner
+                    .store
+                    .delete(StateBucket::Handoffs, &key, e.revision),
+            )
+            .await;
         }
     }
 

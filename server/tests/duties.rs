@@ -58,6 +58,8 @@ both!(
     a_schedule_fires_once_per_due_time_on_a_three_node_fleet,
     unknown_is_never_absent_an_unreadable_pointer_registry_or_lease_stamps_and_retires_nothing,
     a_retirement_the_protocol_gate_refuses_waits_and_says_it_was_the_protocol,
+    a_registration_that_fails_is_reported_the_mailbox_is_created_anyway_and_a_later_sweep_finds_it,
+    a_consumer_under_another_group_on_a_seats_subject_is_left_alone_by_the_sweep,
 );
 
 fn sweep(n: &Node) -> MailboxSweep {
@@ -301,6 +303,164 @@ async fn a_retirement_the_protocol_gate_refuses_waits_and_says_it_was_the_protoc
     assert_eq!(pending(&a, "s1").await, None, "the mailbox is gone");
 }
 
+/// The names of the broker's subscriptions.
+async fn subscription_names(n: &Node) -> Vec<String> {
+    n.queue
+        .list_subscriptions()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|s| s.name)
+        .collect()
+}
+
+/// A registration that fails (seed § The removed seat): the node says so
+/// (`seat_mailbox_unregistered`, with the error) and creates the seat's
+/// mailbox anyway, and the seat works its mail — a seat in the company
+/// losing mail is worse than a mailbox with no record. The next sweep finds
+/// both such seats: the one still in the company is registered; the one
+/// removed since is discovered from the broker's listing and stamped absent
+/// on that tick.
+async fn a_registration_that_fails_is_reported_the_mailbox_is_created_anyway_and_a_later_sweep_finds_it(
+    f: Fleet,
+) {
+    use duty_faults::{Fault, node_over_faults};
+    let faults = [
+        Fault::Create(StateBucket::Mailboxes, "s1".into()),
+        Fault::Create(StateBucket::Mailboxes, "s2".into()),
+    ];
+    let roles = [echo_role("s0"), echo_role("s1"), echo_role("s2")];
+    let (mut a, faulty) = node_over_faults(&f, "a", &roles, &faults).await;
+    for fault in &faults {
+        assert!(faulty.hits(fault) >= 1, "{fault:?} was never reached");
+    }
+    let mut unregistered = a.matching(|e| match e {
+        Event::SeatMailboxUnregistered { seat, error } => Some((seat.clone(), error.clone())),
+        _ => None,
+    });
+    unregistered.sort();
+    assert_eq!(
+        unregistered
+            .iter()
+            .map(|(s, _)| s.as_str())
+            .collect::<Vec<_>>(),
+        vec!["s1", "s2"],
+        "{unregistered:?}"
+    );
+    assert!(
+        unregistered.iter().all(|(_, e)| e.contains("injected")),
+        "each names its error: {unregistered:?}"
+    );
+    for h in ["s1", "s2"] {
+        assert!(
+            a.store
+                .get(StateBucket::Mailboxes, h)
+                .await
+                .unwrap()
+                .is_none()
+        );
+    }
+    let names = subscription_names(&a).await;
+    for g in ["agent-s1", "control-s1", "reflect-s1", "agent-s2"] {
+        assert!(names.contains(&g.to_string()), "{g} missing: {names:?}");
+    }
+    f.until("a holds all three", WAIT, || {
+        a.holds("s0") && a.holds("s1") && a.holds("s2")
+    })
+    .await;
+    a.publish("s1", &trigger("s1-mail", serde_json::json!({})))
+        .await;
+    f.until("the unregistered seat works its mail", WAIT, || {
+        !a.turns_of("s1-mail").is_empty()
+    })
+    .await;
+    // s1 is removed before any sweep ran (the apply's own registration
+    // of s2 failing again), and then the store answers again.
+    company::apply(&*a.store, COMPANY, &[echo_role("s0"), echo_role("s2")])
+        .await
+        .unwrap();
+    f.until("the removal is applied", WAIT, || {
+        a.matching(|e| match e {
+            Event::CompanyApplied { seats: 2, .. } => Some(()),
+            _ => None,
+        })
+        .len()
+            == 1
+    })
+    .await;
+    faulty.heal();
+    let r = sweep(&a).tick().await;
+    assert_eq!(r.discovered, vec!["s1"], "{r:?}");
+    assert_eq!(r.registered, vec!["s2"], "{r:?}");
+    assert!(
+        record(&a, "s1").await.absent_since_ms.is_some(),
+        "stamped absent on the tick that found it"
+    );
+    assert_eq!(record(&a, "s2").await.absent_since_ms, None);
+    assert_eq!(
+        a.matching(|e| match e {
+            Event::SeatMailboxDiscovered { seat } => Some(seat.clone()),
+            _ => None,
+        }),
+        vec!["s1"]
+    );
+}
+
+/// Only a subscription the mailbox grammar produces counts (seed § The
+/// removed seat): a consumer on a seat's inbox under any other group is
+/// somebody else's. The sweep neither discovers one on an unknown handle
+/// nor deletes one on a retired seat's subject, and the mail it holds stays.
+async fn a_consumer_under_another_group_on_a_seats_subject_is_left_alone_by_the_sweep(f: Fleet) {
+    use crewlet::queue::SubscriptionSpec;
+    let a = f.node("a", &[echo_role("s0"), echo_role("s1")]).await;
+    f.until("a holds both", WAIT, || a.holds("s0") && a.holds("s1"))
+        .await;
+    for (name, handle) in [("tap-s1", "s1"), ("tap-nobody", "nobody")] {
+        a.queue
+            .ensure_subscription(&SubscriptionSpec::new(
+                name.into(),
+                inbox_subject(handle),
+                QueueSettings::default(),
+            ))
+            .await
+            .unwrap();
+    }
+    remove_s1_with_mail(&f, &a).await;
+    assert_eq!(a.queue.pending("tap-s1").await.unwrap(), 1);
+    f.until_async("s1's lease is gone", WAIT, || async {
+        a.store.lease("seat:s1").await.unwrap().is_none()
+    })
+    .await;
+    let s = sweep(&a);
+    let first = s.tick().await;
+    assert_eq!(first.absent, vec!["s1"], "{first:?}");
+    assert!(first.discovered.is_empty(), "{first:?}");
+    until_the_grace_has_passed(&f, &a, "s1").await;
+    let r = s.tick().await;
+    assert_eq!(r.retired, vec!["s1"], "{r:?}");
+    assert!(r.discovered.is_empty(), "{r:?}");
+    let names = subscription_names(&a).await;
+    for g in ["agent-s1", "control-s1", "reflect-s1"] {
+        assert!(!names.contains(&g.to_string()), "{g} survived: {names:?}");
+    }
+    for g in ["tap-s1", "tap-nobody"] {
+        assert!(names.contains(&g.to_string()), "{g} was deleted: {names:?}");
+    }
+    assert_eq!(
+        a.queue.pending("tap-s1").await.unwrap(),
+        1,
+        "its mail is kept"
+    );
+    assert!(
+        a.store
+            .get(StateBucket::Mailboxes, "nobody")
+            .await
+            .unwrap()
+            .is_none(),
+        "never registered"
+    );
+}
+
 async fn a_removed_seats_mailbox_is_retired_after_the_grace_not_before_and_its_memory_is_kept(
     f: Fleet,
 ) {
@@ -498,7 +658,16 @@ async fn a_mailbox_whose_registration_failed_is_discovered_from_the_broker_listi
     ensure_seat_mailboxes(&*a.queue, "ghost", QueueSettings::default())
         .await
         .unwrap();
-    // Another group on a seat's subject is somebody else's.
+    // Another group on a seat's subject is somebody else's: not
+    // discovered.
+    a.queue
+        .ensure_subscription(&crewlet::queue::SubscriptionSpec::new(
+            "tap-stranger".into(),
+            inbox_subject("stranger"),
+            QueueSettings::default(),
+        ))
+        .await
+        .unwrap();
     let report = sweep(&a).tick().await;
     assert_eq!(report.discovered, vec!["ghost"]);
     let discovered = a.matching(|e| match e {

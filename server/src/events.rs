@@ -167,8 +167,9 @@ pub enum Event {
         trigger_ids: Vec<String>,
         delivered: u64,
     },
-    /// A turn ended: `outcome` is completed, failed, fenced, stopped or
-    /// panicked; `recorded` says whether its triggers went into the
+    /// A turn ended: `outcome` is completed, failed, fenced, stopped,
+    /// parked (a round started a detached run: the turn ends after it, and
+    /// the run's resume continues it) or panicked; `recorded` says whether its triggers went into the
     /// completion ledger, `disposition` what the queue was told.
     TurnCompleted {
         seat: String,

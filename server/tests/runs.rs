@@ -62,6 +62,7 @@ both!(
     a_completion_whose_publish_fails_at_first_is_published_again_and_the_run_resumed,
     a_run_failed_as_launcher_lost_whose_launcher_lived_on_is_resumed_with_its_answer,
     a_resume_cut_short_by_a_crash_is_resumed_by_the_next_holder_once,
+    a_turn_that_starts_a_detached_run_is_parked_and_the_resume_continues_it,
 );
 
 fn started(n: &mut Node) -> Vec<String> {
@@ -687,6 +688,69 @@ async fn a_resume_cut_short_by_a_crash_is_resumed_by_the_next_holder_once(f: Fle
     assert_eq!(
         (r.state, r.resumed, r.owner_epoch),
         (RunState::Finished, true, epoch_b)
+    );
+}
+
+async fn a_turn_that_starts_a_detached_run_is_parked_and_the_resume_continues_it(f: Fleet) {
+    let mut a = f.node("a", &[echo_role("s0")]).await;
+    f.until("a holds s0", WAIT, || a.attached("s0")).await;
+    let epoch = a.store.lease("seat:s0").await.unwrap().unwrap().epoch;
+    // Three rounds: the run is asked for in round 1, the outbound effect
+    // would be posted in round 3.
+    a.publish(
+        "s0",
+        &trigger(
+            "R7",
+            json!({"echo": {"rounds": 3}, "run": {"argv": ["echo", "continued"], "round": 1}}),
+        ),
+    )
+    .await;
+    f.until("the turn ends", WAIT, || !a.turns_of("R7").is_empty())
+        .await;
+    let run = started(&mut a)[0].clone();
+    assert_eq!(
+        a.turns_of("R7"),
+        vec![("parked".into(), "ack".into(), true, 1, 1)],
+        "parked after the round that started the run: recorded and acknowledged"
+    );
+    let parked = a.matching(|e| match e {
+        Event::TurnCompleted {
+            outcome,
+            reached_outside,
+            error,
+            ..
+        } if outcome == "parked" => Some((*reached_outside, error.clone())),
+        _ => None,
+    });
+    assert_eq!(
+        parked,
+        vec![(true, None)],
+        "the run started: it reached outside"
+    );
+    f.until("the run resumes", WAIT, || !resumed(&mut a).is_empty())
+        .await;
+    f.until_async("the seat's control and inbox are settled", WAIT, || async {
+        a.queue.pending("control-s0").await.unwrap() == 0
+            && a.queue.pending("agent-s0").await.unwrap() == 0
+    })
+    .await;
+    assert_eq!(
+        resumed(&mut a),
+        vec![(run.clone(), epoch, "completed".into())]
+    );
+    assert_eq!(
+        resumed_stdout(&a, &run).await,
+        vec!["continued\n"],
+        "the resume turn continues it, with the run's result"
+    );
+    assert!(
+        a.effects_of("R7").await.is_empty(),
+        "the round after the run started, which would have posted, never ran"
+    );
+    assert_eq!(
+        a.turns_of("R7").len(),
+        1,
+        "the parked trigger never comes back"
     );
 }
 

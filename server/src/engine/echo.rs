@@ -6,8 +6,11 @@
 //! object in a trigger's body overriding them): fail a round before or
 //! after its outbound effect, or panic — so every path of the broken-turn
 //! policy can be driven. A trigger's body may also carry `forward_to` (a
-//! seat handle: an `a2a_message` to it) and `answered` (chat message ids
-//! the turn reports it answered in its thread).
+//! seat handle: an `a2a_message` to it), `answered` (chat message ids
+//! the turn reports it answered in its thread) and `run` (the arguments of
+//! a `run_detached` call, asked for in the round `run.round` names — the
+//! last one, beside the outbound effect, by default; the turn is parked
+//! after that round, so the rounds after it never run).
 
 use std::time::Duration;
 
@@ -78,6 +81,30 @@ fn call(id: String, name: &str, args: Value) -> ToolCall {
     }
 }
 
+/// The `run_detached` calls a trigger's `run` asks for in `round` (its
+/// `round`, clamped to the turn's rounds; the last by default).
+fn runs_in(turn: &TurnInput, round: u32, rounds: u32) -> Vec<ToolCall> {
+    turn.triggers
+        .iter()
+        .enumerate()
+        .filter_map(|(i, t)| {
+            let run = t.body.get("run")?;
+            let at = run
+                .get("round")
+                .and_then(Value::as_u64)
+                .map_or(rounds, |r| r.clamp(1, u64::from(rounds)) as u32);
+            if at != round {
+                return None;
+            }
+            let mut args = run.clone();
+            if let Some(o) = args.as_object_mut() {
+                o.remove("round");
+            }
+            Some(call(format!("r{round}-run-{i}"), "run_detached", args))
+        })
+        .collect()
+}
+
 fn outbound(turn: &TurnInput, round: u32) -> ToolCall {
     let ids: Vec<&str> = turn.triggers.iter().map(|t| t.id.as_str()).collect();
     call(
@@ -139,11 +166,13 @@ impl Agent for EchoAgent {
             }
         }
         if round < plan.rounds {
-            return Ok(Step::Calls(vec![call(
+            let mut calls = vec![call(
                 format!("r{round}-diary"),
                 "diary_write",
                 json!({"text": format!("turn {} round {round}: thinking", turn.turn_id)}),
-            )]));
+            )];
+            calls.extend(runs_in(turn, round, plan.rounds));
+            return Ok(Step::Calls(calls));
         }
         if round == plan.rounds {
             let mut calls: Vec<ToolCall> = turn
@@ -172,15 +201,7 @@ impl Agent for EchoAgent {
                     ));
                 }
             }
-            for (i, t) in turn.triggers.iter().enumerate() {
-                if let Some(run) = t.body.get("run") {
-                    calls.push(call(
-                        format!("r{round}-run-{i}"),
-                        "run_detached",
-                        run.clone(),
-                    ));
-                }
-            }
+            calls.extend(runs_in(turn, round, plan.rounds));
             calls.push(outbound(turn, round));
             return Ok(Step::Calls(calls));
         }

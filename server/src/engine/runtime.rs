@@ -481,7 +481,7 @@ impl TurnEngine {
             self.record_resume(handle, &env.id, &turn.turn_id, within)
                 .await;
         }
-        if !keep {
+        if !matches!(record.ending, Ending::Done { .. }) {
             rt.agent.abort(&turn.turn_id, record.ending.name()).await;
         }
         let settled = self
@@ -958,9 +958,14 @@ impl TurnEngine {
             )
             .await;
         }
-        if matches!(record.ending, Ending::Done { .. }) {
+        // A parked turn is complete for now (its continuation is the run's
+        // resume): what a finished turn leaves behind is written for it.
+        if matches!(record.ending, Ending::Done { .. } | Ending::Parked { .. }) {
             self.after_turn(&turn).await;
-        } else {
+        }
+        if !matches!(record.ending, Ending::Done { .. }) {
+            // The agent is told the turn is over (`parked` included): no
+            // results come for its last round.
             rt.agent.abort(&turn.turn_id, record.ending.name()).await;
         }
         let verdict = match s.verdict {

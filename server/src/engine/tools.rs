@@ -1,6 +1,8 @@
 //! The engine's built-in tools, executed by the engine (never by the
 //! agent) after the fence check: `post_outbox`, `a2a_message`,
-//! `diary_write`, `episode_write`, `read_memory`.
+//! `diary_write`, `episode_write`, `read_memory`, `run_detached` (which
+//! starts a detached run and parks the turn: the round it ran in is the
+//! turn's last, see [`super::turn::parks`]).
 //!
 //! Each tool carries its own annotations, and whether a call reached
 //! outside the engine is decided by [`reached_outside`] over them:

@@ -6,7 +6,9 @@
 //! under) is checked at the top of every round and again before each tool
 //! call; a person's stop is honoured at the round boundary, after the
 //! ownership check (a turn on a seat that moved is the successor's to stop
-//! or not). A panic anywhere in the turn is caught here and never unwinds
+//! or not). A round that started a detached run ([`parks`]) is the turn's
+//! last: the turn is parked, and its continuation is the run's resume
+//! turn. A panic anywhere in the turn is caught here and never unwinds
 //! into the queue. [`settle`] turns the ending and the turn's own record of
 //! whether it reached outside the engine into: record in the ledger or
 //! not, and Ack, Nak or Defer.
@@ -34,6 +36,10 @@ pub enum Ending {
     Fenced,
     /// A person stopped it (`ErrStoppedByPerson`).
     Stopped { by: String },
+    /// A round started a detached run (`run_detached`): the turn ends
+    /// after that round, complete for now; its continuation is the resume
+    /// turn carrying the run's result.
+    Parked { runs: Vec<String> },
     /// It panicked.
     Panicked(String),
 }
@@ -46,6 +52,7 @@ impl Ending {
             Ending::Broke(_) => "failed",
             Ending::Fenced => "fenced",
             Ending::Stopped { .. } => "stopped",
+            Ending::Parked { .. } => "parked",
             Ending::Panicked(_) => "panicked",
         }
     }
@@ -55,7 +62,7 @@ impl Ending {
             Ending::Broke(e) | Ending::Panicked(e) => Some(e.clone()),
             Ending::Stopped { by } => Some(format!("stopped by {by}")),
             Ending::Fenced => Some("the seat is no longer held here at this epoch".into()),
-            Ending::Done { .. } => None,
+            Ending::Done { .. } | Ending::Parked { .. } => None,
         }
     }
 }
@@ -95,6 +102,9 @@ pub fn settle(ending: &Ending, reached_outside: bool) -> Settlement {
     };
     match ending {
         Ending::Done { .. } => s(true, Verdict::Ack, None, false),
+        // It reached outside (the run started) and is complete for now:
+        // the run's resume continues it, so its triggers never come back.
+        Ending::Parked { .. } => s(true, Verdict::Ack, None, false),
         // A successor would reach the same defect, having repeated
         // whatever came before it.
         Ending::Panicked(_) => s(true, Verdict::Ack, Some("panicked"), true),
@@ -135,6 +145,23 @@ pub struct TurnRecord {
     pub calls: u32,
 }
 
+/// Pure: the detached run a call started, if it did — a `run_detached`
+/// call the engine executed and answered `ok` (a run started, or the one a
+/// re-run of the same work started before). Such a call parks the turn.
+pub fn parks(call: &ToolCall, result: &ToolResult) -> Option<String> {
+    if call.name != "run_detached" || !result.ok {
+        return None;
+    }
+    Some(
+        result
+            .output
+            .get("run_id")
+            .and_then(serde_json::Value::as_str)
+            .unwrap_or_default()
+            .to_string(),
+    )
+}
+
 /// Rounds a turn may take before it is broken off.
 pub const MAX_ROUNDS: u32 = 64;
 
@@ -168,6 +195,7 @@ pub async fn run(
             match step {
                 Step::Done { result, answered } => return Ending::Done { result, answered },
                 Step::Calls(list) => {
+                    let mut parked = Vec::new();
                     for call in &list {
                         if !guard.holds() {
                             return Ending::Fenced;
@@ -177,7 +205,12 @@ pub async fn run(
                         if reached {
                             outside.store(true, Ordering::SeqCst);
                         }
+                        parked.extend(parks(call, &result));
                         results.push(result);
+                    }
+                    // The round's other calls ran; no round comes after it.
+                    if !parked.is_empty() {
+                        return Ending::Parked { runs: parked };
                     }
                 }
             }
@@ -334,6 +367,99 @@ mod tests {
         let r = run(&TwoCalls, &tools, &guard, &input()).await;
         assert_eq!(r.ending, Ending::Stopped { by: "ann".into() });
         assert!(tools.0.lock().unwrap().is_empty());
+    }
+
+    /// Asks for a diary note and a detached run in round 1, and would post
+    /// in round 2.
+    struct RunsThenPosts;
+
+    #[async_trait::async_trait]
+    impl Agent for RunsThenPosts {
+        async fn round(
+            &self,
+            _turn: &TurnInput,
+            round: u32,
+            _results: Vec<ToolResult>,
+        ) -> Result<Step, super::super::agent::AgentError> {
+            let call = |id: &str, name: &str| ToolCall {
+                id: id.into(),
+                name: name.into(),
+                args: serde_json::Value::Null,
+                annotations: Default::default(),
+            };
+            Ok(match round {
+                1 => Step::Calls(vec![
+                    call("run", "run_detached"),
+                    call("note", "diary_write"),
+                ]),
+                2 => Step::Calls(vec![call("post", "post_outbox")]),
+                _ => Step::Done {
+                    result: serde_json::Value::Null,
+                    answered: vec![],
+                },
+            })
+        }
+    }
+
+    /// Answers a run id for `run_detached`.
+    #[derive(Default)]
+    struct Starter(Mutex<Vec<String>>);
+
+    #[async_trait::async_trait]
+    impl ToolRunner for Starter {
+        async fn execute(&self, _turn: &TurnInput, call: &ToolCall) -> (ToolResult, bool) {
+            self.0.lock().unwrap().push(call.id.clone());
+            let out = serde_json::json!({"run_id": "run-1", "parked": true, "started": true});
+            (ToolResult::ok(&call.id, out), call.name != "diary_write")
+        }
+    }
+
+    #[tokio::test]
+    async fn a_round_that_starts_a_detached_run_is_the_turns_last_and_the_turn_is_parked() {
+        let guard = Guard {
+            holds_for: u32::MAX,
+            checks: AtomicU32::new(0),
+            stopped: false,
+        };
+        let tools = Starter::default();
+        let r = run(&RunsThenPosts, &tools, &guard, &input()).await;
+        assert_eq!(
+            r.ending,
+            Ending::Parked {
+                runs: vec!["run-1".into()]
+            }
+        );
+        assert_eq!(r.ending.name(), "parked");
+        assert_eq!(
+            *tools.0.lock().unwrap(),
+            ["run", "note"],
+            "the round's other calls run; the round after it never does"
+        );
+        assert_eq!(r.rounds, 1);
+        let s = settle(&r.ending, r.reached_outside);
+        assert_eq!(
+            (s.record, s.verdict, s.given_up),
+            (true, Verdict::Ack, None),
+            "parked: recorded and acked, its continuation is the run's resume"
+        );
+    }
+
+    #[test]
+    fn only_a_run_detached_call_that_succeeded_parks() {
+        let call = |name: &str| ToolCall {
+            id: "c".into(),
+            name: name.into(),
+            args: serde_json::Value::Null,
+            annotations: Default::default(),
+        };
+        let ok = ToolResult::ok("c", serde_json::json!({"run_id": "run-9"}));
+        assert_eq!(parks(&call("run_detached"), &ok), Some("run-9".into()));
+        assert_eq!(parks(&call("post_outbox"), &ok), None);
+        assert_eq!(
+            parks(&call("run_detached"), &ToolResult::err("c", "no argv")),
+            None,
+            "a refused or failed start parks nothing"
+        );
     }
 
     fn done() -> Ending {

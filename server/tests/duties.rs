@@ -60,6 +60,7 @@ both!(
     a_retirement_the_protocol_gate_refuses_waits_and_says_it_was_the_protocol,
     a_registration_that_fails_is_reported_the_mailbox_is_created_anyway_and_a_later_sweep_finds_it,
     a_consumer_under_another_group_on_a_seats_subject_is_left_alone_by_the_sweep,
+    a_duty_claim_or_renewal_that_errors_skips_the_tick,
 );
 
 fn sweep(n: &Node) -> MailboxSweep {
@@ -707,12 +708,21 @@ impl Duty for Counter {
 }
 
 fn run_counter(n: &Node, tasks: &Tasks) -> (Duties, Arc<AtomicUsize>) {
+    run_counter_over(n.store.clone(), n, tasks)
+}
+
+/// The counting duty of node `n`, claiming through `store`.
+fn run_counter_over(
+    store: Arc<dyn crewlet::coord::Store>,
+    n: &Node,
+    tasks: &Tasks,
+) -> (Duties, Arc<AtomicUsize>) {
     let ticks = Arc::new(AtomicUsize::new(0));
     let duties = Duties::new();
     duties.start(
         tasks,
         DutyContext {
-            store: n.store.clone(),
+            store,
             node_id: n.engine.config().node_id.clone(),
             owner: n.engine.config().owner.clone(),
             protocol: 4,
@@ -723,6 +733,60 @@ fn run_counter(n: &Node, tasks: &Tasks) -> (Duties, Arc<AtomicUsize>) {
         }),
     );
     (duties, ticks)
+}
+
+/// A duty claim that errors skips the tick (seed § Singleton duties):
+/// unknown ownership is not ownership. So does a renewal that cannot say.
+/// Each absence of a tick is proven over ticks the loop provably took —
+/// the fault counts every claim or renewal it refused — never over a
+/// length of time.
+async fn a_duty_claim_or_renewal_that_errors_skips_the_tick(f: Fleet) {
+    use duty_faults::{Fault, FaultyStore};
+    let a = f.node("a", &[echo_role("s0")]).await;
+    let claim = Fault::Claim("worker:test-counter".into());
+    let faulty = FaultyStore::new(a.store.clone(), std::slice::from_ref(&claim));
+    let tasks = Tasks::new();
+    let (_duties, ticks) = run_counter_over(faulty.clone(), &a, &tasks);
+    f.until("three claims have errored", WAIT, || {
+        faulty.hits(&claim) >= 3
+    })
+    .await;
+    assert_eq!(ticks.load(Ordering::SeqCst), 0, "nothing ran unclaimed");
+    assert!(
+        a.store
+            .lease("worker:test-counter")
+            .await
+            .unwrap()
+            .is_none(),
+        "nothing was taken"
+    );
+    faulty.heal();
+    f.until("the duty runs once the claim answers", WAIT, || {
+        ticks.load(Ordering::SeqCst) >= 1
+    })
+    .await;
+    // Held now: a renewal that cannot say skips its tick too. Once the
+    // first renewal has failed, the tick before it has finished.
+    let renew = Fault::Renew("worker:test-counter".into());
+    faulty.set(std::slice::from_ref(&renew));
+    f.until("a renewal could not say", WAIT, || faulty.hits(&renew) >= 1)
+        .await;
+    let ran = ticks.load(Ordering::SeqCst);
+    f.until("three more renewals could not say", WAIT, || {
+        faulty.hits(&renew) >= 4
+    })
+    .await;
+    assert_eq!(
+        ticks.load(Ordering::SeqCst),
+        ran,
+        "a tick ran on an unknown renewal"
+    );
+    faulty.heal();
+    f.until("the duty runs again", WAIT, || {
+        ticks.load(Ordering::SeqCst) > ran
+    })
+    .await;
+    tasks.shutdown().await;
 }
 
 async fn a_duty_moves_to_a_peer_when_its_holder_dies(f: Fleet) {
@@ -987,6 +1051,96 @@ mod single {
             }),
             vec!["s1"]
         );
+    }
+
+    /// The maintenance pass itself applies the node's retention: diary
+    /// notes past their expiry go, each seat keeps at most `diary_cap`
+    /// notes (its newest), and audit rows older than `audit_days` go while
+    /// newer ones stay. `audit_days = 0` keeps the audit log whole.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_maintenance_pass_expires_and_caps_the_diary_and_deletes_audit_rows_past_the_retention()
+     {
+        let f = Fleet::new(Kind::Twin).await;
+        let a = node(&f).await;
+        let memory = a.turns.memory().clone();
+        let pool = memory.pool().clone();
+        for note in ["s0 one", "s0 two", "s0 three", "s0 four"] {
+            assert!(memory.diary_write("s0", note, None).await.unwrap());
+        }
+        assert!(memory.diary_write("s1", "s1 one", None).await.unwrap());
+        let stamp = |days: i64| {
+            (time::OffsetDateTime::now_utc() + time::Duration::days(days))
+                .replace_nanosecond(0)
+                .unwrap()
+                .format(&time::format_description::well_known::Rfc3339)
+                .unwrap()
+        };
+        // "s0 one" has expired; "s0 four" expires next week.
+        for (note, days) in [("s0 one", -1), ("s0 four", 7)] {
+            sqlx::query("UPDATE agent_diary SET expires_at = ? WHERE content = ?")
+                .bind(stamp(days))
+                .bind(note)
+                .execute(&pool)
+                .await
+                .unwrap();
+        }
+        for (at, action) in [
+            (stamp(-40), "old"),
+            (stamp(-10), "recent"),
+            (stamp(0), "now"),
+        ] {
+            sqlx::query(
+                "INSERT INTO audit (at, person, action, seat, reason, result) VALUES (?, 'p', ?, NULL, NULL, 'ok')",
+            )
+            .bind(at)
+            .bind(action)
+            .execute(&pool)
+            .await
+            .unwrap();
+        }
+        let audit = || async {
+            let mut v: Vec<String> = sqlx::query_scalar("SELECT action FROM audit")
+                .fetch_all(&pool)
+                .await
+                .unwrap();
+            v.sort();
+            v
+        };
+        let pass = |audit_days: u64| Maintenance {
+            every: Duration::from_secs(900),
+            memory: memory.clone(),
+            pool: pool.clone(),
+            diary_cap: 2,
+            audit_days,
+            marker_age: crewlet::duty::maintenance::MARKER_AGE,
+            sweep: sweep(&a),
+        };
+        let kept = pass(0).pass().await;
+        assert_eq!(kept.audit_deleted, 0, "{kept:?}");
+        assert_eq!(audit().await, vec!["now", "old", "recent"]);
+        // That pass applied the diary's retention already.
+        assert_eq!(
+            (kept.diary_expired, kept.diary_over_cap),
+            (1, 1),
+            "{kept:?}"
+        );
+        let notes: Vec<String> = memory
+            .diary("s0", 10)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|n| n.content)
+            .collect();
+        assert_eq!(
+            notes,
+            vec!["s0 four", "s0 three"],
+            "the newest two are kept"
+        );
+        assert_eq!(memory.diary("s1", 10).await.unwrap().len(), 1);
+        let r = pass(30).pass().await;
+        assert_eq!(r.audit_deleted, 1, "{r:?}");
+        assert_eq!((r.diary_expired, r.diary_over_cap), (0, 0), "{r:?}");
+        assert_eq!(audit().await, vec!["now", "recent"]);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

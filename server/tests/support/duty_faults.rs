@@ -45,6 +45,10 @@ pub enum Fault {
     Create(StateBucket, String),
     /// `entries` of this bucket never answers while the fault stands.
     HangEntries(StateBucket),
+    /// A claim of this resource errors.
+    Claim(String),
+    /// A renewal of this resource cannot say (`Renewal::Unknown`).
+    Renew(String),
 }
 
 /// The fleet's store with [`Fault`]s in front of it. A fault stands until
@@ -68,6 +72,11 @@ impl FaultyStore {
     /// Every fault stops standing (a hung call answers).
     pub fn heal(&self) {
         self.faults.send_replace(Vec::new());
+    }
+
+    /// `faults` stand from now on, instead of the ones that did.
+    pub fn set(&self, faults: &[Fault]) {
+        self.faults.send_replace(faults.to_vec());
     }
 
     /// How often `f` failed (or hung) a call.
@@ -111,9 +120,17 @@ impl Store for FaultyStore {
         self.inner.now().await
     }
     async fn claim(&self, req: ClaimRequest) -> Result<Claim, StoreError> {
+        let f = Fault::Claim(req.resource.clone());
+        if self.stands(&f) {
+            return Err(Self::injected(&f));
+        }
         self.inner.claim(req).await
     }
     async fn renew(&self, lease: &Lease, owner: &str, metadata: Option<Metadata>) -> Renewal {
+        let f = Fault::Renew(lease.resource.clone());
+        if self.stands(&f) {
+            return Renewal::Unknown(StoreError::Timeout(Duration::from_millis(2000)));
+        }
         self.inner.renew(lease, owner, metadata).await
     }
     async fn release(&self, lease: &Lease, owner: &str) -> Result<Release, StoreError> {

@@ -61,6 +61,7 @@ both!(
     a_registration_that_fails_is_reported_the_mailbox_is_created_anyway_and_a_later_sweep_finds_it,
     a_consumer_under_another_group_on_a_seats_subject_is_left_alone_by_the_sweep,
     a_duty_claim_or_renewal_that_errors_skips_the_tick,
+    a_retirement_whose_runs_cannot_be_ended_within_half_the_ttl_deletes_nothing_and_waits_for_the_next_tick,
 );
 
 fn sweep(n: &Node) -> MailboxSweep {
@@ -460,6 +461,61 @@ async fn a_consumer_under_another_group_on_a_seats_subject_is_left_alone_by_the_
             .is_none(),
         "never registered"
     );
+}
+
+/// A retirement acts for at most half the lease TTL under the seat lease
+/// it claimed, ending the seat's runs included (seed § The removed seat). A
+/// run-ending that does not finish in time — here the run store never
+/// answers — deletes no subscription, unmarks the record, gives the seat's
+/// lease back, and leaves the retirement to the next tick, which finishes it.
+async fn a_retirement_whose_runs_cannot_be_ended_within_half_the_ttl_deletes_nothing_and_waits_for_the_next_tick(
+    f: Fleet,
+) {
+    use duty_faults::{Fault, FaultyStore};
+    let a = f.node("a", &[echo_role("s0"), echo_role("s1")]).await;
+    f.until("a holds both", WAIT, || a.holds("s0") && a.holds("s1"))
+        .await;
+    remove_s1_with_mail(&f, &a).await;
+    f.until_async("s1's lease is gone", WAIT, || async {
+        a.store.lease("seat:s1").await.unwrap().is_none()
+    })
+    .await;
+    assert_eq!(sweep(&a).tick().await.absent, vec!["s1"]);
+    let stamped = record(&a, "s1").await;
+    until_the_grace_has_passed(&f, &a, "s1").await;
+    let hang = Fault::HangEntries(StateBucket::Runs);
+    let faulty = FaultyStore::new(a.store.clone(), std::slice::from_ref(&hang));
+    let s = MailboxSweep {
+        store: faulty.clone(),
+        ..sweep(&a)
+    };
+    // The tick itself comes back: the budget bounds it, not the run store.
+    let r = tokio::time::timeout(WAIT, s.tick())
+        .await
+        .expect("the retirement was not bounded");
+    assert!(faulty.hits(&hang) >= 1, "the runs were never asked for");
+    assert!(r.retired.is_empty(), "{r:?}");
+    assert_eq!(pending(&a, "s1").await, Some(1), "the mailbox and its mail");
+    let names = subscription_names(&a).await;
+    for g in ["agent-s1", "control-s1", "reflect-s1"] {
+        assert!(names.contains(&g.to_string()), "{g} deleted: {names:?}");
+    }
+    assert_eq!(
+        record(&a, "s1").await,
+        stamped,
+        "unmarked, still absent since the same tick"
+    );
+    assert!(
+        a.store.lease("seat:s1").await.unwrap().is_none(),
+        "the retirement's claim is given back"
+    );
+    faulty.heal();
+    assert_eq!(
+        s.tick().await.retired,
+        vec!["s1"],
+        "the next tick retires it"
+    );
+    assert_eq!(pending(&a, "s1").await, None);
 }
 
 async fn a_removed_seats_mailbox_is_retired_after_the_grace_not_before_and_its_memory_is_kept(

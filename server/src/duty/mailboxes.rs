@@ -492,6 +492,12 @@ impl MailboxSweep {
         );
         let mut req = ClaimRequest::new(format!("seat:{h}"), &owner, &self.node_id);
         req.protocol = self.protocol;
+        // The retirement acts for at most half the lease TTL, counted from
+        // before the claim (the lease runs from the claim's own write, which
+        // is later): its last act lands while the claim still excludes every
+        // node.
+        let budget = self.store.lease_ttl() / 2;
+        let deadline = tokio::time::Instant::now() + budget;
         let lease = match self.store.claim(req).await {
             Ok(Claim::Won(l)) => l,
             Ok(Claim::HeldBy(l)) => {
@@ -508,7 +514,18 @@ impl MailboxSweep {
             }
         };
         let outcome = self
-            .retire_under(h, rec, rev, now, &owner, lease.epoch)
+            .retire_under(
+                h,
+                rec,
+                rev,
+                now,
+                Tenure {
+                    owner: &owner,
+                    epoch: lease.epoch,
+                    deadline,
+                    budget,
+                },
+            )
             .await;
         if let Err(e) = self.store.release(&lease, &owner).await {
             tracing::warn!(seat = h, error = %e, "cannot release the retirement's claim; it lapses at its TTL");
@@ -522,9 +539,21 @@ impl MailboxSweep {
         rec: MailboxRecord,
         rev: Revision,
         now: i64,
-        owner: &str,
-        epoch: u64,
+        tenure: Tenure<'_>,
     ) -> Retirement {
+        let Tenure {
+            owner,
+            epoch,
+            deadline,
+            budget,
+        } = tenure;
+        if tokio::time::Instant::now() >= deadline {
+            tracing::warn!(
+                seat = h,
+                "the claim took the retirement's whole budget; next tick retries"
+            );
+            return Retirement::NotNow;
+        }
         // Mark first: exactly one of two overlapping sweeps wins this.
         let marked = MailboxRecord {
             retiring: Some(RetirementMark {
@@ -546,8 +575,14 @@ impl MailboxSweep {
         };
         // The seat's detached runs end first, under the seat lease this
         // retirement holds: once the control subscription is gone nothing
-        // could ever reach them again.
-        if let Err(e) = self.end_runs(h, epoch).await {
+        // could ever reach them again. A run that cannot be ended within
+        // the budget unmarks the retirement like one that cannot be ended
+        // at all; the next tick retries with the runs already ended gone.
+        let ended = match tokio::time::timeout_at(deadline, self.end_runs(h, epoch)).await {
+            Ok(r) => r,
+            Err(_) => Err(format!("the seat's runs were not ended within {budget:?}")),
+        };
+        if let Err(e) = ended {
             tracing::warn!(seat = h, error = %e, "a retirement could not end the seat's runs; unmarking, next tick retries");
             let _ = self
                 .store
@@ -555,7 +590,6 @@ impl MailboxSweep {
                 .await;
             return Retirement::NotNow;
         }
-        let budget = self.store.lease_ttl() / 2;
         let deletes = async {
             for name in [inbox_group(h), control_group(h), reflect_group(h)] {
                 self.queue
@@ -565,7 +599,7 @@ impl MailboxSweep {
             }
             Ok::<(), String>(())
         };
-        let done = match tokio::time::timeout(budget, deletes).await {
+        let done = match tokio::time::timeout_at(deadline, deletes).await {
             Ok(r) => r,
             Err(_) => Err(format!("the deletes took longer than {budget:?}")),
         };
@@ -624,6 +658,15 @@ impl MailboxSweep {
         }
         Ok(())
     }
+}
+
+/// The seat lease a retirement claimed, and how long it may act under it.
+struct Tenure<'a> {
+    owner: &'a str,
+    epoch: u64,
+    /// Half the lease TTL from before the claim.
+    deadline: tokio::time::Instant,
+    budget: Duration,
 }
 
 enum Retirement {

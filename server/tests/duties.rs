@@ -62,6 +62,7 @@ both!(
     a_consumer_under_another_group_on_a_seats_subject_is_left_alone_by_the_sweep,
     a_duty_claim_or_renewal_that_errors_skips_the_tick,
     a_retirement_whose_runs_cannot_be_ended_within_half_the_ttl_deletes_nothing_and_waits_for_the_next_tick,
+    a_mark_left_by_a_sweep_that_died_is_left_alone_then_resumed_once_fifteen_minutes_old,
 );
 
 fn sweep(n: &Node) -> MailboxSweep {
@@ -516,6 +517,85 @@ async fn a_retirement_whose_runs_cannot_be_ended_within_half_the_ttl_deletes_not
         "the next tick retires it"
     );
     assert_eq!(pending(&a, "s1").await, None);
+}
+
+/// Put a retirement mark on `handle`'s record, `age` old on the store's
+/// clock, as a sweep that died after marking leaves it.
+async fn mark_as_if_a_dead_sweep(n: &Node, handle: &str, age: Duration) {
+    let e = n
+        .store
+        .get(StateBucket::Mailboxes, handle)
+        .await
+        .unwrap()
+        .unwrap();
+    let mut rec: MailboxRecord = serde_json::from_slice(&e.value).unwrap();
+    let now = n.store.now().await.unwrap().unix_nanos() / 1_000_000;
+    rec.retiring = Some(RetirementMark {
+        by: "dead:maintenance:1".into(),
+        at_ms: now - age.as_millis() as i64,
+    });
+    n.store
+        .update(
+            StateBucket::Mailboxes,
+            handle,
+            Bytes::from(serde_json::to_vec(&rec).unwrap()),
+            e.revision,
+        )
+        .await
+        .unwrap();
+}
+
+/// A sweep that dies after marking leaves a mark a later sweep resumes
+/// once it is 15 minutes old (seed § The removed seat), through the real
+/// sweep: a younger mark is a retirement that may still be running and is
+/// left alone; an older one is resumed (`seat_mailbox_retirement_resumed`)
+/// and the mailbox retired.
+async fn a_mark_left_by_a_sweep_that_died_is_left_alone_then_resumed_once_fifteen_minutes_old(
+    f: Fleet,
+) {
+    use crewlet::duty::mailboxes::RESUME_AFTER;
+    let mut a = f.node("a", &[echo_role("s0"), echo_role("s1")]).await;
+    f.until("a holds both", WAIT, || a.holds("s0") && a.holds("s1"))
+        .await;
+    remove_s1_with_mail(&f, &a).await;
+    f.until_async("s1's lease is gone", WAIT, || async {
+        a.store.lease("seat:s1").await.unwrap().is_none()
+    })
+    .await;
+    let s = sweep(&a);
+    assert_eq!(s.tick().await.absent, vec!["s1"]);
+    until_the_grace_has_passed(&f, &a, "s1").await;
+    // A mark one minute short of the resume: a retirement still running.
+    mark_as_if_a_dead_sweep(&a, "s1", RESUME_AFTER - Duration::from_secs(60)).await;
+    let young = record(&a, "s1").await;
+    let r = s.tick().await;
+    assert!(r.retired.is_empty() && r.held.is_empty(), "{r:?}");
+    assert_eq!(record(&a, "s1").await, young, "left alone");
+    assert_eq!(pending(&a, "s1").await, Some(1), "the mail is kept");
+    let resumed = |a: &mut Node| {
+        a.matching(|e| match e {
+            Event::SeatMailboxRetirementResumed { seat } => Some(seat.clone()),
+            _ => None,
+        })
+    };
+    assert!(resumed(&mut a).is_empty());
+    // The same mark, past 15 minutes: resumed and finished.
+    mark_as_if_a_dead_sweep(&a, "s1", RESUME_AFTER + Duration::from_secs(1)).await;
+    let r = s.tick().await;
+    assert_eq!(r.retired, vec!["s1"], "{r:?}");
+    assert_eq!(resumed(&mut a), vec!["s1"]);
+    assert_eq!(pending(&a, "s1").await, None, "the mailbox is gone");
+    assert!(
+        a.store
+            .get(StateBucket::Mailboxes, "s1")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        a.store.lease("seat:s1").await.unwrap().is_none(),
+        "the resumed retirement's claim is released"
+    );
 }
 
 async fn a_removed_seats_mailbox_is_retired_after_the_grace_not_before_and_its_memory_is_kept(

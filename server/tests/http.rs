@@ -2130,3 +2130,105 @@ async fn while_the_roster_cannot_be_read_the_last_one_read_is_shown_as_unknown_w
     assert!(v["nodes"][0].get("last_status").is_none(), "{v}");
     n.stop().await;
 }
+
+/// `/health`'s count of the detached runs whose command runs here.
+async fn health_detached_runs(n: &TestNode) -> u64 {
+    health_seats_raw(n).await["detached_runs"].as_u64().unwrap()
+}
+
+async fn wait_for_detached_runs(n: &TestNode, want: u64) {
+    support::wait_for(
+        &format!("/health to count {want} detached run(s)"),
+        Duration::from_secs(20),
+        Duration::from_millis(20),
+        || async { (health_detached_runs(n).await == want).then_some(()) },
+    )
+    .await;
+}
+
+/// Start a detached run on alpha through a turn of its echo agent; its id.
+async fn start_detached_run(n: &TestNode, id: &str, argv: &[&str]) -> String {
+    let body =
+        serde_json::json!({"id": id, "type": "task_assigned", "body": {"run": {"argv": argv}}});
+    let r = client()
+        .post(n.url("/api/seats/alpha/inbox"))
+        .bearer_auth(DEPLOY_TOKEN)
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let turns = n.node.as_ref().unwrap().turns.clone();
+    support::wait_for(
+        &format!("the run {id} asked for to be recorded"),
+        Duration::from_secs(20),
+        Duration::from_millis(20),
+        || async {
+            turns
+                .runs()
+                .list("alpha")
+                .await
+                .unwrap()
+                .into_iter()
+                .find(|(r, _)| r.state == crewlet::engine::runs::RunState::Running)
+                .map(|(r, _)| r.run_id)
+        },
+    )
+    .await
+}
+
+#[tokio::test]
+async fn health_counts_the_detached_runs_running_on_the_node_and_none_once_they_finished_or_ended()
+{
+    use crewlet::engine::runs::RunState;
+    let n = TestNode::start().await;
+    wait_for_seats(&n, serde_json::json!(["alpha"])).await;
+    assert_eq!(health_detached_runs(&n).await, 0);
+    let turns = n.node.as_ref().unwrap().turns.clone();
+    let dir = tempfile::tempdir().unwrap();
+    let gate = dir.path().join("go");
+    // A run that waits for a file, so the test decides when it finishes.
+    let script = format!(
+        "while [ ! -e {} ]; do sleep 0.05; done; echo finished",
+        gate.display()
+    );
+    let run = start_detached_run(&n, "run-1", &["sh", "-c", &script]).await;
+    wait_for_detached_runs(&n, 1).await;
+    std::fs::write(&gate, b"").unwrap();
+    wait_for_detached_runs(&n, 0).await;
+    support::wait_for(
+        "the finished run to be resumed",
+        Duration::from_secs(20),
+        Duration::from_millis(20),
+        || async {
+            let (r, _) = turns.runs().get("alpha", &run).await.unwrap().unwrap();
+            (r.state == RunState::Finished && r.resumed).then_some(())
+        },
+    )
+    .await;
+    // A run ended on purpose (its record marked ended): its child is
+    // killed and the count goes back to 0.
+    let run = start_detached_run(&n, "run-2", &["sleep", "60"]).await;
+    wait_for_detached_runs(&n, 1).await;
+    let epoch = n
+        .node
+        .as_ref()
+        .unwrap()
+        .engine
+        .store()
+        .lease("seat:alpha")
+        .await
+        .unwrap()
+        .unwrap()
+        .epoch;
+    turns
+        .runs()
+        .mutate("alpha", &run, epoch, |r| {
+            r.state = RunState::Ended;
+            true
+        })
+        .await
+        .unwrap();
+    wait_for_detached_runs(&n, 0).await;
+    n.stop().await;
+}

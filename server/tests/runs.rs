@@ -3,8 +3,11 @@
 //! the acquire hook, a resume applied once, and a retirement that ends a
 //! removed seat's runs before its mailbox goes (seed § Fencing, § Sandbox
 //! control is owner-routed, § The removed seat, § Establishing a seat: an
-//! answer the last holder recorded and never resumed with is resumed).
+//! answer the last holder recorded and never resumed with is resumed, and a
+//! seat whose runs cannot be recovered is handed back as `unprepared`).
 
+#[path = "support/run_faults.rs"]
+mod run_faults;
 mod support;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -18,7 +21,7 @@ use crewlet::engine::pause::{self, ControlMessage, PauseRecord};
 use crewlet::engine::runs::{
     RunCompletion, RunError, RunRecord, RunResult, RunState, Runs, Supervisor,
 };
-use crewlet::events::Event;
+use crewlet::events::{DetachReason, Event};
 use crewlet::node::company;
 use crewlet::queue::{
     Attachment, DeadLetter, Handler, Queue, QueueError, QueueSettings, SubscriptionInfo,
@@ -63,6 +66,7 @@ both!(
     a_run_failed_as_launcher_lost_whose_launcher_lived_on_is_resumed_with_its_answer,
     a_resume_cut_short_by_a_crash_is_resumed_by_the_next_holder_once,
     a_turn_that_starts_a_detached_run_is_parked_and_the_resume_continues_it,
+    a_seat_whose_runs_cannot_be_recovered_is_handed_back_as_unprepared,
 );
 
 fn started(n: &mut Node) -> Vec<String> {
@@ -752,6 +756,93 @@ async fn a_turn_that_starts_a_detached_run_is_parked_and_the_resume_continues_it
         1,
         "the parked trigger never comes back"
     );
+}
+
+/// The hand-backs of `seat` a node made, with their epochs and reasons.
+fn detached(n: &mut Node, seat: &str) -> Vec<(u64, DetachReason)> {
+    n.matching(|e| match e {
+        Event::SeatDetached {
+            seat: s,
+            epoch,
+            reason,
+        } if s == seat => Some((*epoch, *reason)),
+        _ => None,
+    })
+}
+
+async fn a_seat_whose_runs_cannot_be_recovered_is_handed_back_as_unprepared(f: Fleet) {
+    // Node a cannot read the run records (listing them fails), so its
+    // acquire hook cannot recover the seat's runs.
+    let (mut a, store_a) = run_faults::node_over(&f, "a", &[echo_role("s0")], true).await;
+    // A run the seat's last holder left, whose launcher (on node gone)
+    // is gone: recovering the seat means failing it.
+    let left = RunRecord {
+        launcher_node: "gone".into(),
+        ..launched("run-left", "gone:1", 1, &["sleep", "60"])
+    };
+    assert!(a.turns.runs().create(&left).await.unwrap());
+    f.until("a hands s0 back", WAIT, || {
+        !detached(&mut a, "s0").is_empty()
+    })
+    .await;
+    let (epoch_a, reason) = detached(&mut a, "s0")[0];
+    assert_eq!(
+        reason,
+        DetachReason::Unprepared,
+        "handed back voluntarily as unprepared, not fenced as a failed hook"
+    );
+    assert!(!reason.is_fenced());
+    assert!(store_a.failed() >= 1, "the run records could not be read");
+    // The lease is given back, not left to lapse at its TTL.
+    f.until("a releases the lease it could not prepare", WAIT, || {
+        store_a
+            .released()
+            .contains(&("seat:s0".to_string(), epoch_a))
+    })
+    .await;
+    // A peer that can read the records takes the seat and recovers its runs.
+    let mut b = f.node("b", &[]).await;
+    f.until("b holds s0", WAIT, || b.attached("s0")).await;
+    let epoch_b = b.store.lease("seat:s0").await.unwrap().unwrap().epoch;
+    assert!(epoch_b > epoch_a);
+    assert_eq!(
+        failed(&mut b),
+        vec![("run-left".into(), "launcher_lost".into())]
+    );
+    let (r, _) = b.turns.runs().get("s0", "run-left").await.unwrap().unwrap();
+    assert_eq!((r.state, r.owner_epoch), (RunState::Failed, epoch_b));
+    assert!(
+        detached(&mut a, "s0")
+            .iter()
+            .all(|(_, r)| *r == DetachReason::Unprepared),
+        "every hand-back of a is unprepared: {:?}",
+        detached(&mut a, "s0")
+    );
+    assert!(
+        !a.events().iter().any(|e| matches!(
+            &e.event,
+            Event::SeatAttached { seat, .. } if seat == "s0"
+        )),
+        "a never attached a seat it could not prepare"
+    );
+    assert!(failed(&mut a).is_empty(), "a recovered nothing");
+    // Once a can read the records, its next acquisition runs the whole
+    // hook and holds the seat.
+    store_a.heal();
+    b.engine.drain().await;
+    f.until("a holds s0 once its runs can be recovered", WAIT, || {
+        a.attached("s0")
+    })
+    .await;
+    let epoch = a.store.lease("seat:s0").await.unwrap().unwrap().epoch;
+    assert!(epoch > epoch_b);
+    let (r, _) = a.turns.runs().get("s0", "run-left").await.unwrap().unwrap();
+    assert_eq!(
+        r.state,
+        RunState::Failed,
+        "already failed: not announced again"
+    );
+    assert!(failed(&mut a).is_empty());
 }
 
 mod resumes {

@@ -202,14 +202,11 @@ impl Runs {
             .get(StateBucket::Runs, &key(seat, run_id))
             .await
             .map_err(|e| RunError::Store(e.to_string()))?;
-        Ok(e.and_then(|e| {
-            serde_json::from_slice(&e.value)
-                .ok()
-                .map(|r| (r, e.revision))
-        }))
+        Ok(e.and_then(|e| decoded(&key(seat, run_id), &e.value).map(|r| (r, e.revision))))
     }
 
-    /// Every run record of `seat`.
+    /// Every run record of `seat` (a record that cannot be decoded is left
+    /// where it is, for a person to inspect, and logged).
     pub async fn list(&self, seat: &str) -> Result<Vec<(RunRecord, Revision)>, RunError> {
         let es = self
             .store
@@ -219,8 +216,7 @@ impl Runs {
         Ok(es
             .into_iter()
             .filter_map(|e| {
-                serde_json::from_slice::<RunRecord>(&e.value)
-                    .ok()
+                decoded(&e.key, &e.value)
                     .filter(|r| r.seat == seat)
                     .map(|r| (r, e.revision))
             })
@@ -604,6 +600,19 @@ impl Supervisor {
         self.stop.cancel();
         self.tracker.close();
         self.tracker.wait().await;
+    }
+}
+
+/// A stored run record, or `None` — logged with its key — when it cannot
+/// be decoded (written by a newer build, or damaged): it is never
+/// adopted, failed or deleted by this build.
+fn decoded(key: &str, value: &[u8]) -> Option<RunRecord> {
+    match serde_json::from_slice(value) {
+        Ok(r) => Some(r),
+        Err(e) => {
+            tracing::error!(key, error = %e, "a run record cannot be decoded; it is left in crewlet_runs untouched");
+            None
+        }
     }
 }
 

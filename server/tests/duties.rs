@@ -63,6 +63,7 @@ both!(
     a_duty_claim_or_renewal_that_errors_skips_the_tick,
     a_retirement_whose_runs_cannot_be_ended_within_half_the_ttl_deletes_nothing_and_waits_for_the_next_tick,
     a_mark_left_by_a_sweep_that_died_is_left_alone_then_resumed_once_fifteen_minutes_old,
+    a_seat_added_back_while_the_real_sweep_retires_it_waits_and_starts_with_an_empty_inbox,
 );
 
 fn sweep(n: &Node) -> MailboxSweep {
@@ -595,6 +596,84 @@ async fn a_mark_left_by_a_sweep_that_died_is_left_alone_then_resumed_once_fiftee
     assert!(
         a.store.lease("seat:s1").await.unwrap().is_none(),
         "the resumed retirement's claim is released"
+    );
+}
+
+/// A node adding a seat back while the sweep is retiring its mailbox
+/// (seed § The removed seat), driven by the real sweep: the retirement is
+/// held in the middle of its deletes while the revision adding the seat
+/// back is applied; the node finds the mark and waits for the retirement,
+/// which finishes; the node then registers the seat afresh and its new
+/// inbox starts empty — the old backlog gone, the new mail worked, nothing
+/// taken over.
+async fn a_seat_added_back_while_the_real_sweep_retires_it_waits_and_starts_with_an_empty_inbox(
+    f: Fleet,
+) {
+    use duty_faults::{PausingQueue, node_over_faults};
+    let (mut a, store) = node_over_faults(&f, "a", &[echo_role("s0"), echo_role("s1")], &[]).await;
+    f.until("a holds both", WAIT, || a.holds("s0") && a.holds("s1"))
+        .await;
+    remove_s1_with_mail(&f, &a).await;
+    f.until_async("s1's lease is gone", WAIT, || async {
+        a.store.lease("seat:s1").await.unwrap().is_none()
+    })
+    .await;
+    assert_eq!(sweep(&a).tick().await.absent, vec!["s1"]);
+    until_the_grace_has_passed(&f, &a, "s1").await;
+    let pausing = PausingQueue::new(a.queue.clone(), "agent-s1");
+    let s = MailboxSweep {
+        queue: pausing.clone(),
+        ..sweep(&a)
+    };
+    let retiring = tokio::spawn(async move { s.tick().await });
+    f.until("the retirement is deleting", WAIT, || pausing.entered())
+        .await;
+    assert!(
+        record(&a, "s1").await.retiring.is_some(),
+        "marked before it deletes"
+    );
+    // The seat is added back meanwhile; the node reads the marked record
+    // and waits on it (it reads the record again and again until the mark
+    // clears).
+    let reads = store.gets(StateBucket::Mailboxes, "s1");
+    company::apply(&*a.store, COMPANY, &[echo_role("s0"), echo_role("s1")])
+        .await
+        .unwrap();
+    f.until("the node waits on the retirement's mark", WAIT, || {
+        store.gets(StateBucket::Mailboxes, "s1") > reads
+    })
+    .await;
+    pausing.go();
+    let r = retiring.await.unwrap();
+    assert_eq!(r.retired, vec!["s1"], "{r:?}");
+    f.until_async("s1 has a new, empty mailbox", WAIT, || async {
+        pending(&a, "s1").await == Some(0)
+    })
+    .await;
+    f.until("a holds s1 again", WAIT, || a.holds("s1")).await;
+    a.publish("s1", &trigger("new-mail", serde_json::json!({})))
+        .await;
+    f.until("the new mail runs", WAIT, || {
+        !a.turns_of("new-mail").is_empty()
+    })
+    .await;
+    assert!(
+        a.turns_of("late-mail").is_empty(),
+        "the old backlog is gone"
+    );
+    let rec = record(&a, "s1").await;
+    assert_eq!(
+        (rec.retiring, rec.absent_since_ms),
+        (None, None),
+        "registered afresh"
+    );
+    assert!(
+        a.matching(|e| match e {
+            Event::SeatMailboxRetirementTakenOver { seat } => Some(seat.clone()),
+            _ => None,
+        })
+        .is_empty(),
+        "the retirement finished in time: nothing was taken over"
     );
 }
 

@@ -25,7 +25,10 @@ use crewlet::events::EventBus;
 use crewlet::memory::MemoryStore;
 use crewlet::memory::memread::{MemRead, NatsScatter, Scatter};
 use crewlet::node::company;
-use crewlet::queue::QueueSettings;
+use crewlet::queue::{
+    Attachment, DeadLetter, Handler, Queue, QueueError, QueueSettings, SubscriptionInfo,
+    SubscriptionSpec,
+};
 use crewlet::seat::sweep::{EngineConfig, SeatEngine};
 use crewlet::tasks::Tasks;
 use tokio::sync::watch;
@@ -58,6 +61,8 @@ pub struct FaultyStore {
     inner: Arc<dyn Store>,
     faults: watch::Sender<Vec<Fault>>,
     hits: Mutex<Vec<Fault>>,
+    /// Every `get` asked of the store, faulted or not.
+    gets: Mutex<Vec<(StateBucket, String)>>,
 }
 
 impl FaultyStore {
@@ -66,6 +71,7 @@ impl FaultyStore {
             inner,
             faults: watch::Sender::new(faults.to_vec()),
             hits: Mutex::new(Vec::new()),
+            gets: Mutex::new(Vec::new()),
         })
     }
 
@@ -86,6 +92,16 @@ impl FaultyStore {
             .unwrap_or_else(|p| p.into_inner())
             .iter()
             .filter(|h| *h == f)
+            .count()
+    }
+
+    /// How often `key` of `bucket` was read (`get`) through this store.
+    pub fn gets(&self, bucket: StateBucket, key: &str) -> usize {
+        self.gets
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|(b, k)| *b == bucket && k == key)
             .count()
     }
 
@@ -178,6 +194,10 @@ impl Store for FaultyStore {
         self.inner.view_running()
     }
     async fn get(&self, bucket: StateBucket, key: &str) -> Result<Option<Entry>, StoreError> {
+        self.gets
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((bucket, key.to_string()));
         let f = Fault::Get(bucket, key.to_string());
         if self.stands(&f) {
             return Err(Self::injected(&f));
@@ -336,4 +356,76 @@ pub async fn node_over_faults(
         },
         faulty,
     )
+}
+
+/// The fleet's queue, with the delete of one subscription held: the delete
+/// waits (before it reaches the broker) until [`PausingQueue::go`], and
+/// [`PausingQueue::entered`] says it is waiting. What a retirement looks
+/// like to a node adding the seat back in the middle of it.
+pub struct PausingQueue {
+    inner: Arc<dyn Queue>,
+    name: String,
+    entered: watch::Sender<bool>,
+    go: watch::Sender<bool>,
+}
+
+impl PausingQueue {
+    pub fn new(inner: Arc<dyn Queue>, name: &str) -> Arc<PausingQueue> {
+        Arc::new(PausingQueue {
+            inner,
+            name: name.to_string(),
+            entered: watch::Sender::new(false),
+            go: watch::Sender::new(false),
+        })
+    }
+
+    /// Whether the held delete has begun waiting.
+    pub fn entered(&self) -> bool {
+        *self.entered.borrow()
+    }
+
+    /// Let the held delete (and every later one) through.
+    pub fn go(&self) {
+        self.go.send_replace(true);
+    }
+}
+
+#[async_trait]
+impl Queue for PausingQueue {
+    async fn ensure_subscription(&self, spec: &SubscriptionSpec) -> Result<(), QueueError> {
+        self.inner.ensure_subscription(spec).await
+    }
+    async fn delete_subscription(&self, name: &str) -> Result<bool, QueueError> {
+        if name == self.name {
+            self.entered.send_replace(true);
+            let mut go = self.go.subscribe();
+            let _ = go.wait_for(|g| *g).await;
+        }
+        self.inner.delete_subscription(name).await
+    }
+    async fn list_subscriptions(&self) -> Result<Vec<SubscriptionInfo>, QueueError> {
+        self.inner.list_subscriptions().await
+    }
+    async fn publish(
+        &self,
+        subject: &str,
+        msg_id: Option<&str>,
+        payload: Bytes,
+    ) -> Result<bool, QueueError> {
+        self.inner.publish(subject, msg_id, payload).await
+    }
+    async fn attach(
+        &self,
+        name: &str,
+        holds: &[&str],
+        handler: Arc<dyn Handler>,
+    ) -> Result<Attachment, QueueError> {
+        self.inner.attach(name, holds, handler).await
+    }
+    async fn pending(&self, name: &str) -> Result<u64, QueueError> {
+        self.inner.pending(name).await
+    }
+    async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, QueueError> {
+        self.inner.dead_letters(limit).await
+    }
 }

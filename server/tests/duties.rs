@@ -1556,6 +1556,36 @@ mod retirement_races {
         assert_eq!(rec.retiring, None, "the record is the new holder's");
     }
 
+    /// A resumed retirement that cannot delete is unmarked like any other:
+    /// the dead sweep's mark does not come back with the record.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_resumed_retirement_whose_delete_is_refused_is_unmarked_not_left_with_the_dead_mark()
+    {
+        use crewlet::duty::mailboxes::RESUME_AFTER;
+        let f = Fleet::new(Kind::Twin).await;
+        let mut a = absent_past_the_grace(&f).await;
+        mark_as_if_a_dead_sweep(&a, "s1", RESUME_AFTER + Duration::from_secs(1)).await;
+        let refusing = MailboxSweep {
+            queue: Arc::new(Racing {
+                inner: a.queue.clone(),
+                store: a.store.clone(),
+                act: Act::Refuse,
+            }),
+            ..sweep(&a)
+        };
+        assert!(refusing.tick().await.retired.is_empty());
+        let rec = record(&a, "s1").await;
+        assert_eq!(rec.retiring, None, "unmarked");
+        assert!(rec.absent_since_ms.is_some(), "still absent");
+        // The next tick retires it as a plain retirement, not a resume.
+        assert_eq!(sweep(&a).tick().await.retired, vec!["s1"]);
+        let resumed = a.matching(|e| match e {
+            Event::SeatMailboxRetirementResumed { seat } => Some(seat.clone()),
+            _ => None,
+        });
+        assert_eq!(resumed, vec!["s1"], "resumed once");
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_delete_the_broker_refuses_unmarks_the_retirement_and_the_next_tick_retries() {
         let f = Fleet::new(Kind::Twin).await;

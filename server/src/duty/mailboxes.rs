@@ -562,6 +562,13 @@ impl MailboxSweep {
             }),
             ..rec.clone()
         };
+        // Unmarking writes the record back with no mark at all: a resumed
+        // retirement's record came with a dead sweep's mark, which must not
+        // come back with it (a node adding the seat back would wait on it).
+        let unmarked = MailboxRecord {
+            retiring: None,
+            ..rec
+        };
         let mark_rev = match self
             .store
             .update(StateBucket::Mailboxes, h, encode(&marked), rev)
@@ -586,7 +593,7 @@ impl MailboxSweep {
             tracing::warn!(seat = h, error = %e, "a retirement could not end the seat's runs; unmarking, next tick retries");
             let _ = self
                 .store
-                .update(StateBucket::Mailboxes, h, encode(&rec), mark_rev)
+                .update(StateBucket::Mailboxes, h, encode(&unmarked), mark_rev)
                 .await;
             return Retirement::NotNow;
         }
@@ -607,7 +614,7 @@ impl MailboxSweep {
             tracing::warn!(seat = h, error = %e, "a retirement could not delete the mailbox; unmarking, next tick retries");
             let _ = self
                 .store
-                .update(StateBucket::Mailboxes, h, encode(&rec), mark_rev)
+                .update(StateBucket::Mailboxes, h, encode(&unmarked), mark_rev)
                 .await;
             return Retirement::NotNow;
         }

@@ -64,6 +64,7 @@ both!(
     a_retirement_whose_runs_cannot_be_ended_within_half_the_ttl_deletes_nothing_and_waits_for_the_next_tick,
     a_mark_left_by_a_sweep_that_died_is_left_alone_then_resumed_once_fifteen_minutes_old,
     a_seat_added_back_while_the_real_sweep_retires_it_waits_and_starts_with_an_empty_inbox,
+    a_registry_that_cannot_be_listed_at_boot_leaves_every_seat_unregistered_with_its_mailbox_created,
 );
 
 fn sweep(n: &Node) -> MailboxSweep {
@@ -408,6 +409,49 @@ async fn a_registration_that_fails_is_reported_the_mailbox_is_created_anyway_and
         }),
         vec!["s1"]
     );
+}
+
+/// The registration's first read is the registry's listing; when that
+/// fails every seat is reported unregistered (`seat_mailbox_unregistered`)
+/// and every seat's mailbox is created all the same, so no seat in the
+/// company loses mail; the next sweep registers them.
+async fn a_registry_that_cannot_be_listed_at_boot_leaves_every_seat_unregistered_with_its_mailbox_created(
+    f: Fleet,
+) {
+    use duty_faults::{Fault, node_over_faults};
+    let listing = Fault::Entries(StateBucket::Mailboxes);
+    let (mut a, faulty) = node_over_faults(
+        &f,
+        "a",
+        &[echo_role("s0"), echo_role("s1")],
+        std::slice::from_ref(&listing),
+    )
+    .await;
+    assert!(faulty.hits(&listing) >= 1);
+    let mut unregistered = a.matching(|e| match e {
+        Event::SeatMailboxUnregistered { seat, .. } => Some(seat.clone()),
+        _ => None,
+    });
+    unregistered.sort();
+    assert_eq!(unregistered, vec!["s0", "s1"]);
+    let names = subscription_names(&a).await;
+    for g in [
+        "agent-s0",
+        "control-s0",
+        "reflect-s0",
+        "agent-s1",
+        "control-s1",
+        "reflect-s1",
+    ] {
+        assert!(names.contains(&g.to_string()), "{g} missing: {names:?}");
+    }
+    f.until("a holds both", WAIT, || a.holds("s0") && a.holds("s1"))
+        .await;
+    faulty.heal();
+    let mut r = sweep(&a).tick().await;
+    r.registered.sort();
+    assert_eq!(r.registered, vec!["s0", "s1"], "{r:?}");
+    assert_eq!(record(&a, "s1").await.absent_since_ms, None);
 }
 
 /// Only a subscription the mailbox grammar produces counts (seed § The

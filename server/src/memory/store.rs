@@ -689,6 +689,13 @@ impl MemoryStore {
         after: i64,
     ) -> Result<Vec<CarriedRow>, sqlx::Error> {
         let mut out = Vec::new();
+        // Every table from one snapshot: read one by one, a turn's row
+        // committed between two reads was missed while a later row of the
+        // same turn was seen, and the flush marked past both (the chaos
+        // soak handed a seat over without one of its episodes). Writes
+        // commit in change-sequence order (one writer at a time), so one
+        // snapshot holds every row up to its highest sequence.
+        let mut snapshot = self.pool.begin().await?;
         for table in Table::ALL {
             let rows = sqlx::query(&format!(
                 "SELECT * FROM {} WHERE agent_handle = ? AND change_seq > ? ORDER BY change_seq",
@@ -696,7 +703,7 @@ impl MemoryStore {
             ))
             .bind(handle)
             .bind(after)
-            .fetch_all(&self.pool)
+            .fetch_all(&mut *snapshot)
             .await?;
             for r in &rows {
                 let row = row_json(table, r, true)?;
@@ -708,6 +715,7 @@ impl MemoryStore {
                 });
             }
         }
+        snapshot.commit().await?;
         out.sort_by_key(|r| r.seq);
         Ok(out)
     }

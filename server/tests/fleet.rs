@@ -912,8 +912,11 @@ async fn a_store_blip_keeps_the_seat_holds_its_inbox_and_the_next_renew_resumes_
     f.ttl = Duration::from_secs(12);
     f.store_timeout = Duration::from_millis(500);
     let mut a = f.node("a", &[], &roles("s", 1)).await;
-    f.until("a holds s0", Duration::from_secs(10), || a.count() == 1)
-        .await;
+    // Held counts a seat still establishing: wait until it admits turns.
+    f.until("a holds s0, attached", Duration::from_secs(10), || {
+        a.engine.host().may_start("s0").is_some()
+    })
+    .await;
     let epoch = a.engine.host().may_start("s0").unwrap();
     f.server.as_mut().unwrap().kill();
     f.until("an unanswered renew", Duration::from_secs(10), || {

@@ -1361,6 +1361,19 @@ async fn a_person_moves_a_seat_to_a_named_node_through_an_offer(f: Fleet) {
     })
     .await;
     let seat = a.held().into_iter().next().unwrap();
+    // The target must be a live node in the store's roster (a loaded
+    // machine can renew b's presence late).
+    f.until_async(
+        "b's presence to be live",
+        Duration::from_secs(10),
+        || async {
+            a.store
+                .list("node:b")
+                .await
+                .is_ok_and(|l| l.iter().any(|p| p.resource == "node:b"))
+        },
+    )
+    .await;
     let req = crewlet::seat::moves::request(&*a.store, &seat, "b", "op", "closer to its data")
         .await
         .expect("the move is accepted");
@@ -1378,6 +1391,17 @@ async fn a_person_moves_a_seat_to_a_named_node_through_an_offer(f: Fleet) {
         "the giver to detach it as moved",
         Duration::from_secs(10),
         || a.detached().contains(&(seat.clone(), DetachReason::Moved)),
+    )
+    .await;
+    f.until_async(
+        "b's presence to be live",
+        Duration::from_secs(10),
+        || async {
+            a.store
+                .list("node:b")
+                .await
+                .is_ok_and(|l| l.iter().any(|p| p.resource == "node:b"))
+        },
     )
     .await;
     let again = crewlet::seat::moves::request(&*a.store, &seat, "b", "op", "again").await;

@@ -790,56 +790,6 @@ mod broker {
     }
 
     #[tokio::test]
-    async fn mail_stranded_below_an_ack_floor_pushed_past_it_is_requeued_and_delivered_once() {
-        // The chaos soak saw a consumer whose ack floor had moved past mail
-        // it never delivered (floor 374, the mail stored at 39): the floor
-        // bounds nothing. Made here: one message stranded, then a later
-        // one delivered and acknowledged, which moves the floor past it.
-        use futures::StreamExt;
-        let b = jetstream().await;
-        let url = b._server.as_ref().unwrap().url();
-        let q = &*b.queue;
-        let spec = ensure_seat(q, "floor").await;
-        publish(q, &spec.subject, "stranded").await;
-        let stream = strand(&url, &spec).await;
-        publish(q, &spec.subject, "answered").await;
-        let client = async_nats::connect(&url).await.unwrap();
-        let consumer: async_nats::jetstream::consumer::Consumer<
-            async_nats::jetstream::consumer::pull::Config,
-        > = async_nats::jetstream::new(client)
-            .get_stream(crewlet::queue::jetstream::AGENTS_STREAM)
-            .await
-            .unwrap()
-            .get_consumer(&spec.name)
-            .await
-            .unwrap();
-        let mut one = consumer
-            .fetch()
-            .max_messages(1)
-            .expires(Duration::from_secs(2))
-            .messages()
-            .await
-            .unwrap();
-        let m = one.next().await.expect("the later message").unwrap();
-        assert_eq!(&m.payload[..], b"answered");
-        m.double_ack().await.unwrap();
-        let i = stream.consumer_info(&spec.name).await.unwrap();
-        assert!(
-            i.ack_floor.stream_sequence >= 1 && i.num_ack_pending == 0 && i.num_pending == 0,
-            "the floor moved past the stranded message: {:?}",
-            (i.ack_floor, i.num_ack_pending, i.num_pending)
-        );
-        assert!(stream.get_raw_message(1).await.is_ok(), "and it is stored");
-
-        let (h, mut rx) = recorder(|_| Disposition::Ack);
-        let a = q.attach(&spec.name, &[], h).await.unwrap();
-        let d = recv(&mut rx, "the mail stranded below the floor").await;
-        assert_eq!(&d.payload[..], b"stranded");
-        nothing_arrives(&mut rx).await;
-        a.detach().await;
-    }
-
-    #[tokio::test]
     async fn mail_awaiting_its_acknowledgement_is_not_taken_for_stranded() {
         let b = jetstream().await;
         let q = &*b.queue;

@@ -428,15 +428,12 @@ impl Source for PullSource {
         // predecessor handed out before that is neither pending nor ever
         // delivered again (NATS 2.9; nats-server PR #6469). On an interest
         // stream such a message is still stored: this consumer is the only
-        // interest in its subject and has not acknowledged it. The ack
-        // floor is no bound: the chaos soak saw floors pushed past mail
-        // that was never delivered, so the look starts at the subject's
-        // first stored message.
-        let Some((top, subject)) = self.quiet_range().await? else {
+        // interest in its subject and has not acknowledged it.
+        let Some((floor, top, subject)) = self.quiet_range().await? else {
             return Ok(None);
         };
         let mut found = Vec::new();
-        let mut from = 1;
+        let mut from = floor + 1;
         while from <= top && found.len() < STRANDED_BATCH {
             let next = bounded(
                 self.timeout,
@@ -471,19 +468,6 @@ impl Source for PullSource {
         }
         let mut out = Vec::new();
         for m in found {
-            let times: u32 = m
-                .headers
-                .get(REQUEUED_HEADER)
-                .and_then(|v| v.as_str().parse().ok())
-                .unwrap_or(0);
-            if times >= MAX_REQUEUES {
-                // Interest this node cannot see (a consumer of someone
-                // else's on the subject keeps answered mail stored), or a
-                // broker that strands it every time: left where it is,
-                // said loudly, never churned.
-                tracing::error!(subscription = %self.name, seq = m.sequence, times, "a message stranded again after being put back in line {MAX_REQUEUES} times; left stored");
-                continue;
-            }
             match bounded(self.timeout, self.stream.get_raw_message(m.sequence)).await? {
                 Ok(_) => {}
                 Err(e) if raw_not_found(&e) => continue,
@@ -511,7 +495,6 @@ impl Source for PullSource {
                 format!("{original_id}~requeued@{}", m.sequence).as_str(),
             );
             headers.insert("Crewlet-Requeued-From", m.sequence.to_string().as_str());
-            headers.insert(REQUEUED_HEADER, (times + 1).to_string().as_str());
             let ack = bounded(self.timeout, async {
                 self.js
                     .publish_with_headers(m.subject.to_string(), headers, m.payload.clone())
@@ -541,14 +524,11 @@ impl Source for PullSource {
 const STRANDED_BATCH: usize = 4096;
 /// How long a look waits before it re-reads what it found stranded.
 const STRANDED_SETTLE: Duration = Duration::from_millis(500);
-/// How many times one message is put back in line (counted on the copy).
-const MAX_REQUEUES: u32 = 3;
-const REQUEUED_HEADER: &str = "Crewlet-Requeued";
 
 impl PullSource {
-    /// The consumer's (delivered, filter subject) when no delivery awaits
-    /// its acknowledgement; `None` otherwise.
-    async fn quiet_range(&self) -> Result<Option<(u64, String)>, QueueError> {
+    /// The consumer's (ack floor, delivered, filter subject) when no
+    /// delivery awaits its acknowledgement; `None` otherwise.
+    async fn quiet_range(&self) -> Result<Option<(u64, u64, String)>, QueueError> {
         let info = bounded(self.timeout, self.consumer.get_info())
             .await?
             .map_err(backend)?;
@@ -556,6 +536,7 @@ impl PullSource {
             return Ok(None);
         }
         Ok(Some((
+            info.ack_floor.stream_sequence,
             info.delivered.stream_sequence,
             info.config.filter_subject.clone(),
         )))

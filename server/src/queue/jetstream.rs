@@ -503,6 +503,17 @@ impl Source for PullSource {
             })
             .await?
             .map_err(backend)?;
+            // The original goes only once the copy is seen stored: a stream
+            // leader that sees no interest for a moment (NATS 2.9, after an
+            // election) acknowledges a publish and drops it.
+            match bounded(self.timeout, self.stream.get_raw_message(ack.sequence)).await? {
+                Ok(_) => {}
+                Err(e) if raw_not_found(&e) => {
+                    tracing::warn!(subscription = %self.name, seq = m.sequence, copy = ack.sequence, "the broker dropped a stranded message's copy; the original stays and is looked at again");
+                    continue;
+                }
+                Err(e) => return Err(backend(e)),
+            }
             match bounded(self.timeout, self.stream.delete_message(m.sequence)).await? {
                 Ok(_) => {}
                 // Gone already (acknowledged meanwhile): the copy is then

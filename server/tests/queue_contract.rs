@@ -725,18 +725,13 @@ mod broker {
         // The stranded state, as the broker reports it: nothing pending,
         // nothing awaiting an acknowledgement, delivered past both — and
         // both still stored.
-        let deadline = tokio::time::Instant::now() + WAIT;
-        loop {
-            let (pending, ack_pending, delivered) = consumer_state(&stream, &spec.name).await;
-            if (pending, ack_pending, delivered) == (0, 0, 2) {
-                break;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the broker did not strand the mail: pending {pending}, ack pending {ack_pending}, delivered up to {delivered}"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        support::wait_for(
+            "the broker to strand the mail (pending 0, ack pending 0, delivered up to 2)",
+            WAIT,
+            Duration::from_millis(10),
+            || async { (consumer_state(&stream, &spec.name).await == (0, 0, 2)).then_some(()) },
+        )
+        .await;
         for seq in [1, 2] {
             assert!(
                 stream.get_raw_message(seq).await.is_ok(),
@@ -772,19 +767,16 @@ mod broker {
         .await;
         // Once: the originals are gone and, acknowledged, the copies too.
         pending_is(q, &spec.name, 0).await;
-        let deadline = tokio::time::Instant::now() + WAIT;
-        loop {
-            let mut s = stream.clone();
-            let n = s.info().await.unwrap().state.messages;
-            if n == 0 {
-                break;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "{n} messages still stored after the requeued mail was answered"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        support::wait_for(
+            "no message stored once the requeued mail was answered",
+            WAIT,
+            Duration::from_millis(10),
+            || async {
+                let mut s = stream.clone();
+                (s.info().await.unwrap().state.messages == 0).then_some(())
+            },
+        )
+        .await;
         nothing_arrives(&mut rx).await;
         a.detach().await;
     }

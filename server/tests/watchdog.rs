@@ -351,10 +351,13 @@ async fn silent_store(ttl: Duration, timeout: Duration, silent_secs: u64, ghost_
             let Ok(Claim::Won(mut lease)) = store.claim(req).await else {
                 return;
             };
-            while !stop.is_cancelled() {
+            // Renewed at a heartbeat's cadence, as a live node would.
+            let mut beat = tokio::time::interval(Duration::from_millis(500));
+            beat.tick().await;
+            loop {
                 tokio::select! {
                     _ = stop.cancelled() => return,
-                    _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+                    _ = beat.tick() => {}
                 }
                 if let Renewal::Renewed(l) = store.renew(&lease, "ghost:00000001", None).await {
                     lease = l;

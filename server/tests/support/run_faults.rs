@@ -21,17 +21,9 @@ use crewlet::coord::{
     Claim, ClaimRequest, ConnectionState, Entry, EventStream, KvError, Lease, Marker, Metadata,
     Offer, Release, Renewal, Revision, StateBucket, Store, StoreError, StoreTime,
 };
-use crewlet::engine::runtime::{TurnEngine, TurnSetup};
-use crewlet::events::EventBus;
-use crewlet::memory::MemoryStore;
-use crewlet::memory::memread::{MemRead, NatsScatter, Scatter};
-use crewlet::node::company;
-use crewlet::queue::QueueSettings;
-use crewlet::seat::sweep::{EngineConfig, SeatEngine};
-use crewlet::tasks::Tasks;
 use tokio::sync::watch;
 
-use crate::support::turnfleet::{BEAT, COMPANY, Fleet, Node, SCATTER_BUDGET, SWEEP};
+use crate::support::turnfleet::{Fleet, Node};
 
 /// The fleet's store, whose run records cannot be listed while
 /// [`RunsUnreadable::unreadable`] says so. It counts the listings it failed
@@ -198,90 +190,18 @@ pub async fn node_over(
     roles: &[RoleConfig],
     unreadable: bool,
 ) -> (Node, Arc<RunsUnreadable>) {
-    let ((real, queue, outbox, changelog), client) = f.connect(id).await;
-    let wrapped = RunsUnreadable::new(real, unreadable);
-    let store: Arc<dyn Store> = wrapped.clone();
-    let owner = crewlet::node::Incarnation::mint(id).to_string();
-    let events = EventBus::new(id, &owner);
-    let rx = events.subscribe();
-    let tasks = Tasks::new();
-    let first = match company::active(&*store).await.unwrap() {
-        Some(c) => c,
-        None => {
-            company::apply(&*store, COMPANY, roles).await.unwrap();
-            company::active(&*store).await.unwrap().unwrap()
-        }
-    };
-    let company_rx = company::follow(store.clone(), first, &tasks);
-    let dir = tempfile::tempdir().unwrap();
-    let pool = crewlet::db::open(dir.path(), &crewlet::db::MIGRATOR)
-        .await
-        .unwrap();
-    let turns = TurnEngine::new(TurnSetup {
-        node_id: id.into(),
-        incarnation: owner.clone(),
-        store: store.clone(),
-        queue: queue.clone(),
-        outbox: outbox.clone(),
-        memory: MemoryStore::new(pool),
-        changelog: changelog.clone(),
-        events: events.clone(),
-        company: company_rx.clone(),
-        ack_wait: QueueSettings::default().ack_wait,
-    });
-    let cfg = EngineConfig {
-        node_id: id.into(),
-        owner,
-        labels: vec![],
-        protocol: 4,
-        heartbeat: BEAT,
-        sweep: SWEEP,
-        claim_limit: 4,
-        release_limit: 2,
-        release_wait: BEAT,
-        queue: QueueSettings::default(),
-        handoff: Default::default(),
-    };
-    let hooks: Arc<TurnEngine> = turns.clone();
-    let engine = SeatEngine::new(
-        cfg,
-        store.clone(),
-        queue.clone(),
-        hooks,
-        events,
-        company_rx,
-        tasks.clone(),
-    )
-    .await
-    .unwrap();
-    let scatter: Arc<dyn Scatter> = match (&f.scatter, &client) {
-        (Some(local), _) => Arc::new(local.clone()),
-        (None, Some(c)) => Arc::new(NatsScatter::new(c.clone())),
-        (None, None) => unreachable!("a fleet is on the twin or on NATS"),
-    };
-    let memread = Arc::new(MemRead::new(
-        engine.clone(),
-        turns.memory().clone(),
-        scatter.clone(),
-        SCATTER_BUDGET,
-    ));
-    memread.serve(&tasks).await.unwrap();
-    engine.start();
-    (
-        Node {
-            engine,
-            turns,
-            store,
-            queue,
-            outbox,
-            changelog,
-            memread,
-            scatter,
-            client,
-            events: rx,
-            seen: Vec::new(),
-            dir,
-        },
-        wrapped,
-    )
+    let mut wrapped = None;
+    let node = f
+        .node_over_store(
+            id,
+            roles,
+            |real| {
+                let w = RunsUnreadable::new(real, unreadable);
+                wrapped = Some(w.clone());
+                w
+            },
+            |turns| turns,
+        )
+        .await;
+    (node, wrapped.expect("the store was wrapped"))
 }

@@ -179,7 +179,21 @@ impl Fleet {
         roles: &[RoleConfig],
         hooks: impl FnOnce(Arc<TurnEngine>) -> Arc<dyn SeatHooks>,
     ) -> Node {
-        let ((store, queue, outbox, changelog), client) = self.connect(id).await;
+        self.node_over_store(id, roles, |store| store, hooks).await
+    }
+
+    /// Start node `id` over the fleet's store as `wrap` returns it (a test
+    /// store that fails or records chosen calls), its seat hooks wrapped
+    /// by `hooks`.
+    pub async fn node_over_store(
+        &self,
+        id: &str,
+        roles: &[RoleConfig],
+        wrap: impl FnOnce(Arc<dyn Store>) -> Arc<dyn Store>,
+        hooks: impl FnOnce(Arc<TurnEngine>) -> Arc<dyn SeatHooks>,
+    ) -> Node {
+        let ((real, queue, outbox, changelog), client) = self.connect(id).await;
+        let store = wrap(real);
         let owner = crewlet::node::Incarnation::mint(id).to_string();
         let events = EventBus::new(id, &owner);
         let rx = events.subscribe();

@@ -781,6 +781,150 @@ mod broker {
         a.detach().await;
     }
 
+    /// A handler whose [`Handler::answered`] is `verdict`, delivering to
+    /// `inner`.
+    struct Judged {
+        inner: Arc<dyn crewlet::queue::Handler>,
+        verdict: fn(&Delivery) -> Option<bool>,
+    }
+
+    #[async_trait::async_trait]
+    impl crewlet::queue::Handler for Judged {
+        async fn handle(&self, d: Delivery) -> Disposition {
+            self.inner.handle(d).await
+        }
+        async fn answered(&self, d: &Delivery) -> Option<bool> {
+            (self.verdict)(d)
+        }
+    }
+
+    /// One message ("below") left stored below its consumer's ack floor:
+    /// stranded, then a later one ("later") delivered and acknowledged
+    /// outside the node, which moves the floor past it — the state the
+    /// chaos soak found (mail stored at 39, the floor at 374).
+    async fn strand_below_the_floor(
+        url: &str,
+        q: &dyn Queue,
+        spec: &SubscriptionSpec,
+    ) -> async_nats::jetstream::stream::Stream {
+        use futures::StreamExt;
+        publish(q, &spec.subject, "below").await;
+        let stream = strand(url, spec).await;
+        publish(q, &spec.subject, "later").await;
+        let consumer: async_nats::jetstream::consumer::Consumer<
+            async_nats::jetstream::consumer::pull::Config,
+        > = stream.get_consumer(&spec.name).await.unwrap();
+        let mut one = consumer
+            .fetch()
+            .max_messages(1)
+            .expires(Duration::from_secs(2))
+            .messages()
+            .await
+            .unwrap();
+        let m = one.next().await.expect("the later message").unwrap();
+        assert_eq!(&m.payload[..], b"later");
+        m.double_ack().await.unwrap();
+        let i = stream.consumer_info(&spec.name).await.unwrap();
+        assert!(
+            i.ack_floor.stream_sequence >= 1 && i.num_ack_pending == 0 && i.num_pending == 0,
+            "the floor moved past the stranded message with nothing pending: {:?}",
+            (i.ack_floor, i.num_ack_pending, i.num_pending)
+        );
+        assert!(stream.get_raw_message(1).await.is_ok(), "and it is stored");
+        stream
+    }
+
+    async fn stored(stream: &async_nats::jetstream::stream::Stream) -> u64 {
+        stream.clone().info().await.unwrap().state.messages
+    }
+
+    #[tokio::test]
+    async fn unfinished_mail_stranded_below_an_ack_floor_is_requeued_and_delivered_once() {
+        let b = jetstream().await;
+        let url = b._server.as_ref().unwrap().url();
+        let q = &*b.queue;
+        let spec = ensure_seat(q, "floor").await;
+        let _stream = strand_below_the_floor(&url, q, &spec).await;
+        let (inner, mut rx) = recorder(|_| Disposition::Ack);
+        let h = Arc::new(Judged {
+            inner,
+            verdict: |_| Some(false),
+        });
+        let a = q.attach(&spec.name, &[], h).await.unwrap();
+        let d = recv(&mut rx, "the mail stranded below the floor").await;
+        assert_eq!(&d.payload[..], b"below");
+        until("a message_requeued naming the original", || {
+            b.events.lock().unwrap().iter().any(|e| {
+                matches!(e, QueueEvent::Requeued { subscription, seq: 1, .. } if *subscription == spec.name)
+            })
+        })
+        .await;
+        nothing_arrives(&mut rx).await;
+        a.detach().await;
+    }
+
+    #[tokio::test]
+    async fn answered_mail_the_broker_keeps_below_an_ack_floor_is_removed_and_not_run_again() {
+        let b = jetstream().await;
+        let url = b._server.as_ref().unwrap().url();
+        let q = &*b.queue;
+        let spec = ensure_seat(q, "answered").await;
+        let stream = strand_below_the_floor(&url, q, &spec).await;
+        let (inner, mut rx) = recorder(|_| Disposition::Ack);
+        let h = Arc::new(Judged {
+            inner,
+            verdict: |_| Some(true),
+        });
+        let a = q.attach(&spec.name, &[], h).await.unwrap();
+        support::wait_for(
+            "the answered mail removed from the stream",
+            WAIT,
+            Duration::from_millis(20),
+            || async { (stored(&stream).await == 0).then_some(()) },
+        )
+        .await;
+        nothing_arrives(&mut rx).await;
+        assert!(
+            !b.events
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|e| matches!(e, QueueEvent::Requeued { .. })),
+            "answered mail is not put back in line"
+        );
+        a.detach().await;
+    }
+
+    #[tokio::test]
+    async fn mail_below_an_ack_floor_whose_answer_cannot_be_told_is_left_stored() {
+        let b = jetstream().await;
+        let url = b._server.as_ref().unwrap().url();
+        let q = &*b.queue;
+        let spec = ensure_seat(q, "unknown").await;
+        let stream = strand_below_the_floor(&url, q, &spec).await;
+        let (looked_tx, mut looked) = mpsc::unbounded_channel();
+        let (inner, mut rx) = recorder(|_| Disposition::Ack);
+        // The verdict is reported so the test knows the look happened.
+        static LOOKED: std::sync::OnceLock<mpsc::UnboundedSender<u64>> = std::sync::OnceLock::new();
+        LOOKED.set(looked_tx).unwrap();
+        let h = Arc::new(Judged {
+            inner,
+            verdict: |d| {
+                let _ = LOOKED.get().unwrap().send(d.seq);
+                None
+            },
+        });
+        let a = q.attach(&spec.name, &[], h).await.unwrap();
+        let seq = tokio::time::timeout(WAIT, looked.recv())
+            .await
+            .expect("the look asks about the mail below the floor")
+            .unwrap();
+        assert_eq!(seq, 1);
+        nothing_arrives(&mut rx).await;
+        assert_eq!(stored(&stream).await, 1, "the mail stays stored");
+        a.detach().await;
+    }
+
     #[tokio::test]
     async fn mail_awaiting_its_acknowledgement_is_not_taken_for_stranded() {
         let b = jetstream().await;

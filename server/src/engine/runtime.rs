@@ -1071,6 +1071,31 @@ impl Handler for InboxHandler {
             None => vec![Disposition::Defer("the node is stopping".into()); n],
         }
     }
+
+    /// From the completion ledger: a ledgered trigger recorded done (or
+    /// its chat message answered in its thread) is answered; one recorded
+    /// neither is not. Mail that is not ledgered, does not decode, or
+    /// whose ledger cannot be read: cannot say.
+    async fn answered(&self, d: &Delivery) -> Option<bool> {
+        let env = Envelope::decode(&d.payload).ok()?;
+        if !env.is_ledgered() {
+            return None;
+        }
+        let engine = self.engine.upgrade()?;
+        let one = [env];
+        let (done, answered, read) = ledger::read(&*engine.store, &self.rt.handle, &one).await;
+        if !read {
+            return None;
+        }
+        let [env] = one;
+        Some(
+            done.contains(&env.id)
+                || env
+                    .message_id
+                    .as_ref()
+                    .is_some_and(|m| answered.contains(m)),
+        )
+    }
 }
 
 struct ReflectHandler {

@@ -196,6 +196,72 @@ impl NatsChangelog {
     }
 }
 
+impl NatsChangelog {
+    /// `rows` (a replay of seat `handle`, read through a consumer) with
+    /// every row the stream's leader lists for the seat that it lacks, read from the leader one by
+    /// one. A consumer served by a member that is catching up can deliver
+    /// rows after a gap (the chaos soak saw a drained seat's hydration miss
+    /// one episode its giver had published, with later rows present).
+    pub async fn complete(
+        &self,
+        handle: &str,
+        mut rows: Vec<CarriedRow>,
+    ) -> Result<Vec<CarriedRow>, ChangelogError> {
+        let read = |e: &dyn std::fmt::Display| ChangelogError::Read(e.to_string());
+        let filter = format!("crewlet.memory.{handle}.>");
+        let listed = tokio::time::timeout(self.timeout, async {
+            let mut subjects = Vec::new();
+            let mut info = self
+                .stream
+                .info_with_subjects(&filter)
+                .await
+                .map_err(|e| read(&e))?;
+            while let Some(next) = info.next().await {
+                subjects.push(next.map_err(|e| read(&e))?.0);
+            }
+            Ok::<_, ChangelogError>(subjects)
+        })
+        .await
+        .map_err(|_| ChangelogError::Read(format!("no answer within {:?}", self.timeout)))??;
+        let delivered: std::collections::BTreeSet<String> =
+            rows.iter().map(|r| memory_subject(handle, r)).collect();
+        let missing: Vec<String> = listed
+            .into_iter()
+            .filter(|s| !delivered.contains(s))
+            .collect();
+        if missing.is_empty() {
+            return Ok(rows);
+        }
+        tracing::warn!(
+            seat = handle,
+            missing = missing.len(),
+            delivered = rows.len(),
+            "a memory replay skipped rows the stream's leader holds; reading them from the leader"
+        );
+        for subject in missing {
+            let m = match tokio::time::timeout(
+                self.timeout,
+                self.stream.get_last_raw_message_by_subject(&subject),
+            )
+            .await
+            .map_err(|_| ChangelogError::Read(format!("no answer within {:?}", self.timeout)))?
+            {
+                Ok(m) => m,
+                // Gone since it was listed: nothing to carry.
+                Err(e) if e.kind() == stream::LastRawMessageErrorKind::NoMessageFound => continue,
+                Err(e) => return Err(read(&e)),
+            };
+            match serde_json::from_slice::<CarriedRow>(&m.payload) {
+                Ok(r) => rows.push(r),
+                Err(err) => {
+                    tracing::warn!(subject = %subject, error = %err, "an unreadable memory row; skipped")
+                }
+            }
+        }
+        Ok(rows)
+    }
+}
+
 #[async_trait::async_trait]
 impl Changelog for NatsChangelog {
     async fn publish(&self, handle: &str, row: &CarriedRow) -> Result<(), ChangelogError> {
@@ -236,7 +302,7 @@ impl Changelog for NatsChangelog {
         let give_up = tokio::time::Instant::now() + self.timeout * 5;
         loop {
             if let Some(rows) = self.replay_to(handle, &filter, last).await? {
-                return Ok(rows);
+                return self.complete(handle, rows).await;
             }
             if tokio::time::Instant::now() >= give_up {
                 return Err(ChangelogError::Read(format!(

@@ -42,10 +42,14 @@ pub trait Source: Send + Sync + 'static {
 
     /// Put back in line every message the broker stranded: stored for this
     /// subscription, at or behind the point it says it delivered, while
-    /// no delivery awaits its acknowledgement. `None`: not now (a delivery
-    /// awaits its acknowledgement; ask again later). A backend whose
-    /// deliveries cannot strand has nothing to do.
-    async fn requeue_stranded(&self) -> Result<Option<Vec<Requeued>>, QueueError> {
+    /// no delivery awaits its acknowledgement. Below the acknowledgement
+    /// floor `judge` decides ([`Handler::answered`]). `None`: not now (a
+    /// delivery awaits its acknowledgement; ask again later). A backend
+    /// whose deliveries cannot strand has nothing to do.
+    async fn requeue_stranded(
+        &self,
+        _judge: &dyn Handler,
+    ) -> Result<Option<Vec<Requeued>>, QueueError> {
         Ok(Some(Vec::new()))
     }
 }
@@ -248,7 +252,7 @@ async fn settle_or_log(what: &str, sub: &str, r: Result<(), QueueError>) {
 /// Look for stranded mail; when the next look is due.
 async fn look_for_stranded(l: &Loop) -> tokio::time::Instant {
     let now = tokio::time::Instant::now();
-    match l.source.requeue_stranded().await {
+    match l.source.requeue_stranded(&*l.handler).await {
         Ok(Some(requeued)) => {
             for r in requeued {
                 (l.events)(QueueEvent::Requeued {

@@ -422,18 +422,27 @@ impl Source for PullSource {
         }))
     }
 
-    async fn requeue_stranded(&self) -> Result<Option<Vec<Requeued>>, QueueError> {
+    async fn requeue_stranded(
+        &self,
+        judge: &dyn Handler,
+    ) -> Result<Option<Vec<Requeued>>, QueueError> {
         // A consumer leader that takes an acknowledgement for a delivery it
         // never heard of moves its pointer past it, and every message its
         // predecessor handed out before that is neither pending nor ever
         // delivered again (NATS 2.9; nats-server PR #6469). On an interest
         // stream such a message is still stored: this consumer is the only
-        // interest in its subject and has not acknowledged it.
-        let Some((floor, top, subject)) = self.quiet_range().await? else {
+        // interest in its subject and has not acknowledged it. Above the
+        // ack floor that is proof enough (with nothing awaiting an
+        // acknowledgement every delivery there was acknowledged, which
+        // removes it). Below the floor it is not: the chaos soak saw floors
+        // pushed past mail never delivered, and 2.9 also keeps answered
+        // mail stored there (nats-server #3612); the handler's
+        // [`Handler::answered`] tells the two apart.
+        let Some((_, top, subject)) = self.quiet_range().await? else {
             return Ok(None);
         };
         let mut found = Vec::new();
-        let mut from = floor + 1;
+        let mut from = 1;
         while from <= top && found.len() < STRANDED_BATCH {
             let next = bounded(
                 self.timeout,
@@ -463,15 +472,56 @@ impl Source for PullSource {
         // acknowledgement. (A requeued message that was in fact answered is
         // skipped by the completion ledger: one wasted delivery, no effect.)
         tokio::time::sleep(STRANDED_SETTLE).await;
-        if self.quiet_range().await?.is_none() {
+        let Some((floor, _, _)) = self.quiet_range().await? else {
             return Ok(None);
-        }
+        };
         let mut out = Vec::new();
         for m in found {
             match bounded(self.timeout, self.stream.get_raw_message(m.sequence)).await? {
                 Ok(_) => {}
                 Err(e) if raw_not_found(&e) => continue,
                 Err(e) => return Err(backend(e)),
+            }
+            let original_id = m
+                .headers
+                .get(async_nats::header::NATS_MESSAGE_ID)
+                .map(|v| v.to_string());
+            if m.sequence <= floor {
+                let delivery = Delivery {
+                    subscription: self.name.clone(),
+                    subject: m.subject.to_string(),
+                    payload: m.payload.clone(),
+                    delivered: 0,
+                    msg_id: original_id.clone(),
+                    seq: m.sequence,
+                };
+                match judge.answered(&delivery).await {
+                    // Answered mail the broker failed to remove: removed.
+                    Some(true) => {
+                        match bounded(self.timeout, self.stream.delete_message(m.sequence)).await? {
+                            Ok(_) => {
+                                tracing::debug!(subscription = %self.name, seq = m.sequence, "answered mail the broker kept stored below the ack floor; removed")
+                            }
+                            Err(e) if delete_not_found(&e) => {}
+                            Err(e) => return Err(backend(e)),
+                        }
+                        continue;
+                    }
+                    Some(false) => {}
+                    None => continue,
+                }
+            }
+            let times: u32 = m
+                .headers
+                .get(REQUEUED_HEADER)
+                .and_then(|v| v.as_str().parse().ok())
+                .unwrap_or(0);
+            if times >= MAX_REQUEUES {
+                // A broker that strands it every time, or work that is
+                // acknowledged without being recorded finished: left where
+                // it is, said loudly, never churned.
+                tracing::error!(subscription = %self.name, seq = m.sequence, times, "a message stranded again after being put back in line {MAX_REQUEUES} times; left stored");
+                continue;
             }
             let mut headers = HeaderMap::new();
             for (k, values) in m.headers.iter() {
@@ -485,16 +535,17 @@ impl Source for PullSource {
             }
             // A fresh id per original: a second look before the original
             // is gone is deduplicated instead of queueing it twice.
-            let original_id = m
-                .headers
-                .get(async_nats::header::NATS_MESSAGE_ID)
-                .map(|v| v.to_string())
-                .unwrap_or_default();
             headers.insert(
                 async_nats::header::NATS_MESSAGE_ID,
-                format!("{original_id}~requeued@{}", m.sequence).as_str(),
+                format!(
+                    "{}~requeued@{}",
+                    original_id.unwrap_or_default(),
+                    m.sequence
+                )
+                .as_str(),
             );
             headers.insert("Crewlet-Requeued-From", m.sequence.to_string().as_str());
+            headers.insert(REQUEUED_HEADER, (times + 1).to_string().as_str());
             let ack = bounded(self.timeout, async {
                 self.js
                     .publish_with_headers(m.subject.to_string(), headers, m.payload.clone())
@@ -535,6 +586,10 @@ impl Source for PullSource {
 const STRANDED_BATCH: usize = 4096;
 /// How long a look waits before it re-reads what it found stranded.
 const STRANDED_SETTLE: Duration = Duration::from_millis(500);
+/// How many times one message is put back in line (counted on the copy).
+const MAX_REQUEUES: u32 = 3;
+/// The header counting how many times a message was put back in line.
+pub const REQUEUED_HEADER: &str = "Crewlet-Requeued";
 
 impl PullSource {
     /// The consumer's (ack floor, delivered, filter subject) when no

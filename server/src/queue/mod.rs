@@ -292,6 +292,16 @@ pub trait Handler: Send + Sync + 'static {
         1
     }
 
+    /// Whether the work a delivery carries is known finished. Asked about
+    /// mail a broker keeps stored below a subscription's acknowledgement
+    /// floor with nothing awaiting an acknowledgement: answered mail it
+    /// failed to remove, or mail it never delivered. `Some(true)`: finished
+    /// (the stored copy is removed); `Some(false)`: known unfinished (put
+    /// back in line); `None`: cannot say (left where it is).
+    async fn answered(&self, _delivery: &Delivery) -> Option<bool> {
+        None
+    }
+
     /// Handle several deliveries at once; one disposition per delivery, in
     /// order (a missing one counts as Nak). Only called with more than one
     /// delivery when `batch_limit` is above 1.

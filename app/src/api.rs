@@ -175,6 +175,58 @@ pub fn duration_words(seconds: u64) -> String {
     }
 }
 
+/// Seconds since 1970 of an RFC 3339 UTC timestamp as the node writes
+/// them (`2026-11-30T08:02:11Z`, fractions allowed); `None` for anything
+/// else.
+pub fn rfc3339_seconds(at: &str) -> Option<f64> {
+    let b = at.as_bytes();
+    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || b[10] != b'T' || !at.ends_with('Z') {
+        return None;
+    }
+    let num = |r: std::ops::Range<usize>| at.get(r)?.parse::<i64>().ok();
+    let (y, mo, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
+    let (h, mi) = (num(11..13)?, num(14..16)?);
+    let sec: f64 = at.get(17..at.len() - 1)?.parse().ok()?;
+    if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 {
+        return None;
+    }
+    // Days from the civil date (proleptic Gregorian).
+    let y = if mo <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (mo + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some((days * 86_400 + h * 3_600 + mi * 60) as f64 + sec)
+}
+
+/// Whole seconds a node's presence lease had left when the roster was
+/// read (`read_at`), `ticks` seconds ago; `None` when it runs no presence
+/// lease or a time cannot be read. Never below zero.
+pub fn presence_left(node: &NodeView, read_at: &str, ticks: u64) -> Option<u64> {
+    let expires = rfc3339_seconds(node.presence_expires_at.as_deref()?)?;
+    let read = rfc3339_seconds(read_at)?;
+    let left = (expires - read).floor() as i64 - ticks as i64;
+    Some(left.max(0) as u64)
+}
+
+/// The fleet as the page shows it while it cannot follow the fleet (its
+/// event stream is lost): nothing it shows can be trusted to be current,
+/// so every node's status is `unknown` with the status last read beside
+/// it, and `stale` says why. A fleet already stale is left as it is.
+pub fn unfollowed(mut fleet: FleetView, why: &str) -> FleetView {
+    if fleet.stale.is_some() {
+        return fleet;
+    }
+    for n in &mut fleet.nodes {
+        n.last_status = Some(n.status);
+        n.status = NodeStatus::Unknown;
+    }
+    fleet.stale = Some(why.to_string());
+    fleet
+}
+
 /// A person known to the node (never carries a password or its hash).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PersonView {
@@ -950,6 +1002,91 @@ impl MemoryCounts {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn node(status: NodeStatus, expires: Option<&str>) -> NodeView {
+        NodeView {
+            node_id: "node-a".into(),
+            incarnation: "node-a:1".into(),
+            version: "0.1.0".into(),
+            protocol: 4,
+            status,
+            roles: vec![],
+            labels: vec![],
+            presence_expires_at: expires.map(str::to_string),
+            seats: vec![],
+            last_status: None,
+        }
+    }
+
+    #[test]
+    fn rfc3339_seconds_reads_the_nodes_timestamps_and_nothing_else() {
+        assert_eq!(rfc3339_seconds("1970-01-01T00:00:00Z"), Some(0.0));
+        assert_eq!(rfc3339_seconds("2000-03-01T00:00:01Z"), Some(951_868_801.0));
+        assert_eq!(
+            rfc3339_seconds("2026-11-30T08:02:11.250Z"),
+            Some(1_796_025_731.25)
+        );
+        for bad in [
+            "",
+            "yesterday",
+            "2026-11-30 08:02:11Z",
+            "2026-13-30T08:02:11Z",
+            "2026-11-30T08:02:11+01:00",
+        ] {
+            assert_eq!(rfc3339_seconds(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn presence_counts_down_from_the_roster_read_and_stops_at_zero() {
+        let n = node(NodeStatus::Serving, Some("2026-11-30T08:00:15Z"));
+        let read = "2026-11-30T08:00:05Z";
+        assert_eq!(presence_left(&n, read, 0), Some(10));
+        assert_eq!(presence_left(&n, read, 4), Some(6));
+        assert_eq!(presence_left(&n, read, 30), Some(0));
+        assert_eq!(
+            presence_left(&node(NodeStatus::Serving, None), read, 0),
+            None
+        );
+        assert_eq!(presence_left(&n, "not a time", 0), None);
+    }
+
+    #[test]
+    fn a_fleet_the_page_cannot_follow_shows_every_status_unknown_with_the_last_one_beside_it() {
+        let fleet = FleetView {
+            answered_by: "node-a".into(),
+            company: "c".into(),
+            coordination: "embedded-kv".into(),
+            nodes: vec![
+                node(NodeStatus::Serving, None),
+                node(NodeStatus::Draining, None),
+            ],
+            read_at: "2026-11-30T08:00:05Z".into(),
+            stale: None,
+            alarms: vec![],
+        };
+        let shown = unfollowed(fleet.clone(), "the event stream is lost");
+        assert_eq!(shown.stale.as_deref(), Some("the event stream is lost"));
+        assert_eq!(shown.read_at, fleet.read_at);
+        let statuses: Vec<_> = shown
+            .nodes
+            .iter()
+            .map(|n| (n.status, n.last_status))
+            .collect();
+        assert_eq!(
+            statuses,
+            [
+                (NodeStatus::Unknown, Some(NodeStatus::Serving)),
+                (NodeStatus::Unknown, Some(NodeStatus::Draining))
+            ]
+        );
+        // A roster already unreadable keeps its own reason.
+        let stale = FleetView {
+            stale: Some("the store is unreachable".into()),
+            ..shown.clone()
+        };
+        assert_eq!(unfollowed(stale.clone(), "other"), stale);
+    }
 
     #[test]
     fn the_overview_page_filters_pages_and_totals_every_seat() {

@@ -23,8 +23,12 @@ pub enum AppError {
     Conflict(String),
     #[error("{0}")]
     Unavailable(String),
-    /// The request never reached the node, or its answer could not be read.
-    #[error("The node could not be reached ({0}). Check that it is running and try again.")]
+    /// The request never reached the node, or its answer could not be
+    /// read. The field keeps the transport's own words for debugging; the
+    /// sentence a person reads does not carry them.
+    #[error(
+        "The node could not be reached, or its answer could not be read. Check that it is running, then reload the page and try again."
+    )]
     Transport(String),
 }
 
@@ -52,5 +56,37 @@ impl From<crate::console::ConsoleError> for AppError {
             ConsoleError::Conflict(m) => AppError::Conflict(m),
             ConsoleError::Unavailable(m) => AppError::Unavailable(m),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_transport_failure_reads_as_a_sentence_without_the_transports_internals() {
+        for e in [
+            ServerFnErrorErr::Request(
+                "TypeError: NetworkError when attempting to fetch resource.".into(),
+            ),
+            ServerFnErrorErr::Deserialization("expected value at line 1 column 1".into()),
+            ServerFnErrorErr::ServerError("hyper::Error(IncompleteMessage)".into()),
+        ] {
+            let shown = AppError::from_server_fn_error(e.clone()).to_string();
+            assert!(
+                shown.starts_with("The node could not be reached"),
+                "{shown}"
+            );
+            for internal in ["TypeError", "expected value", "hyper"] {
+                assert!(
+                    !shown.contains(internal),
+                    "{e:?} shows {internal:?}: {shown}"
+                );
+            }
+        }
+        // An incomplete request still says what was missing.
+        let shown = AppError::from_server_fn_error(ServerFnErrorErr::MissingArg("handle".into()))
+            .to_string();
+        assert_eq!(shown, "The request was incomplete: handle");
     }
 }

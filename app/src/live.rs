@@ -13,7 +13,8 @@
 //! browser reconnects by itself after a dropped connection (sending
 //! `Last-Event-ID`); when it gives up (the node answered with an error, as
 //! while it restarts or once the session ended) a new stream is opened
-//! after a pause that grows from one second to thirty. After any reconnect,
+//! after a pause that grows from one second to thirty, asking for what came
+//! after the last event received (`?last_event_id=`). After any reconnect,
 //! and on a `resync` event, the page refetches, since events may have been
 //! missed.
 
@@ -341,6 +342,9 @@ mod client {
         lost: Cell<bool>,
         retry_ms: Cell<u64>,
         current: RefCell<Option<Stream>>,
+        /// The id of the last event received: a new stream asks for what
+        /// came after it (`?last_event_id=`).
+        last_id: RefCell<Option<String>>,
     }
 
     struct Stream {
@@ -365,6 +369,7 @@ mod client {
             lost: Cell::new(false),
             retry_ms: Cell::new(FIRST_RETRY_MS),
             current: RefCell::new(None),
+            last_id: RefCell::new(None),
         });
         connect(&shared);
         shared
@@ -383,7 +388,11 @@ mod client {
         if !shared.alive.get() {
             return;
         }
-        let source = match EventSource::new("/api/events") {
+        let url = match shared.last_id.borrow().as_deref() {
+            Some(id) => format!("/api/events?last_event_id={id}"),
+            None => "/api/events".to_string(),
+        };
+        let source = match EventSource::new(&url) {
             Ok(s) => s,
             Err(_) => {
                 shared.state.set(Connection::Reconnecting);
@@ -419,6 +428,11 @@ mod client {
         let weak: Weak<Shared> = Rc::downgrade(shared);
         let on_message = Closure::<dyn FnMut(MessageEvent)>::new(move |e: MessageEvent| {
             if let Some(s) = weak.upgrade() {
+                let id = e.last_event_id();
+                // Ids are numbers; anything else is not sent back.
+                if !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()) {
+                    *s.last_id.borrow_mut() = Some(id);
+                }
                 (s.on_event)(LiveEvent {
                     id: e.last_event_id(),
                     name: e.type_(),

@@ -9,6 +9,7 @@ import { join } from 'node:path';
 import { mkdtempSync, writeFileSync, readFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { spawn } from 'node:child_process';
+import { createServer, connect } from 'node:net';
 import { startNode, launchBrowser, strictPage, signIn, resultsDir, until } from '../lib/harness.mjs';
 
 const OPERATOR = { name: 'olivia', password: 'operator-pass-1', role: 'operator' };
@@ -380,6 +381,150 @@ test('the live badge says reconnecting while the node is away, and the node stop
     await other.stop();
   }
 });
+
+/**
+ * A TCP proxy in front of the node that the test can sever: `sever()` cuts
+ * every connection and answers every new one with 503 (a node restarting
+ * behind a load balancer), noting each refused event-stream request's path
+ * in `refused`; `restore()` passes traffic again.
+ */
+async function severableProxy(target) {
+  const { hostname, port } = new URL(target);
+  const sockets = new Set();
+  // The paths of the event-stream requests refused while severed.
+  const refused = [];
+  let severed = false;
+  const track = (s) => {
+    sockets.add(s);
+    s.on('close', () => sockets.delete(s));
+    s.on('error', () => s.destroy());
+  };
+  const server = createServer((client) => {
+    track(client);
+    if (severed) {
+      client.once('data', (chunk) => {
+        const line = chunk.toString('latin1').split('\r\n')[0];
+        if (line.startsWith('GET /api/events')) refused.push(line.split(' ')[1]);
+        client.end('HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nconnection: close\r\n\r\n');
+      });
+      return;
+    }
+    const upstream = connect(Number(port), hostname);
+    track(upstream);
+    client.pipe(upstream).pipe(client);
+    client.on('close', () => upstream.destroy());
+    upstream.on('close', () => client.destroy());
+  });
+  await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
+  return {
+    url: `http://127.0.0.1:${server.address().port}`,
+    refused,
+    sever() {
+      severed = true;
+      for (const s of sockets) s.destroy();
+    },
+    restore() {
+      severed = false;
+    },
+    close() {
+      severed = true;
+      for (const s of sockets) s.destroy();
+      return new Promise((resolve) => server.close(resolve));
+    },
+  };
+}
+
+test('when the event stream drops the pages say reconnecting and Nodes declines to guess; once it is back the Events page has what happened meanwhile', async () => {
+  const proxy = await severableProxy(node.url);
+  try {
+    const { page: events, context, problems } = await strictPage(browser);
+    await signIn(events, proxy.url, OPERATOR.name, OPERATOR.password);
+    const nodes = await context.newPage();
+    await nodes.goto(`${proxy.url}/settings/nodes`);
+    await events.goto(`${proxy.url}/events`);
+    for (const p of [events, nodes]) {
+      await p.waitForSelector('html[data-hydrated]');
+      await p.locator('.live.live-open').waitFor();
+    }
+    const row = nodes.locator('tr[data-node="node-e2e"]');
+    assert.equal(await row.getAttribute('data-status'), 'serving');
+    // One event seen before the drop, so the page has an id to resume from.
+    const direct = await livePage(OPERATOR, '/seats');
+    assert.equal((await serverFn(direct.page, 'pause_seat', { handle: 'beta-agent', reason: 'before the drop' })).status, 200);
+    await events.locator('tr[data-event="seat_paused"]', { hasText: 'before the drop' }).waitFor();
+
+    proxy.sever();
+    for (const p of [events, nodes]) {
+      await p.locator('.live.live-reconnecting', { hasText: 'reconnecting…' }).waitFor();
+    }
+    // Nodes: the last roster greyed, every status unknown, as of its read.
+    await nodes.locator('tr[data-node="node-e2e"][data-status="unknown"]').waitFor();
+    assert.match(await row.innerText(), /unknown[\s\S]*serving as of \d\d:\d\d:\d\d/);
+    assert.match(await nodes.locator('[data-stale="true"]').innerText(), /live event stream from the node is lost/);
+    await nodes.screenshot({ path: join(resultsDir, 'nodes-reconnecting-1280.png'), fullPage: true });
+
+    // What happens while the stream is away (the browser's retries get 503,
+    // so it opens new streams, each asking for what came after its last id).
+    assert.equal((await serverFn(direct.page, 'resume_seat', { handle: 'beta-agent' })).status, 200);
+    assert.equal((await serverFn(direct.page, 'pause_seat', { handle: 'beta-agent', reason: 'while away' })).status, 200);
+    assert.equal((await serverFn(direct.page, 'resume_seat', { handle: 'beta-agent' })).status, 200);
+
+    // The browser's own reconnect is refused (503), so it gives up and the
+    // page opens a new stream, asking for what came after its last event.
+    await until('the pages to open new streams asking for what they missed', () =>
+      proxy.refused.filter((path) => /^\/api\/events\?last_event_id=\d+$/.test(path)).length >= 2,
+      30000,
+    );
+    proxy.restore();
+    for (const p of [events, nodes]) {
+      await p.locator('.live.live-open').waitFor({ timeout: 45000 });
+    }
+    await events.locator('tr[data-event="seat_paused"]', { hasText: 'while away' }).waitFor();
+    assert.equal(
+      await events.locator('tr[data-event="seat_resumed"]', { hasText: 'beta-agent' }).count(),
+      2,
+      'both resumes made while away are listed',
+    );
+    assert.equal(await events.locator('tr[data-event="resync"]').count(), 0, 'replayed, not resynced');
+    await nodes.locator('tr[data-node="node-e2e"][data-status="serving"]').waitFor();
+    await events.screenshot({ path: join(resultsDir, 'events-after-reconnect-1280.png'), fullPage: true });
+    assert.deepEqual(problems.filter((p) => !/503|Service Unavailable|ERR_|EventSource|event-stream/.test(p)), []);
+    await direct.context.close();
+    await context.close();
+  } finally {
+    await proxy.close();
+  }
+});
+
+for (const [path, ready] of [
+  ['/events', async (page) => {
+    await page.locator('tr[data-event="seat_paused"]').first().waitFor();
+  }],
+  ['/audit', async (page) => {
+    await page.locator('table.audit tbody tr').first().waitFor();
+  }],
+]) {
+  test(`the ${path.slice(1)} page is readable at 390 px wide`, async () => {
+    const { page, context, problems } = await livePage(OPERATOR, path, { width: 390, height: 844 });
+    if (path === '/events') {
+      const direct = await serverFn(page, 'pause_seat', { handle: 'beta-agent', reason: 'narrow screen' });
+      assert.equal(direct.status, 200, direct.body);
+      assert.equal((await serverFn(page, 'resume_seat', { handle: 'beta-agent' })).status, 200);
+    }
+    await ready(page);
+    const overflow = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
+    assert.ok(overflow <= 0, `the page scrolls sideways by ${overflow}px at 390 px`);
+    // Each row is a card: its cells fit the screen.
+    const cells = await page.locator('table tbody tr:first-child td').evaluateAll((tds) =>
+      tds.map((td) => { const r = td.getBoundingClientRect(); return { x: r.x, right: r.right }; }),
+    );
+    assert.ok(cells.length > 0);
+    for (const c of cells) assert.ok(c.x >= 0 && c.right <= 390, JSON.stringify(cells));
+    await page.screenshot({ path: join(resultsDir, `${path.slice(1)}-390.png`), fullPage: true });
+    assert.deepEqual(problems, []);
+    await context.close();
+  });
+}
 
 test('the Memory page, reached from the keyboard, says which node answered for a seat and shows its echo turn live', async () => {
   const { page, context, problems } = await livePage(OPERATOR, '/memory');

@@ -95,6 +95,32 @@ test('a seat moves to a joining node and the nodes page shows it live', { skip }
   await context.close();
 });
 
+test("each node's presence counts down on the nodes page, and at zero the page reads the renewed lease", { skip }, async () => {
+  const { page, context, problems } = await strictPage(browser);
+  await signIn(page, nodeA.url, OPERATOR.name, OPERATOR.password);
+  await page.locator('.live.live-open').waitFor();
+  const cell = page.locator('tr[data-node="node-a"] [data-presence-left]');
+  await cell.waitFor();
+  const expiry = () => page.locator('tr[data-node="node-a"] td time').last().getAttribute('datetime');
+  const seconds = (text) => (/renewal due/.test(text) ? 0 : Number((text.match(/^(\d+) s left$/) || [])[1]));
+  const first = await expiry();
+  // Seen in order: a count, a lower one (it counts down between reads), then
+  // a higher one with a later expiry (at zero the page read the renewed lease).
+  const seen = [];
+  await until('the presence to count down and then show the renewed lease', async () => {
+    const text = (await cell.innerText()).trim();
+    const left = seconds(text);
+    assert.ok(Number.isInteger(left), `presence reads "${text}"`);
+    if (seen.length === 0 || seen[seen.length - 1] !== left) seen.push(left);
+    const fell = seen.findIndex((v, i) => i > 0 && v < seen[i - 1]);
+    const rose = seen.findIndex((v, i) => i > fell && fell > 0 && v > seen[i - 1]);
+    return rose > 0 && (await expiry()) !== first;
+  }, 20000);
+  assert.ok(seen.every((v) => v <= 3), `never more than the 3 s TTL: ${seen}`);
+  assert.deepEqual(problems, []);
+  await context.close();
+});
+
 test('a memory read on a node that does not hold the seat says which node answered', { skip }, async () => {
   await startNodeB();
   const { page, context, problems } = await strictPage(browser);

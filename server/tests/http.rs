@@ -1579,6 +1579,49 @@ async fn the_event_stream_sends_named_events_with_increasing_ids() {
 }
 
 #[tokio::test]
+async fn a_new_stream_opened_with_last_event_id_in_its_query_gets_what_it_missed() {
+    let n = TestNode::start().await;
+    let op = client();
+    sign_in(&n, &op, "olivia", "op-pass").await;
+    let mut first = SseReader::open(&n, &op, None).await;
+    api_pause(&n, "first").await;
+    let last_seen = first.until("seat_paused", "alpha").await.last().unwrap().id;
+    drop(first);
+    api_resume(&n).await;
+    let resp = op
+        .get(n.url(&format!("/api/events?last_event_id={last_seen}")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let mut again = SseReader {
+        resp,
+        buf: String::new(),
+        ended: false,
+    };
+    let missed = again.until("seat_resumed", "alpha").await;
+    assert!(missed.iter().all(|f| f.id > last_seen), "{missed:?}");
+    assert!(
+        missed.iter().all(|f| f.event != "resync"),
+        "replayed, not resynced: {missed:?}"
+    );
+    // An id the node never numbered: a resync, not silence.
+    let resp = op
+        .get(n.url("/api/events?last_event_id=not-a-number"))
+        .send()
+        .await
+        .unwrap();
+    let mut odd = SseReader {
+        resp,
+        buf: String::new(),
+        ended: false,
+    };
+    let f = odd.next(Duration::from_secs(10)).await.unwrap();
+    assert_eq!(f.event, "resync", "{f:?}");
+    n.stop().await;
+}
+
+#[tokio::test]
 async fn a_client_reconnecting_with_last_event_id_gets_what_it_missed() {
     let n = TestNode::start().await;
     let op = client();

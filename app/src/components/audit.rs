@@ -13,7 +13,7 @@ pub fn AuditTable(entries: Vec<AuditEntry>) -> impl IntoView {
     }
     view! {
         <div class="table-wrap">
-            <table class="audit">
+            <table class="audit stack-table">
                 <thead>
                     <tr>
                         <th scope="col">"When"</th>
@@ -31,12 +31,12 @@ pub fn AuditTable(entries: Vec<AuditEntry>) -> impl IntoView {
                             let action = a.action.clone();
                             view! {
                                 <tr data-action=action>
-                                    <td class="mono small">{a.at}</td>
-                                    <td>{a.person}</td>
-                                    <td>{a.action}</td>
-                                    <td>{a.seat.unwrap_or_default()}</td>
-                                    <td>{a.reason.unwrap_or_default()}</td>
-                                    <td>{a.result}</td>
+                                    <td class="mono small" data-label="When">{a.at}</td>
+                                    <td data-label="Who">{a.person}</td>
+                                    <td data-label="What">{a.action}</td>
+                                    <td data-label="Seat">{a.seat.unwrap_or_default()}</td>
+                                    <td data-label="Reason">{a.reason.unwrap_or_default()}</td>
+                                    <td data-label="Result">{a.result}</td>
                                 </tr>
                             }
                         })

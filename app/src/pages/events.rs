@@ -166,7 +166,7 @@ pub fn EventsPage() -> impl IntoView {
                 }}
             </p>
             <div class="table-wrap">
-                <table class="events">
+                <table class="events stack-table">
                     <thead>
                         <tr>
                             <th scope="col">"When"</th>
@@ -179,13 +179,13 @@ pub fn EventsPage() -> impl IntoView {
                     <tbody>
                         <For each=move || shown.get() key=|e| e.key.clone() let:e>
                             <tr data-event=e.name.clone()>
-                                <td class="mono small">
+                                <td class="mono small" data-label="When">
                                     <time datetime=e.at.clone() title=e.at.clone()>{e.time()}</time>
                                 </td>
-                                <td class="mono">{e.name.clone()}</td>
-                                <td>{e.node.clone()}</td>
-                                <td class="mono">{e.seat.clone()}</td>
-                                <td class="small detail">{e.detail.clone()}</td>
+                                <td class="mono" data-label="Event">{e.name.clone()}</td>
+                                <td data-label="Node">{e.node.clone()}</td>
+                                <td class="mono" data-label="Seat">{e.seat.clone()}</td>
+                                <td class="small detail" data-label="Details">{e.detail.clone()}</td>
                             </tr>
                         </For>
                     </tbody>

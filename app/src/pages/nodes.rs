@@ -6,11 +6,17 @@
 //! priority order (operators reorder and save it) and the handoffs seen
 //! live ([`super::node_order`]).
 //!
-//! When the roster cannot be read the page does not guess: every node's
+//! When the roster cannot be read — or the page's own event stream is lost,
+//! so it cannot follow the fleet — the page does not guess: every node's
 //! status is `unknown`, and the last roster read is shown greyed "as of
 //! HH:MM:SS". While it cannot be read the page asks again every
 //! [`STALE_RETRY_SECS`] seconds (an unreadable store sends no event when it
-//! comes back).
+//! comes back); a stream that opens again brings a fresh read.
+//!
+//! Each node's presence counts down from the roster read. Renewals send no
+//! event, so when a countdown reaches zero the page reads the roster once
+//! more: a node that renewed shows its new expiry, one that did not is
+//! gone or shown as the roster has it.
 
 use std::collections::BTreeSet;
 
@@ -18,11 +24,12 @@ use leptos::prelude::*;
 
 use crate::api::{
     FleetAlarm, FleetView, HandoffView, NodeView, apply_handoff_event, duration_words,
+    presence_left, unfollowed,
 };
 use crate::components::notice::{ErrorNotice, InfoNotice};
 use crate::error::AppError;
 use crate::fns::{fleet, node_order, whoami};
-use crate::live::{HANDOFF_EVENTS, LiveBadge, NODE_EVENTS, refetch_on_and};
+use crate::live::{Connection, HANDOFF_EVENTS, LiveBadge, NODE_EVENTS, refetch_on_and};
 use crate::pages::node_order::{Handoffs, PriorityOrder};
 
 /// How often the page reads the roster again while it cannot be read.
@@ -84,9 +91,27 @@ pub fn NodesPage() -> impl IntoView {
     });
     // Seconds since the fleet shown was read, so durations keep counting.
     let ticks = RwSignal::new(0u64);
+    // Whether this read's presence countdowns already asked for a new read.
+    let expiry_asked = StoredValue::new(false);
     Effect::new(move |_| {
         data.track();
         ticks.set(0);
+        expiry_asked.set_value(false);
+    });
+    // A presence countdown at zero: read the roster once more.
+    Effect::new(move |_| {
+        let t = ticks.get();
+        let due = data.with_untracked(|d| match d {
+            Some(Ok(f)) if f.stale.is_none() => f
+                .nodes
+                .iter()
+                .any(|n| presence_left(n, &f.read_at, t) == Some(0)),
+            _ => false,
+        });
+        if due && !expiry_asked.get_value() {
+            expiry_asked.set_value(true);
+            data.refetch();
+        }
     });
     Effect::new(move |_| {
         if let Ok(h) = set_interval_with_handle(
@@ -99,7 +124,19 @@ pub fn NodesPage() -> impl IntoView {
 
     // Which nodes' seat lists are open, kept across refreshes.
     let open = RwSignal::new(BTreeSet::<String>::new());
-    let fleet_now = move || data.get().and_then(|r| r.ok());
+    // What the page shows: the fleet read, marked unknown while the page
+    // cannot follow it.
+    let shown = move |f: FleetView| {
+        if live.get() == Connection::Reconnecting {
+            unfollowed(
+                f,
+                "this page's live event stream from the node is lost (reconnecting…), so it cannot follow the fleet.",
+            )
+        } else {
+            f
+        }
+    };
+    let fleet_now = move || data.get().and_then(|r| r.ok()).map(shown);
     let nodes = move || fleet_now().map(|f| f.nodes).unwrap_or_default();
     let read_at =
         Signal::derive(move || fleet_now().filter(|f| f.stale.is_some()).map(|f| f.read_at));
@@ -113,7 +150,7 @@ pub fn NodesPage() -> impl IntoView {
                 {move || {
                     data.get()
                         .map(|r| match r {
-                            Ok(f) => view! { <FleetHead fleet=f ticks=ticks /> }.into_any(),
+                            Ok(f) => view! { <FleetHead fleet=shown(f) ticks=ticks /> }.into_any(),
                             Err(e) => view! { <ErrorNotice error=e /> }.into_any(),
                         })
                 }}
@@ -134,7 +171,15 @@ pub fn NodesPage() -> impl IntoView {
                         </thead>
                         <tbody>
                             <For each=nodes key=|n| format!("{n:?}") let:n>
-                                <NodeRow node=n open=open stale_as_of=read_at />
+                                <NodeRow
+                                    node=n
+                                    open=open
+                                    stale_as_of=read_at
+                                    read_at=Signal::derive(move || {
+                                        fleet_now().map(|f| f.read_at).unwrap_or_default()
+                                    })
+                                    ticks=ticks
+                                />
                             </For>
                         </tbody>
                     </table>
@@ -283,6 +328,8 @@ fn NodeRow(
     node: NodeView,
     open: RwSignal<BTreeSet<String>>,
     stale_as_of: Signal<Option<String>>,
+    read_at: Signal<String>,
+    ticks: RwSignal<u64>,
 ) -> impl IntoView {
     let key = node.incarnation.clone();
     let is_open = {
@@ -367,9 +414,20 @@ fn NodeRow(
                 {match node.presence_expires_at.clone() {
                     Some(at) => {
                         let short = hhmmss(&at);
+                        let counted = node.clone();
+                        let left = move || {
+                            match presence_left(&counted, &read_at.get(), ticks.get()) {
+                                Some(0) => "renewal due".to_string(),
+                                Some(s) => format!("{} left", duration_words(s)),
+                                None => String::new(),
+                            }
+                        };
                         view! {
-                            "until "
-                            <time datetime=at.clone() title=at>{short}</time>
+                            <span class="presence-left" data-presence-left="">{left}</span>
+                            <div class="muted small">
+                                "until "
+                                <time datetime=at.clone() title=at>{short}</time>
+                            </div>
                         }
                             .into_any()
                     }

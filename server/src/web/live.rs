@@ -7,7 +7,8 @@
 //! ([`EventLog`]). A client is sent, for each event, `event:` (the event's
 //! name), `id:` (its number) and `data:` (the event as JSON, the same object
 //! `crewlet.events.{node}` carries). A client that reconnects with
-//! `Last-Event-ID` first gets every event after that id from the ring; when
+//! `Last-Event-ID` (or `?last_event_id=`, for a new stream) first gets
+//! every event after that id from the ring; when
 //! the ring cannot say what came after it (the id is older than the ring,
 //! newer than anything this node numbered, or not a number), it gets one
 //! `resync` event instead and goes on live. The stream ends when the node
@@ -22,7 +23,7 @@ use std::convert::Infallible;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use axum::extract::Extension;
+use axum::extract::{Extension, Query};
 use axum::http::HeaderMap;
 use axum::response::sse::{self, KeepAlive, Sse};
 use futures::Stream;
@@ -427,15 +428,26 @@ pub fn frames(
     })
 }
 
+/// The query of `GET /api/events`.
+#[derive(Debug, Default, serde::Deserialize)]
+pub struct EventsQuery {
+    /// The same as the `Last-Event-ID` header, for a client that opens a
+    /// new stream (a browser's `EventSource` sends the header only when it
+    /// reconnects by itself). The header wins when both are sent.
+    pub last_event_id: Option<String>,
+}
+
 /// `GET /api/events`.
 pub async fn events(
     Extension(streams): Extension<EventStreams>,
     headers: HeaderMap,
+    Query(query): Query<EventsQuery>,
 ) -> Sse<impl Stream<Item = Result<sse::Event, Infallible>>> {
     use futures::StreamExt;
     let last = headers
         .get("last-event-id")
-        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+        .or(query.last_event_id);
     Sse::new(frames(&streams, last.as_deref()).map(|f| Ok(f.into_sse())))
         .keep_alive(KeepAlive::new().interval(KEEP_ALIVE).text("keep-alive"))
 }

@@ -278,3 +278,55 @@ test("a reordering saved from node A's dashboard, by keyboard, shows on node B's
     await p.context.close();
   }
 });
+
+test('a node that stops shows as draining on the other node\'s nodes page while it hands its seats over, then leaves the roster', { skip }, async () => {
+  const b = await startNodeB();
+  const { page, context, problems } = await strictPage(browser);
+  await signIn(page, nodeA.url, OPERATOR.name, OPERATOR.password);
+  await page.locator('.live.live-open').waitFor();
+  const rowB = page.locator('tr[data-node="node-b"]');
+  const seat = await until('node B to hold a seat on the page', async () => (await seatsListed(page, 'node-b'))[0], 40000);
+  await until('node B to show as serving', async () => (await rowB.getAttribute('data-status')) === 'serving', 20000);
+  // A turn running on B when it stops: B drains (its turns finish, its
+  // seats are handed over) for a few seconds rather than a few milliseconds.
+  await page.evaluate(async () => {
+    window.__started = [];
+    const es = new EventSource('/api/events');
+    es.addEventListener('turn_started', (m) => window.__started.push(JSON.parse(m.data)));
+    await new Promise((resolve) => es.addEventListener('open', resolve, { once: true }));
+  });
+  const sent = await page.evaluate(async (handle) => {
+    const r = await fetch(`/api/seats/${handle}/inbox`, {
+      method: 'POST',
+      body: JSON.stringify({ id: `evt-e2e-fleet-drain-${handle}`, type: 'task_assigned', body: { title: 'a turn running while node B stops', echo: { rounds: 8, round_delay_ms: 500 } } }),
+    });
+    return { status: r.status, body: await r.text() };
+  }, seat);
+  assert.equal(sent.status, 200, sent.body);
+  await until('the turn to start on node B', () =>
+    page.evaluate((h) => window.__started.some((e) => e.seat === h && e.node === 'node-b'), seat), 20000);
+  // Every status B's row shows from here on, however briefly.
+  await page.evaluate(() => {
+    window.__statusesOfB = [];
+    const note = () => {
+      const row = document.querySelector('tr[data-node="node-b"]');
+      const s = row ? row.dataset.status : 'gone';
+      if (window.__statusesOfB.at(-1) !== s) window.__statusesOfB.push(s);
+    };
+    new MutationObserver(note).observe(document.body, { subtree: true, childList: true, attributes: true });
+    note();
+  });
+  assert.equal(await b.stop(), 0, `node B exits 0 on SIGTERM; its log:\n${b.log()}`);
+  nodeB = undefined;
+  await rowB.waitFor({ state: 'detached', timeout: 30000 });
+  const seen = await page.evaluate(() => window.__statusesOfB);
+  assert.deepEqual(seen.filter((s) => s !== 'serving').slice(0, 1), ['draining'], `B's row went ${seen.join(' → ')}`);
+  assert.equal(seen.at(-1), 'gone');
+  const onA = await until('node A to hold every seat again', async () => {
+    const seats = await seatsListed(page, 'node-a');
+    return seats.length === ROLES.length && seats;
+  }, 30000);
+  assert.deepEqual([...onA].sort(), [...ROLES].sort());
+  assert.deepEqual(problems, []);
+  await context.close();
+});

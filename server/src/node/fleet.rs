@@ -135,3 +135,82 @@ pub async fn read_fleet(
         &seats,
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::coord::StoreTime;
+    use crate::coord::lease::LeaseState;
+
+    fn lease(resource: &str, owner: &str, flags: &[&str]) -> Lease {
+        Lease {
+            resource: resource.into(),
+            owner: owner.into(),
+            epoch: 3,
+            acquired_at: StoreTime::from_unix_nanos(1_000_000_000),
+            expires_at: StoreTime::from_unix_nanos(16_000_000_000),
+            preferred: owner.split(':').next().unwrap_or_default().into(),
+            protocol: 4,
+            state: LeaseState::Held,
+            metadata: flags
+                .iter()
+                .map(|f| (f.to_string(), serde_json::Value::Bool(true)))
+                .collect(),
+            revision: 1,
+            ttl: Duration::from_secs(15),
+            claim: String::new(),
+            offer: None,
+        }
+    }
+
+    fn statuses(presence: &[Lease], seats: &[Lease]) -> Vec<(String, NodeStatus)> {
+        fleet_from_leases("a", "c", "embedded-kv", presence, seats)
+            .nodes
+            .into_iter()
+            .map(|n| (n.node_id, n.status))
+            .collect()
+    }
+
+    #[test]
+    fn a_nodes_status_is_read_from_its_presence_draining_first_then_withdrawn_then_behind() {
+        let presence = [
+            lease("node:a", "a:1", &[]),
+            lease("node:b", "b:1", &["draining", "seats_withdrawn", "behind"]),
+            lease("node:c", "c:1", &["seats_withdrawn", "behind"]),
+            lease("node:d", "d:1", &["behind"]),
+        ];
+        assert_eq!(
+            statuses(&presence, &[]),
+            [
+                ("a".to_string(), NodeStatus::Serving),
+                ("b".to_string(), NodeStatus::Draining),
+                ("c".to_string(), NodeStatus::Withdrawn),
+                ("d".to_string(), NodeStatus::Behind),
+            ]
+        );
+    }
+
+    #[test]
+    fn seats_held_by_an_incarnation_without_presence_are_shown_under_it_as_draining() {
+        // A draining node gives its presence up first and keeps its seats
+        // until each is handed over.
+        let presence = [lease("node:a", "a:1", &[])];
+        let seats = [
+            lease("seat:s2", "b:9", &[]),
+            lease("seat:s1", "b:9", &[]),
+            lease("seat:s3", "a:1", &[]),
+        ];
+        let fleet = fleet_from_leases("a", "c", "embedded-kv", &presence, &seats);
+        let b = fleet.nodes.iter().find(|n| n.incarnation == "b:9").unwrap();
+        assert_eq!(b.node_id, "b");
+        assert_eq!(b.status, NodeStatus::Draining);
+        assert_eq!(b.presence_expires_at, None);
+        let held: Vec<_> = b.seats.iter().map(|s| s.handle.as_str()).collect();
+        assert_eq!(held, ["s1", "s2"]);
+        let a = fleet.nodes.iter().find(|n| n.node_id == "a").unwrap();
+        assert_eq!(a.seats.len(), 1);
+        assert_eq!(a.seats[0].epoch, 3);
+    }
+}

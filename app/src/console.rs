@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use crate::api::{
-    AuditEntry, FleetView, MemoryOverview, MoveRequestView, NewPerson, NodeOrderView, Person,
+    AuditView, FleetView, MemoryOverview, MoveRequestView, NewPerson, NodeOrderView, Person,
     PersonRole, PersonView, SeatActionResult, SeatList, SeatMemoryRead, SeatQuery,
 };
 
@@ -60,7 +60,9 @@ pub trait Console: Send + Sync + 'static {
         role: PersonRole,
     ) -> Result<NewPerson, ConsoleError>;
     /// The newest audited actions, newest first.
-    async fn audit(&self, limit: u32) -> Result<Vec<AuditEntry>, ConsoleError>;
+    /// The fleet's newest audited actions (this node's, and every live
+    /// peer's that answers in time).
+    async fn audit(&self, limit: u32) -> Result<AuditView, ConsoleError>;
     /// Validate a company file (TOML text) and make its `[company]` and
     /// `[[roles]]` the fleet's next active revision (operators only;
     /// audited). Returns the revision number.

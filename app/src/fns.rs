@@ -9,7 +9,7 @@
 use leptos::prelude::*;
 
 use crate::api::{
-    AuditEntry, FleetView, MemoryOverviewPage, MoveRequestView, NewPerson, NodeOrderView, Person,
+    AuditView, FleetView, MemoryOverviewPage, MoveRequestView, NewPerson, NodeOrderView, Person,
     PersonView, SeatActionResult, SeatList, SeatMemoryRead,
 };
 use crate::error::AppError;
@@ -157,7 +157,7 @@ pub async fn add_person(name: String, role: String) -> Result<NewPerson, AppErro
 
 /// The newest audited actions.
 #[server(endpoint = "audit_log")]
-pub async fn audit_log() -> Result<Vec<AuditEntry>, AppError> {
+pub async fn audit_log() -> Result<AuditView, AppError> {
     ssr::person().await?;
     ssr::console()?.audit(200).await.map_err(ssr::fail)
 }

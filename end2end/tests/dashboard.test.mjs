@@ -109,8 +109,8 @@ test('a viewer sees adding a person disabled and is refused anyway; an operator 
   const audit = op.page.locator('table.audit tbody');
   await audit.getByText('alice as viewer').waitFor();
   const text = await audit.innerText();
-  assert.match(text, /victor\s+add_person\s+mallory as viewer\s+refused: not an operator/);
-  assert.match(text, /olivia\s+add_person[\s\S]*alice as viewer\s+ok/);
+  assert.match(text, /victor\s+node-e2e\s+add_person\s+mallory as viewer\s+refused: not an operator/);
+  assert.match(text, /olivia\s+node-e2e\s+add_person[\s\S]*alice as viewer\s+ok/);
   await op.page.screenshot({ path: join(resultsDir, 'people-1280.png'), fullPage: true });
   await op.context.close();
 
@@ -224,7 +224,7 @@ test('an operator pauses a seat from the Seats page: it turns paused live, here 
   await audit.page.goto(`${node.url}/audit`);
   const pauseRow = audit.page.locator('table.audit tr[data-action="seat.pause"]').first();
   await pauseRow.waitFor();
-  assert.match(await pauseRow.innerText(), /olivia\s+seat\.pause\s+alpha-agent\s+rotating the e2e keys\s+paused; the running turn stops at its next round/);
+  assert.match(await pauseRow.innerText(), /olivia\s+node-e2e\s+seat\.pause\s+alpha-agent\s+rotating the e2e keys\s+paused; the running turn stops at its next round/);
   await audit.page.locator('.live.live-open').waitFor();
 
   // Resume, reached from the keyboard: Escape leaves the dialog without acting.
@@ -245,7 +245,7 @@ test('an operator pauses a seat from the Seats page: it turns paused live, here 
   await viewer.page.locator('tr[data-seat="alpha-agent"][data-state="attached"]').waitFor();
   // The audit page saw the resume live.
   await audit.page.locator('table.audit tr[data-action="seat.resume"]').first().waitFor();
-  assert.match(await audit.page.locator('table.audit tr[data-action="seat.resume"]').first().innerText(), /olivia\s+seat\.resume\s+alpha-agent\s+resumed/);
+  assert.match(await audit.page.locator('table.audit tr[data-action="seat.resume"]').first().innerText(), /olivia\s+node-e2e\s+seat\.resume\s+alpha-agent\s+resumed/);
   await audit.page.screenshot({ path: join(resultsDir, 'audit-1280.png'), fullPage: true });
 
   for (const p of [op.page, viewer.page]) {
@@ -818,7 +818,7 @@ test('the priority order lists this node; an operator saves it and the audit has
   await op.page.goto(`${node.url}/audit`);
   const saved = op.page.locator('table.audit tr[data-action="node_order_set"]').first();
   await saved.waitFor();
-  assert.match(await saved.innerText(), /olivia\s+node_order_set[\s\S]*order: node-e2e\s+saved \(revision \d+\)/);
+  assert.match(await saved.innerText(), /olivia\s+node-e2e\s+node_order_set[\s\S]*order: node-e2e\s+saved \(revision \d+\)/);
   assert.deepEqual(op.problems, []);
   await op.context.close();
 
@@ -856,7 +856,7 @@ test('moving a seat to the node that already runs it is refused, and the dialog 
   await page.goto(`${node.url}/audit`);
   const audited = page.locator('table.audit tr[data-action="seat_move_requested"]').first();
   await audited.waitFor();
-  assert.match(await audited.innerText(), /olivia\s+seat_move_requested\s+beta-agent\s+checking the refusal\s+refused: seat "beta-agent" already runs on node "node-e2e"/);
+  assert.match(await audited.innerText(), /olivia\s+node-e2e\s+seat_move_requested\s+beta-agent\s+checking the refusal\s+refused: seat "beta-agent" already runs on node "node-e2e"/);
   // The refusal itself is the one error the browser logs.
   assert.deepEqual(problems.filter((p) => !/status of 400/.test(p)), []);
   await context.close();

@@ -279,6 +279,45 @@ test("a reordering saved from node A's dashboard, by keyboard, shows on node B's
   }
 });
 
+test("node A's audit page lists an action taken through node B, naming node B", { skip }, async () => {
+  const b = await startNodeB();
+  const viaB = await strictPage(browser);
+  await signIn(viaB.page, b.url, OPERATOR.name, OPERATOR.password);
+  const paused = await viaB.page.evaluate(async () => {
+    const r = await fetch('/api/pause_seat', {
+      method: 'POST',
+      headers: { 'content-type': 'application/x-www-form-urlencoded' },
+      body: new URLSearchParams({ handle: 'alpha-agent', reason: 'paused through node b' }).toString(),
+    });
+    return { status: r.status, body: await r.text() };
+  });
+  assert.equal(paused.status, 200, paused.body);
+  const { page, context, problems } = await strictPage(browser);
+  await signIn(page, nodeA.url, OPERATOR.name, OPERATOR.password);
+  await page.goto(`${nodeA.url}/audit`);
+  await page.waitForSelector('html[data-hydrated]');
+  const row = page.locator('table.audit tbody tr', { hasText: 'paused through node b' });
+  await row.waitFor();
+  assert.match(await row.innerText(), /olivia\s+node-b\s+seat\.pause\s+alpha-agent\s+paused through node b/);
+  assert.equal(await page.locator('[data-audit-answered]').getAttribute('data-audit-answered'), 'node-a, node-b');
+  // A's own sign-in is listed too, under node-a.
+  assert.match(await page.locator('table.audit tbody tr', { hasText: 'node-a' }).first().innerText(), /olivia\s+node-a/);
+  await page.screenshot({ path: join(resultsDir, 'audit-fleet-1280.png'), fullPage: true });
+  const resumed = await viaB.page.evaluate(async () => {
+    const r = await fetch('/api/resume_seat', {
+      method: 'POST',
+      headers: { 'content-type': 'application/x-www-form-urlencoded' },
+      body: new URLSearchParams({ handle: 'alpha-agent' }).toString(),
+    });
+    return r.status;
+  });
+  assert.equal(resumed, 200);
+  assert.deepEqual(problems, []);
+  assert.deepEqual(viaB.problems, []);
+  await viaB.context.close();
+  await context.close();
+});
+
 test('a node that stops shows as draining on the other node\'s nodes page while it hands its seats over, then leaves the roster', { skip }, async () => {
   const b = await startNodeB();
   const { page, context, problems } = await strictPage(browser);

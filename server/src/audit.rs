@@ -1,9 +1,26 @@
 //! The audit log: every person's action, who, what, seat, when, reason and
 //! result. Written to the node's own database; never carries a secret.
+//!
+//! Each node keeps the actions taken through it. [`FleetAudit`] gathers
+//! the fleet's: every node answers audit reads on
+//! `crewlet.auditread.{incarnation}` (the memory reads' request/reply
+//! transport, [`Scatter`]), and a read asks every live peer named in the
+//! presence roster within the scatter budget, naming those that did not
+//! answer rather than leaving their actions silently out.
 
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use serde::{Deserialize, Serialize};
 use sqlx::SqlitePool;
 
-use app::api::AuditEntry;
+use app::api::{AuditEntry, AuditView, SilentNode};
+
+use crate::coord::Store;
+use crate::memory::memread::{Scatter, ScatterError};
+use crate::tasks::Tasks;
 
 /// Record one action. A failure to write the audit row is returned: an
 /// action that cannot be audited is reported, not silently done.
@@ -56,6 +73,7 @@ pub async fn newest(pool: &SqlitePool, limit: u32) -> Result<Vec<AuditEntry>, sq
             seat,
             reason,
             result,
+            node: None,
         })
         .collect())
 }
@@ -70,4 +88,237 @@ pub fn now_rfc3339() -> String {
                 .ok()
         })
         .unwrap_or_default()
+}
+
+/// `crewlet.auditread`: the audit-read subjects' prefix.
+pub const AUDIT_SUBJECT_PREFIX: &str = "crewlet.auditread";
+
+/// `crewlet.auditread.{incarnation}`: where an incarnation answers audit
+/// reads.
+pub fn audit_subject(incarnation: &str) -> String {
+    format!("{AUDIT_SUBJECT_PREFIX}.{incarnation}")
+}
+
+/// The most entries one audit read returns.
+pub const MAX_AUDIT_READ: u32 = 1000;
+
+/// An audit read (JSON): `{"limit": 200}`.
+#[derive(Debug, Serialize, Deserialize)]
+struct AuditRequest {
+    limit: u32,
+}
+
+/// Its answer (JSON): the node's newest entries, or why it cannot say.
+#[derive(Debug, Serialize, Deserialize)]
+struct AuditReply {
+    node_id: String,
+    #[serde(default)]
+    entries: Vec<AuditEntry>,
+    #[serde(default)]
+    error: Option<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum FleetAuditError {
+    #[error("cannot listen for audit reads on {subject}: {source}")]
+    Listen {
+        subject: String,
+        source: ScatterError,
+    },
+    #[error("cannot read the audit log: {0}")]
+    Db(#[from] sqlx::Error),
+}
+
+/// The fleet's audit log, as one node gathers it.
+pub struct FleetAudit {
+    pool: SqlitePool,
+    store: Arc<dyn Store>,
+    scatter: Arc<dyn Scatter>,
+    node_id: String,
+    incarnation: String,
+    budget: Duration,
+}
+
+impl FleetAudit {
+    pub fn new(
+        pool: SqlitePool,
+        store: Arc<dyn Store>,
+        scatter: Arc<dyn Scatter>,
+        node_id: String,
+        incarnation: String,
+        budget: Duration,
+    ) -> FleetAudit {
+        FleetAudit {
+            pool,
+            store,
+            scatter,
+            node_id,
+            incarnation,
+            budget,
+        }
+    }
+
+    /// Answer audit reads on `crewlet.auditread.{incarnation}` until
+    /// `tasks` stops. Returns once the node is listening.
+    pub async fn serve(self: &Arc<Self>, tasks: &Tasks) -> Result<(), FleetAuditError> {
+        let subject = audit_subject(&self.incarnation);
+        let inbound = self
+            .scatter
+            .listen(&subject)
+            .await
+            .map_err(|source| FleetAuditError::Listen { subject, source })?;
+        let me = self.clone();
+        tasks.spawn("auditread-responder", async move {
+            inbound
+                .for_each_concurrent(4, |mut req| {
+                    let me = me.clone();
+                    async move {
+                        let reply = me.answer(&req.payload).await;
+                        let body = serde_json::to_vec(&reply).unwrap_or_default();
+                        if let Err(e) = req.answer(Bytes::from(body)).await {
+                            tracing::warn!(error = %e, "cannot send an audit read answer");
+                        }
+                    }
+                })
+                .await;
+        });
+        Ok(())
+    }
+
+    async fn answer(&self, payload: &[u8]) -> AuditReply {
+        let (entries, error) = match serde_json::from_slice::<AuditRequest>(payload) {
+            Err(e) => (Vec::new(), Some(format!("not an audit read request: {e}"))),
+            Ok(r) => match newest(&self.pool, r.limit.min(MAX_AUDIT_READ)).await {
+                Ok(v) => (v, None),
+                Err(e) => (
+                    Vec::new(),
+                    Some(format!("its audit log cannot be read: {e}")),
+                ),
+            },
+        };
+        AuditReply {
+            node_id: self.node_id.clone(),
+            entries,
+            error,
+        }
+    }
+
+    /// The newest `limit` actions of the fleet: this node's, and those of
+    /// every live peer that answers within the budget, newest first, each
+    /// naming its node. A peer that does not answer is named in `silent`;
+    /// a roster that cannot be read leaves this node's alone, said so.
+    pub async fn read(&self, limit: u32) -> Result<AuditView, FleetAuditError> {
+        let limit = limit.clamp(1, MAX_AUDIT_READ);
+        let mine = newest(&self.pool, limit).await?;
+        let mut log = AuditView {
+            answered: vec![self.node_id.clone()],
+            ..AuditView::default()
+        };
+        let mut gathered = vec![(self.node_id.clone(), mine)];
+        let peers: Vec<(String, String)> = match self.store.list("node:").await {
+            Ok(presence) => presence
+                .into_iter()
+                .filter(|p| p.owner != self.incarnation)
+                .filter_map(|p| {
+                    let id = p.resource.strip_prefix("node:")?.to_string();
+                    Some((id, p.owner))
+                })
+                .collect(),
+            Err(e) => {
+                log.roster_error = Some(format!(
+                    "the fleet's roster cannot be read ({e}), so no other node was asked."
+                ));
+                Vec::new()
+            }
+        };
+        let request = Bytes::from(serde_json::to_vec(&AuditRequest { limit }).unwrap_or_default());
+        let asked = futures::future::join_all(peers.into_iter().map(|(node_id, owner)| {
+            let request = request.clone();
+            async move {
+                let got = self
+                    .scatter
+                    .ask(&audit_subject(&owner), request, self.budget)
+                    .await;
+                (node_id, got)
+            }
+        }))
+        .await;
+        for (node_id, got) in asked {
+            let why = match got {
+                Err(ScatterError::TimedOut(b)) => format!("it did not answer within {b:?}"),
+                Err(ScatterError::NoResponders(_)) => {
+                    "nothing answers for it (it may be stopping)".to_string()
+                }
+                Err(e) => e.to_string(),
+                Ok(body) => match serde_json::from_slice::<AuditReply>(&body) {
+                    Ok(AuditReply { error: Some(e), .. }) => e,
+                    Ok(r) => {
+                        log.answered.push(node_id.clone());
+                        gathered.push((node_id, r.entries));
+                        continue;
+                    }
+                    Err(e) => format!("its answer cannot be read: {e}"),
+                },
+            };
+            log.silent.push(SilentNode { node_id, why });
+        }
+        log.entries = merge_newest(gathered, limit);
+        Ok(log)
+    }
+}
+
+/// Pure: the newest `limit` of several nodes' entries (each newest first),
+/// newest first, each tagged with its node. Entries of one second keep
+/// each node's own order.
+pub fn merge_newest(gathered: Vec<(String, Vec<AuditEntry>)>, limit: u32) -> Vec<AuditEntry> {
+    let mut all: Vec<(usize, AuditEntry)> = gathered
+        .into_iter()
+        .flat_map(|(node, entries)| {
+            entries.into_iter().enumerate().map(move |(i, mut e)| {
+                e.node = Some(node.clone());
+                (i, e)
+            })
+        })
+        .collect();
+    all.sort_by(|(ia, a), (ib, b)| b.at.cmp(&a.at).then(ia.cmp(ib)));
+    all.into_iter()
+        .take(limit as usize)
+        .map(|(_, e)| e)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(at: &str, action: &str) -> AuditEntry {
+        AuditEntry {
+            at: at.into(),
+            person: "olivia".into(),
+            action: action.into(),
+            seat: None,
+            reason: None,
+            result: "ok".into(),
+            node: None,
+        }
+    }
+
+    #[test]
+    fn merged_entries_are_newest_first_across_nodes_tagged_and_cut_at_the_limit() {
+        let a = vec![
+            entry("2026-11-30T10:00:05Z", "a3"),
+            entry("2026-11-30T10:00:02Z", "a2"),
+            entry("2026-11-30T10:00:01Z", "a1"),
+        ];
+        let b = vec![
+            entry("2026-11-30T10:00:04Z", "b2"),
+            entry("2026-11-30T10:00:02Z", "b1"),
+        ];
+        let merged = merge_newest(vec![("a".into(), a), ("b".into(), b)], 4);
+        let got: Vec<_> = merged
+            .iter()
+            .map(|e| (e.action.as_str(), e.node.as_deref().unwrap()))
+            .collect();
+        assert_eq!(got, [("a3", "a"), ("b2", "b"), ("a2", "a"), ("b1", "b")]);
+    }
 }

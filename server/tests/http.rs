@@ -287,7 +287,7 @@ async fn a_viewer_is_refused_a_mutation_with_403_and_an_operator_is_not() {
 
     // Both attempts are in the audit log, with their results.
     let r = op.post(n.url("/api/audit_log")).send().await.unwrap();
-    let log: Vec<Value> = r.json().await.unwrap();
+    let log = support::audit_entries(r.json().await.unwrap());
     let adds: Vec<(&str, &str)> = log
         .iter()
         .filter(|e| e["action"] == "add_person")
@@ -529,14 +529,15 @@ async fn an_operator_token_applies_a_company_and_the_new_seat_is_held() {
     // Audited under the token's name.
     let op = client();
     sign_in(&n, &op, "olivia", "op-pass").await;
-    let log: Vec<Value> = op
-        .post(n.url("/api/audit_log"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let log = support::audit_entries(
+        op.post(n.url("/api/audit_log"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap(),
+    );
     assert!(log.iter().any(|e| e["person"] == "token:deploy"
         && e["action"] == "apply_company"
         && e["reason"] == "revision 2: 2 seats"
@@ -848,14 +849,15 @@ async fn crewlet_send_publishes_one_envelope_through_a_node() {
 async fn audit_rows(n: &TestNode, action: &str) -> Vec<Value> {
     let op = client();
     sign_in(n, &op, "olivia", "op-pass").await;
-    let mut log: Vec<Value> = op
-        .post(n.url("/api/audit_log"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let mut log = support::audit_entries(
+        op.post(n.url("/api/audit_log"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap(),
+    );
     log.retain(|e| e["action"] == action);
     log.reverse();
     log

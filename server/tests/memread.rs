@@ -256,7 +256,11 @@ async fn a_silent_holder_is_unavailable_after_the_budget_not_empty(f: Fleet) {
 
     // A holder whose process still takes requests but never answers: the
     // read waits the budget, then says so.
-    let _wedged = b.scatter.listen(&holder.incarnation).await.unwrap();
+    let _wedged = b
+        .scatter
+        .listen(&memread::subject(&holder.incarnation))
+        .await
+        .unwrap();
     let asked = Instant::now();
     let r = reader.read("s0").await.unwrap();
     let waited = asked.elapsed();
@@ -316,8 +320,10 @@ impl Requests {
         match self {
             Requests::Twin(s, from) => {
                 let all = s.asked();
-                for i in &all[*from..] {
-                    *out.entry(i.clone()).or_default() += 1;
+                let prefix = format!("{}.", memread::SUBJECT_PREFIX);
+                for subject in &all[*from..] {
+                    let i = subject.strip_prefix(&prefix).unwrap_or(subject);
+                    *out.entry(i.to_string()).or_default() += 1;
                 }
                 *from = all.len();
             }

@@ -166,14 +166,15 @@ async fn alpha_held(n: &TestNode) {
 /// The audit rows for `action`, oldest first.
 async fn audit_rows(n: &TestNode, action: &str) -> Vec<Value> {
     let op = n.signed_in(OPERATOR).await;
-    let mut log: Vec<Value> = op
-        .post(n.url("/api/audit_log"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let mut log = support::audit_entries(
+        op.post(n.url("/api/audit_log"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap(),
+    );
     log.retain(|e| e["action"] == action);
     log.reverse();
     log

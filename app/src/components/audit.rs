@@ -18,6 +18,7 @@ pub fn AuditTable(entries: Vec<AuditEntry>) -> impl IntoView {
                     <tr>
                         <th scope="col">"When"</th>
                         <th scope="col">"Who"</th>
+                        <th scope="col">"Node"</th>
                         <th scope="col">"What"</th>
                         <th scope="col">"Seat"</th>
                         <th scope="col">"Reason"</th>
@@ -33,6 +34,7 @@ pub fn AuditTable(entries: Vec<AuditEntry>) -> impl IntoView {
                                 <tr data-action=action>
                                     <td class="mono small" data-label="When">{a.at}</td>
                                     <td data-label="Who">{a.person}</td>
+                                    <td data-label="Node">{a.node.unwrap_or_default()}</td>
                                     <td data-label="What">{a.action}</td>
                                     <td data-label="Seat">{a.seat.unwrap_or_default()}</td>
                                     <td data-label="Reason">{a.reason.unwrap_or_default()}</td>

@@ -68,7 +68,7 @@ pub fn PeoplePage() -> impl IntoView {
                 {move || {
                     audit.get()
                         .map(|r| match r {
-                            Ok(v) => view! { <AuditTable entries=v /> }.into_any(),
+                            Ok(v) => view! { <AuditTable entries=v.entries /> }.into_any(),
                             Err(e) => view! { <ErrorNotice error=e /> }.into_any(),
                         })
                 }}

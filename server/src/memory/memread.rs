@@ -401,22 +401,25 @@ pub enum ScatterError {
     Failed(String),
 }
 
-/// Requests to a process incarnation and their answers: NATS core
-/// request/reply on a fleet ([`NatsScatter`]), an in-process registry on the
-/// twin ([`LocalScatter`]). The same logic runs over both.
+/// Requests to one process incarnation and their answers, on a subject
+/// that names it (memory reads on `crewlet.memread.{incarnation}`, audit
+/// reads on `crewlet.auditread.{incarnation}`): NATS core request/reply on
+/// a fleet ([`NatsScatter`]), an in-process registry on the twin
+/// ([`LocalScatter`]). The same logic runs over both.
 #[async_trait]
 pub trait Scatter: Send + Sync {
-    /// Ask `incarnation`, waiting at most `budget` for its answer.
+    /// Ask whoever listens on `subject`, waiting at most `budget` for its
+    /// answer.
     async fn ask(
         &self,
-        incarnation: &str,
+        subject: &str,
         request: Bytes,
         budget: Duration,
     ) -> Result<Bytes, ScatterError>;
 
-    /// Take the requests addressed to `incarnation` until the returned
-    /// stream is dropped. Requests asked after this returns reach it.
-    async fn listen(&self, incarnation: &str) -> Result<Inbound, ScatterError>;
+    /// Take the requests addressed to `subject` until the returned stream
+    /// is dropped. Requests asked after this returns reach it.
+    async fn listen(&self, subject: &str) -> Result<Inbound, ScatterError>;
 }
 
 /// One request taken by a listener.
@@ -481,12 +484,12 @@ impl NatsScatter {
 impl Scatter for NatsScatter {
     async fn ask(
         &self,
-        incarnation: &str,
+        subject: &str,
         request: Bytes,
         budget: Duration,
     ) -> Result<Bytes, ScatterError> {
         use async_nats::client::RequestErrorKind;
-        let subject = subject(incarnation);
+        let subject = subject.to_string();
         let asked = self.client.send_request(
             subject.clone(),
             async_nats::Request::new()
@@ -506,10 +509,10 @@ impl Scatter for NatsScatter {
         }
     }
 
-    async fn listen(&self, incarnation: &str) -> Result<Inbound, ScatterError> {
+    async fn listen(&self, subject: &str) -> Result<Inbound, ScatterError> {
         let sub = self
             .client
-            .subscribe(subject(incarnation))
+            .subscribe(subject.to_string())
             .await
             .map_err(|e| ScatterError::Failed(e.to_string()))?;
         // The server has the subscription once a flush has come back: a
@@ -556,7 +559,7 @@ struct LocalInner {
 /// A listener's place in the registry, given up when it is dropped.
 struct Registration {
     registry: Arc<Mutex<LocalInner>>,
-    incarnation: String,
+    subject: String,
     id: u64,
 }
 
@@ -564,10 +567,10 @@ impl Drop for Registration {
     fn drop(&mut self) {
         let mut g = lock(&self.registry);
         if g.listeners
-            .get(&self.incarnation)
+            .get(&self.subject)
             .is_some_and(|(id, _)| *id == self.id)
         {
-            g.listeners.remove(&self.incarnation);
+            g.listeners.remove(&self.subject);
         }
     }
 }
@@ -581,7 +584,7 @@ impl LocalScatter {
         LocalScatter::default()
     }
 
-    /// Every incarnation asked so far, in order (one entry per request).
+    /// Every subject asked so far, in order (one entry per request).
     pub fn asked(&self) -> Vec<String> {
         lock(&self.inner).asked.clone()
     }
@@ -591,17 +594,17 @@ impl LocalScatter {
 impl Scatter for LocalScatter {
     async fn ask(
         &self,
-        incarnation: &str,
+        subject: &str,
         request: Bytes,
         budget: Duration,
     ) -> Result<Bytes, ScatterError> {
         let listener = {
             let mut g = lock(&self.inner);
-            g.asked.push(incarnation.to_string());
-            g.listeners.get(incarnation).map(|(_, tx)| tx.clone())
+            g.asked.push(subject.to_string());
+            g.listeners.get(subject).map(|(_, tx)| tx.clone())
         };
         let Some(tx) = listener.filter(|tx| !tx.is_closed()) else {
-            return Err(ScatterError::NoResponders(subject(incarnation)));
+            return Err(ScatterError::NoResponders(subject.to_string()));
         };
         let (answer_tx, answer_rx) = oneshot::channel();
         let asked = async {
@@ -610,7 +613,7 @@ impl Scatter for LocalScatter {
                 reply: ReplyTo::Local(Some(answer_tx)),
             })
             .await
-            .map_err(|_| ScatterError::NoResponders(subject(incarnation)))?;
+            .map_err(|_| ScatterError::NoResponders(subject.to_string()))?;
             // A request its listener dropped unanswered is the same silence
             // as one never answered.
             answer_rx.await.map_err(|_| ScatterError::TimedOut(budget))
@@ -621,13 +624,13 @@ impl Scatter for LocalScatter {
         }
     }
 
-    async fn listen(&self, incarnation: &str) -> Result<Inbound, ScatterError> {
+    async fn listen(&self, subject: &str) -> Result<Inbound, ScatterError> {
         let (tx, rx) = mpsc::channel(64);
         let id = {
             let mut g = lock(&self.inner);
             g.next += 1;
             let id = g.next;
-            g.listeners.insert(incarnation.to_string(), (id, tx));
+            g.listeners.insert(subject.to_string(), (id, tx));
             id
         };
         let stream =
@@ -637,7 +640,7 @@ impl Scatter for LocalScatter {
             stream,
             _registered: Some(Registration {
                 registry: self.inner.clone(),
-                incarnation: incarnation.to_string(),
+                subject: subject.to_string(),
                 id,
             }),
         })
@@ -755,14 +758,14 @@ impl MemRead {
     /// `crewlet.memread.{incarnation}` until `tasks` stops. Returns once
     /// the node is listening.
     pub async fn serve(self: &Arc<Self>, tasks: &Tasks) -> Result<(), MemReadError> {
-        let inbound =
-            self.scatter
-                .listen(self.incarnation())
-                .await
-                .map_err(|e| MemReadError::Listen {
-                    subject: subject(self.incarnation()),
-                    source: e,
-                })?;
+        let inbound = self
+            .scatter
+            .listen(&subject(self.incarnation()))
+            .await
+            .map_err(|e| MemReadError::Listen {
+                subject: subject(self.incarnation()),
+                source: e,
+            })?;
         let me = self.clone();
         tasks.spawn("memread-responder", async move {
             inbound
@@ -984,7 +987,11 @@ impl MemRead {
         })?;
         let raw = self
             .scatter
-            .ask(&holder.incarnation, Bytes::from(body), self.budget)
+            .ask(
+                &subject(&holder.incarnation),
+                Bytes::from(body),
+                self.budget,
+            )
             .await
             .map_err(|e| match e {
                 ScatterError::TimedOut(_) => Unavailable::Silent {

@@ -122,6 +122,8 @@ pub enum NodeError {
     Company(company::CompanyError),
     #[error(transparent)]
     MemRead(MemReadError),
+    #[error(transparent)]
+    AuditRead(crate::audit::FleetAuditError),
     #[error("cannot create the mailboxes of seat {seat}: {source}")]
     Mailbox {
         seat: String,
@@ -354,10 +356,20 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
     let memread = Arc::new(MemRead::new(
         engine.clone(),
         turns.memory().clone(),
-        scatter,
+        scatter.clone(),
         Duration::from_millis(config.memory.scatter_budget_ms),
     ));
     memread.serve(&tasks).await.map_err(NodeError::MemRead)?;
+    // Audit reads: this node answers with the actions taken through it.
+    let audit = Arc::new(crate::audit::FleetAudit::new(
+        pool.clone(),
+        engine.store().clone(),
+        scatter,
+        engine.config().node_id.clone(),
+        engine.config().owner.clone(),
+        Duration::from_millis(config.memory.scatter_budget_ms),
+    ));
+    audit.serve(&tasks).await.map_err(NodeError::AuditRead)?;
 
     let site = site_root();
     if !site
@@ -380,6 +392,7 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
         engine: engine.clone(),
         turns: turns.clone(),
         memread: memread.clone(),
+        audit,
     })
     .await?;
     let token = tasks.token();

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use sqlx::SqlitePool;
 
 use app::api::{
-    AuditEntry, FleetView, MemoryOverview, MoveRequestView, NewPerson, NodeOrderView, Person,
+    AuditView, FleetView, MemoryOverview, MoveRequestView, NewPerson, NodeOrderView, Person,
     PersonRole, PersonView, SeatActionResult, SeatList, SeatMemoryRead, SeatQuery,
 };
 use app::console::{Console, ConsoleError};
@@ -37,6 +37,8 @@ pub struct ConsoleParts {
     pub notes: Arc<SeatNotes>,
     /// Reads of a seat's memory, answered by its holder.
     pub memread: Arc<MemRead>,
+    /// The fleet's audit log.
+    pub audit: Arc<crate::audit::FleetAudit>,
 }
 
 pub struct NodeConsole {
@@ -47,6 +49,7 @@ pub struct NodeConsole {
     turns: Arc<TurnEngine>,
     notes: Arc<SeatNotes>,
     memread: Arc<MemRead>,
+    fleet_audit: Arc<crate::audit::FleetAudit>,
     /// The last roster read, shown (stale) while the store cannot be read.
     roster: RosterMemory,
 }
@@ -61,6 +64,7 @@ impl NodeConsole {
             turns,
             notes,
             memread,
+            audit: fleet_audit,
         } = parts;
         NodeConsole {
             info,
@@ -70,6 +74,7 @@ impl NodeConsole {
             turns,
             notes,
             memread,
+            fleet_audit,
             roster: RosterMemory::default(),
         }
     }
@@ -809,8 +814,9 @@ impl Console for NodeConsole {
         }
     }
 
-    async fn audit(&self, limit: u32) -> Result<Vec<AuditEntry>, ConsoleError> {
-        audit::newest(&self.pool, limit.min(1000))
+    async fn audit(&self, limit: u32) -> Result<AuditView, ConsoleError> {
+        self.fleet_audit
+            .read(limit)
             .await
             .map_err(|e| unavailable("read the audit log", e))
     }

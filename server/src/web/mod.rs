@@ -67,6 +67,8 @@ pub struct WebSetup<'a> {
     pub turns: Arc<crate::engine::runtime::TurnEngine>,
     /// Reads of a seat's memory, answered by its holder.
     pub memread: Arc<crate::memory::memread::MemRead>,
+    /// The fleet's audit log, gathered from every live node.
+    pub audit: Arc<crate::audit::FleetAudit>,
 }
 
 /// `GET /health`.
@@ -102,6 +104,7 @@ pub async fn router(setup: WebSetup<'_>) -> Result<Router, WebError> {
         engine,
         turns,
         memread,
+        audit,
     } = setup;
 
     let store = SqliteStore::new(pool.clone())
@@ -153,6 +156,7 @@ pub async fn router(setup: WebSetup<'_>) -> Result<Router, WebError> {
         turns: turns.clone(),
         notes,
         memread,
+        audit,
     }));
 
     let leptos_options = LeptosOptions::builder()

@@ -36,3 +36,21 @@ where
     }
 }
 pub mod turnfleet;
+
+/// The entries of a dashboard `audit_log` answer (`{"entries": [...],
+/// "answered": [...], ...}`), each checked to name the node it was taken
+/// through.
+pub fn audit_entries(v: serde_json::Value) -> Vec<serde_json::Value> {
+    let entries = v["entries"]
+        .as_array()
+        .expect("an audit log has entries")
+        .clone();
+    assert!(
+        v["answered"].as_array().is_some_and(|a| !a.is_empty()),
+        "the audit log names the nodes it gathered from: {v}"
+    );
+    for e in &entries {
+        assert!(e["node"].as_str().is_some_and(|n| !n.is_empty()), "{e}");
+    }
+    entries
+}

@@ -43,7 +43,7 @@ pub const EVENT_NAMES: &[&str] = &[
     "company_applied",
     "message_dead_lettered",
     "delivery_deferred",
-    "message_requeued",
+    "message_recovered",
     "turn_started",
     "turn_completed",
     "turn_trigger_skipped",

@@ -149,14 +149,13 @@ pub enum Event {
         seq: u64,
         reason: String,
     },
-    /// The broker had stranded a message (stored, but behind the point its
-    /// consumer says it delivered, awaiting no acknowledgement): a copy was
-    /// put back in line at `new_seq` and the original at `seq` removed.
-    MessageRequeued {
+    /// The broker had stranded a message (stored at `seq`, but behind the
+    /// point its consumer says it delivered, awaiting no acknowledgement):
+    /// its holder took it from the stream to handle it.
+    MessageRecovered {
         subscription: String,
         subject: String,
         seq: u64,
-        new_seq: u64,
     },
     /// A turn began: the ledgered triggers it runs, under which epoch.
     TurnStarted {
@@ -364,7 +363,7 @@ impl Event {
                 | Event::SeatsUnplaceable { .. }
                 | Event::SeatClaimsBlockedByOlderProtocol { .. }
                 | Event::MessageDeadLettered { .. }
-                | Event::MessageRequeued { .. }
+                | Event::MessageRecovered { .. }
                 | Event::TurnGuardBreach { .. }
                 | Event::SeatMailboxUnregistered { .. }
                 | Event::SeatMailboxRetirementHeld { .. }
@@ -521,16 +520,14 @@ pub fn queue_sink(bus: &EventBus) -> crate::queue::EventSink {
                 seq,
                 reason,
             },
-            QueueEvent::Requeued {
+            QueueEvent::Recovered {
                 subscription,
                 subject,
                 seq,
-                new_seq,
-            } => Event::MessageRequeued {
+            } => Event::MessageRecovered {
                 subscription,
                 subject,
                 seq,
-                new_seq,
             },
         })
     })

@@ -136,7 +136,7 @@ fn summary(outcomes: &[Outcome]) -> String {
         .unwrap_or(0);
     let unconfirmed: usize = outcomes.iter().map(|o| o.findings.stats.unconfirmed).sum();
     let handoffs: usize = outcomes.iter().map(|o| o.memory_handoffs).sum();
-    let requeued: usize = outcomes.iter().map(|o| o.requeued).sum();
+    let recovered: usize = outcomes.iter().map(|o| o.recovered).sum();
     s.push_str(&format!(
         "\nnodes stopped past the TTL: {stops75} exited 75, {fenced} resumed fenced; \
          effects posted by a holder after a newer epoch was claimed: {zombies}; \
@@ -144,7 +144,7 @@ fn summary(outcomes: &[Outcome]) -> String {
          slowest message (publish → first effect): {}; \
          publishes never acknowledged: {unconfirmed}; \
          graceful handoffs with memory checked: {handoffs}; \
-         stranded messages requeued: {requeued}\n",
+         stranded messages taken from the stream: {recovered}\n",
         dur(overlap),
         dur(latency)
     ));

@@ -713,7 +713,8 @@ mod broker {
     }
 
     #[tokio::test]
-    async fn mail_the_broker_stranded_behind_its_consumer_is_requeued_and_delivered_once() {
+    async fn mail_the_broker_stranded_behind_its_consumer_is_taken_from_the_stream_and_delivered_once()
+     {
         let b = jetstream().await;
         let url = b._server.as_ref().unwrap().url();
         let q = &*b.queue;
@@ -743,38 +744,113 @@ mod broker {
         let a = q.attach(&spec.name, &[], h).await.unwrap();
         let mut got = Vec::new();
         for _ in 0..2 {
-            got.push(
-                String::from_utf8(recv(&mut rx, "stranded mail").await.payload.to_vec()).unwrap(),
-            );
+            let d = recv(&mut rx, "stranded mail").await;
+            got.push((String::from_utf8(d.payload.to_vec()).unwrap(), d.seq));
         }
-        assert_eq!(got, ["one", "two"], "the stranded mail, in its order");
-        until("two message_requeued events naming the originals", || {
-            let mut seqs: Vec<u64> = b
-                .events
-                .lock()
-                .unwrap()
-                .iter()
-                .filter_map(|e| match e {
-                    QueueEvent::Requeued {
-                        subscription, seq, ..
-                    } if *subscription == spec.name => Some(*seq),
-                    _ => None,
-                })
-                .collect();
-            seqs.sort();
-            seqs == [1, 2]
-        })
+        assert_eq!(
+            got,
+            [("one".to_string(), 1), ("two".to_string(), 2)],
+            "the stranded mail, in its order, taken where it is stored"
+        );
+        until(
+            "two message_recovered events naming the stored mail",
+            || {
+                let mut seqs: Vec<u64> = b
+                    .events
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .filter_map(|e| match e {
+                        QueueEvent::Recovered {
+                            subscription, seq, ..
+                        } if *subscription == spec.name => Some(*seq),
+                        _ => None,
+                    })
+                    .collect();
+                seqs.sort();
+                seqs == [1, 2]
+            },
+        )
         .await;
-        // Once: the originals are gone and, acknowledged, the copies too.
+        // Once: acknowledged, it is removed from the stream.
         pending_is(q, &spec.name, 0).await;
         support::wait_for(
-            "no message stored once the requeued mail was answered",
+            "no message stored once the stranded mail was answered",
             WAIT,
             Duration::from_millis(10),
             || async {
                 let mut s = stream.clone();
                 (s.info().await.unwrap().state.messages == 0).then_some(())
             },
+        )
+        .await;
+        nothing_arrives(&mut rx).await;
+        a.detach().await;
+    }
+
+    #[tokio::test]
+    async fn stranded_mail_handed_back_stays_stored_and_a_later_look_delivers_it_again() {
+        let b = jetstream().await;
+        let url = b._server.as_ref().unwrap().url();
+        let q = &*b.queue;
+        let spec = ensure_seat(q, "handback").await;
+        publish(q, &spec.subject, "later please").await;
+        let stream = strand(&url, &spec).await;
+        let answers = Arc::new(std::sync::Mutex::new(vec![
+            Disposition::Ack,
+            Disposition::Nak,
+        ]));
+        let (h, mut rx) =
+            recorder(move |_| answers.lock().unwrap().pop().unwrap_or(Disposition::Ack));
+        let a = q.attach(&spec.name, &[], h).await.unwrap();
+        let first = recv(&mut rx, "the stranded mail").await;
+        assert_eq!(first.seq, 1);
+        assert!(
+            stream.get_raw_message(1).await.is_ok(),
+            "handed back, it stays stored"
+        );
+        let again = recv(&mut rx, "the stranded mail again, from a later look").await;
+        assert_eq!((again.seq, &again.payload[..]), (1, &b"later please"[..]));
+        support::wait_for(
+            "the mail removed once answered",
+            WAIT,
+            Duration::from_millis(20),
+            || async { (stored(&stream).await == 0).then_some(()) },
+        )
+        .await;
+        a.detach().await;
+    }
+
+    #[tokio::test]
+    async fn poisonous_stranded_mail_is_dead_lettered_and_removed() {
+        let b = jetstream().await;
+        let url = b._server.as_ref().unwrap().url();
+        let q = &*b.queue;
+        let spec = ensure_seat(q, "poison").await;
+        publish(q, &spec.subject, "unreadable").await;
+        let stream = strand(&url, &spec).await;
+        let (h, mut rx) = recorder(|_| Disposition::Poison("cannot be read".into()));
+        let a = q.attach(&spec.name, &[], h).await.unwrap();
+        recv(&mut rx, "the stranded mail").await;
+        support::wait_for(
+            "the poisonous mail dead-lettered",
+            WAIT,
+            Duration::from_millis(20),
+            || async {
+                let dead = q.dead_letters(10).await.unwrap();
+                dead.iter()
+                    .any(|d| {
+                        d.subscription == spec.name && d.seq == 1 && &d.payload[..] == b"unreadable"
+                    })
+                    .then_some(())
+            },
+        )
+        .await;
+        support::wait_for(
+            "and removed from the subscription",
+            WAIT,
+            Duration::from_millis(20),
+            || async { (stored(&stream).await == 0).then_some(()) },
         )
         .await;
         nothing_arrives(&mut rx).await;
@@ -839,7 +915,8 @@ mod broker {
     }
 
     #[tokio::test]
-    async fn unfinished_mail_stranded_below_an_ack_floor_is_requeued_and_delivered_once() {
+    async fn unfinished_mail_stranded_below_an_ack_floor_is_taken_from_the_stream_and_delivered_once()
+     {
         let b = jetstream().await;
         let url = b._server.as_ref().unwrap().url();
         let q = &*b.queue;
@@ -853,9 +930,9 @@ mod broker {
         let a = q.attach(&spec.name, &[], h).await.unwrap();
         let d = recv(&mut rx, "the mail stranded below the floor").await;
         assert_eq!(&d.payload[..], b"below");
-        until("a message_requeued naming the original", || {
+        until("a message_recovered naming the stored mail", || {
             b.events.lock().unwrap().iter().any(|e| {
-                matches!(e, QueueEvent::Requeued { subscription, seq: 1, .. } if *subscription == spec.name)
+                matches!(e, QueueEvent::Recovered { subscription, seq: 1, .. } if *subscription == spec.name)
             })
         })
         .await;
@@ -889,8 +966,8 @@ mod broker {
                 .lock()
                 .unwrap()
                 .iter()
-                .any(|e| matches!(e, QueueEvent::Requeued { .. })),
-            "answered mail is not put back in line"
+                .any(|e| matches!(e, QueueEvent::Recovered { .. })),
+            "answered mail is not handled again"
         );
         a.detach().await;
     }
@@ -954,8 +1031,8 @@ mod broker {
                 .lock()
                 .unwrap()
                 .iter()
-                .any(|e| matches!(e, QueueEvent::Requeued { .. })),
-            "a delivery awaiting its acknowledgement was requeued"
+                .any(|e| matches!(e, QueueEvent::Recovered { .. })),
+            "a delivery awaiting its acknowledgement was taken for stranded"
         );
         second.detach().await;
         first.abandon().await;

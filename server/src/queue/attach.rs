@@ -7,8 +7,10 @@
 //! past its delivery budget, or one its handler calls poison, is
 //! dead-lettered visibly; a handler panic is caught and the delivery handed
 //! back. Mail a broker stranded (stored for the subscription but behind the
-//! point it says it delivered, awaiting no acknowledgement) is put back in
-//! line: at attach, after a fetch error, and every [`STRANDED_EVERY`].
+//! point it says it delivered, awaiting no acknowledgement) is taken from
+//! where it is stored and handled like a delivery: looked for at attach,
+//! after a fetch error, every [`STRANDED_EVERY`], and soon again after a
+//! look that found some.
 //! A handler still running when the attachment is detached is
 //! neither waited for nor abandoned: it finishes on its own task and
 //! settles what it took. A backend supplies only [`Source`] (fetch one) and [`Settle`]
@@ -40,27 +42,20 @@ pub trait Source: Send + Sync + 'static {
     /// the future before it returns must lose no message.
     async fn next(&self, wait: Duration) -> Result<Option<Fetched>, QueueError>;
 
-    /// Put back in line every message the broker stranded: stored for this
-    /// subscription, at or behind the point it says it delivered, while
-    /// no delivery awaits its acknowledgement. Below the acknowledgement
-    /// floor `judge` decides ([`Handler::answered`]). `None`: not now (a
-    /// delivery awaits its acknowledgement; ask again later). A backend
-    /// whose deliveries cannot strand has nothing to do.
-    async fn requeue_stranded(
+    /// Take every message the broker stranded, from where it is stored:
+    /// stored for this subscription, at or behind the point it says it
+    /// delivered, while no delivery awaits its acknowledgement. Below the
+    /// acknowledgement floor `judge` decides ([`Handler::answered`]). Each
+    /// is settled where it is stored (acknowledged: removed; handed back:
+    /// left for the next look). `None`: not now (a delivery awaits its
+    /// acknowledgement; ask again later). A backend whose deliveries cannot
+    /// strand has nothing to take.
+    async fn take_stranded(
         &self,
         _judge: &dyn Handler,
-    ) -> Result<Option<Vec<Requeued>>, QueueError> {
+    ) -> Result<Option<Vec<Fetched>>, QueueError> {
         Ok(Some(Vec::new()))
     }
-}
-
-/// One stranded message put back in line: its copy at `new_seq`, the
-/// original at `seq` removed.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Requeued {
-    pub subject: String,
-    pub seq: u64,
-    pub new_seq: u64,
 }
 
 /// Settle one fetched message.
@@ -249,25 +244,31 @@ async fn settle_or_log(what: &str, sub: &str, r: Result<(), QueueError>) {
     }
 }
 
-/// Look for stranded mail; when the next look is due.
-async fn look_for_stranded(l: &Loop) -> tokio::time::Instant {
+/// Look for stranded mail: what was found, and when the next look is due
+/// (soon when something was found: a consumer that strands mail may go on
+/// stranding what arrives).
+async fn look_for_stranded(l: &Loop) -> (Vec<Fetched>, tokio::time::Instant) {
     let now = tokio::time::Instant::now();
-    match l.source.requeue_stranded(&*l.handler).await {
-        Ok(Some(requeued)) => {
-            for r in requeued {
-                (l.events)(QueueEvent::Requeued {
+    match l.source.take_stranded(&*l.handler).await {
+        Ok(Some(found)) => {
+            for f in &found {
+                (l.events)(QueueEvent::Recovered {
                     subscription: l.subscription.clone(),
-                    subject: r.subject,
-                    seq: r.seq,
-                    new_seq: r.new_seq,
+                    subject: f.delivery.subject.clone(),
+                    seq: f.delivery.seq,
                 });
             }
-            now + STRANDED_EVERY
+            let due = if found.is_empty() {
+                STRANDED_EVERY
+            } else {
+                STRANDED_AFTER_ERROR
+            };
+            (found, now + due)
         }
-        Ok(None) => now + STRANDED_AFTER_ERROR,
+        Ok(None) => (Vec::new(), now + STRANDED_AFTER_ERROR),
         Err(e) => {
             tracing::warn!(subscription = %l.subscription, error = %e, "cannot look for stranded mail; looking again soon");
-            now + STRANDED_AFTER_ERROR
+            (Vec::new(), now + STRANDED_AFTER_ERROR)
         }
     }
 }
@@ -278,20 +279,27 @@ async fn consume(l: Loop) {
     // Due at once: mail stranded while nobody was attached is found at
     // attach.
     let mut stranded_due = tokio::time::Instant::now();
+    // Stranded mail taken from the stream, handled before the next fetch.
+    let mut recovered: std::collections::VecDeque<Fetched> = Default::default();
     loop {
         tokio::select! {
             _ = l.cancel.cancelled() => return,
             r = gate.wait_for(Gate::open) => if r.is_err() { return },
         }
-        if tokio::time::Instant::now() >= stranded_due {
-            stranded_due = tokio::select! {
+        if recovered.is_empty() && tokio::time::Instant::now() >= stranded_due {
+            let (found, due) = tokio::select! {
                 _ = l.cancel.cancelled() => return,
-                due = look_for_stranded(&l) => due,
+                r = look_for_stranded(&l) => r,
             };
+            recovered.extend(found);
+            stranded_due = due;
         }
-        let fetched = tokio::select! {
-            _ = l.cancel.cancelled() => return,
-            r = l.source.next(FETCH_WAIT) => r,
+        let fetched = match recovered.pop_front() {
+            Some(f) => Ok(Some(f)),
+            None => tokio::select! {
+                _ = l.cancel.cancelled() => return,
+                r = l.source.next(FETCH_WAIT) => r,
+            },
         };
         let Fetched { delivery, settle } = match fetched {
             Ok(Some(f)) => {
@@ -317,6 +325,10 @@ async fn consume(l: Loop) {
         let mut batch = vec![(delivery, settle)];
         let limit = l.handler.batch_limit().max(1);
         while batch.len() < limit && l.gate.borrow().open() && !l.cancel.is_cancelled() {
+            if let Some(f) = recovered.pop_front() {
+                batch.push((f.delivery, f.settle));
+                continue;
+            }
             match l.source.next(COALESCE_WAIT).await {
                 Ok(Some(f)) => batch.push((f.delivery, f.settle)),
                 Ok(None) => break,

@@ -20,7 +20,7 @@ use async_nats::jetstream::{self as js, AckKind, ErrorCode};
 use bytes::Bytes;
 use futures::StreamExt;
 
-use super::attach::{Fetched, Requeued, Settle, Source};
+use super::attach::{Fetched, Settle, Source};
 use super::{
     Attachment, DeadLetter, DeadLetterReason, Delivery, EventSink, Handler, Queue, QueueError,
     SubscriptionInfo, SubscriptionSpec,
@@ -422,21 +422,21 @@ impl Source for PullSource {
         }))
     }
 
-    async fn requeue_stranded(
-        &self,
-        judge: &dyn Handler,
-    ) -> Result<Option<Vec<Requeued>>, QueueError> {
+    async fn take_stranded(&self, judge: &dyn Handler) -> Result<Option<Vec<Fetched>>, QueueError> {
         // A consumer leader that takes an acknowledgement for a delivery it
         // never heard of moves its pointer past it, and every message its
         // predecessor handed out before that is neither pending nor ever
-        // delivered again (NATS 2.9; nats-server PR #6469). On an interest
+        // delivered again (NATS 2.9; nats-server PR #6469); the chaos soak
+        // also saw a consumer pass every new message of its subject that
+        // way, copies put back at the stream's end included. On an interest
         // stream such a message is still stored: this consumer is the only
-        // interest in its subject and has not acknowledged it. Above the
-        // ack floor that is proof enough (with nothing awaiting an
-        // acknowledgement every delivery there was acknowledged, which
-        // removes it). Below the floor it is not: the chaos soak saw floors
-        // pushed past mail never delivered, and 2.9 also keeps answered
-        // mail stored there (nats-server #3612); the handler's
+        // interest in its subject and has not acknowledged it. So the
+        // holder takes it from the stream itself, not through the consumer.
+        // Above the ack floor being stored is proof enough (with nothing
+        // awaiting an acknowledgement every delivery there was
+        // acknowledged, which removes it). Below the floor it is not: 2.9
+        // also keeps answered mail stored there (nats-server #3612), and the
+        // soak saw floors pushed past mail never delivered; the handler's
         // [`Handler::answered`] tells the two apart.
         let Some((_, top, subject)) = self.quiet_range().await? else {
             return Ok(None);
@@ -468,9 +468,9 @@ impl Source for PullSource {
         }
         // An acknowledgement taken a moment ago may not have removed its
         // message from every replica yet: look again after a moment, and
-        // requeue only what is still stored while nothing awaits an
-        // acknowledgement. (A requeued message that was in fact answered is
-        // skipped by the completion ledger: one wasted delivery, no effect.)
+        // take only what is still stored while nothing awaits an
+        // acknowledgement. (Mail that was in fact answered is skipped by the
+        // completion ledger: one wasted delivery, no effect.)
         tokio::time::sleep(STRANDED_SETTLE).await;
         let Some((floor, _, _)) = self.quiet_range().await? else {
             return Ok(None);
@@ -482,19 +482,18 @@ impl Source for PullSource {
                 Err(e) if raw_not_found(&e) => continue,
                 Err(e) => return Err(backend(e)),
             }
-            let original_id = m
-                .headers
-                .get(async_nats::header::NATS_MESSAGE_ID)
-                .map(|v| v.to_string());
+            let delivery = Delivery {
+                subscription: self.name.clone(),
+                subject: m.subject.to_string(),
+                payload: m.payload.clone(),
+                delivered: 1,
+                msg_id: m
+                    .headers
+                    .get(async_nats::header::NATS_MESSAGE_ID)
+                    .map(|v| v.to_string()),
+                seq: m.sequence,
+            };
             if m.sequence <= floor {
-                let delivery = Delivery {
-                    subscription: self.name.clone(),
-                    subject: m.subject.to_string(),
-                    payload: m.payload.clone(),
-                    delivered: 0,
-                    msg_id: original_id.clone(),
-                    seq: m.sequence,
-                };
                 match judge.answered(&delivery).await {
                     // Answered mail the broker failed to remove: removed.
                     Some(true) => {
@@ -511,85 +510,111 @@ impl Source for PullSource {
                     None => continue,
                 }
             }
-            let times: u32 = m
-                .headers
-                .get(REQUEUED_HEADER)
-                .and_then(|v| v.as_str().parse().ok())
-                .unwrap_or(0);
-            if times >= MAX_REQUEUES {
-                // A broker that strands it every time, or work that is
-                // acknowledged without being recorded finished: left where
-                // it is, said loudly, never churned.
-                tracing::error!(subscription = %self.name, seq = m.sequence, times, "a message stranded again after being put back in line {MAX_REQUEUES} times; left stored");
-                continue;
-            }
-            let mut headers = HeaderMap::new();
-            for (k, values) in m.headers.iter() {
-                if k.as_ref() as &str == AsRef::<str>::as_ref(&async_nats::header::NATS_MESSAGE_ID)
-                {
-                    continue;
-                }
-                for v in values {
-                    headers.append(k.clone(), v.clone());
-                }
-            }
-            // A fresh id per original: a second look before the original
-            // is gone is deduplicated instead of queueing it twice.
-            headers.insert(
-                async_nats::header::NATS_MESSAGE_ID,
-                format!(
-                    "{}~requeued@{}",
-                    original_id.unwrap_or_default(),
-                    m.sequence
-                )
-                .as_str(),
-            );
-            headers.insert("Crewlet-Requeued-From", m.sequence.to_string().as_str());
-            headers.insert(REQUEUED_HEADER, (times + 1).to_string().as_str());
-            let ack = bounded(self.timeout, async {
-                self.js
-                    .publish_with_headers(m.subject.to_string(), headers, m.payload.clone())
-                    .await?
-                    .await
-            })
-            .await?
-            .map_err(backend)?;
-            // The original goes only once the copy is seen stored: a stream
-            // leader that sees no interest for a moment (NATS 2.9, after an
-            // election) acknowledges a publish and drops it.
-            match bounded(self.timeout, self.stream.get_raw_message(ack.sequence)).await? {
-                Ok(_) => {}
-                Err(e) if raw_not_found(&e) => {
-                    tracing::warn!(subscription = %self.name, seq = m.sequence, copy = ack.sequence, "the broker dropped a stranded message's copy; the original stays and is looked at again");
-                    continue;
-                }
-                Err(e) => return Err(backend(e)),
-            }
-            match bounded(self.timeout, self.stream.delete_message(m.sequence)).await? {
-                Ok(_) => {}
-                // Gone already (acknowledged meanwhile): the copy is then
-                // a redelivery the completion ledger skips.
-                Err(e) if delete_not_found(&e) => {}
-                Err(e) => return Err(backend(e)),
-            }
-            out.push(Requeued {
-                subject: m.subject.to_string(),
-                seq: m.sequence,
-                new_seq: ack.sequence,
+            out.push(Fetched {
+                delivery,
+                settle: Box::new(StoredSettle {
+                    stream: self.stream.clone(),
+                    js: self.js.clone(),
+                    name: self.name.clone(),
+                    subject: m.subject.to_string(),
+                    seq: m.sequence,
+                    msg_id: m
+                        .headers
+                        .get(async_nats::header::NATS_MESSAGE_ID)
+                        .map(|v| v.to_string()),
+                    payload: m.payload.clone(),
+                    timeout: self.timeout,
+                }),
             });
         }
         Ok(Some(out))
     }
 }
 
-/// At most this many stranded messages are requeued per look.
+/// Settles a stranded message taken from the stream itself: answered, it
+/// is removed; handed back, it stays stored (the next look takes it
+/// again); dead-lettered, it is copied to `CREWLET_DEAD`, then removed.
+struct StoredSettle {
+    stream: stream::Stream,
+    js: js::Context,
+    name: String,
+    subject: String,
+    seq: u64,
+    msg_id: Option<String>,
+    payload: Bytes,
+    timeout: Duration,
+}
+
+impl StoredSettle {
+    async fn remove(&self) -> Result<(), QueueError> {
+        match bounded(self.timeout, self.stream.delete_message(self.seq)).await? {
+            Ok(_) => Ok(()),
+            Err(e) if delete_not_found(&e) => Ok(()),
+            Err(e) => Err(backend(e)),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Settle for StoredSettle {
+    async fn ack(self: Box<Self>) -> Result<(), QueueError> {
+        self.remove().await
+    }
+
+    async fn nak(self: Box<Self>) -> Result<(), QueueError> {
+        Ok(())
+    }
+
+    async fn dead_letter(self: Box<Self>, reason: &DeadLetterReason) -> Result<(), QueueError> {
+        let headers = dead_letter_headers(
+            &self.name,
+            &self.subject,
+            self.seq,
+            1,
+            self.msg_id.as_deref(),
+            reason,
+        );
+        bounded(self.timeout, async {
+            self.js
+                .publish_with_headers(
+                    format!("crewlet.dead.{}", self.name),
+                    headers,
+                    self.payload.clone(),
+                )
+                .await?
+                .await
+        })
+        .await?
+        .map_err(backend)?;
+        self.remove().await
+    }
+}
+
+/// The headers of a dead letter's copy in `CREWLET_DEAD`.
+fn dead_letter_headers(
+    name: &str,
+    subject: &str,
+    seq: u64,
+    delivered: u64,
+    msg_id: Option<&str>,
+    reason: &DeadLetterReason,
+) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    headers.insert("Crewlet-Subscription", name);
+    headers.insert("Crewlet-Subject", subject);
+    headers.insert("Crewlet-Seq", seq.to_string().as_str());
+    headers.insert("Crewlet-Delivered", delivered.to_string().as_str());
+    headers.insert("Crewlet-Reason", reason.to_string().as_str());
+    if let Some(id) = msg_id {
+        headers.insert("Crewlet-Msg-Id", id);
+    }
+    headers
+}
+
+/// At most this many stranded messages are taken per look.
 const STRANDED_BATCH: usize = 4096;
 /// How long a look waits before it re-reads what it found stranded.
 const STRANDED_SETTLE: Duration = Duration::from_millis(500);
-/// How many times one message is put back in line (counted on the copy).
-const MAX_REQUEUES: u32 = 3;
-/// The header counting how many times a message was put back in line.
-pub const REQUEUED_HEADER: &str = "Crewlet-Requeued";
 
 impl PullSource {
     /// The consumer's (ack floor, delivered, filter subject) when no
@@ -644,20 +669,20 @@ impl Settle for PullSettle {
 
     async fn dead_letter(self: Box<Self>, reason: &DeadLetterReason) -> Result<(), QueueError> {
         let info = self.msg.info().map_err(backend)?;
-        let mut headers = HeaderMap::new();
-        headers.insert("Crewlet-Subscription", self.name.as_str());
-        headers.insert("Crewlet-Subject", self.msg.subject.as_str());
-        headers.insert("Crewlet-Seq", info.stream_sequence.to_string().as_str());
-        headers.insert("Crewlet-Delivered", info.delivered.to_string().as_str());
-        headers.insert("Crewlet-Reason", reason.to_string().as_str());
-        if let Some(id) = self
+        let msg_id = self
             .msg
             .headers
             .as_ref()
             .and_then(|h| h.get(async_nats::header::NATS_MESSAGE_ID))
-        {
-            headers.insert("Crewlet-Msg-Id", id.as_str());
-        }
+            .map(|v| v.to_string());
+        let headers = dead_letter_headers(
+            &self.name,
+            self.msg.subject.as_str(),
+            info.stream_sequence,
+            info.delivered as u64,
+            msg_id.as_deref(),
+            reason,
+        );
         let copied = bounded(self.timeout, async {
             self.js
                 .publish_with_headers(

@@ -219,13 +219,13 @@ pub enum QueueEvent {
         seq: u64,
         reason: String,
     },
-    /// A message the broker stranded was put back in line: its copy is at
-    /// `new_seq`, the original at `seq` is gone.
-    Requeued {
+    /// A message the broker stranded (stored at `seq`, passed by its
+    /// consumer) was taken from the stream by its holder, to be handled
+    /// like a delivery.
+    Recovered {
         subscription: String,
         subject: String,
         seq: u64,
-        new_seq: u64,
     },
 }
 
@@ -249,12 +249,9 @@ pub fn log_events() -> EventSink {
             reason,
             ..
         } => tracing::info!(%subscription, %reason, "delivery deferred"),
-        QueueEvent::Requeued {
-            subscription,
-            seq,
-            new_seq,
-            ..
-        } => tracing::warn!(%subscription, seq, new_seq, "stranded message requeued"),
+        QueueEvent::Recovered {
+            subscription, seq, ..
+        } => tracing::warn!(%subscription, seq, "stranded message taken from the stream"),
     })
 }
 
@@ -296,8 +293,8 @@ pub trait Handler: Send + Sync + 'static {
     /// mail a broker keeps stored below a subscription's acknowledgement
     /// floor with nothing awaiting an acknowledgement: answered mail it
     /// failed to remove, or mail it never delivered. `Some(true)`: finished
-    /// (the stored copy is removed); `Some(false)`: known unfinished (put
-    /// back in line); `None`: cannot say (left where it is).
+    /// (the stored copy is removed); `Some(false)`: known unfinished (taken
+    /// and handled); `None`: cannot say (left where it is).
     async fn answered(&self, _delivery: &Delivery) -> Option<bool> {
         None
     }

@@ -83,9 +83,9 @@ pub struct Outcome {
     pub dir: PathBuf,
     pub wall: Duration,
     pub memory_handoffs: usize,
-    /// Messages the broker stranded that a holder put back in line
-    /// (`message_requeued`).
-    pub requeued: usize,
+    /// Messages the broker stranded that a holder took from the stream
+    /// (`message_recovered`).
+    pub recovered: usize,
 }
 
 /// State the background tasks share with the run.
@@ -1602,14 +1602,14 @@ pub async fn run(sched: Schedule, dir: PathBuf) -> Outcome {
         shared.bus_events.load(Ordering::Relaxed),
         history.events.len()
     ));
-    let requeued = history
+    let recovered = history
         .events
         .iter()
-        .filter(|e| e.name == "message_requeued")
+        .filter(|e| e.name == "message_recovered")
         .count();
-    if requeued > 0 {
+    if recovered > 0 {
         notes.push(format!(
-            "message_requeued seen {requeued} times (mail the broker stranded, put back in line)"
+            "message_recovered seen {recovered} times (mail the broker stranded, taken from the stream by its holder)"
         ));
     }
     let blocked = history
@@ -1638,6 +1638,6 @@ pub async fn run(sched: Schedule, dir: PathBuf) -> Outcome {
         dir,
         wall: t0.elapsed(),
         memory_handoffs: handoffs,
-        requeued,
+        recovered,
     }
 }

@@ -778,10 +778,7 @@ mod broker {
             "no message stored once the stranded mail was answered",
             WAIT,
             Duration::from_millis(10),
-            || async {
-                let mut s = stream.clone();
-                (s.info().await.unwrap().state.messages == 0).then_some(())
-            },
+            || async { (stored(&stream).await == 0).then_some(()) },
         )
         .await;
         nothing_arrives(&mut rx).await;

@@ -510,22 +510,17 @@ impl Source for PullSource {
                     None => continue,
                 }
             }
-            out.push(Fetched {
-                delivery,
-                settle: Box::new(StoredSettle {
-                    stream: self.stream.clone(),
-                    js: self.js.clone(),
-                    name: self.name.clone(),
-                    subject: m.subject.to_string(),
-                    seq: m.sequence,
-                    msg_id: m
-                        .headers
-                        .get(async_nats::header::NATS_MESSAGE_ID)
-                        .map(|v| v.to_string()),
-                    payload: m.payload.clone(),
-                    timeout: self.timeout,
-                }),
+            let settle = Box::new(StoredSettle {
+                stream: self.stream.clone(),
+                js: self.js.clone(),
+                name: self.name.clone(),
+                subject: delivery.subject.clone(),
+                seq: delivery.seq,
+                msg_id: delivery.msg_id.clone(),
+                payload: delivery.payload.clone(),
+                timeout: self.timeout,
             });
+            out.push(Fetched { delivery, settle });
         }
         Ok(Some(out))
     }

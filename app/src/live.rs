@@ -44,6 +44,7 @@ pub const EVENT_NAMES: &[&str] = &[
     "message_dead_lettered",
     "delivery_deferred",
     "message_recovered",
+    "message_republished",
     "turn_started",
     "turn_completed",
     "turn_trigger_skipped",

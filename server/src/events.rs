@@ -157,6 +157,14 @@ pub enum Event {
         subject: String,
         seq: u64,
     },
+    /// A publish the broker acknowledged at `seq` but did not keep, while a
+    /// subscription covers its subject, was published again at `new_seq`
+    /// (NATS 2.9 after a stream-leader election).
+    MessageRepublished {
+        subject: String,
+        seq: u64,
+        new_seq: u64,
+    },
     /// A turn began: the ledgered triggers it runs, under which epoch.
     TurnStarted {
         seat: String,
@@ -364,6 +372,7 @@ impl Event {
                 | Event::SeatClaimsBlockedByOlderProtocol { .. }
                 | Event::MessageDeadLettered { .. }
                 | Event::MessageRecovered { .. }
+                | Event::MessageRepublished { .. }
                 | Event::TurnGuardBreach { .. }
                 | Event::SeatMailboxUnregistered { .. }
                 | Event::SeatMailboxRetirementHeld { .. }
@@ -528,6 +537,15 @@ pub fn queue_sink(bus: &EventBus) -> crate::queue::EventSink {
                 subscription,
                 subject,
                 seq,
+            },
+            QueueEvent::Republished {
+                subject,
+                seq,
+                new_seq,
+            } => Event::MessageRepublished {
+                subject,
+                seq,
+                new_seq,
             },
         })
     })

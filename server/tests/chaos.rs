@@ -137,6 +137,7 @@ fn summary(outcomes: &[Outcome]) -> String {
     let unconfirmed: usize = outcomes.iter().map(|o| o.findings.stats.unconfirmed).sum();
     let handoffs: usize = outcomes.iter().map(|o| o.memory_handoffs).sum();
     let recovered: usize = outcomes.iter().map(|o| o.recovered).sum();
+    let republished: usize = outcomes.iter().map(|o| o.republished).sum();
     s.push_str(&format!(
         "\nnodes stopped past the TTL: {stops75} exited 75, {fenced} resumed fenced; \
          effects posted by a holder after a newer epoch was claimed: {zombies}; \
@@ -144,7 +145,8 @@ fn summary(outcomes: &[Outcome]) -> String {
          slowest message (publish → first effect): {}; \
          publishes never acknowledged: {unconfirmed}; \
          graceful handoffs with memory checked: {handoffs}; \
-         stranded messages taken from the stream: {recovered}\n",
+         stranded messages taken from the stream: {recovered}; \
+         acknowledged publishes not kept, published again: {republished}\n",
         dur(overlap),
         dur(latency)
     ));

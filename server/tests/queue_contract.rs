@@ -907,6 +907,115 @@ mod broker {
         stream
     }
 
+    /// A stream leader that does not know its consumers yet acknowledges a
+    /// publish and drops it for "no interest" (NATS 2.9 after an election).
+    /// Made here deterministically: the mail is published before its
+    /// subscription exists (acknowledged, not kept), then the subscription
+    /// is created — the state the read-back after an acknowledgement meets.
+    #[tokio::test]
+    async fn mail_the_broker_acknowledged_but_did_not_keep_is_published_again_and_delivered_once() {
+        let server = support::nats::NatsServer::start().await;
+        let client = async_nats::connect(server.url()).await.unwrap();
+        let (sink, events) = sink();
+        let q = JetStreamQueue::new(client.clone(), JetStreamSettings::default(), sink)
+            .await
+            .unwrap();
+        let js = async_nats::jetstream::new(client);
+        let subject = crewlet::queue::inbox_subject("dropped");
+        let payload = Bytes::from_static(b"{\"id\":\"env-1\"}");
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(async_nats::header::NATS_MESSAGE_ID, "env-1");
+        let ack = js
+            .publish_with_headers(subject.clone(), headers, payload.clone())
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        let stream = js
+            .get_stream(crewlet::queue::jetstream::AGENTS_STREAM)
+            .await
+            .unwrap();
+        assert!(
+            stream.get_raw_message(ack.sequence).await.is_err(),
+            "acknowledged at {} and not kept",
+            ack.sequence
+        );
+        let spec = ensure_seat(&q, "dropped").await;
+
+        let kept = q
+            .keep(&subject, Some("env-1"), payload.clone(), ack.sequence)
+            .await
+            .unwrap();
+        assert!(kept > ack.sequence, "kept as a later copy, at {kept}");
+        assert!(
+            events.lock().unwrap().contains(&QueueEvent::Republished {
+                subject: subject.clone(),
+                seq: ack.sequence,
+                new_seq: kept,
+            }),
+            "message_republished names the dropped and the kept sequence"
+        );
+        // A second look at the same drop finds the copy and publishes nothing.
+        assert_eq!(
+            q.keep(&subject, Some("env-1"), payload.clone(), kept)
+                .await
+                .unwrap(),
+            kept
+        );
+        assert_eq!(stored(&stream).await, 1, "one copy kept");
+
+        let (h, mut rx) = recorder(|_| Disposition::Ack);
+        let a = q.attach(&spec.name, &[], h).await.unwrap();
+        let d = recv(&mut rx, "the kept copy").await;
+        assert_eq!(
+            d.payload, payload,
+            "the same envelope, so the ledger knows it"
+        );
+        assert_eq!(d.msg_id.as_deref(), Some("env-1~kept@1"));
+        nothing_arrives(&mut rx).await;
+        a.detach().await;
+    }
+
+    #[tokio::test]
+    async fn a_kept_publish_is_published_once_and_mail_no_subscription_covers_is_not_published_again()
+     {
+        let server = support::nats::NatsServer::start().await;
+        let client = async_nats::connect(server.url()).await.unwrap();
+        let (sink, events) = sink();
+        let q = JetStreamQueue::new(client.clone(), JetStreamSettings::default(), sink)
+            .await
+            .unwrap();
+        let stream = async_nats::jetstream::new(client)
+            .get_stream(crewlet::queue::jetstream::AGENTS_STREAM)
+            .await
+            .unwrap();
+        let spec = ensure_seat(&q, "kept").await;
+        let first = q
+            .publish_kept(&spec.subject, Some("k-1"), Bytes::from_static(b"one"))
+            .await
+            .unwrap();
+        assert!(!first.duplicate);
+        assert!(stream.get_raw_message(first.seq).await.is_ok());
+        let nobody = crewlet::queue::inbox_subject("nobody-here");
+        let dropped = q
+            .publish_kept(&nobody, Some("k-2"), Bytes::from_static(b"two"))
+            .await
+            .unwrap();
+        assert!(
+            stream.get_raw_message(dropped.seq).await.is_err(),
+            "mail no subscription covers is discarded at the publish"
+        );
+        assert_eq!(stored(&stream).await, 1, "only the covered mail is stored");
+        assert!(
+            !events
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|e| matches!(e, QueueEvent::Republished { .. })),
+            "nothing was published again"
+        );
+    }
+
     async fn stored(stream: &async_nats::jetstream::stream::Stream) -> u64 {
         stream.clone().info().await.unwrap().state.messages
     }

@@ -37,6 +37,61 @@ pub const DEDUPE_WINDOW: Duration = Duration::from_secs(120);
 
 const DESCRIPTION_PREFIX: &str = "crewlet mailbox; max_deliveries=";
 
+/// How many times mail the broker acknowledged but did not keep is
+/// published again before the publish fails.
+pub const KEEP_ATTEMPTS: usize = 5;
+
+/// Where a kept publish landed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Published {
+    /// The stream sequence the message is kept at (a copy's, when the
+    /// first was dropped).
+    pub seq: u64,
+    /// The broker recognised the message id as one it had already.
+    pub duplicate: bool,
+}
+
+/// What an acknowledged publish's read-back says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kept {
+    /// The message is in the stream.
+    Stored,
+    /// No subscription covers the subject: discarded at the publish, as the
+    /// contract says.
+    Uncovered,
+    /// Gone while its subscription never delivered that far: the broker
+    /// dropped it, and a copy cannot run anything twice.
+    Dropped,
+    /// Gone after its subscription delivered past it, with no id: it may
+    /// have been answered and removed; a copy could run it twice.
+    CannotTell,
+}
+
+/// The read-back decision (pure). `delivered`: how far the covering
+/// subscription delivered (`None`: nothing covers the subject). Mail with
+/// an id that is gone after a delivery past it is published again too: a
+/// drop looks the same once a later message moved the subscription on,
+/// and the completion ledger skips a copy of answered mail by its envelope
+/// id.
+pub fn judge_kept(stored: bool, delivered: Option<u64>, seq: u64, has_id: bool) -> Kept {
+    match (stored, delivered) {
+        (true, _) => Kept::Stored,
+        (false, None) => Kept::Uncovered,
+        (false, Some(d)) if d < seq || has_id => Kept::Dropped,
+        (false, Some(_)) => Kept::CannotTell,
+    }
+}
+
+/// The message id of the copy published for mail dropped at `seq`: derived
+/// from the original's id (or the sequence), so a repeated look at the
+/// same drop is deduplicated by the broker.
+pub fn kept_copy_id(msg_id: Option<&str>, seq: u64) -> String {
+    match msg_id {
+        Some(id) => format!("{id}~kept@{seq}"),
+        None => format!("kept@{seq}"),
+    }
+}
+
 /// Settings of the JetStream queue.
 #[derive(Clone, Debug)]
 pub struct JetStreamSettings {
@@ -118,6 +173,146 @@ impl JetStreamQueue {
             settings,
             events,
         })
+    }
+
+    /// Publish once, bounded; the broker's acknowledgement.
+    async fn publish_once(
+        &self,
+        subject: &str,
+        msg_id: &str,
+        payload: Bytes,
+    ) -> Result<js::publish::PublishAck, QueueError> {
+        let mut headers = HeaderMap::new();
+        if !msg_id.is_empty() {
+            headers.insert(async_nats::header::NATS_MESSAGE_ID, msg_id);
+        }
+        bounded(self.settings.timeout, async {
+            self.js
+                .publish_with_headers(subject.to_string(), headers, payload)
+                .await?
+                .await
+        })
+        .await?
+        .map_err(backend)
+    }
+
+    /// Publish and make sure the broker kept what it acknowledged.
+    ///
+    /// A NATS 2.9 stream leader that does not know its consumers yet (just
+    /// after an election) acknowledges a publish to an interest-retained
+    /// subject and then drops it for "no interest" (NATS-NOTES.md; the chaos
+    /// soak lost five messages so). After the acknowledgement the message is
+    /// read back from the leader; one that is not there while a subscription
+    /// covers its subject is published again (`keep`). The answer names
+    /// where the mail was kept, or `NotKept` once `KEEP_ATTEMPTS` copies
+    /// were all dropped.
+    pub async fn publish_kept(
+        &self,
+        subject: &str,
+        msg_id: Option<&str>,
+        payload: Bytes,
+    ) -> Result<Published, QueueError> {
+        let ack = self
+            .publish_once(subject, msg_id.unwrap_or(""), payload.clone())
+            .await?;
+        let seq = self.keep(subject, msg_id, payload, ack.sequence).await?;
+        Ok(Published {
+            seq,
+            duplicate: ack.duplicate,
+        })
+    }
+
+    /// Make sure the message acknowledged at `seq` on `subject` is kept,
+    /// publishing it again while it is not (see `publish_kept`); returns the
+    /// sequence it is kept at. Mail no subscription covers is discarded at
+    /// the publish by contract and left so; a read that fails leaves the
+    /// acknowledgement standing (the publish succeeded as far as anyone can
+    /// tell).
+    pub async fn keep(
+        &self,
+        subject: &str,
+        msg_id: Option<&str>,
+        payload: Bytes,
+        mut seq: u64,
+    ) -> Result<u64, QueueError> {
+        for _ in 0..KEEP_ATTEMPTS {
+            let stored =
+                match bounded(self.settings.timeout, self.agents.get_raw_message(seq)).await {
+                    Ok(Ok(_)) => true,
+                    Ok(Err(e)) if raw_not_found(&e) => false,
+                    Ok(Err(_)) | Err(_) => return Ok(seq),
+                };
+            if stored {
+                return Ok(seq);
+            }
+            let delivered = match self.covering_delivered(subject).await {
+                Ok(Some(d)) => Some(d),
+                Ok(None) => None,
+                Err(_) => return Ok(seq),
+            };
+            match judge_kept(false, delivered, seq, msg_id.is_some()) {
+                Kept::Stored | Kept::Uncovered => return Ok(seq),
+                Kept::CannotTell => {
+                    tracing::warn!(%subject, seq, "an acknowledged message is not in the stream and may have been answered already; not published again (it carries no id the ledger could skip by)");
+                    return Ok(seq);
+                }
+                Kept::Dropped => {}
+            }
+            let copy_id = kept_copy_id(msg_id, seq);
+            let ack = self
+                .publish_once(subject, &copy_id, payload.clone())
+                .await?;
+            (self.events)(super::QueueEvent::Republished {
+                subject: subject.to_string(),
+                seq,
+                new_seq: ack.sequence,
+            });
+            seq = ack.sequence;
+        }
+        Err(QueueError::NotKept {
+            subject: subject.to_string(),
+            seq,
+        })
+    }
+
+    /// How far the subscription covering `subject` says it delivered
+    /// (`None`: no subscription covers it). A seat mailbox's subscription is
+    /// named by the subject's grammar; any other subject is looked up in
+    /// the listing.
+    async fn covering_delivered(&self, subject: &str) -> Result<Option<u64>, QueueError> {
+        let by_grammar = subject
+            .strip_prefix("crewlet.agent.")
+            .and_then(|rest| rest.rsplit_once('.'))
+            .and_then(|(handle, kind)| match kind {
+                "inbox" => Some(super::inbox_group(handle)),
+                "control" => Some(super::control_group(handle)),
+                "reflect" => Some(super::reflect_group(handle)),
+                _ => None,
+            });
+        if let Some(name) = by_grammar {
+            match bounded(self.settings.timeout, self.agents.consumer_info(&name)).await? {
+                Ok(info) if super::subject_matches(&info.config.filter_subject, subject) => {
+                    return Ok(Some(info.delivered.stream_sequence));
+                }
+                Ok(_) => {}
+                Err(e) if info_not_found(&e) => {}
+                Err(e) => return Err(backend(e)),
+            }
+        }
+        let Some(name) = self
+            .list_subscriptions()
+            .await?
+            .into_iter()
+            .find(|s| super::subject_matches(&s.subject, subject))
+            .map(|s| s.name)
+        else {
+            return Ok(None);
+        };
+        match bounded(self.settings.timeout, self.agents.consumer_info(&name)).await? {
+            Ok(info) => Ok(Some(info.delivered.stream_sequence)),
+            Err(e) if info_not_found(&e) => Ok(None),
+            Err(e) => Err(backend(e)),
+        }
     }
 
     async fn consumer_info(&self, name: &str) -> Result<Option<pull::Config>, QueueError> {
@@ -302,19 +497,7 @@ impl Queue for JetStreamQueue {
         msg_id: Option<&str>,
         payload: Bytes,
     ) -> Result<bool, QueueError> {
-        let mut headers = HeaderMap::new();
-        if let Some(id) = msg_id {
-            headers.insert(async_nats::header::NATS_MESSAGE_ID, id);
-        }
-        let ack = bounded(self.settings.timeout, async {
-            self.js
-                .publish_with_headers(subject.to_string(), headers, payload)
-                .await?
-                .await
-        })
-        .await?
-        .map_err(backend)?;
-        Ok(!ack.duplicate)
+        Ok(!self.publish_kept(subject, msg_id, payload).await?.duplicate)
     }
 
     async fn attach(
@@ -736,4 +919,35 @@ async fn dead_letters(
         seq -= 1;
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stored_mail_is_kept_and_uncovered_mail_is_the_contracts_discard() {
+        assert_eq!(judge_kept(true, Some(0), 5, false), Kept::Stored);
+        assert_eq!(judge_kept(true, None, 5, true), Kept::Stored);
+        assert_eq!(judge_kept(false, None, 5, true), Kept::Uncovered);
+    }
+
+    #[test]
+    fn gone_mail_its_subscription_never_delivered_is_a_drop_with_or_without_an_id() {
+        assert_eq!(judge_kept(false, Some(4), 5, false), Kept::Dropped);
+        assert_eq!(judge_kept(false, Some(0), 5, true), Kept::Dropped);
+    }
+
+    #[test]
+    fn gone_mail_delivered_past_is_published_again_only_when_the_ledger_can_skip_a_copy() {
+        assert_eq!(judge_kept(false, Some(5), 5, true), Kept::Dropped);
+        assert_eq!(judge_kept(false, Some(9), 5, false), Kept::CannotTell);
+    }
+
+    #[test]
+    fn a_copy_of_the_same_drop_has_the_same_id() {
+        assert_eq!(kept_copy_id(Some("m-1"), 7), "m-1~kept@7");
+        assert_eq!(kept_copy_id(Some("m-1"), 7), kept_copy_id(Some("m-1"), 7));
+        assert_eq!(kept_copy_id(None, 7), "kept@7");
+    }
 }

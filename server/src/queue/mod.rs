@@ -227,6 +227,13 @@ pub enum QueueEvent {
         subject: String,
         seq: u64,
     },
+    /// A publish the broker acknowledged at `seq` but did not keep while a
+    /// subscription covers its subject was published again, at `new_seq`.
+    Republished {
+        subject: String,
+        seq: u64,
+        new_seq: u64,
+    },
 }
 
 /// Where queue events go.
@@ -252,6 +259,13 @@ pub fn log_events() -> EventSink {
         QueueEvent::Recovered {
             subscription, seq, ..
         } => tracing::warn!(%subscription, seq, "stranded message taken from the stream"),
+        QueueEvent::Republished {
+            subject,
+            seq,
+            new_seq,
+        } => {
+            tracing::warn!(%subject, seq, new_seq, "acknowledged message not kept by the broker; published again")
+        }
     })
 }
 
@@ -271,6 +285,11 @@ pub enum QueueError {
     AlreadyAttached(String),
     #[error("cannot create stream {stream}: {message}")]
     Stream { stream: String, message: String },
+    #[error(
+        "the broker acknowledged a message to {subject} (last at stream sequence {seq}) but did not keep it, {attempts} times; nothing was delivered — send it again",
+        attempts = crate::queue::jetstream::KEEP_ATTEMPTS
+    )]
+    NotKept { subject: String, seq: u64 },
     #[error("the queue did not answer within {0:?}")]
     Timeout(Duration),
     #[error("queue backend error: {0}")]

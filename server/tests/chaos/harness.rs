@@ -86,6 +86,9 @@ pub struct Outcome {
     /// Messages the broker stranded that a holder took from the stream
     /// (`message_recovered`).
     pub recovered: usize,
+    /// Publishes the broker acknowledged but did not keep, published again
+    /// (`message_republished`).
+    pub republished: usize,
 }
 
 /// State the background tasks share with the run.
@@ -101,6 +104,9 @@ struct Shared {
     /// Nodes the poller may ask: (id, port).
     pollable: Mutex<Vec<(String, u16)>>,
     bus_events: AtomicUsize,
+    /// Publishes the broker acknowledged but did not keep, published again
+    /// (`message_republished` of the publisher's queue).
+    republished: AtomicUsize,
     /// Publishes still being tried (acknowledged or given up on: done).
     publishing: AtomicUsize,
 }
@@ -868,11 +874,13 @@ fn parse_poll(v: &serde_json::Value) -> Option<Poll> {
     })
 }
 
-/// The publisher: ledgered `task_assigned` envelopes with unique ids,
-/// straight to each seat's inbox subject with `Nats-Msg-Id` = the id, each
-/// retried (same id, so deduplicated) until the stream acknowledges it.
+/// The publisher: ledgered `task_assigned` envelopes with unique ids, to
+/// each seat's inbox subject with `Nats-Msg-Id` = the id, through the
+/// product's kept publish (the one `crewlet send` and the HTTP inbox use:
+/// the acknowledged message is read back, and published again if the broker
+/// dropped it), each retried (same id, so deduplicated) until it is kept.
 async fn publisher(
-    js: jetstream::Context,
+    queue: Arc<crewlet::queue::jetstream::JetStreamQueue>,
     shared: Arc<Shared>,
     seed: u64,
     seats: usize,
@@ -926,7 +934,7 @@ async fn publisher(
             });
             p.len() - 1
         };
-        let (js, shared) = (js.clone(), shared.clone());
+        let (queue, shared) = (queue.clone(), shared.clone());
         shared.publishing.fetch_add(1, Ordering::SeqCst);
         tokio::spawn(async move {
             // However this publish ends, it is no longer being tried.
@@ -941,18 +949,15 @@ async fn publisher(
             let payload = bytes::Bytes::from(envelope.to_string());
             let until = Instant::now() + Duration::from_secs(90);
             while Instant::now() < until {
-                let mut headers = async_nats::HeaderMap::new();
-                headers.insert(async_nats::header::NATS_MESSAGE_ID, id.as_str());
-                let acked = tokio::time::timeout(Duration::from_secs(3), async {
-                    js.publish_with_headers(subject.clone(), headers, payload.clone())
-                        .await?
-                        .await
-                })
+                let kept = tokio::time::timeout(
+                    Duration::from_secs(10),
+                    queue.publish_kept(&subject, Some(&id), payload.clone()),
+                )
                 .await;
-                if let Ok(Ok(ack)) = acked {
+                if let Ok(Ok(kept)) = kept {
                     let mut p = lock(&shared.published);
                     p[index].acked = true;
-                    p[index].seq = Some(ack.sequence);
+                    p[index].seq = Some(kept.seq);
                     return;
                 }
                 tokio::time::sleep(Duration::from_millis(500)).await;
@@ -1394,8 +1399,24 @@ pub async fn run(sched: Schedule, dir: PathBuf) -> Outcome {
         stop.clone(),
     )));
     let publish_stop = stop.child_token();
+    let counted = shared.clone();
+    let publish_queue = crewlet::queue::jetstream::JetStreamQueue::new(
+        client.clone(),
+        crewlet::queue::jetstream::JetStreamSettings {
+            replicas: 3,
+            timeout: Duration::from_secs(3),
+        },
+        Arc::new(move |e| {
+            if matches!(e, crewlet::queue::QueueEvent::Republished { .. }) {
+                counted.republished.fetch_add(1, Ordering::Relaxed);
+            }
+            crewlet::queue::log_events()(e)
+        }),
+    )
+    .await
+    .expect("the publisher's queue");
     c.tasks.push(tokio::spawn(publisher(
-        js.clone(),
+        Arc::new(publish_queue),
         shared.clone(),
         sched.seed,
         sched.profile.seats,
@@ -1612,6 +1633,12 @@ pub async fn run(sched: Schedule, dir: PathBuf) -> Outcome {
             "message_recovered seen {recovered} times (mail the broker stranded, taken from the stream by its holder)"
         ));
     }
+    let republished = shared.republished.load(Ordering::Relaxed);
+    if republished > 0 {
+        notes.push(format!(
+            "message_republished {republished} times (publishes the broker acknowledged but did not keep, published again)"
+        ));
+    }
     let blocked = history
         .events
         .iter()
@@ -1639,5 +1666,6 @@ pub async fn run(sched: Schedule, dir: PathBuf) -> Outcome {
         wall: t0.elapsed(),
         memory_handoffs: handoffs,
         recovered,
+        republished,
     }
 }

@@ -40,6 +40,9 @@ const DESCRIPTION_PREFIX: &str = "crewlet mailbox; max_deliveries=";
 /// How many times mail the broker acknowledged but did not keep is
 /// published again before the publish fails.
 pub const KEEP_ATTEMPTS: usize = 5;
+/// The wait before the second copy; it doubles for each later one (100,
+/// 200, 400, 800 ms).
+pub const KEEP_BACKOFF: Duration = Duration::from_millis(100);
 
 /// Where a kept publish landed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -235,7 +238,7 @@ impl JetStreamQueue {
         payload: Bytes,
         mut seq: u64,
     ) -> Result<u64, QueueError> {
-        for _ in 0..KEEP_ATTEMPTS {
+        for attempt in 0..KEEP_ATTEMPTS {
             let stored =
                 match bounded(self.settings.timeout, self.agents.get_raw_message(seq)).await {
                     Ok(Ok(_)) => true,
@@ -257,6 +260,11 @@ impl JetStreamQueue {
                     return Ok(seq);
                 }
                 Kept::Dropped => {}
+            }
+            // A leader that dropped one publish may drop the next while it
+            // still does not know its consumers: later copies wait longer.
+            if attempt > 0 {
+                tokio::time::sleep(KEEP_BACKOFF * (1 << (attempt - 1))).await;
             }
             let copy_id = kept_copy_id(msg_id, seq);
             let ack = self

@@ -376,6 +376,44 @@ async fn one_store() -> (MemoryStore, tempfile::TempDir) {
 }
 
 #[tokio::test]
+async fn a_cycle_reads_only_the_seats_with_rows_past_what_was_published_of_them() {
+    let (m, _dir) = one_store().await;
+    let (peer, _peer_dir) = one_store().await;
+    let set = |v: &[&str]| {
+        v.iter()
+            .map(|s| s.to_string())
+            .collect::<std::collections::BTreeSet<_>>()
+    };
+    assert_eq!(m.seats_with_unpublished().await.unwrap(), set(&[]));
+    remember_everything(&m, "s0", "1").await;
+    m.diary_write("s1", "only a note", None).await.unwrap();
+    assert_eq!(
+        m.seats_with_unpublished().await.unwrap(),
+        set(&["s0", "s1"])
+    );
+
+    let log = MemoryChangelog::new();
+    assert_eq!(changelog::flush(&m, &log, "s0").await.unwrap(), 7);
+    assert_eq!(
+        m.seats_with_unpublished().await.unwrap(),
+        set(&["s1"]),
+        "a flushed seat has nothing new"
+    );
+    // Rows carried in by a hydration are on the changelog already.
+    peer.diary_write("s2", "carried", None).await.unwrap();
+    for row in peer.rows_since("s2", 0).await.unwrap() {
+        m.apply_carried("s2", &row).await.unwrap();
+    }
+    assert_eq!(m.seats_with_unpublished().await.unwrap(), set(&["s1"]));
+    // A new row on any table of a flushed seat brings it back.
+    m.marker_set("s0", "fresh-marker", "done").await.unwrap();
+    assert_eq!(
+        m.seats_with_unpublished().await.unwrap(),
+        set(&["s0", "s1"])
+    );
+}
+
+#[tokio::test]
 async fn an_interaction_is_counted_once_per_unit_of_work() {
     let (m, _dir) = one_store().await;
     assert_eq!(

@@ -208,9 +208,30 @@ impl TurnEngine {
                 None
             }
         };
+        let due: Vec<&String> = held
+            .iter()
+            .filter(|h| now.is_none() || lock(&self.flushed_at).get(*h) != now.as_ref())
+            .collect();
+        // Which of them have anything new, in one read (after the change
+        // sequence was read: a row written in between is seen here, or moves
+        // the sequence past `now` for the next cycle).
+        let unpublished = if due.is_empty() {
+            Some(Default::default())
+        } else {
+            match self.tools.memory.seats_with_unpublished().await {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot tell which seats have new memory; flushing every held seat");
+                    None
+                }
+            }
+        };
         let mut n = 0;
-        for h in held {
-            if now.is_some() && lock(&self.flushed_at).get(h) == now.as_ref() {
+        for h in due {
+            if let (Some(unpublished), Some(v)) = (&unpublished, now)
+                && !unpublished.contains(h)
+            {
+                lock(&self.flushed_at).insert(h.clone(), v);
                 continue;
             }
             match changelog::flush(&self.tools.memory, &*self.changelog, h).await {

@@ -727,6 +727,34 @@ impl MemoryStore {
             .await
     }
 
+    /// Every seat with a row stamped past what this node published of it,
+    /// in one query (a changelog cycle flushes only these: a node that just
+    /// took a thousand seats does not read each one's seven tables to find
+    /// nothing). Hydrated rows are stamped 0 and never count.
+    pub async fn seats_with_unpublished(
+        &self,
+    ) -> Result<std::collections::BTreeSet<String>, sqlx::Error> {
+        let tops: Vec<String> = Table::ALL
+            .iter()
+            .map(|t| {
+                format!(
+                    "SELECT agent_handle AS h, MAX(change_seq) AS top FROM {} GROUP BY agent_handle",
+                    t.name()
+                )
+            })
+            .collect();
+        let sql = format!(
+            "SELECT x.h FROM ({}) AS x LEFT JOIN memory_published p ON p.agent_handle = x.h \
+             GROUP BY x.h HAVING MAX(x.top) > COALESCE(MAX(p.last_seq), 0)",
+            tops.join(" UNION ALL ")
+        );
+        Ok(sqlx::query_scalar(&sql)
+            .fetch_all(&self.pool)
+            .await?
+            .into_iter()
+            .collect())
+    }
+
     /// The highest change sequence of the seat this node has published.
     pub async fn last_published(&self, handle: &str) -> Result<i64, sqlx::Error> {
         Ok(

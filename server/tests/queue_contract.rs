@@ -909,9 +909,9 @@ mod broker {
 
     /// A stream leader that does not know its consumers yet acknowledges a
     /// publish and drops it for "no interest" (NATS 2.9 after an election).
-    /// Made here deterministically: the mail is published before its
-    /// subscription exists (acknowledged, not kept), then the subscription
-    /// is created — the state the read-back after an acknowledgement meets.
+    /// Made here deterministically: the mail is published to its covered
+    /// subject and removed from the stream before anything was delivered —
+    /// the state the read-back after an acknowledgement meets.
     #[tokio::test]
     async fn mail_the_broker_acknowledged_but_did_not_keep_is_published_again_and_delivered_once() {
         let server = support::nats::NatsServer::start().await;
@@ -921,7 +921,8 @@ mod broker {
             .await
             .unwrap();
         let js = async_nats::jetstream::new(client);
-        let subject = crewlet::queue::inbox_subject("dropped");
+        let spec = ensure_seat(&q, "dropped").await;
+        let subject = spec.subject.clone();
         let payload = Bytes::from_static(b"{\"id\":\"env-1\"}");
         let mut headers = async_nats::HeaderMap::new();
         headers.insert(async_nats::header::NATS_MESSAGE_ID, "env-1");
@@ -935,12 +936,12 @@ mod broker {
             .get_stream(crewlet::queue::jetstream::AGENTS_STREAM)
             .await
             .unwrap();
+        stream.delete_message(ack.sequence).await.unwrap();
         assert!(
             stream.get_raw_message(ack.sequence).await.is_err(),
             "acknowledged at {} and not kept",
             ack.sequence
         );
-        let spec = ensure_seat(&q, "dropped").await;
 
         let kept = q
             .keep(&subject, Some("env-1"), payload.clone(), ack.sequence)
@@ -973,6 +974,48 @@ mod broker {
         );
         assert_eq!(d.msg_id.as_deref(), Some("env-1~kept@1"));
         nothing_arrives(&mut rx).await;
+        a.detach().await;
+    }
+
+    #[tokio::test]
+    async fn answered_mail_gone_from_the_stream_is_never_published_again() {
+        let server = support::nats::NatsServer::start().await;
+        let client = async_nats::connect(server.url()).await.unwrap();
+        let (sink, events) = sink();
+        let q = JetStreamQueue::new(client.clone(), JetStreamSettings::default(), sink)
+            .await
+            .unwrap();
+        let spec = ensure_seat(&q, "answered").await;
+        let (h, mut rx) = recorder(|_| Disposition::Ack);
+        let a = q.attach(&spec.name, &[], h).await.unwrap();
+        let kept = q
+            .publish_kept(&spec.subject, Some("a-1"), Bytes::from_static(b"once"))
+            .await
+            .unwrap();
+        recv(&mut rx, "the mail").await;
+        pending_is(&q, &spec.name, 0).await;
+        // A read-back that meets it gone after its delivery (a fast handler
+        // answered it first) makes no copy.
+        assert_eq!(
+            q.keep(
+                &spec.subject,
+                Some("a-1"),
+                Bytes::from_static(b"once"),
+                kept.seq
+            )
+            .await
+            .unwrap(),
+            kept.seq
+        );
+        nothing_arrives(&mut rx).await;
+        assert!(
+            !events
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|e| matches!(e, QueueEvent::Republished { .. })),
+            "nothing was published again"
+        );
         a.detach().await;
     }
 

@@ -65,22 +65,21 @@ pub enum Kept {
     /// Gone while its subscription never delivered that far: the broker
     /// dropped it, and a copy cannot run anything twice.
     Dropped,
-    /// Gone after its subscription delivered past it, with no id: it may
-    /// have been answered and removed; a copy could run it twice.
+    /// Gone after its subscription delivered past it: answered and removed
+    /// (a fast handler acknowledges within the read-back), or dropped and
+    /// passed; a copy could run it twice, so none is made.
     CannotTell,
 }
 
 /// The read-back decision (pure). `delivered`: how far the covering
-/// subscription delivered (`None`: nothing covers the subject). Mail with
-/// an id that is gone after a delivery past it is published again too: a
-/// drop looks the same once a later message moved the subscription on,
-/// and the completion ledger skips a copy of answered mail by its envelope
-/// id.
-pub fn judge_kept(stored: bool, delivered: Option<u64>, seq: u64, has_id: bool) -> Kept {
+/// subscription delivered (`None`: nothing covers the subject); it is read
+/// after the message was found gone, so mail answered before the read-back
+/// always shows as delivered.
+pub fn judge_kept(stored: bool, delivered: Option<u64>, seq: u64) -> Kept {
     match (stored, delivered) {
         (true, _) => Kept::Stored,
         (false, None) => Kept::Uncovered,
-        (false, Some(d)) if d < seq || has_id => Kept::Dropped,
+        (false, Some(d)) if d < seq => Kept::Dropped,
         (false, Some(_)) => Kept::CannotTell,
     }
 }
@@ -205,8 +204,9 @@ impl JetStreamQueue {
     /// after an election) acknowledges a publish to an interest-retained
     /// subject and then drops it for "no interest" (NATS-NOTES.md; the chaos
     /// soak lost five messages so). After the acknowledgement the message is
-    /// read back from the leader; one that is not there while a subscription
-    /// covers its subject is published again (`keep`). The answer names
+    /// read back from the leader; one that is not there while the
+    /// subscription covering its subject has not delivered that far is
+    /// published again (`keep`). The answer names
     /// where the mail was kept, or `NotKept` once `KEEP_ATTEMPTS` copies
     /// were all dropped.
     pub async fn publish_kept(
@@ -253,12 +253,8 @@ impl JetStreamQueue {
                 Ok(None) => None,
                 Err(_) => return Ok(seq),
             };
-            match judge_kept(false, delivered, seq, msg_id.is_some()) {
-                Kept::Stored | Kept::Uncovered => return Ok(seq),
-                Kept::CannotTell => {
-                    tracing::warn!(%subject, seq, "an acknowledged message is not in the stream and may have been answered already; not published again (it carries no id the ledger could skip by)");
-                    return Ok(seq);
-                }
+            match judge_kept(false, delivered, seq) {
+                Kept::Stored | Kept::Uncovered | Kept::CannotTell => return Ok(seq),
                 Kept::Dropped => {}
             }
             // A leader that dropped one publish may drop the next while it
@@ -935,21 +931,21 @@ mod tests {
 
     #[test]
     fn stored_mail_is_kept_and_uncovered_mail_is_the_contracts_discard() {
-        assert_eq!(judge_kept(true, Some(0), 5, false), Kept::Stored);
-        assert_eq!(judge_kept(true, None, 5, true), Kept::Stored);
-        assert_eq!(judge_kept(false, None, 5, true), Kept::Uncovered);
+        assert_eq!(judge_kept(true, Some(0), 5), Kept::Stored);
+        assert_eq!(judge_kept(true, None, 5), Kept::Stored);
+        assert_eq!(judge_kept(false, None, 5), Kept::Uncovered);
     }
 
     #[test]
-    fn gone_mail_its_subscription_never_delivered_is_a_drop_with_or_without_an_id() {
-        assert_eq!(judge_kept(false, Some(4), 5, false), Kept::Dropped);
-        assert_eq!(judge_kept(false, Some(0), 5, true), Kept::Dropped);
+    fn gone_mail_its_subscription_never_delivered_is_a_drop() {
+        assert_eq!(judge_kept(false, Some(4), 5), Kept::Dropped);
+        assert_eq!(judge_kept(false, Some(0), 5), Kept::Dropped);
     }
 
     #[test]
-    fn gone_mail_delivered_past_is_published_again_only_when_the_ledger_can_skip_a_copy() {
-        assert_eq!(judge_kept(false, Some(5), 5, true), Kept::Dropped);
-        assert_eq!(judge_kept(false, Some(9), 5, false), Kept::CannotTell);
+    fn gone_mail_its_subscription_delivered_is_never_copied() {
+        assert_eq!(judge_kept(false, Some(5), 5), Kept::CannotTell);
+        assert_eq!(judge_kept(false, Some(9), 5), Kept::CannotTell);
     }
 
     #[test]

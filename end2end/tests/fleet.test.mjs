@@ -61,6 +61,9 @@ test('a seat moves to a joining node and the nodes page shows it live', { skip }
   }, 30000);
   assert.deepEqual([...held].sort(), [...ROLES].sort());
   assert.equal(await page.locator('tr[data-node="node-b"]').count(), 0, 'node B has not started yet');
+  // Node A's row is updated in place, never replaced: marked now, the same
+  // element after its seats changed (focus inside it survives live updates).
+  await page.evaluate(() => (document.querySelector('tr[data-node="node-a"]').__sameRow = true));
 
   await startNodeB();
 
@@ -90,6 +93,11 @@ test('a seat moves to a joining node and the nodes page shows it live', { skip }
     assert.match(await handoff.innerText(), /node-a[\s\S]*taken by node-b · dark \d+ ms[\s\S]*rebalance/);
   }
   assert.equal(await page.evaluate(() => window.__sameDocument), true, 'no reload');
+  assert.equal(
+    await page.evaluate(() => document.querySelector('tr[data-node="node-a"]').__sameRow),
+    true,
+    "node A's row was updated in place as its seats moved, not rendered anew"
+  );
   await page.screenshot({ path: join(resultsDir, 'nodes-two-1280.png'), fullPage: true });
   assert.deepEqual(problems, []);
   await context.close();

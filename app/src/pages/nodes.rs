@@ -154,8 +154,9 @@ pub fn NodesPage() -> impl IntoView {
                             Err(e) => view! { <ErrorNotice error=e /> }.into_any(),
                         })
                 }}
-                // Rows are keyed by their content: a refresh replaces only the
-                // nodes that changed, so the others keep their place and focus.
+                // Rows are keyed by the node's incarnation: a refresh updates
+                // what changed inside a row and never replaces it, so rows keep
+                // their place and focus.
                 <div class="table-wrap" hidden=move || nodes().is_empty()>
                     <table class="nodes">
                         <thead>
@@ -170,9 +171,14 @@ pub fn NodesPage() -> impl IntoView {
                             </tr>
                         </thead>
                         <tbody>
-                            <For each=nodes key=|n| format!("{n:?}") let:n>
+                            <For each=nodes key=|n| n.incarnation.clone() let:n>
                                 <NodeRow
-                                    node=n
+                                    node=Memo::new(move |_| {
+                                        nodes()
+                                            .into_iter()
+                                            .find(|x| x.incarnation == n.incarnation)
+                                            .unwrap_or_else(|| n.clone())
+                                    })
                                     open=open
                                     stale_as_of=read_at
                                     read_at=Signal::derive(move || {
@@ -325,13 +331,16 @@ fn Alarm(alarm: FleetAlarm, ticks: RwSignal<u64>) -> impl IntoView {
 
 #[component]
 fn NodeRow(
-    node: NodeView,
+    /// The node as the page reads it now: the row stays while the node is
+    /// in the roster, and only what changed in it is rendered anew (focus
+    /// on its seat list survives a live update).
+    node: Memo<NodeView>,
     open: RwSignal<BTreeSet<String>>,
     stale_as_of: Signal<Option<String>>,
     read_at: Signal<String>,
     ticks: RwSignal<u64>,
 ) -> impl IntoView {
-    let key = node.incarnation.clone();
+    let key = node.with_untracked(|n| n.incarnation.clone());
     let is_open = {
         let key = key.clone();
         move || open.with(|o| o.contains(&key))
@@ -347,8 +356,8 @@ fn NodeRow(
             }
         });
     };
-    let status = node.status.as_str();
-    let last = node.last_status.map(|s| s.as_str());
+    let status = move || node.with(|n| n.status.as_str());
+    let last = move || node.with(|n| n.last_status.map(|s| s.as_str()));
     let list = |v: &[String]| {
         if v.is_empty() {
             "—".to_string()
@@ -356,8 +365,6 @@ fn NodeRow(
             v.join(", ")
         }
     };
-    let seats = node.seats.clone();
-    let n = seats.len();
     // The list is only built while it is open: a node holding hundreds of
     // seats costs one row until somebody looks.
     let seat_list = {
@@ -366,8 +373,9 @@ fn NodeRow(
             is_open().then(|| {
                 view! {
                     <ul>
-                        {seats
-                            .iter()
+                        {node
+                            .with(|n| n.seats.clone())
+                            .into_iter()
                             .map(|s| {
                                 let since = s.since.clone();
                                 let short = since.get(11..16).unwrap_or(&since).to_string();
@@ -387,16 +395,43 @@ fn NodeRow(
             })
         }
     };
+    let seat_count = move || {
+        let n = node.with(|n| n.seats.len());
+        format!("{n} seat{}", if n == 1 { "" } else { "s" })
+    };
+    let presence = move || match node.with(|n| n.presence_expires_at.clone()) {
+        Some(at) => {
+            let short = hhmmss(&at);
+            let left = move || match presence_left(&node.get(), &read_at.get(), ticks.get()) {
+                Some(0) => "renewal due".to_string(),
+                Some(s) => format!("{} left", duration_words(s)),
+                None => String::new(),
+            };
+            view! {
+                <span class="presence-left" data-presence-left="">{left}</span>
+                <div class="muted small">
+                    "until "
+                    <time datetime=at.clone() title=at>{short}</time>
+                </div>
+            }
+            .into_any()
+        }
+        None => view! { "no lease" }.into_any(),
+    };
     view! {
-        <tr data-node=node.node_id.clone() data-status=status class:stale=move || last.is_some()>
+        <tr
+            data-node=move || node.with(|n| n.node_id.clone())
+            data-status=status
+            class:stale=move || last().is_some()
+        >
             <td>
-                <strong>{node.node_id.clone()}</strong>
-                <div class="muted small mono">{node.incarnation.clone()}</div>
+                <strong>{move || node.with(|n| n.node_id.clone())}</strong>
+                <div class="muted small mono">{move || node.with(|n| n.incarnation.clone())}</div>
             </td>
             <td>
-                <span class=format!("badge badge-{status}")>{status}</span>
+                <span class=move || format!("badge badge-{}", status())>{status}</span>
                 {move || {
-                    last.map(|l| {
+                    last().map(|l| {
                         let at = stale_as_of.get().unwrap_or_default();
                         view! {
                             <div class="muted small stale-note">
@@ -407,36 +442,13 @@ fn NodeRow(
                     })
                 }}
             </td>
-            <td>{list(&node.roles)}</td>
-            <td>{list(&node.labels)}</td>
-            <td>{node.protocol}</td>
-            <td>
-                {match node.presence_expires_at.clone() {
-                    Some(at) => {
-                        let short = hhmmss(&at);
-                        let counted = node.clone();
-                        let left = move || {
-                            match presence_left(&counted, &read_at.get(), ticks.get()) {
-                                Some(0) => "renewal due".to_string(),
-                                Some(s) => format!("{} left", duration_words(s)),
-                                None => String::new(),
-                            }
-                        };
-                        view! {
-                            <span class="presence-left" data-presence-left="">{left}</span>
-                            <div class="muted small">
-                                "until "
-                                <time datetime=at.clone() title=at>{short}</time>
-                            </div>
-                        }
-                            .into_any()
-                    }
-                    None => view! { "no lease" }.into_any(),
-                }}
-            </td>
+            <td>{move || node.with(|n| list(&n.roles))}</td>
+            <td>{move || node.with(|n| list(&n.labels))}</td>
+            <td>{move || node.with(|n| n.protocol)}</td>
+            <td>{presence}</td>
             <td>
                 <details class="seats" prop:open=is_open on:toggle=on_toggle>
-                    <summary>{format!("{n} seat{}", if n == 1 { "" } else { "s" })}</summary>
+                    <summary>{seat_count}</summary>
                     {seat_list}
                 </details>
             </td>

@@ -318,18 +318,22 @@ pub fn plan(snap: &Snapshot) -> Plan {
             // Stickiness: seats whose preferred hint names this node first.
             free.sort_by_key(|s| (s.preferred.as_deref() != Some(me), s.handle.clone()));
             // The ranking: a seat that prefers nobody here goes first to a
-            // better-ranked node with room, for a bounded number of passes.
-            // It never changes how many seats this node may take.
-            let better_with_room = better_ranked_with_room(snap, &g.placement);
+            // better-ranked node with room, for a bounded number of passes —
+            // as many seats as those nodes have room for, no more: the rest
+            // would come back to this node anyway, and leaving them waits
+            // out passes with the seats dark (a dead node's seats among
+            // them). It never changes how many seats this node may take.
+            let mut better_room = better_ranked_room(snap, &g.placement);
             let mut take = Vec::new();
             for s in free {
                 if take.len() >= g.allowance - g.held {
                     break;
                 }
-                if better_with_room
+                if better_room > 0
                     && s.preferred.as_deref() != Some(me)
                     && snap.deferred.get(&s.handle).copied().unwrap_or(0) < DEFER_PASSES
                 {
+                    better_room -= 1;
                     plan.deferred.push(s.handle.clone());
                     continue;
                 }
@@ -382,20 +386,26 @@ fn has_room(snap: &Snapshot, p: &Presence, extra: usize) -> bool {
         .is_some_and(|h| (h as usize) + extra < capacity_of(snap, p))
 }
 
-/// Whether a live node ranked above this one matches `placement` and has
-/// room under its shares.
-fn better_ranked_with_room(snap: &Snapshot, placement: &PlacementConfig) -> bool {
+/// How many more seats the live nodes ranked above this one that match
+/// `placement` have room for under their shares.
+fn better_ranked_room(snap: &Snapshot, placement: &PlacementConfig) -> usize {
     if snap.ranking.is_empty() {
-        return false;
+        return 0;
     }
     let me = rank_of(&snap.ranking, &snap.node_id);
-    snap.presence.iter().any(|p| {
-        !p.withdrawn
-            && p.node_id != snap.node_id
-            && rank_of(&snap.ranking, &p.node_id) < me
-            && matches_placement(&p.node_id, &p.labels, placement)
-            && has_room(snap, p, 0)
-    })
+    snap.presence
+        .iter()
+        .filter(|p| {
+            !p.withdrawn
+                && p.node_id != snap.node_id
+                && rank_of(&snap.ranking, &p.node_id) < me
+                && matches_placement(&p.node_id, &p.labels, placement)
+        })
+        .map(|p| match p.seats_held {
+            Some(h) => capacity_of(snap, p).saturating_sub(h as usize),
+            None => 0,
+        })
+        .sum()
 }
 
 /// Pure: the node a seat this node gives back is offered to — the

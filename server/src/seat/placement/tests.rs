@@ -503,23 +503,57 @@ fn a_better_ranked_node_with_room_takes_unpreferred_seats_first_for_a_bounded_ti
     let mut s = snap(&a, &fleet, seats("s", 4, &pl(&[], &[])));
     s.ranking = vec!["b".into(), "a".into()];
     let p = plan(&s);
-    assert!(p.claims.is_empty(), "a leaves them to b: {:?}", p.claims);
-    assert!(!p.deferred.is_empty());
+    assert_eq!(
+        p.deferred,
+        ["s000", "s001"],
+        "a leaves b as many as b has room for"
+    );
+    assert_eq!(
+        p.claims,
+        ["s002", "s003"],
+        "the rest would come back to a anyway: a claims them now"
+    );
     // After DEFER_PASSES passes of b not taking them, a claims them.
     for h in &p.deferred {
         s.deferred.insert(h.clone(), DEFER_PASSES);
     }
     let p = plan(&s);
     assert_eq!(p.claims.len(), 2, "its share, no more");
-    // A seat that prefers a is a's at once, ranking or not.
+    // A seat that prefers a is a's at once, ranking or not (and b's room
+    // covers the next two, so a also claims the last).
     let mut s2 = snap(&a, &fleet, seats("s", 4, &pl(&[], &[])));
     s2.ranking = vec!["b".into(), "a".into()];
     s2.seats[0].preferred = Some("a".into());
-    assert_eq!(plan(&s2).claims, vec!["s000".to_string()]);
+    assert_eq!(plan(&s2).claims, ["s000", "s003"]);
     // Ranked first, a defers to nobody.
     let mut s3 = snap(&a, &fleet, seats("s", 4, &pl(&[], &[])));
     s3.ranking = vec!["a".into(), "b".into()];
     assert_eq!(plan(&s3).claims.len(), 2);
+}
+
+#[test]
+fn a_dead_better_ranked_nodes_seats_are_not_left_waiting_for_a_node_without_room() {
+    // Three nodes, b ranked first; c died with its two seats. b has room
+    // for one more: a leaves b one seat and claims the other at once, so
+    // the dead node's seats are dark for the TTL and one pass, not passes
+    // more.
+    let (a, mut b) = (node("a", &[]), node("b", &[]));
+    b.seats_held = Some(1);
+    let mut a_now = a.clone();
+    a_now.seats_held = Some(0);
+    let fleet = [a_now.clone(), b.clone()];
+    let mut s = snap(&a_now, &fleet, seats("s", 4, &pl(&[], &[])));
+    s.held_elsewhere = ["s000".to_string(), "s001".to_string()].into();
+    s.ranking = vec!["b".into(), "a".into()];
+    let p = plan(&s);
+    assert_eq!(p.deferred, ["s002"], "b has room for one");
+    assert_eq!(p.claims, ["s003"]);
+    // b at its share: a defers nothing.
+    b.seats_held = Some(2);
+    s.presence = vec![a_now, b];
+    let p = plan(&s);
+    assert!(p.deferred.is_empty());
+    assert_eq!(p.claims, ["s002", "s003"]);
 }
 
 #[test]

@@ -136,10 +136,17 @@ pub fn NodesPage() -> impl IntoView {
             f
         }
     };
-    let fleet_now = move || data.get().and_then(|r| r.ok()).map(shown);
-    let nodes = move || fleet_now().map(|f| f.nodes).unwrap_or_default();
-    let read_at =
-        Signal::derive(move || fleet_now().filter(|f| f.stale.is_some()).map(|f| f.read_at));
+    // Read once per change of the fleet or the stream; every row looks its
+    // node up in it (a row cloning the whole fleet would cost rows × seats).
+    let fleet = Memo::new(move |_| data.get().and_then(|r| r.ok()).map(shown));
+    let nodes = move || fleet.with(|f| f.as_ref().map(|f| f.nodes.clone()).unwrap_or_default());
+    let read_at = Signal::derive(move || {
+        fleet.with(|f| {
+            f.as_ref()
+                .filter(|f| f.stale.is_some())
+                .map(|f| f.read_at.clone())
+        })
+    });
     view! {
         <section class="page">
             <div class="page-head">
@@ -174,15 +181,22 @@ pub fn NodesPage() -> impl IntoView {
                             <For each=nodes key=|n| n.incarnation.clone() let:n>
                                 <NodeRow
                                     node=Memo::new(move |_| {
-                                        nodes()
-                                            .into_iter()
-                                            .find(|x| x.incarnation == n.incarnation)
+                                        fleet
+                                            .with(|f| {
+                                                f.as_ref()
+                                                    .and_then(|f| {
+                                                        f.nodes
+                                                            .iter()
+                                                            .find(|x| x.incarnation == n.incarnation)
+                                                            .cloned()
+                                                    })
+                                            })
                                             .unwrap_or_else(|| n.clone())
                                     })
                                     open=open
                                     stale_as_of=read_at
                                     read_at=Signal::derive(move || {
-                                        fleet_now().map(|f| f.read_at).unwrap_or_default()
+                                        fleet.with(|f| f.as_ref().map(|f| f.read_at.clone()).unwrap_or_default())
                                     })
                                     ticks=ticks
                                 />

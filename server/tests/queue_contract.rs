@@ -907,6 +907,47 @@ mod broker {
         stream
     }
 
+    /// A JetStream queue as the node has it (the kept publish is its own,
+    /// not the contract's), its events, the agents stream and a context to
+    /// publish around the queue with. Bind `_server` when taking it apart:
+    /// the server stops when it is dropped.
+    struct Kept {
+        queue: JetStreamQueue,
+        events: Arc<Mutex<Vec<QueueEvent>>>,
+        stream: async_nats::jetstream::stream::Stream,
+        js: async_nats::jetstream::Context,
+        _server: support::nats::NatsServer,
+    }
+
+    async fn kept_queue() -> Kept {
+        let server = support::nats::NatsServer::start().await;
+        let client = async_nats::connect(server.url()).await.unwrap();
+        let (sink, events) = sink();
+        let queue = JetStreamQueue::new(client.clone(), JetStreamSettings::default(), sink)
+            .await
+            .unwrap();
+        let js = async_nats::jetstream::new(client);
+        let stream = js
+            .get_stream(crewlet::queue::jetstream::AGENTS_STREAM)
+            .await
+            .unwrap();
+        Kept {
+            queue,
+            events,
+            stream,
+            js,
+            _server: server,
+        }
+    }
+
+    fn republished(events: &Mutex<Vec<QueueEvent>>) -> bool {
+        events
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|e| matches!(e, QueueEvent::Republished { .. }))
+    }
+
     /// A stream leader that does not know its consumers yet acknowledges a
     /// publish and drops it for "no interest" (NATS 2.9 after an election).
     /// Made here deterministically: the mail is published to its covered
@@ -914,13 +955,14 @@ mod broker {
     /// the state the read-back after an acknowledgement meets.
     #[tokio::test]
     async fn mail_the_broker_acknowledged_but_did_not_keep_is_published_again_and_delivered_once() {
-        let server = support::nats::NatsServer::start().await;
-        let client = async_nats::connect(server.url()).await.unwrap();
-        let (sink, events) = sink();
-        let q = JetStreamQueue::new(client.clone(), JetStreamSettings::default(), sink)
-            .await
-            .unwrap();
-        let js = async_nats::jetstream::new(client);
+        let Kept {
+            queue: q,
+            _server,
+            events,
+            stream,
+            js,
+            ..
+        } = kept_queue().await;
         let spec = ensure_seat(&q, "dropped").await;
         let subject = spec.subject.clone();
         let payload = Bytes::from_static(b"{\"id\":\"env-1\"}");
@@ -930,10 +972,6 @@ mod broker {
             .publish_with_headers(subject.clone(), headers, payload.clone())
             .await
             .unwrap()
-            .await
-            .unwrap();
-        let stream = js
-            .get_stream(crewlet::queue::jetstream::AGENTS_STREAM)
             .await
             .unwrap();
         stream.delete_message(ack.sequence).await.unwrap();
@@ -979,12 +1017,12 @@ mod broker {
 
     #[tokio::test]
     async fn answered_mail_gone_from_the_stream_is_never_published_again() {
-        let server = support::nats::NatsServer::start().await;
-        let client = async_nats::connect(server.url()).await.unwrap();
-        let (sink, events) = sink();
-        let q = JetStreamQueue::new(client.clone(), JetStreamSettings::default(), sink)
-            .await
-            .unwrap();
+        let Kept {
+            queue: q,
+            _server,
+            events,
+            ..
+        } = kept_queue().await;
         let spec = ensure_seat(&q, "answered").await;
         let (h, mut rx) = recorder(|_| Disposition::Ack);
         let a = q.attach(&spec.name, &[], h).await.unwrap();
@@ -1008,30 +1046,20 @@ mod broker {
             kept.seq
         );
         nothing_arrives(&mut rx).await;
-        assert!(
-            !events
-                .lock()
-                .unwrap()
-                .iter()
-                .any(|e| matches!(e, QueueEvent::Republished { .. })),
-            "nothing was published again"
-        );
+        assert!(!republished(&events), "nothing was published again");
         a.detach().await;
     }
 
     #[tokio::test]
     async fn a_kept_publish_is_published_once_and_mail_no_subscription_covers_is_not_published_again()
      {
-        let server = support::nats::NatsServer::start().await;
-        let client = async_nats::connect(server.url()).await.unwrap();
-        let (sink, events) = sink();
-        let q = JetStreamQueue::new(client.clone(), JetStreamSettings::default(), sink)
-            .await
-            .unwrap();
-        let stream = async_nats::jetstream::new(client)
-            .get_stream(crewlet::queue::jetstream::AGENTS_STREAM)
-            .await
-            .unwrap();
+        let Kept {
+            queue: q,
+            _server,
+            events,
+            stream,
+            ..
+        } = kept_queue().await;
         let spec = ensure_seat(&q, "kept").await;
         let first = q
             .publish_kept(&spec.subject, Some("k-1"), Bytes::from_static(b"one"))
@@ -1049,14 +1077,7 @@ mod broker {
             "mail no subscription covers is discarded at the publish"
         );
         assert_eq!(stored(&stream).await, 1, "only the covered mail is stored");
-        assert!(
-            !events
-                .lock()
-                .unwrap()
-                .iter()
-                .any(|e| matches!(e, QueueEvent::Republished { .. })),
-            "nothing was published again"
-        );
+        assert!(!republished(&events), "nothing was published again");
     }
 
     async fn stored(stream: &async_nats::jetstream::stream::Stream) -> u64 {

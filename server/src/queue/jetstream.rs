@@ -248,10 +248,8 @@ impl JetStreamQueue {
             if stored {
                 return Ok(seq);
             }
-            let delivered = match self.covering_delivered(subject).await {
-                Ok(Some(d)) => Some(d),
-                Ok(None) => None,
-                Err(_) => return Ok(seq),
+            let Ok(delivered) = self.covering_delivered(subject).await else {
+                return Ok(seq);
             };
             match judge_kept(false, delivered, seq) {
                 Kept::Stored | Kept::Uncovered | Kept::CannotTell => return Ok(seq),
@@ -284,16 +282,7 @@ impl JetStreamQueue {
     /// named by the subject's grammar; any other subject is looked up in
     /// the listing.
     async fn covering_delivered(&self, subject: &str) -> Result<Option<u64>, QueueError> {
-        let by_grammar = subject
-            .strip_prefix("crewlet.agent.")
-            .and_then(|rest| rest.rsplit_once('.'))
-            .and_then(|(handle, kind)| match kind {
-                "inbox" => Some(super::inbox_group(handle)),
-                "control" => Some(super::control_group(handle)),
-                "reflect" => Some(super::reflect_group(handle)),
-                _ => None,
-            });
-        if let Some(name) = by_grammar {
+        if let Some((_, _, name)) = super::seat_subject(subject) {
             match bounded(self.settings.timeout, self.agents.consumer_info(&name)).await? {
                 Ok(info) if super::subject_matches(&info.config.filter_subject, subject) => {
                     return Ok(Some(info.delivered.stream_sequence));

@@ -68,7 +68,15 @@ pub enum Mailbox {
 /// reflection subject under `reflect-{h}`. Anything else (another group on
 /// a seat's subject) is somebody else's and is `None`.
 pub fn seat_mailbox_of(info: &SubscriptionInfo) -> Option<(String, Mailbox)> {
-    let rest = info.subject.strip_prefix("crewlet.agent.")?;
+    let (handle, mailbox, group) = seat_subject(&info.subject)?;
+    (info.name == group).then_some((handle, mailbox))
+}
+
+/// A seat mailbox subject's handle, mailbox and the name of the seat's own
+/// subscription on it (`crewlet.agent.{h}.inbox` → `agent-{h}`, …); `None`
+/// for any other subject.
+pub fn seat_subject(subject: &str) -> Option<(String, Mailbox, String)> {
+    let rest = subject.strip_prefix("crewlet.agent.")?;
     let (handle, kind) = rest.rsplit_once('.')?;
     if handle.is_empty() || handle.contains('.') {
         return None;
@@ -79,7 +87,7 @@ pub fn seat_mailbox_of(info: &SubscriptionInfo) -> Option<(String, Mailbox)> {
         "reflect" => (Mailbox::Reflect, reflect_group(handle)),
         _ => return None,
     };
-    (info.name == group).then(|| (handle.to_string(), mailbox))
+    Some((handle.to_string(), mailbox, group))
 }
 
 /// The settings every subscription is created with.

@@ -7,6 +7,9 @@
 //! store in the temp dir: `TMPDIR=/dev/shm` keeps it in memory, which
 //! separates the server's cost from the disk's — each consumer create
 //! writes the consumer's state to the store).
+//!
+//! The walks run in a task on the runtime's workers, where a node walks
+//! (awaited on the `block_on` thread, every round trip would hop threads).
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -20,6 +23,13 @@ const SEATS: usize = 1_000;
 
 #[tokio::main]
 async fn main() {
+    if let Err(e) = tokio::spawn(walks()).await {
+        eprintln!("queue bench: the measuring task failed: {e}");
+        std::process::exit(1);
+    }
+}
+
+async fn walks() {
     let server = support::nats::NatsServer::start().await;
     let client = async_nats::connect(server.url()).await.expect("connect");
     let q = JetStreamQueue::new(client, JetStreamSettings::default(), log_events())

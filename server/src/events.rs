@@ -99,9 +99,13 @@ pub enum Event {
     SeatClaimsWithheld {
         reason: String,
     },
+    /// The protocol gate refused this pass's claims: `nodes` are the nodes
+    /// holding a live presence or seat lease below `protocol` (the ones to
+    /// upgrade or stop), `floor` the lowest protocol among them.
     SeatClaimsBlockedByOlderProtocol {
         floor: u32,
         protocol: u32,
+        nodes: Vec<String>,
     },
     SeatAdmissionStale {
         seat: String,
@@ -568,7 +572,8 @@ mod tests {
         assert_eq!(
             Event::SeatClaimsBlockedByOlderProtocol {
                 floor: 3,
-                protocol: 4
+                protocol: 4,
+                nodes: vec!["old-1".into()],
             }
             .name(),
             "seat_claims_blocked_by_older_protocol"

@@ -548,16 +548,17 @@ async fn a_lower_protocol_peer_blocks_claims_until_its_leases_lapse_but_its_duty
     ));
     let mut a = f.node("a", &[], &company).await;
     f.until(
-        "a blocked by the older protocol",
+        "a blocked by the older protocol, naming the older node",
         Duration::from_secs(10),
         || {
             a.events().iter().any(|e| {
                 matches!(
-                    e.event,
+                    &e.event,
                     Event::SeatClaimsBlockedByOlderProtocol {
                         floor: 3,
-                        protocol: 4
-                    }
+                        protocol: 4,
+                        nodes,
+                    } if nodes == &["old".to_string()]
                 )
             })
         },

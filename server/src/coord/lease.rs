@@ -298,6 +298,18 @@ impl Lease {
     pub fn kind(&self) -> Option<ResourceKind> {
         ResourceKind::of(&self.resource)
     }
+
+    /// The node this lease stands for: the id of a presence lease
+    /// (`node:{id}`), else its owner's node (`node-1` of `node-1:0a1b2c3d`).
+    pub fn node(&self) -> &str {
+        match self.resource.strip_prefix("node:") {
+            Some(id) => id,
+            None => self
+                .owner
+                .rsplit_once(':')
+                .map_or(self.owner.as_str(), |(node, _)| node),
+        }
+    }
 }
 
 /// A lease is live strictly before its expiry.
@@ -363,6 +375,23 @@ pub fn protocol_floor<'a>(
         .map(|l| l.protocol)
         .filter(|p| *p < mine)
         .min()
+}
+
+/// The nodes holding a live presence or seat lease below `mine` (the ones a
+/// protocol-gate refusal waits for), each named once, in order.
+pub fn nodes_below<'a>(
+    leases: impl IntoIterator<Item = &'a Lease>,
+    now: StoreTime,
+    mine: u32,
+) -> Vec<String> {
+    leases
+        .into_iter()
+        .filter(|l| l.kind().is_some_and(ResourceKind::counts_for_protocol_gate))
+        .filter(|l| l.is_live(now) && l.protocol < mine)
+        .map(|l| l.node().to_string())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect()
 }
 
 /// The epoch counter's record in `crewlet_epochs`.
@@ -490,6 +519,31 @@ mod tests {
             None,
             "the gate only looks down"
         );
+    }
+
+    #[test]
+    fn a_refusal_names_each_node_holding_a_live_lease_below_the_protocol_once() {
+        let mut seat_of_old = lease("seat:a", 3, 10);
+        seat_of_old.owner = "old-1:0a1b2c3d".into();
+        let mut seat_of_old_again = lease("seat:b", 3, 10);
+        seat_of_old_again.owner = "old-1:0a1b2c3d".into();
+        let mut lapsed = lease("seat:c", 3, 5);
+        lapsed.owner = "old-3:00000003".into();
+        let ls = [
+            seat_of_old,
+            seat_of_old_again,
+            lease("node:old-2", 2, 10),
+            lapsed,
+            lease("worker:learning", 1, 1000),
+            lease("node:new", 4, 10),
+        ];
+        assert_eq!(
+            nodes_below(&ls, t(6), 4),
+            vec!["old-1".to_string(), "old-2".to_string()],
+            "a presence by its id, a seat by its owner's node; lapsed leases, duties \
+             and leases at the protocol are not named"
+        );
+        assert!(nodes_below(&ls, t(6), 2).is_empty(), "only lower protocols");
     }
 
     #[test]

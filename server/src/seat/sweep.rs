@@ -291,6 +291,28 @@ impl SeatEngine {
             .unwrap_or_else(|e| e.into_inner()) = floor;
     }
 
+    /// The nodes holding a live presence or seat lease below this node's
+    /// protocol, read from the live view the refusal was just judged from:
+    /// the refusal names them (an unreadable view names none, and says so).
+    async fn nodes_below_protocol(&self) -> Vec<String> {
+        let read = async {
+            let now = self.store.now().await?;
+            let leases = self.store.view("").await?;
+            Ok::<_, crate::coord::StoreError>(crate::coord::lease::nodes_below(
+                &leases,
+                now,
+                self.cfg.protocol,
+            ))
+        };
+        match read.await {
+            Ok(nodes) => nodes,
+            Err(e) => {
+                tracing::warn!(error = %e, "the nodes below this node's protocol cannot be read; the refusal names none");
+                Vec::new()
+            }
+        }
+    }
+
     /// Mark this node behind (it keeps its seats and claims none) or level.
     pub fn set_behind(&self, behind: bool) {
         self.behind
@@ -918,9 +940,11 @@ impl SeatEngine {
             match floor {
                 Ok(Some(floor)) => {
                     self.set_claims_blocked_by(Some(floor));
+                    let nodes = self.nodes_below_protocol().await;
                     self.events.emit(Event::SeatClaimsBlockedByOlderProtocol {
                         floor,
                         protocol: self.cfg.protocol,
+                        nodes,
                     });
                     break;
                 }

@@ -205,10 +205,7 @@ pub fn alarms(roster: &Roster, facts: &LocalFacts) -> Vec<FleetAlarm> {
     for l in roster.presence.iter().chain(&roster.seats) {
         if l.protocol < facts.protocol {
             floor = Some(floor.map_or(l.protocol, |f| f.min(l.protocol)));
-            lower.insert(match l.resource.strip_prefix("node:") {
-                Some(id) => id.to_string(),
-                None => node_of(&l.owner).to_string(),
-            });
+            lower.insert(l.node().to_string());
         }
     }
     if let Some(floor) = floor.or(facts.claims_blocked_by) {

@@ -6,109 +6,14 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use crewlet::config::Config;
-use crewlet::node::{self, RunningNode};
+use crewlet::node;
 use reqwest::StatusCode;
-use reqwest::redirect::Policy;
 use serde_json::Value;
-use sha2::{Digest, Sha256};
 
-const TOKEN: &str = "monitoring-token-1234";
-const DEPLOY_TOKEN: &str = "deploy-token-5678";
-
-fn hash(password: &str) -> String {
-    static CACHE: OnceLock<std::sync::Mutex<BTreeMap<String, String>>> = OnceLock::new();
-    let cache = CACHE.get_or_init(Default::default);
-    let mut c = cache.lock().unwrap();
-    c.entry(password.to_string())
-        .or_insert_with(|| crewlet::web::auth::hash_password(password).unwrap())
-        .clone()
-}
-
-struct TestNode {
-    node: Option<RunningNode>,
-    base: String,
-    _dir: tempfile::TempDir,
-}
-
-impl TestNode {
-    async fn start() -> TestNode {
-        TestNode::start_with("").await
-    }
-
-    /// A node whose company file also carries `more` (more roles).
-    async fn start_with(more: &str) -> TestNode {
-        let dir = tempfile::tempdir().unwrap();
-        let text = format!(
-            r#"
-[node]
-id = "node-http"
-listen = "127.0.0.1:0"
-data_dir = "{data}"
-
-[[roles]]
-handle = "alpha"
-
-{more}
-
-[[auth.users]]
-name = "olivia"
-password_hash = "{op}"
-role = "operator"
-
-[[auth.users]]
-name = "victor"
-password_hash = "{view}"
-role = "viewer"
-
-[[auth.tokens]]
-name = "monitoring"
-sha256 = "{token}"
-role = "viewer"
-
-[[auth.tokens]]
-name = "deploy"
-sha256 = "{deploy}"
-role = "operator"
-"#,
-            data = dir.path().join("data").display(),
-            op = hash("op-pass"),
-            view = hash("view-pass"),
-            token = hex::encode(Sha256::digest(TOKEN.as_bytes())),
-            deploy = hex::encode(Sha256::digest(DEPLOY_TOKEN.as_bytes())),
-            more = more,
-        );
-        let config = Config::parse("test.toml", &text, &BTreeMap::new()).unwrap();
-        let node = node::start(config).await.unwrap();
-        let base = format!("http://{}", node.addr);
-        TestNode {
-            node: Some(node),
-            base,
-            _dir: dir,
-        }
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("{}{}", self.base, path)
-    }
-
-    async fn stop(mut self) {
-        if let Some(n) = self.node.take() {
-            n.shutdown().await.unwrap();
-        }
-    }
-}
-
-fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .cookie_store(true)
-        .redirect(Policy::none())
-        .build()
-        .unwrap()
-}
+use support::http_node::{DEPLOY_TOKEN, HttpNode as TestNode, MONITORING_TOKEN as TOKEN, client};
 
 async fn sign_in(
     n: &TestNode,

@@ -6,125 +6,30 @@
 
 mod support;
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
-use crewlet::config::Config;
 use crewlet::coord::{Claim, ClaimRequest};
 use crewlet::events::{Event, FleetEvent};
-use crewlet::node::{self, RunningNode};
 use reqwest::StatusCode;
-use reqwest::redirect::Policy;
 use serde_json::{Value, json};
 
-const OPERATOR: (&str, &str) = ("olivia", "op-pass");
-const VIEWER: (&str, &str) = ("victor", "view-pass");
-const MONITORING_TOKEN: &str = "monitoring-token-1234";
-const DEPLOY_TOKEN: &str = "deploy-token-5678";
+use support::http_node::{DEPLOY_TOKEN, HttpNode, MONITORING_TOKEN, OPERATOR, VIEWER};
 
-fn sha256_hex(s: &str) -> String {
-    use sha2::Digest;
-    hex::encode(sha2::Sha256::digest(s.as_bytes()))
-}
-
-struct TestNode {
-    node: Option<RunningNode>,
-    base: String,
-    _dir: tempfile::TempDir,
-}
-
-impl TestNode {
-    /// One node, `node-http`, with no labels: seat `alpha` may run
-    /// anywhere, seat `gpu` only on a node labelled `gpu`.
-    async fn start() -> TestNode {
-        let dir = tempfile::tempdir().unwrap();
-        let hash = |p: &str| crewlet::web::auth::hash_password(p).unwrap();
-        let text = format!(
-            r#"
-[node]
-id = "node-http"
-listen = "127.0.0.1:0"
-data_dir = "{data}"
-
-[[roles]]
-handle = "alpha"
-
+/// One node, `node-http`, with no labels: seat `alpha` may run anywhere,
+/// seat `gpu` only on a node labelled `gpu`.
+async fn start() -> HttpNode {
+    HttpNode::start_with(
+        r#"
 [[roles]]
 handle = "gpu"
-placement = {{ labels = ["gpu"] }}
-
-[[auth.users]]
-name = "{op}"
-password_hash = "{op_hash}"
-role = "operator"
-
-[[auth.users]]
-name = "{viewer}"
-password_hash = "{viewer_hash}"
-role = "viewer"
-
-[[auth.tokens]]
-name = "monitoring"
-sha256 = "{monitoring}"
-role = "viewer"
-
-[[auth.tokens]]
-name = "deploy"
-sha256 = "{deploy}"
-role = "operator"
+placement = { labels = ["gpu"] }
 "#,
-            data = dir.path().join("data").display(),
-            op = OPERATOR.0,
-            op_hash = hash(OPERATOR.1),
-            viewer = VIEWER.0,
-            viewer_hash = hash(VIEWER.1),
-            monitoring = sha256_hex(MONITORING_TOKEN),
-            deploy = sha256_hex(DEPLOY_TOKEN),
-        );
-        let config = Config::parse("test.toml", &text, &BTreeMap::new()).unwrap();
-        let node = node::start(config).await.unwrap();
-        let base = format!("http://{}", node.addr);
-        TestNode {
-            node: Some(node),
-            base,
-            _dir: dir,
-        }
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("{}{}", self.base, path)
-    }
-
-    fn running(&self) -> &RunningNode {
-        self.node.as_ref().unwrap()
-    }
-
-    /// A client signed in as `who`.
-    async fn signed_in(&self, who: (&str, &str)) -> reqwest::Client {
-        let c = reqwest::Client::builder()
-            .cookie_store(true)
-            .redirect(Policy::none())
-            .build()
-            .unwrap();
-        let r = c
-            .post(self.url("/login"))
-            .form(&[("name", who.0), ("password", who.1), ("next", "/")])
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), StatusCode::SEE_OTHER, "{} signs in", who.0);
-        c
-    }
-
-    async fn stop(mut self) {
-        if let Some(n) = self.node.take() {
-            n.shutdown().await.unwrap();
-        }
-    }
+    )
+    .await
 }
 
 /// The order as `c` reads it, once this node's presence is in it.
-async fn order_with_this_node(n: &TestNode, c: &reqwest::Client) -> Value {
+async fn order_with_this_node(n: &HttpNode, c: &reqwest::Client) -> Value {
     support::wait_for(
         "this node's presence in the order",
         Duration::from_secs(15),
@@ -143,7 +48,7 @@ async fn order_with_this_node(n: &TestNode, c: &reqwest::Client) -> Value {
 }
 
 /// Until `alpha` is held here (so that a move is judged against a holder).
-async fn alpha_held(n: &TestNode) {
+async fn alpha_held(n: &HttpNode) {
     let engine = n.running().engine.clone();
     support::wait_for(
         "alpha to be held",
@@ -164,7 +69,7 @@ async fn alpha_held(n: &TestNode) {
 }
 
 /// The audit rows for `action`, oldest first.
-async fn audit_rows(n: &TestNode, action: &str) -> Vec<Value> {
+async fn audit_rows(n: &HttpNode, action: &str) -> Vec<Value> {
     let op = n.signed_in(OPERATOR).await;
     let mut log = support::audit_entries(
         op.post(n.url("/api/audit_log"))
@@ -188,7 +93,7 @@ fn events_so_far(rx: &mut tokio::sync::broadcast::Receiver<FleetEvent>) -> Vec<E
     out
 }
 
-async fn put_order(c: &reqwest::Client, n: &TestNode, body: Value) -> (StatusCode, Value) {
+async fn put_order(c: &reqwest::Client, n: &HttpNode, body: Value) -> (StatusCode, Value) {
     let r = c
         .put(n.url("/api/nodes/order"))
         .json(&body)
@@ -200,7 +105,7 @@ async fn put_order(c: &reqwest::Client, n: &TestNode, body: Value) -> (StatusCod
 
 async fn post_move(
     c: &reqwest::Client,
-    n: &TestNode,
+    n: &HttpNode,
     seat: &str,
     body: Value,
 ) -> (StatusCode, Value) {
@@ -215,7 +120,7 @@ async fn post_move(
 
 /// A second live node, `node-b` (a presence lease in this node's store), so
 /// that a move has somewhere to go.
-async fn second_node(n: &TestNode) {
+async fn second_node(n: &HttpNode) {
     let store = n.running().engine.store().clone();
     match store
         .claim(ClaimRequest::new("node:node-b", "node-b:0001", "node-b"))
@@ -228,7 +133,7 @@ async fn second_node(n: &TestNode) {
 
 #[tokio::test]
 async fn any_signed_in_person_reads_the_order_and_an_unsigned_one_gets_401() {
-    let n = TestNode::start().await;
+    let n = start().await;
     let r = reqwest::Client::new()
         .get(n.url("/api/nodes/order"))
         .send()
@@ -252,7 +157,7 @@ async fn any_signed_in_person_reads_the_order_and_an_unsigned_one_gets_401() {
 
 #[tokio::test]
 async fn a_viewer_cannot_save_the_order_or_move_a_seat_and_both_refusals_are_audited() {
-    let n = TestNode::start().await;
+    let n = start().await;
     let viewer = n.signed_in(VIEWER).await;
     order_with_this_node(&n, &viewer).await;
     let (status, v) = put_order(
@@ -338,7 +243,7 @@ async fn a_viewer_cannot_save_the_order_or_move_a_seat_and_both_refusals_are_aud
 
 #[tokio::test]
 async fn an_operator_saves_the_order_it_is_audited_and_announced_and_a_stale_revision_is_409() {
-    let n = TestNode::start().await;
+    let n = start().await;
     let mut events = n.running().engine.events().subscribe();
     let op = n.signed_in(OPERATOR).await;
     order_with_this_node(&n, &op).await;
@@ -434,7 +339,7 @@ async fn an_operator_saves_the_order_it_is_audited_and_announced_and_a_stale_rev
 
 #[tokio::test]
 async fn a_repeated_or_empty_node_id_or_a_malformed_body_is_refused_naming_it() {
-    let n = TestNode::start().await;
+    let n = start().await;
     let op = n.signed_in(OPERATOR).await;
     let (status, v) = put_order(
         &op,
@@ -462,7 +367,7 @@ async fn a_repeated_or_empty_node_id_or_a_malformed_body_is_refused_naming_it() 
 #[tokio::test]
 async fn a_move_to_a_node_outside_the_seats_placement_is_refused_with_a_reason_naming_the_placement()
  {
-    let n = TestNode::start().await;
+    let n = start().await;
     let op = n.signed_in(OPERATOR).await;
     order_with_this_node(&n, &op).await;
     let (status, v) = post_move(
@@ -497,7 +402,7 @@ async fn a_move_to_a_node_outside_the_seats_placement_is_refused_with_a_reason_n
 
 #[tokio::test]
 async fn an_operator_moves_a_seat_to_a_live_node_and_it_is_recorded_audited_and_announced() {
-    let n = TestNode::start().await;
+    let n = start().await;
     let mut events = n.running().engine.events().subscribe();
     let op = n.signed_in(OPERATOR).await;
     alpha_held(&n).await;
@@ -545,7 +450,7 @@ async fn an_operator_moves_a_seat_to_a_live_node_and_it_is_recorded_audited_and_
 #[tokio::test]
 async fn a_move_with_no_reason_to_an_unknown_node_or_where_it_runs_is_400_and_an_unknown_seat_404()
 {
-    let n = TestNode::start().await;
+    let n = start().await;
     let op = n.signed_in(OPERATOR).await;
     alpha_held(&n).await;
     let cases = [
@@ -595,7 +500,7 @@ async fn a_move_with_no_reason_to_an_unknown_node_or_where_it_runs_is_400_and_an
 
 #[tokio::test]
 async fn bearer_tokens_read_the_order_and_only_an_operator_token_saves_it() {
-    let n = TestNode::start().await;
+    let n = start().await;
     let c = reqwest::Client::new();
     let viewer = n.signed_in(VIEWER).await;
     order_with_this_node(&n, &viewer).await;

@@ -6,6 +6,7 @@
 
 #![allow(dead_code)]
 
+pub mod http_node;
 pub mod nats;
 
 use std::future::Future;

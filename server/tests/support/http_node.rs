@@ -1,0 +1,137 @@
+//! One node in this process behind its real HTTP listener, for the HTTP
+//! suites: the company file's sign-in users and bearer tokens every suite
+//! shares, a client that keeps its session cookie, and a graceful stop.
+
+use std::collections::BTreeMap;
+use std::sync::{Mutex, OnceLock};
+
+use crewlet::config::Config;
+use crewlet::node::{self, RunningNode};
+use reqwest::StatusCode;
+use reqwest::redirect::Policy;
+use sha2::{Digest, Sha256};
+
+/// The operator's name and password.
+pub const OPERATOR: (&str, &str) = ("olivia", "op-pass");
+/// The viewer's name and password.
+pub const VIEWER: (&str, &str) = ("victor", "view-pass");
+/// The bearer token named `monitoring` (viewer).
+pub const MONITORING_TOKEN: &str = "monitoring-token-1234";
+/// The bearer token named `deploy` (operator).
+pub const DEPLOY_TOKEN: &str = "deploy-token-5678";
+
+/// A password's stored hash, computed once per password per test binary
+/// (the hash is deliberately slow).
+pub fn hash(password: &str) -> String {
+    static CACHE: OnceLock<Mutex<BTreeMap<String, String>>> = OnceLock::new();
+    let mut c = CACHE
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    c.entry(password.to_string())
+        .or_insert_with(|| crewlet::web::auth::hash_password(password).unwrap())
+        .clone()
+}
+
+/// A client that keeps its session cookie and does not follow redirects.
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .cookie_store(true)
+        .redirect(Policy::none())
+        .build()
+        .unwrap()
+}
+
+pub struct HttpNode {
+    pub node: Option<RunningNode>,
+    pub base: String,
+    _dir: tempfile::TempDir,
+}
+
+impl HttpNode {
+    /// `node-http` with one seat, `alpha`.
+    pub async fn start() -> HttpNode {
+        HttpNode::start_with("").await
+    }
+
+    /// `node-http` with seat `alpha`, and `more` added to its company file
+    /// (more roles, say).
+    pub async fn start_with(more: &str) -> HttpNode {
+        let dir = tempfile::tempdir().unwrap();
+        let text = format!(
+            r#"
+[node]
+id = "node-http"
+listen = "127.0.0.1:0"
+data_dir = "{data}"
+
+[[roles]]
+handle = "alpha"
+
+{more}
+
+[[auth.users]]
+name = "{op}"
+password_hash = "{op_hash}"
+role = "operator"
+
+[[auth.users]]
+name = "{viewer}"
+password_hash = "{viewer_hash}"
+role = "viewer"
+
+[[auth.tokens]]
+name = "monitoring"
+sha256 = "{monitoring}"
+role = "viewer"
+
+[[auth.tokens]]
+name = "deploy"
+sha256 = "{deploy}"
+role = "operator"
+"#,
+            data = dir.path().join("data").display(),
+            op = OPERATOR.0,
+            op_hash = hash(OPERATOR.1),
+            viewer = VIEWER.0,
+            viewer_hash = hash(VIEWER.1),
+            monitoring = hex::encode(Sha256::digest(MONITORING_TOKEN.as_bytes())),
+            deploy = hex::encode(Sha256::digest(DEPLOY_TOKEN.as_bytes())),
+        );
+        let config = Config::parse("test.toml", &text, &BTreeMap::new()).unwrap();
+        let node = node::start(config).await.unwrap();
+        let base = format!("http://{}", node.addr);
+        HttpNode {
+            node: Some(node),
+            base,
+            _dir: dir,
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{}", self.base, path)
+    }
+
+    pub fn running(&self) -> &RunningNode {
+        self.node.as_ref().unwrap()
+    }
+
+    /// A client signed in as `who` (name, password).
+    pub async fn signed_in(&self, who: (&str, &str)) -> reqwest::Client {
+        let c = client();
+        let r = c
+            .post(self.url("/login"))
+            .form(&[("name", who.0), ("password", who.1), ("next", "/")])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::SEE_OTHER, "{} signs in", who.0);
+        c
+    }
+
+    pub async fn stop(mut self) {
+        if let Some(n) = self.node.take() {
+            n.shutdown().await.unwrap();
+        }
+    }
+}

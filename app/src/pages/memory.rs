@@ -40,32 +40,7 @@ fn capitalised(s: &str) -> String {
 }
 
 fn memory_href(seat: &str, query: &str, page: u32) -> String {
-    let mut params = Vec::new();
-    if !seat.is_empty() {
-        params.push(format!("seat={}", encode(seat)));
-    }
-    if !query.is_empty() {
-        params.push(format!("q={}", encode(query)));
-    }
-    if page > 1 {
-        params.push(format!("page={page}"));
-    }
-    if params.is_empty() {
-        "/memory".to_string()
-    } else {
-        format!("/memory?{}", params.join("&"))
-    }
-}
-
-fn encode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
+    super::page_href("/memory", &[("seat", seat), ("q", query)], page)
 }
 
 #[component]
@@ -73,13 +48,7 @@ pub fn MemoryPage() -> impl IntoView {
     let query = use_query_map();
     let seat = move || query.with(|q| q.get("seat").unwrap_or_default());
     let text = move || query.with(|q| q.get("q").unwrap_or_default());
-    let page = move || {
-        query.with(|q| {
-            q.get("page")
-                .and_then(|p| p.parse::<u32>().ok())
-                .unwrap_or(1)
-        })
-    };
+    let page = move || query.with(super::page_param);
     let read = Resource::new(seat, |h| async move {
         if h.trim().is_empty() {
             None

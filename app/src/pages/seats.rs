@@ -88,32 +88,7 @@ fn hhmm(at: &str) -> String {
 }
 
 fn seats_href(query: &str, state: &str, page: u32) -> String {
-    let mut params = Vec::new();
-    if !query.is_empty() {
-        params.push(format!("q={}", encode(query)));
-    }
-    if !state.is_empty() {
-        params.push(format!("state={}", encode(state)));
-    }
-    if page > 1 {
-        params.push(format!("page={page}"));
-    }
-    if params.is_empty() {
-        "/seats".to_string()
-    } else {
-        format!("/seats?{}", params.join("&"))
-    }
-}
-
-fn encode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
+    super::page_href("/seats", &[("q", query), ("state", state)], page)
 }
 
 #[component]
@@ -121,13 +96,7 @@ pub fn SeatsPage() -> impl IntoView {
     let query = use_query_map();
     let text = move || query.with(|q| q.get("q").unwrap_or_default());
     let state = move || query.with(|q| q.get("state").unwrap_or_default());
-    let page = move || {
-        query.with(|q| {
-            q.get("page")
-                .and_then(|p| p.parse::<u32>().ok())
-                .unwrap_or(1)
-        })
-    };
+    let page = move || query.with(super::page_param);
     let list = Resource::new(
         move || (text(), state(), page()),
         |(q, s, p)| list_seats(q, s, p),

@@ -3,3 +3,4 @@
 pub mod audit;
 pub mod layout;
 pub mod notice;
+pub mod pager;

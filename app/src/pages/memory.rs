@@ -18,6 +18,7 @@ use crate::api::{
     SeatMemoryCounts, SeatMemoryRead, SeatMemoryRows,
 };
 use crate::components::notice::ErrorNotice;
+use crate::components::pager::Pager;
 use crate::fns::{memory_overview, seat_memory};
 use crate::live::{LiveBadge, MEMORY_EVENTS, refetch_on};
 
@@ -159,7 +160,18 @@ pub fn MemoryPage() -> impl IntoView {
                     overview
                         .get()
                         .and_then(|r| r.ok())
-                        .map(|o| view! { <Pager overview=o seat=seat() query=text() /> })
+                        .map(|o| {
+                            let (seat, query) = (seat(), text());
+                            view! {
+                                <Pager
+                                    label="Overview pages"
+                                    page=o.page
+                                    pages=o.pages
+                                    matching=o.matching
+                                    href=move |p| memory_href(&seat, &query, p)
+                                />
+                            }
+                        })
                 }}
             </Transition>
         </section>
@@ -559,27 +571,6 @@ fn OverviewRow(
                 })
                 .collect_view()}
         </tr>
-    }
-}
-
-#[component]
-fn Pager(overview: MemoryOverviewPage, seat: String, query: String) -> impl IntoView {
-    let o = overview;
-    let paging = format!("Page {} of {} · {} matching", o.page, o.pages, o.matching);
-    let prev = (o.page > 1).then(|| memory_href(&seat, &query, o.page - 1));
-    let next = (o.page < o.pages).then(|| memory_href(&seat, &query, o.page + 1));
-    view! {
-        <nav class="pager" aria-label="Overview pages">
-            {match prev {
-                Some(href) => view! { <a href=href rel="prev">"‹ Previous"</a> }.into_any(),
-                None => view! { <span class="muted">"‹ Previous"</span> }.into_any(),
-            }}
-            <span class="muted">{paging}</span>
-            {match next {
-                Some(href) => view! { <a href=href rel="next">"Next ›"</a> }.into_any(),
-                None => view! { <span class="muted">"Next ›"</span> }.into_any(),
-            }}
-        </nav>
     }
 }
 

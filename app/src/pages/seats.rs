@@ -11,6 +11,7 @@ use leptos_router::hooks::use_query_map;
 
 use crate::api::{MoveRequestView, SeatActionResult, SeatList, SeatRow, SeatState, runs_summary};
 use crate::components::notice::ErrorNotice;
+use crate::components::pager::Pager;
 use crate::error::AppError;
 use crate::fns::{fleet, list_seats, move_seat, pause_seat, resume_seat, stop_seat_turn, whoami};
 use crate::live::{LiveBadge, SEAT_EVENTS, refetch_on};
@@ -321,7 +322,18 @@ pub fn SeatsPage() -> impl IntoView {
                 {move || {
                     list.get()
                         .and_then(|r| r.ok())
-                        .map(|l| view! { <Pager list=l query=text() state=state() /> })
+                        .map(|l| {
+                            let (query, state) = (text(), state());
+                            view! {
+                                <Pager
+                                    label="Seat pages"
+                                    page=l.page
+                                    pages=l.pages
+                                    matching=l.matching
+                                    href=move |p| seats_href(&query, &state, p)
+                                />
+                            }
+                        })
                 }}
             </Transition>
             <dialog
@@ -564,29 +576,6 @@ fn SeatSummary(list: SeatList, operator: Signal<bool>) -> impl IntoView {
                 })
         }}
         {none.then(|| view! { <p class="muted">"No seat matches."</p> })}
-    }
-}
-
-#[component]
-fn Pager(list: SeatList, query: String, state: String) -> impl IntoView {
-    let paging = format!(
-        "Page {} of {} · {} matching",
-        list.page, list.pages, list.matching
-    );
-    let prev = (list.page > 1).then(|| seats_href(&query, &state, list.page - 1));
-    let next = (list.page < list.pages).then(|| seats_href(&query, &state, list.page + 1));
-    view! {
-        <nav class="pager" aria-label="Seat pages">
-            {match prev {
-                Some(href) => view! { <a href=href rel="prev">"‹ Previous"</a> }.into_any(),
-                None => view! { <span class="muted">"‹ Previous"</span> }.into_any(),
-            }}
-            <span class="muted">{paging}</span>
-            {match next {
-                Some(href) => view! { <a href=href rel="next">"Next ›"</a> }.into_any(),
-                None => view! { <span class="muted">"Next ›"</span> }.into_any(),
-            }}
-        </nav>
     }
 }
 

@@ -315,25 +315,46 @@ pub fn plan(snap: &Snapshot) -> Plan {
                 .collect();
             // A seat a person moved to another node is left to it.
             free.retain(|s| snap.moves.get(&s.handle).is_none_or(|to| to == me));
-            // Stickiness: seats whose preferred hint names this node first.
-            free.sort_by_key(|s| (s.preferred.as_deref() != Some(me), s.handle.clone()));
+            // Seats a person moved here first, then stickiness (seats whose
+            // preferred hint names this node), then this node's own claim
+            // order.
+            free.sort_by_cached_key(|s| claim_order_key(me, s, &snap.moves));
             // The ranking: a seat that prefers nobody here goes first to a
             // better-ranked node with room, for a bounded number of passes —
             // as many seats as those nodes have room for, no more: the rest
             // would come back to this node anyway, and leaving them waits
             // out passes with the seats dark (a dead node's seats among
-            // them). It never changes how many seats this node may take.
-            let mut better_room = better_ranked_room(snap, &g.placement);
+            // them). The seats left are the ones each such node tries
+            // first in its own claim order, so the two do not race for the
+            // same seats. It never changes how many seats this node may take.
+            let left_to_better: BTreeSet<&str> = {
+                let leavable: Vec<&SeatSpec> = free
+                    .iter()
+                    .map(|s| **s)
+                    .filter(|s| {
+                        s.preferred.as_deref() != Some(me)
+                            && snap.moves.get(&s.handle).map(String::as_str) != Some(me)
+                            && snap.deferred.get(&s.handle).copied().unwrap_or(0) < DEFER_PASSES
+                    })
+                    .collect();
+                let mut left = BTreeSet::new();
+                for (node, room) in better_ranked_rooms(snap, &g.placement) {
+                    let mut theirs: Vec<&SeatSpec> = leavable
+                        .iter()
+                        .copied()
+                        .filter(|s| !left.contains(s.handle.as_str()))
+                        .collect();
+                    theirs.sort_by_cached_key(|s| claim_order_key(node, s, &snap.moves));
+                    left.extend(theirs.into_iter().take(room).map(|s| s.handle.as_str()));
+                }
+                left
+            };
             let mut take = Vec::new();
             for s in free {
                 if take.len() >= g.allowance - g.held {
                     break;
                 }
-                if better_room > 0
-                    && s.preferred.as_deref() != Some(me)
-                    && snap.deferred.get(&s.handle).copied().unwrap_or(0) < DEFER_PASSES
-                {
-                    better_room -= 1;
+                if left_to_better.contains(s.handle.as_str()) {
                     plan.deferred.push(s.handle.clone());
                     continue;
                 }
@@ -386,14 +407,19 @@ fn has_room(snap: &Snapshot, p: &Presence, extra: usize) -> bool {
         .is_some_and(|h| (h as usize) + extra < capacity_of(snap, p))
 }
 
-/// How many more seats the live nodes ranked above this one that match
-/// `placement` have room for under their shares.
-fn better_ranked_room(snap: &Snapshot, placement: &PlacementConfig) -> usize {
+/// The live nodes ranked above this one that match `placement`, best
+/// first, each with how many more seats it has room for under its shares
+/// (those with none left out).
+fn better_ranked_rooms<'a>(
+    snap: &'a Snapshot,
+    placement: &PlacementConfig,
+) -> Vec<(&'a str, usize)> {
     if snap.ranking.is_empty() {
-        return 0;
+        return Vec::new();
     }
     let me = rank_of(&snap.ranking, &snap.node_id);
-    snap.presence
+    let mut better: Vec<&Presence> = snap
+        .presence
         .iter()
         .filter(|p| {
             !p.withdrawn
@@ -401,11 +427,51 @@ fn better_ranked_room(snap: &Snapshot, placement: &PlacementConfig) -> usize {
                 && rank_of(&snap.ranking, &p.node_id) < me
                 && matches_placement(&p.node_id, &p.labels, placement)
         })
-        .map(|p| match p.seats_held {
-            Some(h) => capacity_of(snap, p).saturating_sub(h as usize),
-            None => 0,
+        .collect();
+    better.sort_by(|a, b| {
+        rank_of(&snap.ranking, &a.node_id).cmp(&rank_of(&snap.ranking, &b.node_id))
+    });
+    better
+        .into_iter()
+        .filter_map(|p| {
+            let room = capacity_of(snap, p).saturating_sub(p.seats_held? as usize);
+            (room > 0).then_some((p.node_id.as_str(), room))
         })
-        .sum()
+        .collect()
+}
+
+/// Where a free seat comes in `node`'s claim order: seats a person moved
+/// to the node first, then those whose preferred hint names it, then the
+/// node's own permutation of the rest ([`claim_rank`]), the handle breaking
+/// ties.
+fn claim_order_key(
+    node: &str,
+    s: &SeatSpec,
+    moves: &BTreeMap<String, String>,
+) -> (bool, bool, u64, String) {
+    (
+        moves.get(&s.handle).map(String::as_str) != Some(node),
+        s.preferred.as_deref() != Some(node),
+        claim_rank(node, &s.handle),
+        s.handle.clone(),
+    )
+}
+
+/// A free seat's place in `node`'s claim order: a pseudo-random number from
+/// the node id and the handle (FNV-1a, then a SplitMix64 finish), so each
+/// node tries free seats in an order of its own and nodes sweeping at the
+/// same moment try different seats instead of all racing for the first
+/// ones by handle. Fixed arithmetic: every build orders alike, so a node
+/// can tell which seats a better-ranked peer will try first.
+pub fn claim_rank(node: &str, handle: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in node.bytes().chain([0u8]).chain(handle.bytes()) {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h = (h ^ (h >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    h = (h ^ (h >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    h ^ (h >> 31)
 }
 
 /// Pure: the node a seat this node gives back is offered to — the

@@ -496,47 +496,64 @@ proptest! {
     }
 }
 
+fn claimed(p: &Plan) -> BTreeSet<String> {
+    p.claims.iter().cloned().collect()
+}
+
 #[test]
 fn a_better_ranked_node_with_room_takes_unpreferred_seats_first_for_a_bounded_time() {
     let (a, b) = (node("a", &[]), node("b", &[]));
     let fleet = [a.clone(), b.clone()];
     let mut s = snap(&a, &fleet, seats("s", 4, &pl(&[], &[])));
     s.ranking = vec!["b".into(), "a".into()];
+    // What b, ranked first, tries this pass.
+    let mut sb = snap(&b, &fleet, seats("s", 4, &pl(&[], &[])));
+    sb.ranking = s.ranking.clone();
+    let theirs = claimed(&plan(&sb));
+    assert_eq!(theirs.len(), 2, "b's share");
     let p = plan(&s);
-    assert_eq!(
-        p.deferred,
-        ["s000", "s001"],
-        "a leaves b as many as b has room for"
+    assert!(
+        claimed(&p).is_disjoint(&theirs),
+        "a leaves b the seats b tries first: a {:?}, b {theirs:?}",
+        p.claims
     );
     assert_eq!(
-        p.claims,
-        ["s002", "s003"],
+        p.claims.len(),
+        2,
         "the rest would come back to a anyway: a claims them now"
     );
+    assert!(
+        p.deferred.iter().all(|h| theirs.contains(h)),
+        "{:?}",
+        p.deferred
+    );
     // After DEFER_PASSES passes of b not taking them, a claims them.
-    for h in &p.deferred {
+    for h in &theirs {
         s.deferred.insert(h.clone(), DEFER_PASSES);
     }
     let p = plan(&s);
-    assert_eq!(p.claims.len(), 2, "its share, no more");
-    // A seat that prefers a is a's at once, ranking or not (and b's room
-    // covers the next two, so a also claims the last).
+    assert_eq!(claimed(&p), theirs, "its share, no more: b's untaken seats");
+    // A seat that prefers a is a's at once, ranking or not.
     let mut s2 = snap(&a, &fleet, seats("s", 4, &pl(&[], &[])));
     s2.ranking = vec!["b".into(), "a".into()];
     s2.seats[0].preferred = Some("a".into());
-    assert_eq!(plan(&s2).claims, ["s000", "s003"]);
+    let p2 = plan(&s2);
+    assert_eq!(p2.claims.len(), 2);
+    assert_eq!(p2.claims[0], "s000");
     // Ranked first, a defers to nobody.
     let mut s3 = snap(&a, &fleet, seats("s", 4, &pl(&[], &[])));
     s3.ranking = vec!["a".into(), "b".into()];
-    assert_eq!(plan(&s3).claims.len(), 2);
+    let p3 = plan(&s3);
+    assert_eq!(p3.claims.len(), 2);
+    assert!(p3.deferred.is_empty());
 }
 
 #[test]
 fn a_dead_better_ranked_nodes_seats_are_not_left_waiting_for_a_node_without_room() {
     // Three nodes, b ranked first; c died with its two seats. b has room
-    // for one more: a leaves b one seat and claims the other at once, so
-    // the dead node's seats are dark for the TTL and one pass, not passes
-    // more.
+    // for one more: a leaves b the one seat b tries and claims the other
+    // at once, so the dead node's seats are dark for the TTL and one pass,
+    // not passes more.
     let (a, mut b) = (node("a", &[]), node("b", &[]));
     b.seats_held = Some(1);
     let mut a_now = a.clone();
@@ -545,15 +562,62 @@ fn a_dead_better_ranked_nodes_seats_are_not_left_waiting_for_a_node_without_room
     let mut s = snap(&a_now, &fleet, seats("s", 4, &pl(&[], &[])));
     s.held_elsewhere = ["s000".to_string(), "s001".to_string()].into();
     s.ranking = vec!["b".into(), "a".into()];
+    // b holds s000; the dead node's s001 is still leased.
+    let mut sb = snap(&b, &fleet, seats("s", 4, &pl(&[], &[])));
+    sb.held = set(&["s000"]);
+    sb.held_elsewhere = set(&["s001"]);
+    sb.ranking = s.ranking.clone();
+    let theirs = plan(&sb).claims;
+    assert_eq!(theirs.len(), 1, "b has room for one");
     let p = plan(&s);
-    assert_eq!(p.deferred, ["s002"], "b has room for one");
-    assert_eq!(p.claims, ["s003"]);
+    assert_eq!(p.deferred, theirs, "a leaves b the seat b tries");
+    let other: Vec<String> = ["s002", "s003"]
+        .iter()
+        .map(|h| h.to_string())
+        .filter(|h| !theirs.contains(h))
+        .collect();
+    assert_eq!(p.claims, other, "and claims the other at once");
     // b at its share: a defers nothing.
     b.seats_held = Some(2);
     s.presence = vec![a_now, b];
     let p = plan(&s);
     assert!(p.deferred.is_empty());
-    assert_eq!(p.claims, ["s002", "s003"]);
+    assert_eq!(claimed(&p), set(&["s002", "s003"]));
+}
+
+#[test]
+fn nodes_sweeping_at_once_try_different_free_seats_not_the_same_first_ones() {
+    // Fleets starting cold (nothing held, every presence seen): each node
+    // plans the same pass against the same snapshot. Trying free seats in
+    // one shared order, every node would try the same claim_limit seats
+    // and all but one claim of each would lose (distinct / tried = 1 / n).
+    let mut rng = 11u64;
+    let mut next = || {
+        rng = rng
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (rng >> 33) as usize
+    };
+    let (mut tried, mut distinct) = (0usize, 0usize);
+    for _ in 0..200 {
+        let n = 2 + next() % 4;
+        let fleet: Vec<Presence> = (0..n)
+            .map(|_| node(&format!("node-{}", next() % 100_000), &[]))
+            .collect();
+        let count = 40 + next() % 400;
+        let mut pass = BTreeSet::new();
+        for me in &fleet {
+            let p = plan(&snap(me, &fleet, seats("s", count, &pl(&[], &[]))));
+            tried += p.claims.len();
+            pass.extend(p.claims);
+        }
+        distinct += pass.len();
+    }
+    let spread = distinct as f64 / tried as f64;
+    assert!(
+        spread > 0.9,
+        "{distinct} distinct seats of {tried} tried ({spread:.2})"
+    );
 }
 
 #[test]

@@ -13,7 +13,9 @@
 //! - the pages' reads (`fleet`, `list_seats`) over HTTP at that size;
 //! - node CPU with no viewer and 1,000 idle seats (the `crewlet` binary of
 //!   this build, its `/proc/{pid}/stat` over 30 s); goal ≤ 1 % of a core;
-//!   then the same with the memory changelog cycle off, for comparison.
+//!   then the same with the memory changelog cycle off, for comparison;
+//! - the node's resident memory (`VmRSS`) per held seat: the 1,000-seat
+//!   node against the same node holding 10.
 //!
 //! The browser rows need the dashboard's browser half (`./dev build`, or
 //! `CREWLET_SITE_ROOT`), end2end's packages (`npm ci` in end2end/) and
@@ -38,6 +40,8 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 const NODES: usize = 100;
 const SEATS: usize = 10_000;
 const IDLE_SEATS: usize = 1_000;
+/// The idle node the resident memory per seat is measured against.
+const FEW_SEATS: usize = 10;
 /// Between two measured events: longer than a page's refetch window
 /// (`app::live::COALESCE_MS`), so each event is a lone one.
 const EVENT_SPACING: Duration = Duration::from_millis(250);
@@ -291,11 +295,39 @@ fn cpu_ticks(pid: u32) -> Option<u64> {
     Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
 }
 
-/// The node's CPU (% of one core) with no viewer and `IDLE_SEATS` idle
-/// seats, and how long it took to hold them all.
-async fn idle_cpu(more: &str) -> Result<(f64, Duration, Duration), String> {
+/// A node process's resident memory (`VmRSS`), in KiB.
+fn rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// What a node process with `seats` idle seats and no viewer reads as.
+struct IdleNode {
+    /// % of one core over `wall`, when a CPU window was asked for.
+    cpu: Option<f64>,
+    /// How long it took to hold every seat.
+    held: Duration,
+    wall: Duration,
+    /// Resident memory once every seat was held (and after the window).
+    rss_kib: u64,
+}
+
+/// A node process with `seats` idle seats and no viewer: how long it took
+/// to hold them all, its CPU (% of one core) over `cpu_window` if one is
+/// given, and its resident memory.
+async fn idle_node(
+    seats: usize,
+    more: &str,
+    cpu_window: Option<Duration>,
+) -> Result<IdleNode, String> {
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-    let roles: String = (0..IDLE_SEATS)
+    let roles: String = (0..seats)
         .map(|i| format!("[[roles]]\nhandle = \"idle-{i:04}\"\n"))
         .collect();
     let file = dir.path().join("crewlet.toml");
@@ -345,7 +377,7 @@ async fn idle_cpu(more: &str) -> Result<(f64, Duration, Duration), String> {
             .as_ref()
             .and_then(|v| v["seats"].as_array())
             .map(Vec::len)
-            == Some(IDLE_SEATS)
+            == Some(seats)
         {
             break;
         }
@@ -357,22 +389,35 @@ async fn idle_cpu(more: &str) -> Result<(f64, Duration, Duration), String> {
     let all_held = started.elapsed();
     // Let the claims' aftermath (first flushes, presence) pass, then read.
     tokio::time::sleep(Duration::from_secs(5)).await;
-    let window = Duration::from_secs(env_number("CREWLET_BENCH_CPU_SECONDS", 30) as u64);
-    eprintln!(
-        "the idle node holds {IDLE_SEATS} seats; reading its CPU for {} s…",
-        window.as_secs()
-    );
-    let before = cpu_ticks(pid).ok_or("cannot read /proc")?;
-    let t0 = Instant::now();
-    tokio::time::sleep(window).await;
-    let after = cpu_ticks(pid).ok_or("cannot read /proc")?;
-    let wall = t0.elapsed();
-    // SAFETY: sysconf only reads a constant of the system.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    let cpu = (after - before) as f64 / hz / wall.as_secs_f64() * 100.0;
+    let (cpu, wall) = match cpu_window {
+        Some(window) => {
+            eprintln!(
+                "the idle node holds {seats} seats; reading its CPU for {} s…",
+                window.as_secs()
+            );
+            let before = cpu_ticks(pid).ok_or("cannot read /proc")?;
+            let t0 = Instant::now();
+            tokio::time::sleep(window).await;
+            let after = cpu_ticks(pid).ok_or("cannot read /proc")?;
+            let wall = t0.elapsed();
+            // SAFETY: sysconf only reads a constant of the system.
+            let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+            (
+                Some((after - before) as f64 / hz / wall.as_secs_f64() * 100.0),
+                wall,
+            )
+        }
+        None => (None, Duration::ZERO),
+    };
+    let rss_kib = rss_kib(pid).ok_or("cannot read /proc")?;
     let _ = child.start_kill();
     let _ = child.wait().await;
-    Ok((cpu, all_held, wall))
+    Ok(IdleNode {
+        cpu,
+        held: all_held,
+        wall,
+        rss_kib,
+    })
 }
 
 fn ms(v: f64) -> String {
@@ -480,6 +525,8 @@ fn main() {
             )),
             Err(why) => out.push(format!("| the pages' reads over HTTP | failed: {why} | — |")),
         }
+        let window = Duration::from_secs(env_number("CREWLET_BENCH_CPU_SECONDS", 30) as u64);
+        let mut rss_full = None;
         for (what, more) in [
             ("", ""),
             (
@@ -487,16 +534,36 @@ fn main() {
                 "[memory]\nflush_seconds = 3600\n",
             ),
         ] {
-            match idle_cpu(more).await {
-                Ok((cpu, held, wall)) => out.push(format!(
-                    "| node CPU, no viewer, {IDLE_SEATS} idle seats{what} (all held after {:.0} s; sampled {:.0} s) | {cpu:.2} % of one core | ≤ 1 % |",
-                    held.as_secs_f64(),
-                    wall.as_secs_f64()
-                )),
+            match idle_node(IDLE_SEATS, more, Some(window)).await {
+                Ok(n) => {
+                    rss_full = rss_full.or(Some(n.rss_kib));
+                    out.push(format!(
+                        "| node CPU, no viewer, {IDLE_SEATS} idle seats{what} (all held after {:.0} s; sampled {:.0} s) | {:.2} % of one core | ≤ 1 % |",
+                        n.held.as_secs_f64(),
+                        n.wall.as_secs_f64(),
+                        n.cpu.unwrap_or(f64::NAN)
+                    ))
+                }
                 Err(why) => out.push(format!(
                     "| node CPU, no viewer, {IDLE_SEATS} idle seats{what} | failed: {why} | ≤ 1 % |"
                 )),
             }
+        }
+        // Resident memory per held seat: the node above against the same
+        // node holding FEW_SEATS.
+        match (rss_full, idle_node(FEW_SEATS, "", None).await) {
+            (Some(full), Ok(few)) => out.push(format!(
+                "| node resident memory per held seat ({IDLE_SEATS} idle seats against {FEW_SEATS}) | {:.1} KiB a seat (RSS {:.1} MiB with {IDLE_SEATS}, {:.1} MiB with {FEW_SEATS}) | — |",
+                (full as f64 - few.rss_kib as f64) / (IDLE_SEATS - FEW_SEATS) as f64,
+                full as f64 / 1024.0,
+                few.rss_kib as f64 / 1024.0
+            )),
+            (None, _) => out.push(format!(
+                "| node resident memory per held seat | failed: the {IDLE_SEATS}-seat node did not run | — |"
+            )),
+            (_, Err(why)) => out.push(format!(
+                "| node resident memory per held seat | failed: {why} | — |"
+            )),
         }
         let mut stdout = std::io::stdout().lock();
         let _ = writeln!(stdout);

@@ -11,7 +11,12 @@
 //!   — goal ≤ 1.0, and on a graceful drain;
 //! - dark time per moved seat on a rebalance and on a drain, the two-phase
 //!   handoff against release-then-claim, p50/p99 in the same run (issue
-//!   11) — goal p99 ≤ 100 ms.
+//!   11) — goal p99 ≤ 100 ms;
+//! - sweep CPU per seat at 10,000 seats (the process's CPU over the
+//!   passes), against the same pass reading every seat lease;
+//! - cold convergence of N seats over M nodes started together on NATS:
+//!   until every node holds its share, against the claim-limit arithmetic
+//!   (⌈share ÷ claim limit⌉ sweeps), with the seats given back on the way.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -189,6 +194,17 @@ async fn idle_messages() -> (f64, f64) {
     (per_sweep, baseline)
 }
 
+/// This process's CPU time so far (user + system).
+fn process_cpu() -> Duration {
+    // SAFETY: getrusage writes only into the struct it is given.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } != 0 {
+        return Duration::ZERO;
+    }
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, (t.tv_usec as u32) * 1000);
+    tv(u.ru_utime) + tv(u.ru_stime)
+}
+
 fn pct(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {
         return Duration::ZERO;
@@ -197,7 +213,7 @@ fn pct(sorted: &[Duration], p: f64) -> Duration {
 }
 
 /// The sweep at 10,000 seats on the twin, a node of ten at its share.
-async fn sweep_time() -> (Duration, Duration, Duration) {
+async fn sweep_time() -> SweepTime {
     let ttl = Duration::from_secs(3600);
     let store: Arc<dyn Store> = Arc::new(Coordinator::new(
         MemoryBackend::new(ttl),
@@ -247,24 +263,112 @@ async fn sweep_time() -> (Duration, Duration, Duration) {
         e.host().claim(&r.handle).await.unwrap();
     }
     e.refresh_presence().await;
+    let passes = 50;
     let mut samples = Vec::new();
-    for _ in 0..50 {
+    let cpu0 = process_cpu();
+    for _ in 0..passes {
         let t = Instant::now();
         e.sweep_once().await;
         samples.push(t.elapsed());
     }
+    let cpu = process_cpu().saturating_sub(cpu0);
     samples.sort();
     // Baseline: the same pass reading every seat lease as well.
     let mut base = Vec::new();
-    for _ in 0..50 {
+    let cpu0 = process_cpu();
+    for _ in 0..passes {
         let t = Instant::now();
         let _ = store.list("seat:").await.unwrap();
         e.sweep_once().await;
         base.push(t.elapsed());
     }
+    let base_cpu = process_cpu().saturating_sub(cpu0);
     base.sort();
     e.crash().await;
-    (pct(&samples, 0.5), pct(&samples, 0.99), pct(&base, 0.5))
+    let per_seat = |d: Duration| d.as_nanos() as f64 / (passes * company.len()) as f64;
+    SweepTime {
+        p50: pct(&samples, 0.5),
+        p99: pct(&samples, 0.99),
+        base50: pct(&base, 0.5),
+        cpu_ns_per_seat: per_seat(cpu),
+        base_cpu_ns_per_seat: per_seat(base_cpu),
+    }
+}
+
+struct SweepTime {
+    p50: Duration,
+    p99: Duration,
+    base50: Duration,
+    cpu_ns_per_seat: f64,
+    base_cpu_ns_per_seat: f64,
+}
+
+/// Cold convergence: `seats` seats over `nodes` nodes on one nats-server,
+/// the nodes started together with nothing held; until every node holds
+/// its share. Also the seats given back on the way (a node that took more
+/// than its share before it saw its peers).
+async fn convergence(seats: usize, nodes: usize) -> Convergence {
+    let server = support::nats::NatsServer::start().await;
+    let ttl = Duration::from_secs(3);
+    let beat = Duration::from_secs(1);
+    let sweep = Duration::from_secs(1);
+    let (s0, _) = nats(&server, "crewlet-apply", ttl).await;
+    company::apply(&*s0, "bench", &roles(seats)).await.unwrap();
+    let mut engines = Vec::new();
+    let mut buses = Vec::new();
+    for i in 0..nodes {
+        let id = format!("n{i}");
+        let (s, q) = nats(&server, &format!("crewlet-{id}"), ttl).await;
+        let bus = EventBus::new(&id, &format!("{id}:bench"));
+        buses.push(bus.subscribe());
+        let cfg = engine_cfg(&id, ttl, beat, sweep);
+        engines.push(engine(&id, s, q, cfg, bus).await);
+    }
+    let share = seats.div_ceil(nodes);
+    let claim_limit = engine_cfg("x", ttl, beat, sweep).claim_limit;
+    let t0 = Instant::now();
+    for e in &engines {
+        e.start();
+    }
+    let deadline = t0 + Duration::from_secs(300);
+    let converged = loop {
+        let held: usize = engines.iter().map(|e| e.host().held().len()).sum();
+        if held == seats && engines.iter().all(|e| e.host().held().len() <= share) {
+            break Some(t0.elapsed());
+        }
+        if Instant::now() >= deadline {
+            break None;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let mut given_back = 0;
+    for rx in &mut buses {
+        while let Ok(e) = rx.try_recv() {
+            if matches!(e.event, Event::SeatDetached { .. }) {
+                given_back += 1;
+            }
+        }
+    }
+    for e in &engines {
+        e.crash().await;
+    }
+    Convergence {
+        seats,
+        nodes,
+        converged,
+        arithmetic: sweep * share.div_ceil(claim_limit) as u32,
+        claim_limit,
+        given_back,
+    }
+}
+
+struct Convergence {
+    seats: usize,
+    nodes: usize,
+    converged: Option<Duration>,
+    arithmetic: Duration,
+    claim_limit: usize,
+    given_back: usize,
 }
 
 /// Dark time per seat: kill -9 (crash) and graceful drain, on NATS.
@@ -473,10 +577,11 @@ fn ms(d: Duration) -> String {
 #[tokio::main]
 async fn main() {
     let (idle, idle_base) = idle_messages().await;
-    let (p50, p99, base50) = sweep_time().await;
+    let sweep = sweep_time().await;
     let (killed, drained, bound) = dark_time().await;
     let (two_rebalance, two_drain) = handoff_dark(true).await;
     let (rel_rebalance, rel_drain) = handoff_dark(false).await;
+    let cold = convergence(120, 3).await;
     println!();
     println!(
         "| seat engine (loopback, single nats-server) | measured | baseline (same run) | goal |"
@@ -487,9 +592,13 @@ async fn main() {
     );
     println!(
         "| sweep at 10,000 seats, a node of ten at its share (twin, one thread) | p50 {} / p99 {} | p50 {} (pass + read every seat lease) | ≤ 5 ms |",
-        ms(p50),
-        ms(p99),
-        ms(base50)
+        ms(sweep.p50),
+        ms(sweep.p99),
+        ms(sweep.base50)
+    );
+    println!(
+        "| sweep CPU per seat at 10,000 seats (process CPU over 50 passes) | {:.0} ns | {:.0} ns (pass + read every seat lease) | — |",
+        sweep.cpu_ns_per_seat, sweep.base_cpu_ns_per_seat
     );
     let k50 = pct(&killed, 0.5);
     let kmax = killed.last().copied().unwrap_or_default();
@@ -517,5 +626,16 @@ async fn main() {
         "| dark time per moved seat on a drain (10 seats, a drains to b) | two-phase handoff: {} | release-then-claim: {} | p99 ≤ 100 ms |",
         p50_p99(&two_drain),
         p50_p99(&rel_drain)
+    );
+    println!(
+        "| cold convergence, {} seats over {} nodes started together (TTL 3 s, sweep 1 s, claim limit {}) | {}; {} seats given back on the way | ⌈share ÷ claim limit⌉ sweeps = {} | — |",
+        cold.seats,
+        cold.nodes,
+        cold.claim_limit,
+        cold.converged
+            .map(ms)
+            .unwrap_or_else(|| "not converged within 300 s".into()),
+        cold.given_back,
+        ms(cold.arithmetic)
     );
 }

@@ -170,6 +170,9 @@ pub enum Event {
         new_seq: u64,
     },
     /// A turn began: the ledgered triggers it runs, under which epoch.
+    /// A turn began. `waited_ms`: how long its deliveries had been in this
+    /// node before it (the seat's turn lock, the ledger read) — part of
+    /// their ack window, which runs from their fetch.
     TurnStarted {
         seat: String,
         turn_id: String,
@@ -177,6 +180,8 @@ pub enum Event {
         epoch: u64,
         trigger_ids: Vec<String>,
         delivered: u64,
+        #[serde(default)]
+        waited_ms: u64,
     },
     /// A turn ended: `outcome` is completed, failed, fenced, stopped,
     /// parked (a round started a detached run: the turn ends after it, and

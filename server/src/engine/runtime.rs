@@ -381,6 +381,7 @@ impl TurnEngine {
         fence: &Fence,
         env: &Envelope,
         delivered: u64,
+        received: std::time::Instant,
     ) -> Disposition {
         let begun = std::time::Instant::now();
         let handle = rt.handle.as_str();
@@ -480,6 +481,7 @@ impl TurnEngine {
             epoch,
             trigger_ids: vec![turn.triggers[0].id.clone()],
             delivered,
+            waited_ms: received.elapsed().as_millis() as u64,
         });
         let guard = Guard {
             fence: fence.clone(),
@@ -838,6 +840,10 @@ impl TurnEngine {
         fence: &Fence,
         ds: Vec<Delivery>,
     ) -> Vec<Disposition> {
+        // When these deliveries reached this node: their ack window runs
+        // from their fetch, and a turn says how much of it went before it
+        // began (the turn lock, the ledger read).
+        let received = std::time::Instant::now();
         let handle = rt.handle.clone();
         let mut out: Vec<Option<Disposition>> = vec![None; ds.len()];
         // (index, envelope, delivered) of the triggers that run a turn.
@@ -859,10 +865,11 @@ impl TurnEngine {
             }
         }
         for (i, env, delivered) in resumes {
-            out[i] = Some(self.resume_run(rt, fence, &env, delivered).await);
+            out[i] = Some(self.resume_run(rt, fence, &env, delivered, received).await);
         }
         if !partition.is_empty() {
-            self.run_partition(rt, fence, partition, &mut out).await;
+            self.run_partition(rt, fence, partition, received, &mut out)
+                .await;
         }
         out.into_iter()
             .map(|d| d.unwrap_or(Disposition::Nak))
@@ -874,6 +881,7 @@ impl TurnEngine {
         rt: &Arc<SeatRuntime>,
         fence: &Fence,
         partition: Vec<(usize, Envelope, u64)>,
+        received: std::time::Instant,
         out: &mut [Option<Disposition>],
     ) {
         let handle = rt.handle.clone();
@@ -946,6 +954,7 @@ impl TurnEngine {
             epoch: turn.epoch,
             trigger_ids: turn.triggers.iter().map(|t| t.id.clone()).collect(),
             delivered: turn.delivered,
+            waited_ms: received.elapsed().as_millis() as u64,
         });
         let guard = Guard {
             fence: fence.clone(),

@@ -664,6 +664,7 @@ mod tests {
             epoch: 4,
             trigger_ids: vec!["e1".into()],
             delivered: 1,
+            waited_ms: 0,
         }));
         assert_eq!(
             notes.snapshot()["a"].running_turn,

@@ -472,18 +472,22 @@ pub fn check(h: &History) -> Findings {
                     f.stats.duplicates += 1;
                     // The documented bound: a turn that outlived the ack
                     // window (its delivery came back to another holder).
+                    // The window runs from the delivery, which the turn
+                    // held for `waited_ms` before it began.
                     let outlived: Vec<String> = es
                         .iter()
                         .filter_map(|e| {
                             let s = started.get(e.turn_id.as_str())?;
-                            let ran = e.at - s.at;
-                            (ran > t.ack_wait).then(|| {
+                            let waited = s.u64("waited_ms") as i64 * 1000;
+                            let held = e.at - (s.at - waited);
+                            (held > t.ack_wait).then(|| {
                                 format!(
-                                    "turn {} on {} (epoch {}) ran {}",
+                                    "turn {} on {} (epoch {}) held its delivery {} ({} before it began)",
                                     e.turn_id,
                                     s.proc,
                                     e.epoch,
-                                    secs(ran)
+                                    secs(held),
+                                    secs(waited)
                                 )
                             })
                         })
@@ -830,6 +834,58 @@ mod tests {
         assert!(f.violations.is_empty(), "{:?}", f.violations);
         assert_eq!(f.stats.bounded_duplicates, 1);
         assert!(f.bounded[0].contains("outlived the ack window"));
+    }
+
+    #[test]
+    fn the_ack_window_runs_from_the_delivery_not_from_the_turn_start() {
+        // The first turn began 3 s after its delivery reached it (a ledger
+        // read that timed out) and its effect landed 8 s after it began:
+        // 11 s after the delivery, past the 10 s window, which had handed
+        // the trigger to the next holder.
+        let (a, b) = (proc("a", 0), proc("b", 0));
+        let mut h = base();
+        h.procs = vec![running(&a), running(&b)];
+        h.published = vec![published("m1")];
+        h.events = vec![
+            ev(
+                10,
+                &a,
+                "turn_started",
+                json!({"seat": "s", "turn_id": "t1", "epoch": 1, "waited_ms": 3000}),
+            ),
+            ev(
+                17,
+                &b,
+                "turn_started",
+                json!({"seat": "s", "turn_id": "t2", "epoch": 2}),
+            ),
+        ];
+        h.effects = vec![
+            effect(18, "t1", "a", 1, &["m1"]),
+            effect(17, "t2", "b", 2, &["m1"]),
+        ];
+        let f = check(&h);
+        assert!(f.violations.is_empty(), "{:?}", f.violations);
+        assert_eq!(f.stats.bounded_duplicates, 1);
+        assert!(
+            f.bounded[0].contains("held its delivery 11.00s"),
+            "{:?}",
+            f.bounded
+        );
+        // Had it waited 1 s, the delivery was 9 s old at the effect: a
+        // violation.
+        h.events[0] = ev(
+            10,
+            &a,
+            "turn_started",
+            json!({"seat": "s", "turn_id": "t1", "epoch": 1, "waited_ms": 1000}),
+        );
+        let f = check(&h);
+        assert!(
+            f.violations.iter().any(|v| v.starts_with("duplicate")),
+            "{:?}",
+            f.violations
+        );
     }
 
     #[test]

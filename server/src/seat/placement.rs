@@ -65,11 +65,19 @@ pub struct Snapshot {
     pub deferred: BTreeMap<String, u32>,
     /// Standing move requests: seat → the node it is to run on.
     pub moves: BTreeMap<String, String>,
+    /// Seats this node claimed in its last passes and could not establish
+    /// (its acquire hook failed, so it handed them back): left to a peer
+    /// that may run them, tried again here only when none may.
+    pub handed_back: BTreeSet<String>,
 }
 
 /// A node leaves a free seat that prefers nobody here to a better-ranked
 /// node with room for at most this many passes in a row, then claims it.
 pub const DEFER_PASSES: u32 = 2;
+
+/// How many passes a node leaves a seat it could not establish to its
+/// peers before it tries the seat again itself.
+pub const HANDED_BACK_PASSES: u32 = 2;
 
 /// Why a seat is given back.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -315,6 +323,15 @@ pub fn plan(snap: &Snapshot) -> Plan {
                 .collect();
             // A seat a person moved to another node is left to it.
             free.retain(|s| snap.moves.get(&s.handle).is_none_or(|to| to == me));
+            // A seat this node could not establish is left to a peer that
+            // may run it: claiming it straight back could win every race
+            // for it and keep it dark (tried here again when no peer may).
+            free.retain(|s| {
+                !snap.handed_back.contains(&s.handle)
+                    || !live.iter().any(|p| {
+                        p.node_id != me && matches_placement(&p.node_id, &p.labels, &s.placement)
+                    })
+            });
             // Seats a person moved here first, then stickiness (seats whose
             // preferred hint names this node), then this node's own claim
             // order.

@@ -120,6 +120,9 @@ pub struct SeatEngine {
     withdrawn: std::sync::atomic::AtomicBool,
     /// Free seats left to a better-ranked node, passes in a row.
     deferred: Mutex<BTreeMap<String, u32>>,
+    /// Seats this node claimed and could not establish: passes left for
+    /// which it leaves them to a peer.
+    handed_back: Mutex<BTreeMap<String, u32>>,
     /// seat → (node that let an offer of it lapse, until when it is not
     /// offered that seat again).
     refused: Mutex<BTreeMap<String, (String, Instant)>>,
@@ -230,6 +233,7 @@ impl SeatEngine {
             behind: false.into(),
             withdrawn: false.into(),
             deferred: Mutex::new(BTreeMap::new()),
+            handed_back: Mutex::new(BTreeMap::new()),
             refused: Mutex::new(BTreeMap::new()),
         }))
     }
@@ -752,6 +756,16 @@ impl SeatEngine {
                 .unwrap_or_else(|e| e.into_inner())
                 .clone(),
             moves: BTreeMap::new(),
+            handed_back: {
+                // One pass of each seat's wait spent by this one.
+                let mut h = self.handed_back.lock().unwrap_or_else(|e| e.into_inner());
+                let left: BTreeSet<String> = h.keys().cloned().collect();
+                h.retain(|_, n| {
+                    *n -= 1;
+                    *n > 0
+                });
+                left
+            },
         };
         // The fleet's one priority order (never a private one), applied to
         // the nodes present; an unreadable order ranks nobody.
@@ -960,7 +974,17 @@ impl SeatEngine {
                 Ok(Acquired::Won {
                     established: true, ..
                 }) => claimed += 1,
-                Ok(Acquired::Won { .. }) | Ok(Acquired::HeldBy(_)) => {}
+                Ok(Acquired::Won {
+                    established: false, ..
+                }) => {
+                    // Handed back by its acquire hook: a peer gets the
+                    // next passes at it.
+                    self.handed_back
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(handle.clone(), placement::HANDED_BACK_PASSES);
+                }
+                Ok(Acquired::HeldBy(_)) => {}
                 Ok(Acquired::Draining) => break,
                 Err(e) => {
                     tracing::warn!(seat = %handle, error = %e, "claim failed; unknown ownership is not ownership")

@@ -702,3 +702,31 @@ fn a_seat_moved_to_another_node_is_left_to_it() {
     s.moves.insert("s000".into(), "a".into());
     assert!(plan(&s).claims.contains(&"s000".to_string()));
 }
+
+#[test]
+fn a_seat_this_node_could_not_establish_is_left_to_a_peer_and_retried_when_none_may_run_it() {
+    let a = node("a", &[]);
+    let fleet = [a.clone(), node("b", &[])];
+    let mut s = snap(&a, &fleet, seats("s", 2, &pl(&[], &[])));
+    s.handed_back = set(&["s000"]);
+    let p = plan(&s);
+    assert!(
+        !p.claims.contains(&"s000".to_string()),
+        "left to b: {:?}",
+        p.claims
+    );
+    assert_eq!(p.claims, ["s001"], "the other seat is claimed as ever");
+    // Alone, a tries it again at once: nobody else would.
+    let mut alone = snap(&a, std::slice::from_ref(&a), seats("s", 2, &pl(&[], &[])));
+    alone.handed_back = set(&["s000"]);
+    assert!(plan(&alone).claims.contains(&"s000".to_string()));
+    // A peer outside the seat's placement does not count.
+    let gpu = pl(&[], &["gpu"]);
+    let mut pinned = snap(
+        &node("a", &["gpu"]),
+        &[node("a", &["gpu"]), node("b", &[])],
+        seats("g", 1, &gpu),
+    );
+    pinned.handed_back = set(&["g000"]);
+    assert_eq!(plan(&pinned).claims, ["g000"]);
+}

@@ -412,11 +412,12 @@ pub fn check(h: &History) -> Findings {
     };
 
     // Admission.
-    let completed: std::collections::HashSet<&str> = h
+    // When each turn ended (its record and acknowledgement are behind it).
+    let ended_at: HashMap<&str, Ts> = h
         .events
         .iter()
         .filter(|e| e.name == "turn_completed")
-        .map(|e| e.str("turn_id"))
+        .map(|e| (e.str("turn_id"), e.at))
         .collect();
     let mut started: HashMap<&str, &NodeEvent> = HashMap::new();
     for e in h.events.iter().filter(|e| e.name == "turn_started") {
@@ -473,13 +474,18 @@ pub fn check(h: &History) -> Findings {
                     // The documented bound: a turn that outlived the ack
                     // window (its delivery came back to another holder).
                     // The window runs from the delivery, which the turn
-                    // held for `waited_ms` before it began.
+                    // held for `waited_ms` before it began, to the turn's
+                    // end (its record and acknowledgement come after its
+                    // effects), or to its effect when it never ended.
                     let outlived: Vec<String> = es
                         .iter()
                         .filter_map(|e| {
                             let s = started.get(e.turn_id.as_str())?;
                             let waited = s.u64("waited_ms") as i64 * 1000;
-                            let held = e.at - (s.at - waited);
+                            let end = ended_at
+                                .get(e.turn_id.as_str())
+                                .map_or(e.at, |&t| t.max(e.at));
+                            let held = end - (s.at - waited);
                             (held > t.ack_wait).then(|| {
                                 format!(
                                     "turn {} on {} (epoch {}) held its delivery {} ({} before it began)",
@@ -500,7 +506,7 @@ pub fn check(h: &History) -> Findings {
                         .iter()
                         .filter_map(|e| {
                             let s = started.get(e.turn_id.as_str())?;
-                            if completed.contains(e.turn_id.as_str()) {
+                            if ended_at.contains_key(e.turn_id.as_str()) {
                                 return None;
                             }
                             let p = procs.get(&s.proc)?;
@@ -885,6 +891,21 @@ mod tests {
             f.violations.iter().any(|v| v.starts_with("duplicate")),
             "{:?}",
             f.violations
+        );
+        // The same turn whose record and acknowledgement came at 21 s:
+        // its delivery (from 9 s) was held past the window all the same.
+        h.events.push(ev(
+            21,
+            &a,
+            "turn_completed",
+            json!({"seat": "s", "turn_id": "t1", "epoch": 1}),
+        ));
+        let f = check(&h);
+        assert!(f.violations.is_empty(), "{:?}", f.violations);
+        assert!(
+            f.bounded[0].contains("held its delivery 12.00s"),
+            "{:?}",
+            f.bounded
         );
     }
 

@@ -361,6 +361,21 @@ pub fn same_tenure(current: &Lease, lease: &Lease) -> bool {
         && current.state == LeaseState::Held
 }
 
+/// The leases the protocol gate looks at that sit below `mine`: live
+/// presence and seat leases (claiming or held) at a lower protocol. Duty
+/// leases never count.
+fn below<'a>(
+    leases: impl IntoIterator<Item = &'a Lease>,
+    now: StoreTime,
+    mine: u32,
+) -> impl Iterator<Item = &'a Lease> {
+    leases.into_iter().filter(move |l| {
+        l.kind().is_some_and(ResourceKind::counts_for_protocol_gate)
+            && l.is_live(now)
+            && l.protocol < mine
+    })
+}
+
 /// The protocol floor: the lowest protocol below `mine` among live presence
 /// and seat leases (claiming or held). Duty leases never count.
 pub fn protocol_floor<'a>(
@@ -368,13 +383,7 @@ pub fn protocol_floor<'a>(
     now: StoreTime,
     mine: u32,
 ) -> Option<u32> {
-    leases
-        .into_iter()
-        .filter(|l| l.kind().is_some_and(ResourceKind::counts_for_protocol_gate))
-        .filter(|l| l.is_live(now))
-        .map(|l| l.protocol)
-        .filter(|p| *p < mine)
-        .min()
+    below(leases, now, mine).map(|l| l.protocol).min()
 }
 
 /// The nodes holding a live presence or seat lease below `mine` (the ones a
@@ -384,10 +393,7 @@ pub fn nodes_below<'a>(
     now: StoreTime,
     mine: u32,
 ) -> Vec<String> {
-    leases
-        .into_iter()
-        .filter(|l| l.kind().is_some_and(ResourceKind::counts_for_protocol_gate))
-        .filter(|l| l.is_live(now) && l.protocol < mine)
+    below(leases, now, mine)
         .map(|l| l.node().to_string())
         .collect::<std::collections::BTreeSet<_>>()
         .into_iter()

@@ -51,6 +51,17 @@ fn snap(me: &Presence, all: &[Presence], seats: Vec<SeatSpec>) -> Snapshot {
     }
 }
 
+/// A seeded stream of pseudo-random numbers (a 64-bit LCG's high bits).
+fn lcg(seed: u64) -> impl FnMut() -> usize {
+    let mut rng = seed;
+    move || {
+        rng = rng
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (rng >> 33) as usize
+    }
+}
+
 fn set(v: &[&str]) -> BTreeSet<String> {
     v.iter().map(|s| s.to_string()).collect()
 }
@@ -591,13 +602,7 @@ fn nodes_sweeping_at_once_try_different_free_seats_not_the_same_first_ones() {
     // plans the same pass against the same snapshot. Trying free seats in
     // one shared order, every node would try the same claim_limit seats
     // and all but one claim of each would lose (distinct / tried = 1 / n).
-    let mut rng = 11u64;
-    let mut next = || {
-        rng = rng
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (rng >> 33) as usize
-    };
+    let mut next = lcg(11);
     let (mut tried, mut distinct) = (0usize, 0usize);
     for _ in 0..200 {
         let n = 2 + next() % 4;
@@ -624,13 +629,7 @@ fn nodes_sweeping_at_once_try_different_free_seats_not_the_same_first_ones() {
 fn the_ranking_never_changes_a_share() {
     // Random fleets: with any ranking, what a node may claim is bounded by
     // the same allowance as without one.
-    let mut rng = 7u64;
-    let mut next = || {
-        rng = rng
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (rng >> 33) as usize
-    };
+    let mut next = lcg(7);
     for _ in 0..300 {
         let n = 1 + next() % 4;
         let fleet: Vec<Presence> = (0..n)

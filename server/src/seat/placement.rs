@@ -356,13 +356,22 @@ pub fn plan(snap: &Snapshot) -> Plan {
                     .collect();
                 let mut left = BTreeSet::new();
                 for (node, room) in better_ranked_rooms(snap, &g.placement) {
-                    let mut theirs: Vec<&SeatSpec> = leavable
+                    if left.len() == leavable.len() {
+                        break;
+                    }
+                    // The first `room` seats of that node's order (picked,
+                    // not sorted whole: thousands of free seats on a cold
+                    // fleet, one pick per better-ranked node).
+                    let mut theirs: Vec<(ClaimOrder, &SeatSpec)> = leavable
                         .iter()
-                        .copied()
                         .filter(|s| !left.contains(s.handle.as_str()))
+                        .map(|s| (claim_order_key(node, s, &snap.moves), *s))
                         .collect();
-                    theirs.sort_by_cached_key(|s| claim_order_key(node, s, &snap.moves));
-                    left.extend(theirs.into_iter().take(room).map(|s| s.handle.as_str()));
+                    if room < theirs.len() {
+                        theirs.select_nth_unstable_by(room, |a, b| a.0.cmp(&b.0));
+                        theirs.truncate(room);
+                    }
+                    left.extend(theirs.into_iter().map(|(_, s)| s.handle.as_str()));
                 }
                 left
             };
@@ -457,15 +466,14 @@ fn better_ranked_rooms<'a>(
         .collect()
 }
 
+/// A seat's place in a node's claim order (lower first).
+type ClaimOrder = (bool, bool, u64, String);
+
 /// Where a free seat comes in `node`'s claim order: seats a person moved
 /// to the node first, then those whose preferred hint names it, then the
 /// node's own permutation of the rest ([`claim_rank`]), the handle breaking
 /// ties.
-fn claim_order_key(
-    node: &str,
-    s: &SeatSpec,
-    moves: &BTreeMap<String, String>,
-) -> (bool, bool, u64, String) {
+fn claim_order_key(node: &str, s: &SeatSpec, moves: &BTreeMap<String, String>) -> ClaimOrder {
     (
         moves.get(&s.handle).map(String::as_str) != Some(node),
         s.preferred.as_deref() != Some(node),

@@ -288,6 +288,19 @@ impl SeatEngine {
             .unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The seats this node could not establish and still leaves to its
+    /// peers, spending one pass of each one's wait (a seat leaves the set
+    /// once its passes are spent).
+    fn spend_handed_back_pass(&self) -> BTreeSet<String> {
+        let mut h = self.handed_back.lock().unwrap_or_else(|e| e.into_inner());
+        let left: BTreeSet<String> = h.keys().cloned().collect();
+        h.retain(|_, n| {
+            *n -= 1;
+            *n > 0
+        });
+        left
+    }
+
     fn set_claims_blocked_by(&self, floor: Option<u32>) {
         *self
             .claims_blocked_by
@@ -756,16 +769,7 @@ impl SeatEngine {
                 .unwrap_or_else(|e| e.into_inner())
                 .clone(),
             moves: BTreeMap::new(),
-            handed_back: {
-                // One pass of each seat's wait spent by this one.
-                let mut h = self.handed_back.lock().unwrap_or_else(|e| e.into_inner());
-                let left: BTreeSet<String> = h.keys().cloned().collect();
-                h.retain(|_, n| {
-                    *n -= 1;
-                    *n > 0
-                });
-                left
-            },
+            handed_back: self.spend_handed_back_pass(),
         };
         // The fleet's one priority order (never a private one), applied to
         // the nodes present; an unreadable order ranks nobody.

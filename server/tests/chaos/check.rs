@@ -807,30 +807,42 @@ mod tests {
         assert!(f.violations[0].contains("m3"), "{:?}", f.violations);
     }
 
-    #[test]
-    fn two_effects_for_one_trigger_are_a_violation_unless_a_turn_outlived_the_ack_window() {
+    /// Trigger m1 run by two turns of seat s: t1 on a (epoch 1) started
+    /// at `t1_at` s, having held its delivery `waited_ms` before, its
+    /// effect at `t1_effect` s; t2 on b (epoch 2) started at `t2_at` s,
+    /// its effect at `t2_effect` s.
+    fn one_trigger_two_turns(
+        (t1_at, waited_ms, t1_effect): (i64, u64, i64),
+        (t2_at, t2_effect): (i64, i64),
+    ) -> History {
         let (a, b) = (proc("a", 0), proc("b", 0));
         let mut h = base();
         h.procs = vec![running(&a), running(&b)];
         h.published = vec![published("m1")];
         h.events = vec![
             ev(
-                10,
+                t1_at,
                 &a,
                 "turn_started",
-                json!({"seat": "s", "turn_id": "t1", "epoch": 1}),
+                json!({"seat": "s", "turn_id": "t1", "epoch": 1, "waited_ms": waited_ms}),
             ),
             ev(
-                12,
+                t2_at,
                 &b,
                 "turn_started",
                 json!({"seat": "s", "turn_id": "t2", "epoch": 2}),
             ),
         ];
         h.effects = vec![
-            effect(11, "t1", "a", 1, &["m1"]),
-            effect(13, "t2", "b", 2, &["m1"]),
+            effect(t1_effect, "t1", "a", 1, &["m1"]),
+            effect(t2_effect, "t2", "b", 2, &["m1"]),
         ];
+        h
+    }
+
+    #[test]
+    fn two_effects_for_one_trigger_are_a_violation_unless_a_turn_outlived_the_ack_window() {
+        let mut h = one_trigger_two_turns((10, 0, 11), (12, 13));
         let f = check(&h);
         assert_eq!(f.stats.duplicates, 1);
         assert!(f.violations.iter().any(|v| v.starts_with("duplicate")));
@@ -848,28 +860,7 @@ mod tests {
         // read that timed out) and its effect landed 8 s after it began:
         // 11 s after the delivery, past the 10 s window, which had handed
         // the trigger to the next holder.
-        let (a, b) = (proc("a", 0), proc("b", 0));
-        let mut h = base();
-        h.procs = vec![running(&a), running(&b)];
-        h.published = vec![published("m1")];
-        h.events = vec![
-            ev(
-                10,
-                &a,
-                "turn_started",
-                json!({"seat": "s", "turn_id": "t1", "epoch": 1, "waited_ms": 3000}),
-            ),
-            ev(
-                17,
-                &b,
-                "turn_started",
-                json!({"seat": "s", "turn_id": "t2", "epoch": 2}),
-            ),
-        ];
-        h.effects = vec![
-            effect(18, "t1", "a", 1, &["m1"]),
-            effect(17, "t2", "b", 2, &["m1"]),
-        ];
+        let h = one_trigger_two_turns((10, 3000, 18), (17, 17));
         let f = check(&h);
         assert!(f.violations.is_empty(), "{:?}", f.violations);
         assert_eq!(f.stats.bounded_duplicates, 1);
@@ -880,12 +871,7 @@ mod tests {
         );
         // Had it waited 1 s, the delivery was 9 s old at the effect: a
         // violation.
-        h.events[0] = ev(
-            10,
-            &a,
-            "turn_started",
-            json!({"seat": "s", "turn_id": "t1", "epoch": 1, "waited_ms": 1000}),
-        );
+        let mut h = one_trigger_two_turns((10, 1000, 18), (17, 17));
         let f = check(&h);
         assert!(
             f.violations.iter().any(|v| v.starts_with("duplicate")),
@@ -896,7 +882,7 @@ mod tests {
         // its delivery (from 9 s) was held past the window all the same.
         h.events.push(ev(
             21,
-            &a,
+            &proc("a", 0),
             "turn_completed",
             json!({"seat": "s", "turn_id": "t1", "epoch": 1}),
         ));

@@ -6,28 +6,30 @@
 
 use serde::{Deserialize, Serialize};
 
-/// What a signed-in person may do. Viewers read; operators act.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Hash)]
+/// What a signed-in person may do. Viewers read; operators act on seats;
+/// admins also deploy (apply a company) and manage people. Ordered: each
+/// role may do everything the one before it may.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, Hash)]
 #[serde(rename_all = "lowercase")]
 pub enum PersonRole {
     Viewer,
     Operator,
+    Admin,
 }
 
 impl PersonRole {
+    pub const ALL: [PersonRole; 3] = [PersonRole::Viewer, PersonRole::Operator, PersonRole::Admin];
+
     pub fn as_str(self) -> &'static str {
         match self {
             PersonRole::Viewer => "viewer",
             PersonRole::Operator => "operator",
+            PersonRole::Admin => "admin",
         }
     }
 
     pub fn parse(s: &str) -> Option<PersonRole> {
-        match s {
-            "viewer" => Some(PersonRole::Viewer),
-            "operator" => Some(PersonRole::Operator),
-            _ => None,
-        }
+        PersonRole::ALL.into_iter().find(|r| r.as_str() == s)
     }
 }
 
@@ -46,11 +48,22 @@ pub struct Person {
     /// True when the identity came from a bearer token rather than a session.
     #[serde(default)]
     pub via_token: bool,
+    /// The person must choose a new password before doing anything else
+    /// (the first-start password, or one an admin reset).
+    #[serde(default)]
+    pub must_change_password: bool,
 }
 
 impl Person {
+    /// May act on seats (pause, resume, stop, move, send): operators and
+    /// admins.
     pub fn is_operator(&self) -> bool {
-        self.role == PersonRole::Operator
+        self.role >= PersonRole::Operator
+    }
+
+    /// May deploy and manage people: admins only.
+    pub fn is_admin(&self) -> bool {
+        self.role == PersonRole::Admin
     }
 }
 
@@ -233,7 +246,11 @@ pub struct PersonView {
     pub name: String,
     pub role: PersonRole,
     /// `file` (from the company file's `[[auth.users]]`) or `database`.
+    /// Only people from the database can be changed on the dashboard.
     pub source: String,
+    /// Their password must be changed at their next sign-in.
+    #[serde(default)]
+    pub must_change_password: bool,
 }
 
 /// One audited action of a person.

@@ -52,19 +52,34 @@ pub trait Console: Send + Sync + 'static {
     async fn seats(&self, query: SeatQuery) -> Result<SeatList, ConsoleError>;
     /// Everybody who may sign in.
     async fn people(&self) -> Result<Vec<PersonView>, ConsoleError>;
-    /// Add a person with a generated password (operators only).
+    /// Add a person with a generated password, to be changed at their
+    /// first sign-in (admins only; audited).
     async fn add_person(
         &self,
         actor: &Person,
         name: &str,
         role: PersonRole,
     ) -> Result<NewPerson, ConsoleError>;
+    /// Remove a person of the database: their sessions and streams end
+    /// (admins only; audited). Nobody removes themselves.
+    async fn remove_person(&self, actor: &Person, name: &str) -> Result<(), ConsoleError>;
+    /// Change a database person's role, in force from their next request
+    /// (admins only; audited).
+    async fn set_person_role(
+        &self,
+        actor: &Person,
+        name: &str,
+        role: PersonRole,
+    ) -> Result<(), ConsoleError>;
+    /// Give a database person a new generated password, to be changed at
+    /// their next sign-in (admins only; audited).
+    async fn reset_password(&self, actor: &Person, name: &str) -> Result<NewPerson, ConsoleError>;
     /// The newest audited actions, newest first.
     /// The fleet's newest audited actions (this node's, and every live
     /// peer's that answers in time).
     async fn audit(&self, limit: u32) -> Result<AuditView, ConsoleError>;
     /// Validate a company file (TOML text) and make its `[company]` and
-    /// `[[roles]]` the fleet's next active revision (operators only;
+    /// `[[roles]]` the fleet's next active revision (admins only;
     /// audited). Returns the revision number.
     async fn apply_company(&self, actor: &Person, company_toml: &str) -> Result<u64, ConsoleError>;
     /// Publish one envelope (JSON: `type` required; `id`, `body`, `thread`,

@@ -139,18 +139,57 @@ pub async fn people() -> Result<Vec<PersonView>, AppError> {
     ssr::console()?.people().await.map_err(ssr::fail)
 }
 
-/// Add a person with a generated password (operators only; audited).
+/// The role a form names, or a sentence saying which roles there are.
+fn role_named(role: &str) -> Result<crate::api::PersonRole, crate::console::ConsoleError> {
+    crate::api::PersonRole::parse(role.trim()).ok_or_else(|| {
+        crate::console::ConsoleError::Invalid(format!(
+            "role {:?} is not a role: use \"viewer\", \"operator\" or \"admin\".",
+            role.chars().take(40).collect::<String>()
+        ))
+    })
+}
+
+/// Add a person with a generated password, to be changed at their first
+/// sign-in (admins only; audited).
 #[server(endpoint = "add_person")]
 pub async fn add_person(name: String, role: String) -> Result<NewPerson, AppError> {
     // The console checks the role itself, so a refusal is audited too.
     let actor = ssr::person().await?;
-    let Some(role) = crate::api::PersonRole::parse(&role) else {
-        return Err(ssr::fail(crate::console::ConsoleError::Invalid(format!(
-            "role {role:?} is not a role: use \"viewer\" or \"operator\"."
-        ))));
-    };
+    let role = role_named(&role).map_err(ssr::fail)?;
     ssr::console()?
         .add_person(&actor, &name, role)
+        .await
+        .map_err(ssr::fail)
+}
+
+/// Remove a person of the node's database (admins only; audited).
+#[server(endpoint = "remove_person")]
+pub async fn remove_person(name: String) -> Result<(), AppError> {
+    let actor = ssr::person().await?;
+    ssr::console()?
+        .remove_person(&actor, &name)
+        .await
+        .map_err(ssr::fail)
+}
+
+/// Change a person's role (admins only; audited).
+#[server(endpoint = "set_person_role")]
+pub async fn set_person_role(name: String, role: String) -> Result<(), AppError> {
+    let actor = ssr::person().await?;
+    let role = role_named(&role).map_err(ssr::fail)?;
+    ssr::console()?
+        .set_person_role(&actor, &name, role)
+        .await
+        .map_err(ssr::fail)
+}
+
+/// Give a person a new generated password, to be changed at their next
+/// sign-in (admins only; audited).
+#[server(endpoint = "reset_password")]
+pub async fn reset_password(name: String) -> Result<NewPerson, AppError> {
+    let actor = ssr::person().await?;
+    ssr::console()?
+        .reset_password(&actor, &name)
         .await
         .map_err(ssr::fail)
 }

@@ -23,8 +23,8 @@ use leptos_router::{
 
 use crate::components::layout::Layout;
 use crate::pages::{
-    audit::AuditPage, events::EventsPage, login::LoginPage, memory::MemoryPage, nodes::NodesPage,
-    people::PeoplePage, seats::SeatsPage,
+    audit::AuditPage, events::EventsPage, login::LoginPage, login::PasswordPage,
+    memory::MemoryPage, nodes::NodesPage, people::PeoplePage, seats::SeatsPage,
 };
 
 /// The HTML document around the app (server side rendering).
@@ -58,6 +58,7 @@ pub fn App() -> impl IntoView {
         <Router>
             <Routes fallback=|| view! { <Layout><NotFound /></Layout> }>
                 <Route path=path!("/login") view=LoginPage />
+                <Route path=path!("/account/password") view=PasswordPage />
                 <Route path=path!("/settings/nodes") view=|| view! { <Layout><NodesPage /></Layout> } />
                 <Route path=path!("/seats") view=|| view! { <Layout><SeatsPage /></Layout> } />
                 <Route path=path!("/memory") view=|| view! { <Layout><MemoryPage /></Layout> } />

@@ -22,8 +22,32 @@ use crate::coord::Store;
 use crate::memory::memread::{Scatter, ScatterError};
 use crate::tasks::Tasks;
 
+/// The most characters an audit field keeps; a longer value is cut and
+/// says so.
+pub const FIELD_CHARS: usize = 600;
+
+/// Pure: `s` as an audit row keeps it: control characters shown as `?`,
+/// at most [`FIELD_CHARS`] characters (a cut value ends in `…`).
+pub fn bounded(s: &str) -> std::borrow::Cow<'_, str> {
+    let clean = s.chars().all(|c| !c.is_control());
+    if clean && s.len() <= FIELD_CHARS {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    let mut out: String = s
+        .chars()
+        .take(FIELD_CHARS)
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect();
+    if s.chars().count() > FIELD_CHARS {
+        out.push('…');
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 /// Record one action. A failure to write the audit row is returned: an
-/// action that cannot be audited is reported, not silently done.
+/// action that cannot be audited is reported, not silently done. Every
+/// field is [`bounded`] first: what a caller typed never makes a row
+/// larger than a few kilobytes.
 pub async fn record(
     pool: &SqlitePool,
     person: &str,
@@ -36,11 +60,11 @@ pub async fn record(
         "INSERT INTO audit (at, person, action, seat, reason, result) VALUES (?, ?, ?, ?, ?, ?)",
     )
     .bind(now_rfc3339())
-    .bind(person)
-    .bind(action)
-    .bind(seat)
-    .bind(reason)
-    .bind(result)
+    .bind(bounded(person).as_ref())
+    .bind(bounded(action).as_ref())
+    .bind(seat.map(bounded).as_deref())
+    .bind(reason.map(bounded).as_deref())
+    .bind(bounded(result).as_ref())
     .execute(pool)
     .await?;
     Ok(())

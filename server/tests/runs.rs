@@ -127,7 +127,7 @@ async fn a_run_that_finishes_after_its_seat_moved_is_resumed_by_the_new_holder_n
         "while [ ! -e {} ]; do sleep 0.05; done; echo finished",
         gate.display()
     );
-    let run = start_run(&f, &mut a, "s0", "R1", &["sh", "-c", &script]).await;
+    let run = start_run(&f, &mut a, "s0", "R1", &["/bin/sh", "-c", &script]).await;
     // The seat moves to b (a stays alive: its child keeps running).
     company::apply(&*a.store, COMPANY, &[on("b", "s0")])
         .await
@@ -205,7 +205,7 @@ async fn a_stale_epoch_write_to_a_run_record_is_refused(f: Fleet) {
 async fn when_the_launcher_dies_the_new_holder_fails_the_run_and_announces_it(f: Fleet) {
     let mut a = f.node("a", &[echo_role("s0")]).await;
     f.until("a holds s0", WAIT, || a.holds("s0")).await;
-    let run = start_run(&f, &mut a, "s0", "R2", &["sleep", "60"]).await;
+    let run = start_run(&f, &mut a, "s0", "R2", &["/bin/sleep", "60"]).await;
     // a dies, and its children with it.
     a.turns.supervisor().shutdown().await;
     a.engine.crash().await;
@@ -220,7 +220,7 @@ async fn a_seat_removed_with_a_running_run_ends_the_run_before_the_mailbox_goes(
     let mut a = f.node("a", &[echo_role("s0"), echo_role("s1")]).await;
     f.until("a holds both", WAIT, || a.holds("s0") && a.holds("s1"))
         .await;
-    let run = start_run(&f, &mut a, "s1", "R3", &["sleep", "60"]).await;
+    let run = start_run(&f, &mut a, "s1", "R3", &["/bin/sleep", "60"]).await;
     company::apply(&*a.store, COMPANY, &[echo_role("s0")])
         .await
         .unwrap();
@@ -266,7 +266,7 @@ async fn a_seat_removed_with_a_running_run_ends_the_run_before_the_mailbox_goes(
 async fn a_resume_is_applied_once_when_its_completion_is_delivered_twice(f: Fleet) {
     let mut a = f.node("a", &[echo_role("s0")]).await;
     f.until("a holds s0", WAIT, || a.holds("s0")).await;
-    let run = start_run(&f, &mut a, "s0", "R4", &["true"]).await;
+    let run = start_run(&f, &mut a, "s0", "R4", &["/bin/true"]).await;
     f.until("the run resumes", WAIT, || !resumed(&mut a).is_empty())
         .await;
     // The same completion again (its acknowledgement was lost, say).
@@ -390,7 +390,7 @@ async fn a_run_that_finished_before_its_launcher_died_is_resumed_by_the_next_hol
         "while [ ! -e {} ]; do sleep 0.05; done; echo finished",
         gate.display()
     );
-    let run = start_run(&f, &mut a, "s0", "R5", &["sh", "-c", &script]).await;
+    let run = start_run(&f, &mut a, "s0", "R5", &["/bin/sh", "-c", &script]).await;
     // A person's pause holds the seat's inbox, so a cannot resume the run
     // before it dies.
     let record = PauseRecord {
@@ -585,7 +585,7 @@ async fn a_run_failed_as_launcher_lost_whose_launcher_lived_on_is_resumed_with_i
         "while [ ! -e {} ]; do sleep 0.05; done; echo late",
         gate.display()
     );
-    let rec = launched("run-lost", "a:gone", epoch, &["sh", "-c", &script]);
+    let rec = launched("run-lost", "a:gone", epoch, &["/bin/sh", "-c", &script]);
     assert!(a.turns.runs().create(&rec).await.unwrap());
     launcher.launch(&rec, WAIT).unwrap();
     a.turns
@@ -622,6 +622,7 @@ async fn a_resume_cut_short_by_a_crash_is_resumed_by_the_next_holder_once(f: Fle
         agent: AgentConfig::Echo(EchoConfig {
             rounds: 2,
             round_delay_ms: 1500,
+            drills: true,
             ..EchoConfig::default()
         }),
         ..echo_role("s0")
@@ -634,7 +635,7 @@ async fn a_resume_cut_short_by_a_crash_is_resumed_by_the_next_holder_once(f: Fle
         "s0",
         &trigger(
             "R6",
-            json!({"echo": {"rounds": 1, "round_delay_ms": 0}, "run": {"argv": ["echo", "answer"]}}),
+            json!({"echo": {"rounds": 1, "round_delay_ms": 0}, "run": {"argv": ["/bin/echo", "answer"]}}),
         ),
     )
     .await;
@@ -705,7 +706,7 @@ async fn a_turn_that_starts_a_detached_run_is_parked_and_the_resume_continues_it
         "s0",
         &trigger(
             "R7",
-            json!({"echo": {"rounds": 3}, "run": {"argv": ["echo", "continued"], "round": 1}}),
+            json!({"echo": {"rounds": 3}, "run": {"argv": ["/bin/echo", "continued"], "round": 1}}),
         ),
     )
     .await;
@@ -858,6 +859,7 @@ mod resumes {
                 round_delay_ms: 0,
                 fail_round: 1,
                 fail,
+                drills: true,
             }),
             ..echo_role("s0")
         }

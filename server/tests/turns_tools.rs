@@ -46,6 +46,9 @@ async fn tools() -> (Tools, tempfile::TempDir) {
         queue,
         memory: MemoryStore::new(pool),
         company,
+        runs_allowed: crewlet::config::RunsSection {
+            allow: vec!["/bin/true".into()],
+        },
     };
     (tools, dir)
 }
@@ -149,4 +152,30 @@ async fn read_memory_returns_the_seats_own_diary_and_episodes_newest_first_and_r
     let (result, _) = tools.execute(&turn("s2"), &read_memory(json!({}))).await;
     assert!(result.ok, "{result:?}");
     assert_eq!(result.output, json!({"diary": [], "episodes": []}));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_detached_starts_only_a_program_on_the_nodes_allow_list_and_a_refusal_names_the_list() {
+    let (tools, _dir) = tools().await;
+    let marker = _dir.path().join("ran");
+    let call = ToolCall {
+        id: "r".into(),
+        name: "run_detached".into(),
+        args: json!({"argv": ["/bin/touch", marker.display().to_string()]}),
+        annotations: Annotations::default(),
+    };
+    let (result, reached) = tools.execute(&turn("s0"), &call).await;
+    assert!(!result.ok, "a program off the list is refused: {result:?}");
+    let why = result.error.clone().unwrap_or_default();
+    assert!(
+        why.contains("/bin/true") && why.contains("[runs] allow"),
+        "{why}"
+    );
+    assert!(!reached, "a refused run reached nothing");
+    assert_eq!(tools.supervisor.running(), 0);
+    assert!(!marker.exists(), "nothing ran");
+    assert!(
+        tools.runs.list("s0").await.unwrap().is_empty(),
+        "no run record was written"
+    );
 }

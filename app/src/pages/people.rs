@@ -1,25 +1,39 @@
-//! Settings › People: who may sign in, adding a person (operators), and the
-//! audit log of every person's action (also on its own page, `/audit`).
+//! Settings › People: who may sign in; admins add people, change a role,
+//! reset a password and remove a person (people defined in the company
+//! file are changed there); and the audit log of every person's action
+//! (also on its own page, `/audit`).
 
 use leptos::prelude::*;
 
-use crate::api::PersonView;
+use crate::api::{NewPerson, PersonRole, PersonView};
 use crate::components::audit::AuditTable;
 use crate::components::notice::ErrorNotice;
-use crate::fns::{AddPerson, audit_log, people, whoami};
+use crate::error::AppError;
+use crate::fns::{
+    AddPerson, RemovePerson, ResetPassword, SetPersonRole, audit_log, people, whoami,
+};
 
 #[component]
 pub fn PeoplePage() -> impl IntoView {
     let add = ServerAction::<AddPerson>::new();
-    let list = Resource::new(move || add.version().get(), |_| people());
-    let audit = Resource::new(move || add.version().get(), |_| audit_log());
-    let me = Resource::new(|| (), |_| whoami());
-    // Viewers see the controls disabled; the node refuses them anyway.
-    let viewer = move || {
-        me.get()
-            .and_then(|r| r.ok())
-            .is_none_or(|p| !p.is_operator())
+    let remove = ServerAction::<RemovePerson>::new();
+    let set_role = ServerAction::<SetPersonRole>::new();
+    let reset = ServerAction::<ResetPassword>::new();
+    let changed = move || {
+        (
+            add.version().get(),
+            remove.version().get(),
+            set_role.version().get(),
+            reset.version().get(),
+        )
     };
+    let list = Resource::new(changed, |_| people());
+    let audit = Resource::new(changed, |_| audit_log());
+    let me = Resource::new(|| (), |_| whoami());
+    // Only admins see the controls enabled; the node refuses the others
+    // anyway (and audits the refusal).
+    let not_admin = move || me.get().and_then(|r| r.ok()).is_none_or(|p| !p.is_admin());
+    let my_name = move || me.get().and_then(|r| r.ok()).map(|p| p.name);
     view! {
         <section class="page">
             <h1>"Settings › People"</h1>
@@ -27,42 +41,38 @@ pub fn PeoplePage() -> impl IntoView {
                 {move || {
                     list.get()
                         .map(|r| match r {
-                            Ok(v) => view! { <PeopleTable people=v /> }.into_any(),
+                            Ok(v) => {
+                                view! {
+                                    <PeopleTable
+                                        people=v
+                                        admin=!not_admin()
+                                        me=my_name().unwrap_or_default()
+                                        remove=remove
+                                        set_role=set_role
+                                        reset=reset
+                                    />
+                                }
+                                    .into_any()
+                            }
                             Err(e) => view! { <ErrorNotice error=e /> }.into_any(),
                         })
                 }}
             </Suspense>
+            <Outcome result=Signal::derive(move || remove.value().get().map(|r| r.map(|_| "Removed: they can no longer sign in, and their open pages stop.".to_string()))) />
+            <Outcome result=Signal::derive(move || set_role.value().get().map(|r| r.map(|_| "Role changed: it holds from their next request.".to_string()))) />
+            <NewPassword result=Signal::derive(move || reset.value().get()) verb="has the new password" />
             <h2>"Add a person"</h2>
             <ActionForm action=add attr:class="inline-form">
                 <label for="new-name">"Name"</label>
-                <input id="new-name" name="name" type="text" required />
+                <input id="new-name" name="name" type="text" required maxlength="64" />
                 <label for="new-role">"Role"</label>
-                <select id="new-role" name="role">
-                    <option value="viewer">"viewer"</option>
-                    <option value="operator">"operator"</option>
-                </select>
+                <RoleSelect id="new-role" selected=PersonRole::Viewer />
                 <Transition fallback=|| view! { <button type="submit" disabled=true>"Add"</button> }>
-                    <button type="submit" disabled=viewer>"Add"</button>
-                    {move || viewer().then(|| view! { <span class="muted small">"Only operators may add people."</span> })}
+                    <button type="submit" disabled=not_admin>"Add"</button>
+                    {move || not_admin().then(|| view! { <span class="muted small">"Only admins may add people."</span> })}
                 </Transition>
             </ActionForm>
-            {move || {
-                add.value()
-                    .get()
-                    .map(|r| match r {
-                        Ok(p) => {
-                            view! {
-                                <p class="notice notice-info" role="status">
-                                    {format!("{} ({}) can now sign in with the password ", p.name, p.role)}
-                                    <code class="mono">{p.password}</code>
-                                    ". It is shown once: hand it over now."
-                                </p>
-                            }
-                                .into_any()
-                        }
-                        Err(e) => view! { <ErrorNotice error=e /> }.into_any(),
-                    })
-            }}
+            <NewPassword result=Signal::derive(move || add.value().get()) verb="can now sign in with the password" />
             <h2>"Audit"</h2>
             <Suspense fallback=|| ()>
                 {move || {
@@ -77,8 +87,60 @@ pub fn PeoplePage() -> impl IntoView {
     }
 }
 
+/// A role picker (`name="role"`).
 #[component]
-fn PeopleTable(people: Vec<PersonView>) -> impl IntoView {
+fn RoleSelect(#[prop(into)] id: String, selected: PersonRole) -> impl IntoView {
+    view! {
+        <select id=id name="role">
+            {PersonRole::ALL
+                .into_iter()
+                .map(|r| view! { <option value=r.as_str() selected=r == selected>{r.as_str()}</option> })
+                .collect_view()}
+        </select>
+    }
+}
+
+/// What an action came to: its sentence, or the node's refusal.
+#[component]
+fn Outcome(result: Signal<Option<Result<String, AppError>>>) -> impl IntoView {
+    move || {
+        result.get().map(|r| match r {
+            Ok(s) => view! { <p class="notice notice-info" role="status">{s}</p> }.into_any(),
+            Err(e) => view! { <ErrorNotice error=e /> }.into_any(),
+        })
+    }
+}
+
+/// A generated password, shown once.
+#[component]
+fn NewPassword(
+    result: Signal<Option<Result<NewPerson, AppError>>>,
+    verb: &'static str,
+) -> impl IntoView {
+    move || {
+        result.get().map(|r| match r {
+            Ok(p) => view! {
+                <p class="notice notice-info" role="status">
+                    {format!("{} ({}) {verb} ", p.name, p.role)}
+                    <code class="mono">{p.password}</code>
+                    ". It is shown once: hand it over now. They choose their own at their next sign-in."
+                </p>
+            }
+                .into_any(),
+            Err(e) => view! { <ErrorNotice error=e /> }.into_any(),
+        })
+    }
+}
+
+#[component]
+fn PeopleTable(
+    people: Vec<PersonView>,
+    admin: bool,
+    me: String,
+    remove: ServerAction<RemovePerson>,
+    set_role: ServerAction<SetPersonRole>,
+    reset: ServerAction<ResetPassword>,
+) -> impl IntoView {
     view! {
         <div class="table-wrap">
             <table>
@@ -87,17 +149,59 @@ fn PeopleTable(people: Vec<PersonView>) -> impl IntoView {
                         <th scope="col">"Name"</th>
                         <th scope="col">"Role"</th>
                         <th scope="col">"Defined in"</th>
+                        <th scope="col">"Actions"</th>
                     </tr>
                 </thead>
                 <tbody>
                     {people
                         .into_iter()
                         .map(|p| {
+                            let in_file = p.source == "file";
+                            let actions = if !admin {
+                                view! { <span class="muted small">"—"</span> }.into_any()
+                            } else if in_file {
+                                view! { <span class="muted small">"change it in the company file"</span> }.into_any()
+                            } else {
+                                let name = p.name.clone();
+                                let select_id = format!("role-{}", p.name);
+                                let myself = p.name == me;
+                                let role_label = format!("Role of {name}");
+                                let remove_label = format!("Remove {name} for good");
+                                let (n1, n2, n3) = (name.clone(), name.clone(), name);
+                                view! {
+                                    <div class="row-actions">
+                                        <ActionForm action=set_role attr:class="inline-form">
+                                            <input type="hidden" name="name" value=n1 />
+                                            <label class="visually-hidden" for=select_id.clone()>{role_label}</label>
+                                            <RoleSelect id=select_id selected=p.role />
+                                            <button type="submit">"Change role"</button>
+                                        </ActionForm>
+                                        <ActionForm action=reset attr:class="inline-form">
+                                            <input type="hidden" name="name" value=n2 />
+                                            <button type="submit">"Reset password"</button>
+                                        </ActionForm>
+                                        {(!myself).then(|| view! {
+                                            <details class="confirm-inline">
+                                                <summary>"Remove…"</summary>
+                                                <ActionForm action=remove attr:class="inline-form">
+                                                    <input type="hidden" name="name" value=n3 />
+                                                    <button type="submit" class="danger">{remove_label}</button>
+                                                </ActionForm>
+                                            </details>
+                                        })}
+                                    </div>
+                                }
+                                    .into_any()
+                            };
                             view! {
                                 <tr>
-                                    <td>{p.name}</td>
+                                    <td>
+                                        {p.name.clone()}
+                                        {p.must_change_password.then(|| view! { <span class="muted small">" (password to change)"</span> })}
+                                    </td>
                                     <td>{p.role.as_str()}</td>
-                                    <td>{p.source}</td>
+                                    <td>{p.source.clone()}</td>
+                                    <td>{actions}</td>
                                 </tr>
                             }
                         })

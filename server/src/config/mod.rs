@@ -6,6 +6,7 @@
 //! the redacted rendering `crewlet check` prints. It never touches the
 //! network or the database.
 
+mod network;
 mod schema;
 mod validate;
 
@@ -15,7 +16,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-pub use validate::Problem;
+pub use network::Network;
+pub use validate::{MAX_ROLES, MAX_SCHEDULES, Problem};
 
 /// The current lease protocol (seed: "The current protocol is 4").
 pub const PROTOCOL: u32 = 4;
@@ -61,12 +63,22 @@ pub enum ConfigError {
     },
 }
 
+/// The most problems a message lists (the rest are counted).
+pub const PROBLEMS_SHOWN: usize = 50;
+
 fn render(problems: &[Problem]) -> String {
-    problems
+    let mut lines: Vec<String> = problems
         .iter()
+        .take(PROBLEMS_SHOWN)
         .map(|p| format!("  - {p}"))
-        .collect::<Vec<_>>()
-        .join("\n")
+        .collect();
+    if problems.len() > PROBLEMS_SHOWN {
+        lines.push(format!(
+            "  - … and {} more (fix these first)",
+            problems.len() - PROBLEMS_SHOWN
+        ));
+    }
+    lines.join("\n")
 }
 
 impl ConfigError {
@@ -94,6 +106,90 @@ pub struct Config {
     pub maintenance: MaintenanceSection,
     pub scheduler: SchedulerSection,
     pub schedules: Vec<ScheduleConfig>,
+    /// What a turn's `run_detached` may start on this node (node-local:
+    /// never taken from an applied company).
+    pub runs: RunsSection,
+}
+
+/// `[runs]`: the programs `run_detached` may start on this node.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RunsSection {
+    /// Absolute paths of the programs a detached run may start (its
+    /// `argv[0]` must be one of them, exactly). Empty: none may run.
+    pub allow: Vec<String>,
+}
+
+impl RunsSection {
+    /// Pure: may a detached run start `argv`? `Err` says why not, naming the
+    /// list.
+    pub fn admits(&self, argv: &[String]) -> Result<(), String> {
+        let Some(program) = argv.first() else {
+            return Err("run_detached: `argv` is empty".into());
+        };
+        if self.allow.iter().any(|a| a == program) {
+            return Ok(());
+        }
+        if self.allow.is_empty() {
+            Err(format!(
+                "run_detached: {program:?} is not allowed on this node: its [runs] allow list is empty, so no detached run may start (add the program's absolute path to [runs] allow in the node's own file)"
+            ))
+        } else {
+            Err(format!(
+                "run_detached: {program:?} is not allowed on this node; [runs] allow lists {} (argv[0] must be one of them, exactly)",
+                self.allow
+                    .iter()
+                    .map(|a| format!("{a:?}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))
+        }
+    }
+}
+
+/// `node.environment`: a production node, or a test rig where the echo
+/// agent's drills may be switched on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Environment {
+    #[default]
+    Production,
+    Test,
+}
+
+/// What this node lets a seat's payload do: decided from the node's own
+/// file, never from an applied company or from mail.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AgentPolicy {
+    /// The echo agent honours a role's `drills = true` (node.environment =
+    /// "test").
+    pub drills: bool,
+    /// The node runs `command` agents (node.allow_command_agents).
+    pub command_agents: bool,
+    /// What `run_detached` may start.
+    pub runs: RunsSection,
+}
+
+impl AgentPolicy {
+    /// The policy a node's own file sets.
+    pub fn of(c: &Config) -> AgentPolicy {
+        AgentPolicy {
+            drills: c.node.environment == Environment::Test,
+            command_agents: c.node.command_agents_allowed(c.coordination.kind),
+            runs: c.runs.clone(),
+        }
+    }
+
+    /// Everything a test rig needs: drills, command agents, and `allow`.
+    pub fn test_rig(allow: &[&str]) -> AgentPolicy {
+        AgentPolicy {
+            drills: true,
+            command_agents: true,
+            runs: RunsSection {
+                allow: allow.iter().map(|s| s.to_string()).collect(),
+            },
+        }
+    }
 }
 
 /// The maintenance duty (one node of the fleet at a time).
@@ -197,6 +293,14 @@ pub struct NodeSection {
     pub labels: Vec<String>,
     pub listen: String,
     pub data_dir: PathBuf,
+    /// `production` (the default) or `test`: only a test node honours the
+    /// echo agent's drills.
+    pub environment: Environment,
+    /// Whether this node runs `command` agents and accepts a company
+    /// revision that has them. Unset: yes with local coordination (one
+    /// node), no on a fleet (`coordination.type = "embedded-kv"`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allow_command_agents: Option<bool>,
 }
 
 impl Default for NodeSection {
@@ -206,7 +310,25 @@ impl Default for NodeSection {
             labels: Vec::new(),
             listen: "127.0.0.1:3000".into(),
             data_dir: PathBuf::from("./data"),
+            environment: Environment::Production,
+            allow_command_agents: None,
         }
+    }
+}
+
+impl NodeSection {
+    /// `allow_command_agents` with its default filled in.
+    pub fn command_agents_allowed(&self, coordination: CoordinationType) -> bool {
+        self.allow_command_agents
+            .unwrap_or(coordination == CoordinationType::Local)
+    }
+
+    /// Whether `listen` is a loopback address (validated at load).
+    pub fn listens_on_loopback(&self) -> bool {
+        self.listen
+            .parse::<SocketAddr>()
+            .map(|a| a.ip().is_loopback())
+            .unwrap_or(true)
     }
 }
 
@@ -376,6 +498,11 @@ pub struct EchoConfig {
     pub fail_round: u32,
     /// How `fail_round` breaks.
     pub fail: EchoFailure,
+    /// Honour the drill directives a trigger's body may carry (`echo`
+    /// failure overrides, `run`, `forward_to`, `answered`). Off by default:
+    /// mail is data. Only a node with `node.environment = "test"` honours
+    /// it, and `crewlet check` refuses it anywhere else.
+    pub drills: bool,
 }
 
 impl Default for EchoConfig {
@@ -385,6 +512,7 @@ impl Default for EchoConfig {
             round_delay_ms: 0,
             fail_round: 0,
             fail: EchoFailure::BeforeOutside,
+            drills: false,
         }
     }
 }
@@ -433,8 +561,12 @@ pub struct PlacementConfig {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum AuthRole {
+    /// Reads every page.
     Viewer,
+    /// Also pauses, resumes, stops, moves and sends.
     Operator,
+    /// Also applies a company and manages people.
+    Admin,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -442,6 +574,21 @@ pub enum AuthRole {
 pub struct AuthSection {
     pub users: Vec<UserConfig>,
     pub tokens: Vec<TokenConfig>,
+    /// Addresses (`10.0.0.5`) or networks (`10.0.0.0/8`) of reverse
+    /// proxies whose `X-Forwarded-For` names the client. Empty: the TCP
+    /// peer is the client.
+    pub trusted_proxies: Vec<String>,
+    /// Mark the session cookie `Secure` (sent over HTTPS only). Unset: on
+    /// when `node.listen` is not a loopback address.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub secure_cookies: Option<bool>,
+}
+
+impl AuthSection {
+    /// `secure_cookies` with its default filled in.
+    pub fn secure_cookies(&self, node: &NodeSection) -> bool {
+        self.secure_cookies.unwrap_or(!node.listens_on_loopback())
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -32,6 +32,7 @@ fn exemplar(agent: AgentConfig) -> Config {
     Config {
         node: NodeSection {
             labels: vec!["gpu".into()],
+            allow_command_agents: Some(true),
             ..NodeSection::default()
         },
         coordination: CoordinationSection::default(),
@@ -64,6 +65,8 @@ fn exemplar(agent: AgentConfig) -> Config {
                 sha256: "h".into(),
                 role: AuthRole::Viewer,
             }],
+            trusted_proxies: vec!["127.0.0.1".into()],
+            secure_cookies: Some(true),
         },
         logging: LoggingSection {
             file: Some(PathBuf::from("x.log")),
@@ -80,6 +83,9 @@ fn exemplar(agent: AgentConfig) -> Config {
             // Free JSON: a leaf, whatever it holds.
             body: serde_json::json!("any"),
         }],
+        runs: RunsSection {
+            allow: vec!["/usr/bin/true".into()],
+        },
     }
 }
 
@@ -153,8 +159,14 @@ fn short(v: &toml::Value) -> String {
     }
 }
 
+/// The walk stops looking once it has found this many unknown keys.
+const UNKNOWN_KEYS_CAP: usize = 200;
+
 fn walk(table: &toml::Table, shape: &BTreeMap<String, Shape>, path: &str, out: &mut Vec<Problem>) {
     for (k, v) in table {
+        if out.len() >= UNKNOWN_KEYS_CAP {
+            return;
+        }
         let here = if path.is_empty() {
             k.clone()
         } else {

@@ -351,6 +351,7 @@ fn echo_settings_parse_and_a_turn_needs_a_round() {
             round_delay_ms: 10,
             fail_round: 2,
             fail: EchoFailure::AfterOutside,
+            drills: false,
         })
     );
     let p = one(
@@ -425,4 +426,101 @@ fn the_fault_protocol_is_only_ever_a_lower_one() {
     for ignored in ["0", "4", "5", "x", ""] {
         assert_eq!(fault_protocol(Some(ignored)), PROTOCOL, "{ignored:?}");
     }
+}
+
+#[test]
+fn drills_are_refused_outside_a_test_node() {
+    let p = one(
+        "[[roles]]\nhandle = \"a\"\nagent = { kind = \"echo\", drills = true }\n",
+        "roles[0].agent.drills",
+    );
+    assert!(p.fix.contains("environment = \"test\""), "{p}");
+    let c = parse(
+        "[node]\nenvironment = \"test\"\n[[roles]]\nhandle = \"a\"\nagent = { kind = \"echo\", drills = true }\n",
+    )
+    .unwrap();
+    assert!(crate::config::AgentPolicy::of(&c).drills);
+    assert!(!crate::config::AgentPolicy::of(&parse("").unwrap()).drills);
+}
+
+#[test]
+fn detached_runs_allow_only_absolute_paths_from_the_nodes_own_file() {
+    let p = one("[runs]\nallow = [\"git\"]\n", "runs.allow[0]");
+    assert!(p.fix.contains("/usr/bin/git"), "{p}");
+    let c = parse("[runs]\nallow = [\"/usr/bin/git\"]\n").unwrap();
+    assert!(
+        c.runs
+            .admits(&["/usr/bin/git".into(), "status".into()])
+            .is_ok()
+    );
+    let refused = c.runs.admits(&["/bin/sh".into()]).unwrap_err();
+    assert!(
+        refused.contains("/usr/bin/git"),
+        "names the list: {refused}"
+    );
+    let none = parse("")
+        .unwrap()
+        .runs
+        .admits(&["/bin/sh".into()])
+        .unwrap_err();
+    assert!(none.contains("empty"), "{none}");
+}
+
+#[test]
+fn a_fleet_node_runs_no_command_agent_unless_its_file_allows_them() {
+    let fleet = "[coordination]\ntype = \"embedded-kv\"\n[stream]\ntype = \"nats\"\nurls = [\"nats://127.0.0.1:4222\"]\n";
+    let role = "[[roles]]\nhandle = \"a\"\nagent = { kind = \"command\", argv = [\"python3\", \"a.py\"] }\n";
+    let p = one(&format!("{fleet}{role}"), "roles[0].agent.kind");
+    assert!(p.fix.contains("allow_command_agents = true"), "{p}");
+    let allowed = parse(&format!(
+        "[node]\nallow_command_agents = true\n{fleet}{role}"
+    ))
+    .unwrap();
+    assert!(crate::config::AgentPolicy::of(&allowed).command_agents);
+    // One node with local coordination runs them by default.
+    assert!(crate::config::AgentPolicy::of(&parse(role).unwrap()).command_agents);
+    let refused = parse(&format!("[node]\nallow_command_agents = false\n{role}")).unwrap_err();
+    assert!(!refused.problems().is_empty());
+}
+
+#[test]
+fn a_company_past_the_caps_is_refused_and_the_message_lists_a_bounded_number_of_problems() {
+    let mut text = String::new();
+    for i in 0..(crate::config::MAX_ROLES + 1) {
+        text.push_str(&format!("[[roles]]\nhandle = \"r{i}\"\n"));
+    }
+    let e = parse(&text).unwrap_err();
+    assert!(e.problems().iter().any(|p| p.key == "roles"), "{e}");
+    let mut unknown = String::from("[node]\n");
+    for i in 0..5000 {
+        unknown.push_str(&format!("k{i} = 1\n"));
+    }
+    let e = parse(&unknown).unwrap_err();
+    let shown = e.to_string();
+    assert!(
+        shown.lines().count() <= crate::config::PROBLEMS_SHOWN + 3,
+        "{} lines",
+        shown.lines().count()
+    );
+    assert!(shown.contains("more"), "says how many more: {shown}");
+}
+
+#[test]
+fn trusted_proxies_must_be_addresses_or_networks() {
+    let p = one(
+        "[auth]\ntrusted_proxies = [\"proxy.local\"]\n",
+        "auth.trusted_proxies[0]",
+    );
+    assert!(p.fix.contains("10.0.0.0/8"), "{p}");
+    assert!(parse("[auth]\ntrusted_proxies = [\"127.0.0.1\", \"10.0.0.0/8\"]\n").is_ok());
+}
+
+#[test]
+fn cookies_are_secure_by_default_unless_the_node_listens_on_loopback() {
+    let c = parse("").unwrap();
+    assert!(!c.auth.secure_cookies(&c.node));
+    let c = parse("[node]\nlisten = \"0.0.0.0:3000\"\n").unwrap();
+    assert!(c.auth.secure_cookies(&c.node));
+    let c = parse("[node]\nlisten = \"0.0.0.0:3000\"\n[auth]\nsecure_cookies = false\n").unwrap();
+    assert!(!c.auth.secure_cookies(&c.node));
 }

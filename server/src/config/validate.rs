@@ -524,5 +524,87 @@ pub(super) fn check(c: &Config) -> Vec<Problem> {
             "set logging.file, or keep logging.stderr = true".into(),
         );
     }
+    out.extend(check_limits(c));
+    out.extend(check_trust(c));
+    out
+}
+
+/// The most roles a company may have (the engine is measured at 10,000
+/// seats).
+pub const MAX_ROLES: usize = 10_000;
+/// The most schedules a company may have.
+pub const MAX_SCHEDULES: usize = 1_000;
+
+/// How big a company may be.
+fn check_limits(c: &Config) -> Vec<Problem> {
+    let mut out = Vec::new();
+    if c.roles.len() > MAX_ROLES {
+        out.push(Problem::new(
+            "roles",
+            Some(format!("{} roles", c.roles.len())),
+            &format!("a company has at most {MAX_ROLES} roles"),
+            "split the company, or remove roles nobody runs",
+        ));
+    }
+    if c.schedules.len() > MAX_SCHEDULES {
+        out.push(Problem::new(
+            "schedules",
+            Some(format!("{} schedules", c.schedules.len())),
+            &format!("a company has at most {MAX_SCHEDULES} schedules"),
+            "merge schedules that wake the same seat",
+        ));
+    }
+    out
+}
+
+/// What the node trusts the payload with: drills only on a test node,
+/// detached runs only of absolute paths, proxies as addresses.
+fn check_trust(c: &Config) -> Vec<Problem> {
+    let mut out = Vec::new();
+    for (i, r) in c.roles.iter().enumerate() {
+        if let AgentConfig::Echo(e) = &r.agent
+            && e.drills
+            && c.node.environment != Environment::Test
+        {
+            out.push(Problem::new(
+                &format!("roles[{i}].agent.drills"),
+                Some("true".into()),
+                "drills let mail break turns, start programs and forward mail: only a test node honours them",
+                "remove `drills`, or set [node] environment = \"test\" on a node that runs tests only",
+            ));
+        }
+    }
+    if !c.node.command_agents_allowed(c.coordination.kind) {
+        for (i, r) in c.roles.iter().enumerate() {
+            if matches!(r.agent, AgentConfig::Command(_)) {
+                out.push(Problem::new(
+                    &format!("roles[{i}].agent.kind"),
+                    q("command"),
+                    "this node does not run command agents (a fleet node's default: a command agent runs a program of the company's choosing on every node)",
+                    "set [node] allow_command_agents = true on each node that may run them",
+                ));
+            }
+        }
+    }
+    for (i, a) in c.runs.allow.iter().enumerate() {
+        if !a.starts_with('/') || a.chars().any(char::is_control) {
+            out.push(Problem::new(
+                &format!("runs.allow[{i}]"),
+                q(a),
+                "must be an absolute path to a program",
+                "give the program's full path, e.g. \"/usr/bin/git\" (`command -v git` prints it)",
+            ));
+        }
+    }
+    for (i, t) in c.auth.trusted_proxies.iter().enumerate() {
+        if super::Network::parse(t).is_none() {
+            out.push(Problem::new(
+                &format!("auth.trusted_proxies[{i}]"),
+                q(t),
+                "is not an address or network",
+                "write an address like \"127.0.0.1\" or a network like \"10.0.0.0/8\"",
+            ));
+        }
+    }
     out
 }

@@ -2,15 +2,19 @@
 //! work-keyed episode per turn, and its outbound effect posted on
 //! `crewlet.outbox.{handle}` in the turn's last round.
 //!
-//! It breaks on purpose when told to (the role's settings, or an `echo`
-//! object in a trigger's body overriding them): fail a round before or
-//! after its outbound effect, or panic — so every path of the broken-turn
-//! policy can be driven. A trigger's body may also carry `forward_to` (a
-//! seat handle: an `a2a_message` to it), `answered` (chat message ids
-//! the turn reports it answered in its thread) and `run` (the arguments of
-//! a `run_detached` call, asked for in the round `run.round` names — the
-//! last one, beside the outbound effect, by default; the turn is parked
-//! after that round, so the rounds after it never run).
+//! It breaks on purpose when its role says so (`fail_round`, `fail`): fail
+//! a round before or after its outbound effect, or panic — so every path
+//! of the broken-turn policy can be driven.
+//!
+//! Mail is data. Only with drills on — the role's `drills = true` on a
+//! node whose `node.environment` is `test` — does a trigger's body steer
+//! the agent: an `echo` object overriding the role's settings,
+//! `forward_to` (a seat handle: an `a2a_message` to it), `answered` (chat
+//! message ids the turn reports it answered in its thread) and `run` (the
+//! arguments of a `run_detached` call, asked for in the round `run.round`
+//! names — the last one, beside the outbound effect, by default; the turn
+//! is parked after that round, so the rounds after it never run). Without
+//! drills every body is only echoed back.
 
 use std::time::Duration;
 
@@ -35,6 +39,8 @@ struct Override {
 /// The echo agent of one seat.
 pub struct EchoAgent {
     cfg: EchoConfig,
+    /// The role asked for drills and the node allows them.
+    drills: bool,
 }
 
 struct Plan {
@@ -45,15 +51,23 @@ struct Plan {
 }
 
 impl EchoAgent {
-    pub fn new(cfg: EchoConfig) -> EchoAgent {
-        EchoAgent { cfg }
+    /// The agent for a role's settings; `node_allows_drills` is the node's
+    /// own word (its `node.environment` is `test`).
+    pub fn new(cfg: EchoConfig, node_allows_drills: bool) -> EchoAgent {
+        let drills = cfg.drills && node_allows_drills;
+        EchoAgent { cfg, drills }
+    }
+
+    /// The drill directive `key` of a trigger's body, when drills are on.
+    fn drill<'a>(&self, body: &'a Value, key: &str) -> Option<&'a Value> {
+        if self.drills { body.get(key) } else { None }
     }
 
     fn plan(&self, turn: &TurnInput) -> Plan {
         let o: Override = turn
             .triggers
             .iter()
-            .find_map(|t| t.body.get("echo"))
+            .find_map(|t| self.drill(&t.body, "echo"))
             .and_then(|v| serde_json::from_value(v.clone()).ok())
             .unwrap_or_default();
         let mut fail_round = o.fail_round.unwrap_or(self.cfg.fail_round);
@@ -82,13 +96,14 @@ fn call(id: String, name: &str, args: Value) -> ToolCall {
 }
 
 /// The `run_detached` calls a trigger's `run` asks for in `round` (its
-/// `round`, clamped to the turn's rounds; the last by default).
-fn runs_in(turn: &TurnInput, round: u32, rounds: u32) -> Vec<ToolCall> {
+/// `round`, clamped to the turn's rounds; the last by default) — none
+/// without drills.
+fn runs_in(agent: &EchoAgent, turn: &TurnInput, round: u32, rounds: u32) -> Vec<ToolCall> {
     turn.triggers
         .iter()
         .enumerate()
         .filter_map(|(i, t)| {
-            let run = t.body.get("run")?;
+            let run = agent.drill(&t.body, "run")?;
             let at = run
                 .get("round")
                 .and_then(Value::as_u64)
@@ -171,7 +186,7 @@ impl Agent for EchoAgent {
                 "diary_write",
                 json!({"text": format!("turn {} round {round}: thinking", turn.turn_id)}),
             )];
-            calls.extend(runs_in(turn, round, plan.rounds));
+            calls.extend(runs_in(self, turn, round, plan.rounds));
             return Ok(Step::Calls(calls));
         }
         if round == plan.rounds {
@@ -193,7 +208,7 @@ impl Agent for EchoAgent {
                 json!({"summary": format!("echoed {} trigger(s)", turn.triggers.len())}),
             ));
             for (i, t) in turn.triggers.iter().enumerate() {
-                if let Some(to) = t.body.get("forward_to").and_then(Value::as_str) {
+                if let Some(to) = self.drill(&t.body, "forward_to").and_then(Value::as_str) {
                     calls.push(call(
                         format!("r{round}-a2a-{i}"),
                         "a2a_message",
@@ -201,7 +216,7 @@ impl Agent for EchoAgent {
                     ));
                 }
             }
-            calls.extend(runs_in(turn, round, plan.rounds));
+            calls.extend(runs_in(self, turn, round, plan.rounds));
             calls.push(outbound(turn, round));
             return Ok(Step::Calls(calls));
         }
@@ -213,7 +228,7 @@ impl Agent for EchoAgent {
         let answered: Vec<String> = turn
             .triggers
             .iter()
-            .filter_map(|t| t.body.get("answered").and_then(Value::as_array))
+            .filter_map(|t| self.drill(&t.body, "answered").and_then(Value::as_array))
             .flatten()
             .filter_map(|v| v.as_str().map(str::to_string))
             .collect();

@@ -46,6 +46,15 @@ pub enum EnvelopeError {
     Empty(&'static str),
     #[error("`id` {0:?} is too long (at most 256 bytes)")]
     IdTooLong(String),
+    #[error(
+        "`{0}` must be printable ASCII with no spaces (letters, digits and punctuation; `type` at most 64 of them)"
+    )]
+    NotPrintable(&'static str),
+}
+
+/// Pure: every byte is printable ASCII other than a space.
+fn printable(s: &str) -> bool {
+    s.bytes().all(|b| (0x21..=0x7e).contains(&b))
 }
 
 impl Envelope {
@@ -65,8 +74,14 @@ impl Envelope {
         if self.id.len() > 256 {
             return Err(EnvelopeError::IdTooLong(self.id.chars().take(40).collect()));
         }
+        if !printable(&self.id) {
+            return Err(EnvelopeError::NotPrintable("id"));
+        }
         if self.kind.trim().is_empty() {
             return Err(EnvelopeError::Empty("type"));
+        }
+        if self.kind.len() > 64 || !printable(&self.kind) {
+            return Err(EnvelopeError::NotPrintable("type"));
         }
         Ok(())
     }
@@ -92,6 +107,23 @@ mod tests {
         assert_eq!(e.id, "evt-1");
         assert!(e.is_ledgered());
         assert_eq!(Envelope::decode(&e.encode()).unwrap(), e);
+    }
+
+    #[test]
+    fn an_id_or_type_with_control_bytes_or_spaces_is_refused_naming_the_field() {
+        for (raw, field) in [
+            (r#"{"id":"a\r\nb","type":"task_assigned"}"#, "id"),
+            (r#"{"id":"a\u0000b","type":"task_assigned"}"#, "id"),
+            (r#"{"id":"a b","type":"task_assigned"}"#, "id"),
+            (r#"{"id":"é","type":"task_assigned"}"#, "id"),
+            (r#"{"id":"ok","type":"task\nassigned"}"#, "type"),
+        ] {
+            match Envelope::decode(raw.as_bytes()) {
+                Err(EnvelopeError::NotPrintable(f)) => assert_eq!(f, field, "{raw}"),
+                other => panic!("{raw}: {other:?}"),
+            }
+        }
+        assert!(Envelope::decode(br#"{"id":"evt-1:x/y","type":"task_assigned"}"#).is_ok());
     }
 
     #[test]

@@ -442,6 +442,26 @@ pub struct Supervisor {
     stop: CancellationToken,
 }
 
+/// Read `r` to its end keeping only about the last `keep` bytes (never
+/// more than twice that in memory), so a child that prints without end
+/// neither blocks on a full pipe nor fills the node's memory.
+async fn read_tail<R: tokio::io::AsyncRead + Unpin>(r: &mut R, keep: usize) -> Vec<u8> {
+    let mut kept = Vec::with_capacity(keep.min(64 * 1024));
+    let mut buf = [0u8; 8192];
+    loop {
+        match r.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                kept.extend_from_slice(&buf[..n]);
+                if kept.len() > 2 * keep {
+                    kept.drain(..kept.len() - keep);
+                }
+            }
+        }
+    }
+    kept
+}
+
 fn tail(b: &[u8]) -> String {
     let s = String::from_utf8_lossy(b);
     if s.len() <= OUTPUT_KEPT {
@@ -511,18 +531,16 @@ impl Supervisor {
             let mut out = child.stdout.take();
             let mut err = child.stderr.take();
             let read_out = async {
-                let mut b = Vec::new();
-                if let Some(o) = out.as_mut() {
-                    let _ = o.read_to_end(&mut b).await;
+                match out.as_mut() {
+                    Some(o) => read_tail(o, OUTPUT_KEPT).await,
+                    None => Vec::new(),
                 }
-                b
             };
             let read_err = async {
-                let mut b = Vec::new();
-                if let Some(e) = err.as_mut() {
-                    let _ = e.read_to_end(&mut b).await;
+                match err.as_mut() {
+                    Some(e) => read_tail(e, OUTPUT_KEPT).await,
+                    None => Vec::new(),
                 }
-                b
             };
             let watch = async {
                 loop {
@@ -619,6 +637,15 @@ fn decoded(key: &str, value: &[u8]) -> Option<RunRecord> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_childs_endless_output_is_read_to_its_end_keeping_only_the_tail() {
+        let big: Vec<u8> = (0..1_000_000u32).map(|i| (i % 251) as u8).collect();
+        let mut r = &big[..];
+        let kept = read_tail(&mut r, OUTPUT_KEPT).await;
+        assert!(kept.len() <= 2 * OUTPUT_KEPT, "kept {} bytes", kept.len());
+        assert!(kept.ends_with(&big[big.len() - OUTPUT_KEPT..]));
+    }
 
     #[test]
     fn a_writer_below_the_records_epoch_is_refused() {

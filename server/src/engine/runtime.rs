@@ -82,6 +82,9 @@ pub struct TurnSetup {
     /// The mailboxes' ack window (`stream.ack_wait_seconds`): how long a
     /// finished turn keeps trying to record its completion.
     pub ack_wait: Duration,
+    /// What the node lets a seat's payload do (its own file's drills,
+    /// command agents and `[runs] allow`).
+    pub policy: crate::config::AgentPolicy,
 }
 
 /// One seat as the engine runs it.
@@ -128,6 +131,7 @@ pub struct TurnEngine {
     /// Each held seat's change sequence at its last complete flush.
     flushed_at: Mutex<HashMap<String, i64>>,
     pub faults: Faults,
+    policy: crate::config::AgentPolicy,
 }
 
 impl TurnEngine {
@@ -148,6 +152,7 @@ impl TurnEngine {
                 queue: s.queue.clone(),
                 memory: s.memory,
                 company: s.company.clone(),
+                runs_allowed: s.policy.runs.clone(),
             },
             store: s.store,
             queue: s.queue,
@@ -159,6 +164,7 @@ impl TurnEngine {
             seats: Mutex::new(HashMap::new()),
             flushed_at: Mutex::new(HashMap::new()),
             faults: Faults::default(),
+            policy: s.policy,
         })
     }
 
@@ -780,7 +786,23 @@ impl TurnEngine {
                 )
             })?;
         Ok(match &role.agent {
-            AgentConfig::Echo(c) => Arc::new(EchoAgent::new(c.clone())),
+            AgentConfig::Echo(c) => {
+                if c.drills && !self.policy.drills {
+                    tracing::warn!(
+                        seat = handle,
+                        "the role asks for echo drills, but this node is not a test node (node.environment); the drills in its mail are ignored"
+                    );
+                }
+                Arc::new(EchoAgent::new(c.clone(), self.policy.drills))
+            }
+            AgentConfig::Command(_) if !self.policy.command_agents => {
+                return Err(HookError::new(
+                    "children",
+                    format!(
+                        "seat {handle:?} runs a command agent, and this node does not run command agents (node.allow_command_agents = false); a node that allows them may take it"
+                    ),
+                ));
+            }
             AgentConfig::Command(c) => Arc::new(CommandAgent::new(handle, &self.node_id, c)),
         })
     }
@@ -1250,7 +1272,7 @@ impl SeatHooks for TurnEngine {
                 // a hook order changes. Build what it would have.
                 let agent: Arc<dyn Agent> = self
                     .agent_for(&seat.handle)
-                    .unwrap_or_else(|_| Arc::new(EchoAgent::new(Default::default())));
+                    .unwrap_or_else(|_| Arc::new(EchoAgent::new(Default::default(), false)));
                 let rt = Arc::new(SeatRuntime {
                     handle: seat.handle.clone(),
                     agent,

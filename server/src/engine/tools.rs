@@ -88,6 +88,8 @@ pub struct Tools {
     pub queue: Arc<dyn Queue>,
     pub memory: MemoryStore,
     pub company: watch::Receiver<Company>,
+    /// What `run_detached` may start here (the node's own `[runs] allow`).
+    pub runs_allowed: crate::config::RunsSection,
 }
 
 /// Why a call failed: refused before any I/O (it reached nothing), or
@@ -279,6 +281,11 @@ impl Tools {
                         ));
                     }
                 };
+                // Only what the node's own file allows, whatever the agent
+                // (or the mail it read) asked for.
+                self.runs_allowed
+                    .admits(&argv)
+                    .map_err(ToolError::Refused)?;
                 let timeout = call
                     .args
                     .get("timeout_seconds")

@@ -242,6 +242,7 @@ pub async fn backends(
 /// Start a node: database, incarnation, first person, coordination and
 /// queue, the company, every seat's mailbox, the seat engine, HTTP.
 pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
+    crate::web::auth::return_password_memory();
     let pool = db::open(&config.node.data_dir, &db::MIGRATOR).await?;
     let incarnation = Incarnation::mint(&config.node.id);
     let info = NodeInfo::from_config(&config, incarnation);
@@ -326,6 +327,7 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
         events: events.clone(),
         company: company_rx.clone(),
         ack_wait: Duration::from_secs(config.stream.ack_wait_seconds),
+        policy: crate::config::AgentPolicy::of(&config),
     });
     if std::env::var("CREWLET_FAULT_STALL_BEFORE_ACK").as_deref() == Ok("1") {
         tracing::warn!(

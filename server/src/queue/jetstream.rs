@@ -186,7 +186,10 @@ impl JetStreamQueue {
     ) -> Result<js::publish::PublishAck, QueueError> {
         let mut headers = HeaderMap::new();
         if !msg_id.is_empty() {
-            headers.insert(async_nats::header::NATS_MESSAGE_ID, msg_id);
+            headers.insert(
+                async_nats::header::NATS_MESSAGE_ID,
+                header_text(msg_id).as_str(),
+            );
         }
         bounded(self.settings.timeout, async {
             self.js
@@ -771,15 +774,29 @@ fn dead_letter_headers(
     reason: &DeadLetterReason,
 ) -> HeaderMap {
     let mut headers = HeaderMap::new();
-    headers.insert("Crewlet-Subscription", name);
-    headers.insert("Crewlet-Subject", subject);
+    headers.insert("Crewlet-Subscription", header_text(name).as_str());
+    headers.insert("Crewlet-Subject", header_text(subject).as_str());
     headers.insert("Crewlet-Seq", seq.to_string().as_str());
     headers.insert("Crewlet-Delivered", delivered.to_string().as_str());
-    headers.insert("Crewlet-Reason", reason.to_string().as_str());
+    headers.insert("Crewlet-Reason", header_text(&reason.to_string()).as_str());
     if let Some(id) = msg_id {
-        headers.insert("Crewlet-Msg-Id", id);
+        headers.insert("Crewlet-Msg-Id", header_text(id).as_str());
     }
     headers
+}
+
+/// The longest header value the node writes.
+const HEADER_CHARS: usize = 1024;
+
+/// Pure: `s` as a header value may carry it: no control byte (a CR or LF
+/// would end the header; they become `?`), at most [`HEADER_CHARS`]
+/// characters. Whatever a publisher put in a message id or a failure's
+/// text, the node's own publishes stay well formed.
+pub fn header_text(s: &str) -> String {
+    s.chars()
+        .take(HEADER_CHARS)
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect()
 }
 
 /// At most this many stranded messages are taken per look.

@@ -4,11 +4,17 @@
 //! database (`people`); API tokens from `[[auth.tokens]]`. Passwords are
 //! argon2 PHC strings and tokens are stored as SHA-256 digests: no secret
 //! is kept or logged in the clear. Sign-in failures are generic (they never
-//! say whether the name exists) and rate limited per client address and per
-//! name. This module owns the sign-in gate every request passes through.
+//! say whether the name exists); an attempt is counted by the [`limiter`]
+//! before its password is checked, at most [`MAX_CONCURRENT_CHECKS`]
+//! checks run at once, and every refusal is audited with the name and the
+//! client's address. This module owns the sign-in gate every request passes
+//! through: it reads the person's role again on every request, and ends
+//! every event stream of a session that signed out or a person removed.
 
-use std::collections::HashMap;
+pub mod limiter;
+
 use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -17,25 +23,34 @@ use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, Salt
 use axum::extract::{ConnectInfo, Extension, Form, Request};
 use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::middleware::Next;
-use axum::response::{IntoResponse, Redirect, Response};
+use axum::response::{Html, IntoResponse, Redirect, Response};
 use rand::Rng;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use sqlx::SqlitePool;
+use tokio::sync::{Semaphore, broadcast};
 use tower_sessions::Session;
 
 use app::api::{Person, PersonRole, PersonView};
 
 use crate::audit;
-use crate::config::{AuthRole, AuthSection};
+use crate::config::{AuthRole, AuthSection, Network};
+use limiter::{Admission, Limiter, Rule};
 
 /// The session key the signed-in person is stored under.
 const SESSION_PERSON: &str = "person";
 
-/// Failed sign-ins allowed per client address (and per name) in one window.
-pub const MAX_FAILURES: u32 = 5;
-/// The rate-limit window.
-pub const FAILURE_WINDOW: Duration = Duration::from_secs(60);
+/// Password checks (argon2, about 19 MiB and tens of milliseconds each)
+/// that run at once; an attempt that finds them all busy is answered 429
+/// at once.
+pub const MAX_CONCURRENT_CHECKS: usize = 4;
+
+/// The shortest password a person may choose.
+pub const MIN_PASSWORD_CHARS: usize = 12;
+/// The longest password the node checks.
+pub const MAX_PASSWORD_CHARS: usize = 256;
+/// The longest sign-in name.
+pub const MAX_NAME_CHARS: usize = 64;
 
 #[derive(Debug, thiserror::Error)]
 pub enum AuthError {
@@ -49,6 +64,7 @@ fn role_of(r: AuthRole) -> PersonRole {
     match r {
         AuthRole::Viewer => PersonRole::Viewer,
         AuthRole::Operator => PersonRole::Operator,
+        AuthRole::Admin => PersonRole::Admin,
     }
 }
 
@@ -64,15 +80,48 @@ struct Token {
     role: PersonRole,
 }
 
+/// Whose event streams must end now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SessionEnd {
+    /// This session signed out.
+    Session(String),
+    /// This person was removed: every session of theirs.
+    Person(String),
+}
+
+impl SessionEnd {
+    /// Does this end the stream opened by `person` under `session`?
+    pub fn ends(&self, session: Option<&str>, person: &str) -> bool {
+        match self {
+            SessionEnd::Session(id) => session == Some(id.as_str()),
+            SessionEnd::Person(name) => name == person,
+        }
+    }
+}
+
+/// A person as the node knows them now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Standing {
+    pub role: PersonRole,
+    pub must_change_password: bool,
+    /// `file` or `database`.
+    pub from_file: bool,
+}
+
 /// The authority every request is checked against.
 pub struct Auth {
     pool: SqlitePool,
     users: Vec<FileUser>,
     tokens: Vec<Token>,
-    failures: Mutex<HashMap<String, (u32, Instant)>>,
+    limiter: Mutex<Limiter>,
+    checks: Semaphore,
+    /// Password checks run since start (every argon2 verification).
+    checked: AtomicU64,
     /// Verified against when a name is unknown, so the answer takes as long
     /// as for a known name.
     decoy: String,
+    trusted: Vec<Network>,
+    ends: broadcast::Sender<SessionEnd>,
 }
 
 /// The outcome of a sign-in attempt.
@@ -81,8 +130,28 @@ pub enum SignIn {
     Ok(Person),
     /// Wrong name or password: the same answer for both.
     Refused,
-    /// Too many recent failures from this address or for this name.
-    Limited,
+    /// Too many recent attempts from this address or for this name: try
+    /// again after this long. `audit` is false for the refusals after the
+    /// first in one wait (they are not written, so a flood cannot fill the
+    /// audit log).
+    Limited {
+        retry_after: Duration,
+        audit: bool,
+    },
+    /// Every password check is busy: try again in a moment.
+    Busy,
+}
+
+/// The limiter's keys for an attempt on `name` from `client`.
+fn attempt_keys(client: IpAddr, name: &str) -> [(String, Rule); 3] {
+    [
+        (format!("ip:{client}"), limiter::BY_ADDRESS),
+        (
+            format!("name:{name}@{client}"),
+            limiter::BY_NAME_FROM_ADDRESS,
+        ),
+        (format!("name:{name}"), limiter::BY_NAME),
+    ]
 }
 
 impl Auth {
@@ -114,14 +183,22 @@ impl Auth {
             pool,
             users,
             tokens,
-            failures: Mutex::new(HashMap::new()),
+            limiter: Mutex::new(Limiter::default()),
+            checks: Semaphore::new(MAX_CONCURRENT_CHECKS),
+            checked: AtomicU64::new(0),
             decoy,
+            trusted: section
+                .trusted_proxies
+                .iter()
+                .filter_map(|t| Network::parse(t))
+                .collect(),
+            ends: broadcast::channel(256).0,
         }
     }
 
-    /// On a node with nobody who could sign in, create `admin` as an
-    /// operator with a random password. Returns the password (to be shown
-    /// once); only its hash is kept.
+    /// On a node with nobody who could sign in, create `admin` as an admin
+    /// with a random password that must be changed at the first sign-in.
+    /// Returns the password (to be shown once); only its hash is kept.
     pub async fn bootstrap_admin(&self) -> Result<Option<String>, AuthError> {
         if !self.users.is_empty() {
             return Ok(None);
@@ -135,7 +212,7 @@ impl Auth {
         let password = random_password();
         let hash = hash_blocking(password.clone()).await?;
         sqlx::query(
-            "INSERT INTO people (name, password_hash, role, created_at, created_by) VALUES ('admin', ?, 'operator', ?, 'first start')",
+            "INSERT INTO people (name, password_hash, role, created_at, created_by, must_change_password) VALUES ('admin', ?, 'admin', ?, 'first start', 1)",
         )
         .bind(hash)
         .bind(audit::now_rfc3339())
@@ -144,62 +221,118 @@ impl Auth {
         Ok(Some(password))
     }
 
-    async fn lookup(&self, name: &str) -> Result<Option<(String, PersonRole)>, AuthError> {
+    async fn lookup(&self, name: &str) -> Result<Option<(String, Standing)>, AuthError> {
         if let Some(u) = self.users.iter().find(|u| u.name == name) {
-            return Ok(Some((u.hash.clone(), u.role)));
+            return Ok(Some((
+                u.hash.clone(),
+                Standing {
+                    role: u.role,
+                    must_change_password: false,
+                    from_file: true,
+                },
+            )));
         }
-        let row: Option<(String, String)> =
-            sqlx::query_as("SELECT password_hash, role FROM people WHERE name = ?")
-                .bind(name)
-                .fetch_optional(&self.pool)
-                .await?;
-        Ok(row.and_then(|(h, r)| PersonRole::parse(&r).map(|r| (h, r))))
+        let row: Option<(String, String, i64)> = sqlx::query_as(
+            "SELECT password_hash, role, must_change_password FROM people WHERE name = ?",
+        )
+        .bind(name)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(row.and_then(|(h, r, must)| {
+            PersonRole::parse(&r).map(|role| {
+                (
+                    h,
+                    Standing {
+                        role,
+                        must_change_password: must != 0,
+                        from_file: false,
+                    },
+                )
+            })
+        }))
     }
 
-    fn limited(&self, keys: &[String]) -> bool {
-        let mut f = self.failures.lock().unwrap_or_else(|e| e.into_inner());
-        let now = Instant::now();
-        f.retain(|_, (_, since)| now.duration_since(*since) < FAILURE_WINDOW);
-        keys.iter()
-            .any(|k| f.get(k).is_some_and(|(n, _)| *n >= MAX_FAILURES))
+    /// How `name` stands now (`None`: they can no longer sign in).
+    pub async fn standing(&self, name: &str) -> Result<Option<Standing>, AuthError> {
+        Ok(self.lookup(name).await?.map(|(_, s)| s))
     }
 
-    fn note_failure(&self, keys: &[String]) {
-        let mut f = self.failures.lock().unwrap_or_else(|e| e.into_inner());
-        let now = Instant::now();
-        for k in keys {
-            let e = f.entry(k.clone()).or_insert((0, now));
-            e.0 += 1;
-        }
+    /// The client a request came from: the TCP peer, or — when the peer is
+    /// one of `auth.trusted_proxies` — the address its `X-Forwarded-For`
+    /// names.
+    pub fn client(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
+        let forwarded = headers
+            .get_all("x-forwarded-for")
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .collect::<Vec<_>>()
+            .join(",");
+        client_address(
+            peer,
+            Some(&forwarded)
+                .filter(|f| !f.is_empty())
+                .map(|f| f.as_str()),
+            &self.trusted,
+        )
     }
 
-    /// Check a name and password from `client`.
+    /// Password checks run since the node started.
+    pub fn password_checks(&self) -> u64 {
+        self.checked.load(Ordering::Relaxed)
+    }
+
+    /// Verify `password` against `hash` on a blocking thread, counted.
+    async fn verify(&self, hash: String, password: String) -> bool {
+        self.checked.fetch_add(1, Ordering::Relaxed);
+        verify_blocking(hash, password).await
+    }
+
+    /// Check a name and password from `client`. The attempt is counted
+    /// before the password is checked.
     pub async fn sign_in(
         &self,
         client: IpAddr,
         name: &str,
         password: &str,
     ) -> Result<SignIn, AuthError> {
-        let keys = [format!("ip:{client}"), format!("name:{name}")];
-        if self.limited(&keys) {
-            return Ok(SignIn::Limited);
+        let Ok(_permit) = self.checks.try_acquire() else {
+            return Ok(SignIn::Busy);
+        };
+        let keys = attempt_keys(client, name);
+        let admitted = self
+            .limiter
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .admit(&keys, Instant::now());
+        if let Admission::Wait { retry_after, first } = admitted {
+            return Ok(SignIn::Limited {
+                retry_after,
+                audit: first,
+            });
+        }
+        if name.chars().count() > MAX_NAME_CHARS || password.chars().count() > MAX_PASSWORD_CHARS {
+            return Ok(SignIn::Refused);
         }
         let found = self.lookup(name).await?;
-        let (hash, role) = match &found {
-            Some((h, r)) => (h.clone(), Some(*r)),
+        let (hash, standing) = match &found {
+            Some((h, s)) => (h.clone(), Some(s.clone())),
             None => (self.decoy.clone(), None),
         };
-        let ok = verify_blocking(hash, password.to_string()).await;
-        match (ok, role) {
-            (true, Some(role)) => Ok(SignIn::Ok(Person {
-                name: name.to_string(),
-                role,
-                via_token: false,
-            })),
-            _ => {
-                self.note_failure(&keys);
-                Ok(SignIn::Refused)
+        let ok = self.verify(hash, password.to_string()).await;
+        match (ok, standing) {
+            (true, Some(s)) => {
+                self.limiter
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .succeeded(&keys);
+                Ok(SignIn::Ok(Person {
+                    name: name.to_string(),
+                    role: s.role,
+                    via_token: false,
+                    must_change_password: s.must_change_password,
+                }))
             }
+            _ => Ok(SignIn::Refused),
         }
     }
 
@@ -213,6 +346,7 @@ impl Auth {
                 name: format!("token:{}", t.name),
                 role: t.role,
                 via_token: true,
+                must_change_password: false,
             })
     }
 
@@ -225,13 +359,14 @@ impl Auth {
                 name: u.name.clone(),
                 role: u.role,
                 source: "file".into(),
+                must_change_password: false,
             })
             .collect();
-        let rows: Vec<(String, String)> =
-            sqlx::query_as("SELECT name, role FROM people ORDER BY name")
+        let rows: Vec<(String, String, i64)> =
+            sqlx::query_as("SELECT name, role, must_change_password FROM people ORDER BY name")
                 .fetch_all(&self.pool)
                 .await?;
-        for (name, role) in rows {
+        for (name, role, must) in rows {
             if let Some(role) = PersonRole::parse(&role)
                 && !out.iter().any(|p| p.name == name)
             {
@@ -239,6 +374,7 @@ impl Auth {
                     name,
                     role,
                     source: "database".into(),
+                    must_change_password: must != 0,
                 });
             }
         }
@@ -250,12 +386,19 @@ impl Auth {
         Ok(self.lookup(name).await?.is_some())
     }
 
-    /// Add a person to the database with a fresh random password.
+    /// Whether `name` is defined in the company file (and so cannot be
+    /// changed on the dashboard).
+    pub fn in_file(&self, name: &str) -> bool {
+        self.users.iter().any(|u| u.name == name)
+    }
+
+    /// Add a person to the database with a fresh random password, to be
+    /// changed at their first sign-in.
     pub async fn add(&self, name: &str, role: PersonRole, by: &str) -> Result<String, AuthError> {
         let password = random_password();
         let hash = hash_blocking(password.clone()).await?;
         sqlx::query(
-            "INSERT INTO people (name, password_hash, role, created_at, created_by) VALUES (?, ?, ?, ?, ?)",
+            "INSERT INTO people (name, password_hash, role, created_at, created_by, must_change_password) VALUES (?, ?, ?, ?, ?, 1)",
         )
         .bind(name)
         .bind(hash)
@@ -266,6 +409,143 @@ impl Auth {
         .await?;
         Ok(password)
     }
+
+    /// Remove a database person; every stream of theirs ends. `false` when
+    /// there was nobody of that name in the database.
+    pub async fn remove(&self, name: &str) -> Result<bool, AuthError> {
+        let done = sqlx::query("DELETE FROM people WHERE name = ?")
+            .bind(name)
+            .execute(&self.pool)
+            .await?
+            .rows_affected()
+            > 0;
+        if done {
+            let _ = self.ends.send(SessionEnd::Person(name.to_string()));
+        }
+        Ok(done)
+    }
+
+    /// Change a database person's role (read again on their next request).
+    pub async fn set_role(&self, name: &str, role: PersonRole) -> Result<bool, AuthError> {
+        Ok(sqlx::query("UPDATE people SET role = ? WHERE name = ?")
+            .bind(role.as_str())
+            .bind(name)
+            .execute(&self.pool)
+            .await?
+            .rows_affected()
+            > 0)
+    }
+
+    /// Give a database person a fresh random password, to be changed at
+    /// their next sign-in; every stream of theirs ends. `None` when there
+    /// is nobody of that name in the database.
+    pub async fn reset_password(&self, name: &str) -> Result<Option<String>, AuthError> {
+        let password = random_password();
+        let hash = hash_blocking(password.clone()).await?;
+        let done = sqlx::query(
+            "UPDATE people SET password_hash = ?, must_change_password = 1 WHERE name = ?",
+        )
+        .bind(hash)
+        .bind(name)
+        .execute(&self.pool)
+        .await?
+        .rows_affected()
+            > 0;
+        if !done {
+            return Ok(None);
+        }
+        let _ = self.ends.send(SessionEnd::Person(name.to_string()));
+        Ok(Some(password))
+    }
+
+    /// A database person changes their own password, proving the current
+    /// one (through the same limiter and check bound as a sign-in).
+    pub async fn change_password(
+        &self,
+        client: IpAddr,
+        name: &str,
+        current: &str,
+        new: &str,
+    ) -> Result<PasswordChange, AuthError> {
+        if self.in_file(name) {
+            return Ok(PasswordChange::InFile);
+        }
+        let n = new.chars().count();
+        if !(MIN_PASSWORD_CHARS..=MAX_PASSWORD_CHARS).contains(&n) {
+            return Ok(PasswordChange::Weak);
+        }
+        if new == current {
+            return Ok(PasswordChange::Unchanged);
+        }
+        match self.sign_in(client, name, current).await? {
+            SignIn::Ok(_) => {}
+            SignIn::Refused => return Ok(PasswordChange::WrongPassword),
+            SignIn::Limited { retry_after, .. } => {
+                return Ok(PasswordChange::Limited(retry_after));
+            }
+            SignIn::Busy => return Ok(PasswordChange::Limited(Duration::from_secs(1))),
+        }
+        let hash = hash_blocking(new.to_string()).await?;
+        sqlx::query("UPDATE people SET password_hash = ?, must_change_password = 0 WHERE name = ?")
+            .bind(hash)
+            .bind(name)
+            .execute(&self.pool)
+            .await?;
+        Ok(PasswordChange::Changed)
+    }
+
+    /// End every event stream of `end`.
+    pub fn end_streams(&self, end: SessionEnd) {
+        let _ = self.ends.send(end);
+    }
+
+    /// Where ends of sessions and people are announced, for a stream to
+    /// stop on.
+    pub fn session_end_sender(&self) -> broadcast::Sender<SessionEnd> {
+        self.ends.clone()
+    }
+}
+
+/// What a password change came to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PasswordChange {
+    Changed,
+    /// The current password given was wrong.
+    WrongPassword,
+    /// Too short or too long.
+    Weak,
+    /// The new password is the current one.
+    Unchanged,
+    /// The person is defined in the company file.
+    InFile,
+    /// Too many attempts: try again after this long.
+    Limited(Duration),
+}
+
+/// Pure: the client address of a request from `peer` carrying
+/// `forwarded` (`X-Forwarded-For`, comma-separated, the nearest proxy
+/// last). Only a trusted peer's header is believed; the client is the
+/// nearest address in it that is not itself a trusted proxy. A header that
+/// does not parse leaves the peer as the client.
+pub fn client_address(peer: IpAddr, forwarded: Option<&str>, trusted: &[Network]) -> IpAddr {
+    let is_trusted = |ip: IpAddr| trusted.iter().any(|n| n.contains(ip));
+    if !is_trusted(peer) {
+        return peer;
+    }
+    let Some(forwarded) = forwarded else {
+        return peer;
+    };
+    let mut last = peer;
+    for part in forwarded.rsplit(',') {
+        let Ok(ip) = part.trim().parse::<IpAddr>() else {
+            return last;
+        };
+        if !is_trusted(ip) {
+            return ip;
+        }
+        last = ip;
+    }
+    last
 }
 
 fn constant_time_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
@@ -282,6 +562,25 @@ pub fn random_password() -> String {
     (0..20)
         .map(|_| ALPHABET[rng.gen_range(0..ALPHABET.len())] as char)
         .collect()
+}
+
+/// Make the memory of a password check go back to the system when the
+/// check ends. Each argon2 check allocates one 19 MiB block; glibc's
+/// allocator raises its mmap threshold after the first such block is
+/// freed, and from then on serves them from arenas it keeps: a burst of
+/// sign-ins left the node hundreds of megabytes larger for good. A fixed
+/// threshold (1 MiB) keeps every such block mapped on its own and unmapped
+/// when freed. Once per process; nothing on other platforms.
+pub fn return_password_memory() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        #[cfg(all(target_os = "linux", target_env = "gnu"))]
+        // SAFETY: mallopt only changes the allocator's tuning; it is safe
+        // to call at any time, from any thread.
+        unsafe {
+            libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20);
+        }
+    });
 }
 
 /// An argon2id PHC string for `password`.
@@ -341,6 +640,14 @@ fn public(path: &str) -> bool {
     ) || path.starts_with("/pkg/")
 }
 
+/// The page where a person changes their own password.
+pub const PASSWORD_PAGE: &str = "/account/password";
+
+/// What a person whose password must be changed may still reach.
+fn open_while_password_must_change(path: &str) -> bool {
+    path == PASSWORD_PAGE || path == "/api/whoami"
+}
+
 /// JSON endpoints, where a bearer token is accepted in place of a session.
 fn token_path(path: &str) -> bool {
     path.starts_with("/query/")
@@ -365,9 +672,30 @@ fn unauthorized(msg: &str) -> Response {
         .into_response()
 }
 
+fn wants_page(req: &Request, path: &str) -> bool {
+    req.method() == Method::GET && !path.starts_with("/api/") && !path.starts_with("/query/")
+}
+
+/// Where a page request goes to sign in, coming back here afterwards.
+fn to_sign_in(req: &Request) -> Response {
+    let next_path = req
+        .uri()
+        .path_and_query()
+        .map(|p| p.as_str().to_string())
+        .unwrap_or_else(|| "/".into());
+    Redirect::to(&format!(
+        "/login?next={}",
+        url_encode(local_path(&next_path))
+    ))
+    .into_response()
+}
+
 /// The gate: cross-site refusal for every state-changing request, then a
 /// session (or, on JSON endpoints, a bearer token) for everything not
-/// public. The identity goes into the request's extensions as [`Person`].
+/// public. A session's person is read again on every request — their role
+/// as it is now, or the end of the session when they were removed — and
+/// one whose password must change reaches only the page that changes it.
+/// The identity goes into the request's extensions as [`Person`].
 pub async fn gate(
     Extension(auth): Extension<Arc<Auth>>,
     session: Session,
@@ -405,28 +733,62 @@ pub async fn gate(
             None => unauthorized("the bearer token is not one this node knows"),
         };
     }
-    match session.get::<Person>(SESSION_PERSON).await {
-        Ok(Some(p)) => {
-            req.extensions_mut().insert(p);
-            next.run(req).await
-        }
+    let signed_in = match session.get::<Person>(SESSION_PERSON).await {
+        Ok(Some(p)) => p,
         _ => {
-            let wants_page = req.method() == Method::GET
-                && !path.starts_with("/api/")
-                && !path.starts_with("/query/");
-            if wants_page {
-                let next_path = req
-                    .uri()
-                    .path_and_query()
-                    .map(|p| p.as_str().to_string())
-                    .unwrap_or_else(|| "/".into());
-                let q = url_encode(&next_path);
-                Redirect::to(&format!("/login?next={q}")).into_response()
+            return if wants_page(&req, &path) {
+                to_sign_in(&req)
             } else {
                 unauthorized("sign in, or present a bearer token on JSON endpoints")
-            }
+            };
         }
+    };
+    let person = match auth.standing(&signed_in.name).await {
+        Ok(Some(now)) => Person {
+            role: now.role,
+            must_change_password: now.must_change_password,
+            ..signed_in
+        },
+        Ok(None) => {
+            // Removed since they signed in: the session ends here.
+            let _ = session.flush().await;
+            return if wants_page(&req, &path) {
+                to_sign_in(&req)
+            } else {
+                unauthorized("your session ended: you can no longer sign in to this node")
+            };
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "cannot read the signed-in person");
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                axum::Json(serde_json::json!({ "error": "the node cannot read its people right now; try again" })),
+            )
+                .into_response();
+        }
+    };
+    if person.must_change_password && !open_while_password_must_change(&path) {
+        return if wants_page(&req, &path) {
+            Redirect::to(&format!(
+                "{PASSWORD_PAGE}?next={}",
+                url_encode(local_path(
+                    req.uri()
+                        .path_and_query()
+                        .map(|p| p.as_str())
+                        .unwrap_or("/")
+                ))
+            ))
+            .into_response()
+        } else {
+            (
+                StatusCode::FORBIDDEN,
+                axum::Json(serde_json::json!({ "error": format!("{} must choose a new password first: open {PASSWORD_PAGE}", person.name) })),
+            )
+                .into_response()
+        };
     }
+    req.extensions_mut().insert(person);
+    next.run(req).await
 }
 
 fn url_encode(s: &str) -> String {
@@ -448,25 +810,103 @@ pub struct LoginForm {
     next: String,
 }
 
-/// A redirect target is only ever a path on this site.
-fn local_path(next: &str) -> &str {
-    if next.starts_with('/') && !next.starts_with("//") && !next.contains('\\') && next != "/login"
-    {
-        next
+/// The page a sign-in lands on when `next` names none.
+pub const HOME: &str = "/settings/nodes";
+
+/// Pure: a redirect target is only ever a path on this site — it starts
+/// with exactly one `/` (no authority, so no other origin), holds no byte
+/// at or below a space, no DEL and no backslash (which browsers strip or
+/// read as `/`), and is not the sign-in page itself. Anything else goes
+/// home.
+pub fn local_path(next: &str) -> &str {
+    let ok = next.starts_with('/')
+        && !next.starts_with("//")
+        && next.bytes().all(|b| b > 0x20 && b != 0x7f && b != b'\\')
+        && next != "/login"
+        && !next.starts_with("/login?");
+    if ok { next } else { HOME }
+}
+
+/// The name as an audit row keeps it (whatever a stranger typed).
+fn audit_name(name: &str) -> String {
+    let shown: String = name
+        .chars()
+        .filter(|c| !c.is_control())
+        .take(MAX_NAME_CHARS)
+        .collect();
+    if shown.is_empty() {
+        "(no name)".into()
     } else {
-        "/settings/nodes"
+        shown
+    }
+}
+
+/// `/login?error=…` keeping `next` and the name typed.
+fn back_to_sign_in(error: &str, name: &str, next: &str) -> String {
+    let mut to = format!("/login?error={error}");
+    let next = local_path(next);
+    if next != HOME {
+        to.push_str(&format!("&next={}", url_encode(next)));
+    }
+    let name = audit_name(name);
+    if !name.starts_with('(') {
+        to.push_str(&format!("&name={}", url_encode(&name)));
+    }
+    to
+}
+
+/// A 429 a person can read: the sentence, when to try again, and the way
+/// back to the sign-in form.
+fn too_many(sentence: &str, retry_after: Duration, back: &str) -> Response {
+    let secs = retry_after.as_secs_f64().ceil().max(1.0) as u64;
+    let body = format!(
+        "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Try again soon · Crewlet</title><link rel=\"stylesheet\" href=\"/pkg/crewlet.css\"></head><body><main class=\"login\"><div class=\"card login-card\"><h1>Crewlet node</h1><p class=\"notice notice-error\" role=\"alert\">{sentence} Try again in {secs} second{}.</p><p><a href=\"{back}\">Back to sign-in</a></p></div></main></body></html>",
+        if secs == 1 { "" } else { "s" },
+        back = html_attr(back),
+    );
+    (
+        StatusCode::TOO_MANY_REQUESTS,
+        [(header::RETRY_AFTER, secs.to_string())],
+        Html(body),
+    )
+        .into_response()
+}
+
+fn html_attr(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('"', "&quot;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+async fn audit_sign_in(auth: &Auth, name: &str, client: IpAddr, result: &str) {
+    let from = format!("from {client}");
+    if let Err(e) = audit::record(
+        &auth.pool,
+        &audit_name(name),
+        "sign_in",
+        None,
+        Some(&from),
+        result,
+    )
+    .await
+    {
+        tracing::error!(error = %e, "cannot write the audit log");
     }
 }
 
 /// `POST /login`: check the form, cycle the session id, store the person.
+/// Every refusal is audited with the name and the client's address.
 pub async fn login(
     Extension(auth): Extension<Arc<Auth>>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
     session: Session,
     Form(form): Form<LoginForm>,
 ) -> Response {
     let name = form.name.trim();
-    match auth.sign_in(peer.ip(), name, &form.password).await {
+    let client = auth.client(peer.ip(), &headers);
+    match auth.sign_in(client, name, &form.password).await {
         Ok(SignIn::Ok(person)) => {
             if let Err(e) = session.cycle_id().await {
                 tracing::error!(error = %e, "cannot cycle the session id");
@@ -476,25 +916,54 @@ pub async fn login(
                 tracing::error!(error = %e, "cannot store the session");
                 return (StatusCode::INTERNAL_SERVER_ERROR, "session store failed").into_response();
             }
-            if let Err(e) =
-                audit::record(&auth.pool, &person.name, "sign_in", None, None, "ok").await
-            {
-                tracing::error!(error = %e, "cannot write the audit log");
-            }
+            audit_sign_in(&auth, &person.name, client, "ok").await;
             tracing::info!(person = %person.name, role = %person.role, "signed in");
-            Redirect::to(local_path(&form.next)).into_response()
+            let next = local_path(&form.next);
+            if person.must_change_password {
+                return Redirect::to(&format!("{PASSWORD_PAGE}?next={}", url_encode(next)))
+                    .into_response();
+            }
+            Redirect::to(next).into_response()
         }
         Ok(SignIn::Refused) => {
-            tracing::info!(client = %peer.ip(), "sign-in refused");
-            Redirect::to("/login?error=1").into_response()
+            tracing::info!(%client, "sign-in refused");
+            audit_sign_in(&auth, name, client, "refused: wrong name or password").await;
+            Redirect::to(&back_to_sign_in("1", name, &form.next)).into_response()
         }
-        Ok(SignIn::Limited) => {
-            tracing::warn!(client = %peer.ip(), "sign-in rate limited");
-            (
-                StatusCode::TOO_MANY_REQUESTS,
-                Redirect::to("/login?error=limited"),
+        Ok(SignIn::Limited { retry_after, audit }) => {
+            tracing::warn!(%client, "sign-in rate limited");
+            if audit {
+                audit_sign_in(
+                    &auth,
+                    name,
+                    client,
+                    &format!(
+                        "refused: too many attempts, the next in {} s (later refusals in this wait are not written)",
+                        retry_after.as_secs_f64().ceil() as u64
+                    ),
+                )
+                .await;
+            }
+            too_many(
+                "Too many sign-in attempts from here or for this name.",
+                retry_after,
+                &back_to_sign_in("limited", name, &form.next),
             )
-                .into_response()
+        }
+        Ok(SignIn::Busy) => {
+            tracing::warn!(%client, "sign-in refused: every password check is busy");
+            audit_sign_in(
+                &auth,
+                name,
+                client,
+                "refused: the node was checking too many passwords at once",
+            )
+            .await;
+            too_many(
+                "The node is checking too many sign-ins at once.",
+                Duration::from_secs(1),
+                &back_to_sign_in("busy", name, &form.next),
+            )
         }
         Err(e) => {
             tracing::error!(error = %e, "sign-in failed");
@@ -507,17 +976,105 @@ pub async fn login(
     }
 }
 
-/// `POST /logout`: end the session.
+/// `POST /logout`: end the session and every event stream opened with it.
 pub async fn logout(Extension(auth): Extension<Arc<Auth>>, session: Session) -> Response {
     if let Ok(Some(p)) = session.get::<Person>(SESSION_PERSON).await
         && let Err(e) = audit::record(&auth.pool, &p.name, "sign_out", None, None, "ok").await
     {
         tracing::error!(error = %e, "cannot write the audit log");
     }
+    if let Some(id) = session.id() {
+        auth.end_streams(SessionEnd::Session(id.to_string()));
+    }
     if let Err(e) = session.flush().await {
         tracing::error!(error = %e, "cannot end the session");
     }
-    Redirect::to("/login").into_response()
+    Redirect::to("/login?signed_out=1").into_response()
+}
+
+#[derive(Deserialize)]
+pub struct PasswordForm {
+    current: String,
+    new: String,
+    confirm: String,
+    #[serde(default)]
+    next: String,
+}
+
+/// `POST /account/password`: a signed-in person changes their own
+/// password (the current one proves it is them). Audited.
+pub async fn change_password(
+    Extension(auth): Extension<Arc<Auth>>,
+    Extension(person): Extension<Person>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+    session: Session,
+    Form(form): Form<PasswordForm>,
+) -> Response {
+    let back = |error: &str| {
+        let next = local_path(&form.next);
+        let mut to = format!("{PASSWORD_PAGE}?error={error}");
+        if next != HOME {
+            to.push_str(&format!("&next={}", url_encode(next)));
+        }
+        Redirect::to(&to).into_response()
+    };
+    if person.via_token {
+        return back("token");
+    }
+    if form.new != form.confirm {
+        return back("mismatch");
+    }
+    let client = auth.client(peer.ip(), &headers);
+    let outcome = match auth
+        .change_password(client, &person.name, &form.current, &form.new)
+        .await
+    {
+        Ok(o) => o,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot change a password");
+            return back("unavailable");
+        }
+    };
+    let result = match &outcome {
+        PasswordChange::Changed => "ok".to_string(),
+        PasswordChange::WrongPassword => "refused: the current password was wrong".into(),
+        PasswordChange::Weak => "refused: the new password's length".into(),
+        PasswordChange::Unchanged => "refused: the new password is the current one".into(),
+        PasswordChange::InFile => "refused: defined in the company file".into(),
+        PasswordChange::Limited(_) => "refused: too many attempts".into(),
+    };
+    if let Err(e) = audit::record(
+        &auth.pool,
+        &person.name,
+        "person.change_own_password",
+        None,
+        None,
+        &result,
+    )
+    .await
+    {
+        tracing::error!(error = %e, "cannot write the audit log");
+    }
+    match outcome {
+        PasswordChange::Changed => {
+            let updated = Person {
+                must_change_password: false,
+                ..person
+            };
+            if let Err(e) = session.insert(SESSION_PERSON, &updated).await {
+                tracing::error!(error = %e, "cannot store the session");
+            }
+            let next = local_path(&form.next);
+            let sep = if next.contains('?') { '&' } else { '?' };
+            Redirect::to(&format!("{next}{sep}password_changed=1")).into_response()
+        }
+        PasswordChange::WrongPassword => back("current"),
+        PasswordChange::Weak => back("length"),
+        PasswordChange::Unchanged => back("same"),
+        PasswordChange::InFile => back("file"),
+        PasswordChange::Limited(_) => back("limited"),
+    }
 }
 
 #[cfg(test)]
@@ -565,9 +1122,59 @@ mod tests {
     #[test]
     fn redirect_after_sign_in_stays_on_this_site() {
         assert_eq!(local_path("/seats"), "/seats");
-        assert_eq!(local_path("//evil.example/x"), "/settings/nodes");
-        assert_eq!(local_path("https://evil.example"), "/settings/nodes");
-        assert_eq!(local_path(""), "/settings/nodes");
+        assert_eq!(local_path("/seats?q=a%20b&page=2"), "/seats?q=a%20b&page=2");
+        for bad in [
+            "//evil.example/x",
+            "https://evil.example",
+            "",
+            "seats",
+            // A tab, a newline or a space lets a browser read `//` (the
+            // tab is what `next=/%09/host` decodes to).
+            "/\t/127.0.0.1:3999/phish",
+            "/\n/evil.example",
+            "/\r\nSet-Cookie: x=1",
+            "/ /evil.example",
+            "/\u{7f}/evil.example",
+            "/\\evil.example",
+            "/\\/evil.example",
+            "/\0",
+            "/login",
+            "/login?next=/x",
+        ] {
+            assert_eq!(local_path(bad), HOME, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn the_client_is_the_peer_unless_a_trusted_proxy_names_it() {
+        let trusted = [Network::parse("10.0.0.0/8").unwrap()];
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        // An untrusted peer's header is ignored: anyone can write one.
+        assert_eq!(
+            client_address(ip("203.0.113.9"), Some("1.2.3.4"), &trusted),
+            ip("203.0.113.9")
+        );
+        assert_eq!(
+            client_address(ip("10.0.0.2"), Some("198.51.100.7"), &trusted),
+            ip("198.51.100.7")
+        );
+        // The nearest untrusted hop wins over what the client claimed.
+        assert_eq!(
+            client_address(
+                ip("10.0.0.2"),
+                Some("1.2.3.4, 198.51.100.7, 10.0.0.3"),
+                &trusted
+            ),
+            ip("198.51.100.7")
+        );
+        assert_eq!(
+            client_address(ip("10.0.0.2"), None, &trusted),
+            ip("10.0.0.2")
+        );
+        assert_eq!(
+            client_address(ip("10.0.0.2"), Some("garbage"), &trusted),
+            ip("10.0.0.2")
+        );
     }
 
     #[test]

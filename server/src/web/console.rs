@@ -39,6 +39,9 @@ pub struct ConsoleParts {
     pub memread: Arc<MemRead>,
     /// The fleet's audit log.
     pub audit: Arc<crate::audit::FleetAudit>,
+    /// Whether this node accepts a company revision with command agents
+    /// (`node.allow_command_agents`).
+    pub command_agents: bool,
 }
 
 pub struct NodeConsole {
@@ -52,6 +55,7 @@ pub struct NodeConsole {
     fleet_audit: Arc<crate::audit::FleetAudit>,
     /// The last roster read, shown (stale) while the store cannot be read.
     roster: RosterMemory,
+    command_agents: bool,
 }
 
 impl NodeConsole {
@@ -65,6 +69,7 @@ impl NodeConsole {
             notes,
             memread,
             audit: fleet_audit,
+            command_agents,
         } = parts;
         NodeConsole {
             info,
@@ -76,6 +81,7 @@ impl NodeConsole {
             memread,
             fleet_audit,
             roster: RosterMemory::default(),
+            command_agents,
         }
     }
 
@@ -129,6 +135,63 @@ impl NodeConsole {
 
 /// The longest reason a person may give for a pause or a stop.
 pub const MAX_REASON_CHARS: usize = 500;
+
+/// A name or handle as a message or an audit row shows it.
+fn clip(s: &str) -> String {
+    s.chars().filter(|c| !c.is_control()).take(64).collect()
+}
+
+impl NodeConsole {
+    /// Refuse (and audit) anyone but an admin: deploying and managing
+    /// people are not operating.
+    async fn admit_admin(
+        &self,
+        actor: &Person,
+        action: &str,
+        reason: &str,
+        verb: &str,
+    ) -> Result<(), ConsoleError> {
+        if actor.is_admin() {
+            return Ok(());
+        }
+        let reason = Some(reason).filter(|r| !r.is_empty());
+        self.audited(actor, action, reason, "refused: not an admin")
+            .await?;
+        Err(ConsoleError::Forbidden(format!(
+            "{} is {} {}: only admins may {verb}.",
+            actor.name,
+            if actor.role == PersonRole::Operator {
+                "an"
+            } else {
+                "a"
+            },
+            actor.role
+        )))
+    }
+
+    /// Refuse (and audit) a change to a person defined in the company file.
+    async fn changeable(
+        &self,
+        actor: &Person,
+        action: &str,
+        name: &str,
+    ) -> Result<(), ConsoleError> {
+        if !self.auth.in_file(name) {
+            return Ok(());
+        }
+        self.audited(
+            actor,
+            action,
+            Some(&clip(name)),
+            "refused: defined in the company file",
+        )
+        .await?;
+        Err(ConsoleError::Invalid(format!(
+            "{:?} is defined in the company file's [[auth.users]]: change it there.",
+            clip(name)
+        )))
+    }
+}
 
 /// A person's action on one seat, as the audit log names it.
 #[derive(Clone, Copy)]
@@ -422,20 +485,9 @@ impl Console for NodeConsole {
         role: PersonRole,
     ) -> Result<NewPerson, ConsoleError> {
         let name = name.trim();
-        let reason = format!("{name} as {role}");
-        if !actor.is_operator() {
-            self.audited(
-                actor,
-                "add_person",
-                Some(&reason),
-                "refused: not an operator",
-            )
+        let reason = format!("{} as {role}", clip(name));
+        self.admit_admin(actor, "add_person", &reason, "add people")
             .await?;
-            return Err(ConsoleError::Forbidden(format!(
-                "{} is a viewer: only operators may add people.",
-                actor.name
-            )));
-        }
         let bad = name.is_empty()
             || name.len() > 64
             || name.chars().any(|c| c.is_control() || c.is_whitespace());
@@ -472,20 +524,111 @@ impl Console for NodeConsole {
         })
     }
 
-    async fn apply_company(&self, actor: &Person, company_toml: &str) -> Result<u64, ConsoleError> {
-        if !actor.is_operator() {
-            self.audited(actor, "apply_company", None, "refused: not an operator")
+    async fn remove_person(&self, actor: &Person, name: &str) -> Result<(), ConsoleError> {
+        const ACTION: &str = "person.remove";
+        let shown = clip(name);
+        self.admit_admin(actor, ACTION, &shown, "remove people")
+            .await?;
+        if name == actor.name {
+            self.audited(actor, ACTION, Some(&shown), "refused: oneself")
                 .await?;
-            return Err(ConsoleError::Forbidden(format!(
-                "{} is a viewer: only operators may apply a company.",
-                actor.name
+            return Err(ConsoleError::Invalid(
+                "You cannot remove yourself: ask another admin.".into(),
+            ));
+        }
+        self.changeable(actor, ACTION, name).await?;
+        let removed = self
+            .auth
+            .remove(name)
+            .await
+            .map_err(|e| unavailable("remove the person", e))?;
+        if !removed {
+            self.audited(actor, ACTION, Some(&shown), "refused: no such person")
+                .await?;
+            return Err(ConsoleError::NotFound(format!(
+                "Nobody named {shown:?} can sign in here."
             )));
         }
-        let config = match crate::config::Config::parse(
-            "the applied company file",
-            company_toml,
-            &Default::default(),
-        ) {
+        self.audited(actor, ACTION, Some(&shown), "ok").await
+    }
+
+    async fn set_person_role(
+        &self,
+        actor: &Person,
+        name: &str,
+        role: PersonRole,
+    ) -> Result<(), ConsoleError> {
+        const ACTION: &str = "person.set_role";
+        let reason = format!("{} to {role}", clip(name));
+        self.admit_admin(actor, ACTION, &reason, "change a person's role")
+            .await?;
+        if name == actor.name && role != PersonRole::Admin {
+            self.audited(actor, ACTION, Some(&reason), "refused: oneself")
+                .await?;
+            return Err(ConsoleError::Invalid(
+                "You cannot take away your own admin role: ask another admin.".into(),
+            ));
+        }
+        self.changeable(actor, ACTION, name).await?;
+        let changed = self
+            .auth
+            .set_role(name, role)
+            .await
+            .map_err(|e| unavailable("change the role", e))?;
+        if !changed {
+            self.audited(actor, ACTION, Some(&reason), "refused: no such person")
+                .await?;
+            return Err(ConsoleError::NotFound(format!(
+                "Nobody named {:?} can sign in here.",
+                clip(name)
+            )));
+        }
+        self.audited(actor, ACTION, Some(&reason), "ok").await
+    }
+
+    async fn reset_password(&self, actor: &Person, name: &str) -> Result<NewPerson, ConsoleError> {
+        const ACTION: &str = "person.reset_password";
+        let shown = clip(name);
+        self.admit_admin(actor, ACTION, &shown, "reset a password")
+            .await?;
+        self.changeable(actor, ACTION, name).await?;
+        let standing = self
+            .auth
+            .standing(name)
+            .await
+            .map_err(|e| unavailable("read the person", e))?;
+        let password = self
+            .auth
+            .reset_password(name)
+            .await
+            .map_err(|e| unavailable("reset the password", e))?;
+        let (Some(password), Some(standing)) = (password, standing) else {
+            self.audited(actor, ACTION, Some(&shown), "refused: no such person")
+                .await?;
+            return Err(ConsoleError::NotFound(format!(
+                "Nobody named {shown:?} can sign in here."
+            )));
+        };
+        self.audited(actor, ACTION, Some(&shown), "ok").await?;
+        Ok(NewPerson {
+            name: name.to_string(),
+            role: standing.role,
+            password,
+        })
+    }
+
+    async fn apply_company(&self, actor: &Person, company_toml: &str) -> Result<u64, ConsoleError> {
+        self.admit_admin(actor, "apply_company", "", "apply a company")
+            .await?;
+        // Parsing a large file is CPU work: off the async workers, so the
+        // node keeps answering meanwhile.
+        let text = company_toml.to_string();
+        let parsed = tokio::task::spawn_blocking(move || {
+            crate::config::Config::parse("the applied company file", &text, &Default::default())
+        })
+        .await
+        .map_err(|e| unavailable("read the company file", e))?;
+        let config = match parsed {
             Ok(c) => c,
             Err(e) => {
                 self.audited(actor, "apply_company", None, "refused: invalid file")
@@ -493,6 +636,35 @@ impl Console for NodeConsole {
                 return Err(ConsoleError::Invalid(e.to_string()));
             }
         };
+        let commands: Vec<&str> = config
+            .roles
+            .iter()
+            .filter(|r| matches!(r.agent, crate::config::AgentConfig::Command(_)))
+            .map(|r| r.handle.as_str())
+            .collect();
+        if !self.command_agents && !commands.is_empty() {
+            let shown = commands
+                .iter()
+                .take(10)
+                .copied()
+                .collect::<Vec<_>>()
+                .join(", ");
+            let more = if commands.len() > 10 {
+                format!(" and {} more", commands.len() - 10)
+            } else {
+                String::new()
+            };
+            self.audited(
+                actor,
+                "apply_company",
+                Some(&format!("command agents: {shown}{more}")),
+                "refused: this node does not allow command agents",
+            )
+            .await?;
+            return Err(ConsoleError::Forbidden(format!(
+                "This node does not run command agents (node.allow_command_agents = false), so it applies no company that has them; nothing was applied. Roles with `kind = \"command\"`: {shown}{more}."
+            )));
+        }
         let store = self.engine.store().clone();
         match crate::node::company::apply_with_schedules(
             &*store,
@@ -556,10 +728,9 @@ impl Console for NodeConsole {
             let r: u64 = rand::random();
             obj.insert("id".into(), serde_json::json!(format!("evt-{r:016x}")));
         }
-        obj.entry("from")
-            .or_insert_with(|| serde_json::json!(actor.name));
-        obj.entry("sent_at")
-            .or_insert_with(|| serde_json::json!(audit::now_rfc3339()));
+        // Who sent it and when are the node's to say, not the caller's.
+        obj.insert("from".into(), serde_json::json!(actor.name));
+        obj.insert("sent_at".into(), serde_json::json!(audit::now_rfc3339()));
         let envelope: Envelope = serde_json::from_value(value)
             .map_err(|e| ConsoleError::Invalid(format!("the envelope is not valid: {e}")))?;
         envelope

@@ -326,6 +326,8 @@ pub struct EventStreams {
     pub log: Arc<EventLog>,
     /// The node's shutdown: every stream ends when it fires.
     pub stop: CancellationToken,
+    /// Sign-outs and removed people: their streams end when they happen.
+    pub ends: tokio::sync::broadcast::Sender<crate::web::auth::SessionEnd>,
 }
 
 /// One frame of a client's stream.
@@ -437,9 +439,12 @@ pub struct EventsQuery {
     pub last_event_id: Option<String>,
 }
 
-/// `GET /api/events`.
+/// `GET /api/events`. The stream ends when its session signs out or its
+/// person is removed (and when the node stops).
 pub async fn events(
     Extension(streams): Extension<EventStreams>,
+    Extension(person): Extension<app::api::Person>,
+    session: tower_sessions::Session,
     headers: HeaderMap,
     Query(query): Query<EventsQuery>,
 ) -> Sse<impl Stream<Item = Result<sse::Event, Infallible>>> {
@@ -448,8 +453,27 @@ pub async fn events(
         .get("last-event-id")
         .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
         .or(query.last_event_id);
-    Sse::new(frames(&streams, last.as_deref()).map(|f| Ok(f.into_sse())))
-        .keep_alive(KeepAlive::new().interval(KEEP_ALIVE).text("keep-alive"))
+    let session_id = (!person.via_token)
+        .then(|| session.id().map(|id| id.to_string()))
+        .flatten();
+    let mut ends = streams.ends.subscribe();
+    let ended = async move {
+        loop {
+            match ends.recv().await {
+                Ok(end) if end.ends(session_id.as_deref(), &person.name) => return,
+                Ok(_) => {}
+                // Missed some: end the stream, the client reconnects through
+                // the sign-in gate, which decides afresh.
+                Err(_) => return,
+            }
+        }
+    };
+    Sse::new(
+        frames(&streams, last.as_deref())
+            .take_until(ended)
+            .map(|f| Ok(f.into_sse())),
+    )
+    .keep_alive(KeepAlive::new().interval(KEEP_ALIVE).text("keep-alive"))
 }
 
 #[cfg(test)]
@@ -535,6 +559,7 @@ mod tests {
         log.push("a", "{}");
         log.push("b", "{}");
         let streams = EventStreams {
+            ends: tokio::sync::broadcast::channel(4).0,
             log: log.clone(),
             stop: CancellationToken::new(),
         };
@@ -556,6 +581,7 @@ mod tests {
         use futures::StreamExt;
         let log = Arc::new(EventLog::new(CLIENT_QUEUE * 2, 0));
         let streams = EventStreams {
+            ends: tokio::sync::broadcast::channel(4).0,
             log: log.clone(),
             stop: CancellationToken::new(),
         };
@@ -577,6 +603,7 @@ mod tests {
         // Lagged further than the ring keeps: one resync, then live.
         let small = Arc::new(EventLog::new(4, 0));
         let streams = EventStreams {
+            ends: tokio::sync::broadcast::channel(4).0,
             log: small.clone(),
             stop: CancellationToken::new(),
         };

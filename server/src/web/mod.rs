@@ -7,6 +7,7 @@
 
 pub mod auth;
 pub mod console;
+pub mod headers;
 pub mod live;
 pub mod memory;
 pub mod nodes;
@@ -18,7 +19,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::Extension;
+use axum::extract::{DefaultBodyLimit, Extension};
 use axum::http::header;
 use axum::response::{IntoResponse, Redirect};
 use axum::routing::{get, post};
@@ -46,6 +47,11 @@ pub const OUTPUT_NAME: &str = "crewlet";
 
 /// The session cookie's name.
 pub const SESSION_COOKIE: &str = "crewlet_session";
+
+/// The largest body of a company file or an inbox envelope.
+pub const LARGE_BODY: usize = 256 * 1024;
+/// The largest body of a sign-in, a password change or a seat action.
+pub const SMALL_BODY: usize = 8 * 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub enum WebError {
@@ -126,14 +132,14 @@ pub async fn router(setup: WebSetup<'_>) -> Result<Router, WebError> {
         .with_name(SESSION_COOKIE)
         .with_http_only(true)
         .with_same_site(SameSite::Strict)
-        .with_secure(false)
+        .with_secure(config.auth.secure_cookies(&config.node))
         .with_expiry(Expiry::OnInactivity(time::Duration::hours(12)));
 
     let auth = Arc::new(auth::Auth::new(pool.clone(), &config.auth));
     if let Some(password) = auth.bootstrap_admin().await? {
         // Printed once, straight to stderr, never through the logger.
         eprintln!(
-            "\n  No people were configured, so this node created one:\n\n      sign in at http://{addr}/login as  admin  with password  {password}\n\n  Only its hash is kept. Add people in Settings › People or in [[auth.users]].\n"
+            "\n  No people were configured, so this node created one:\n\n      sign in at http://{addr}/login as  admin  with password  {password}\n\n  You choose a new password at the first sign-in; only its hash is kept.\n  Add people in Settings › People or in [[auth.users]].\n"
         );
     }
 
@@ -145,6 +151,7 @@ pub async fn router(setup: WebSetup<'_>) -> Result<Router, WebError> {
     let streams = live::EventStreams {
         log: event_log,
         stop: tasks.token(),
+        ends: auth.session_end_sender(),
     };
 
     let info = Arc::new(info);
@@ -157,6 +164,7 @@ pub async fn router(setup: WebSetup<'_>) -> Result<Router, WebError> {
         notes,
         memread,
         audit,
+        command_agents: config.node.command_agents_allowed(config.coordination.kind),
     }));
 
     let leptos_options = LeptosOptions::builder()
@@ -168,26 +176,53 @@ pub async fn router(setup: WebSetup<'_>) -> Result<Router, WebError> {
     let routes = generate_route_list(App);
     let ctx_console = console.clone();
     let app = Router::new()
-        .route("/", get(|| async { Redirect::to("/settings/nodes") }))
-        .route("/login", post(auth::login))
-        .route("/logout", post(auth::logout))
+        .route("/", get(|| async { Redirect::to(auth::HOME) }))
+        .route(
+            "/login",
+            post(auth::login).layer(DefaultBodyLimit::max(SMALL_BODY)),
+        )
+        .route(
+            "/logout",
+            post(auth::logout).layer(DefaultBodyLimit::max(SMALL_BODY)),
+        )
+        .route(
+            auth::PASSWORD_PAGE,
+            post(auth::change_password).layer(DefaultBodyLimit::max(SMALL_BODY)),
+        )
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route("/query/fleet", get(fleet))
         .route("/api/events", get(live::events))
-        .route("/api/company", axum::routing::post(apply_company))
+        .route(
+            "/api/company",
+            post(apply_company).layer(DefaultBodyLimit::max(LARGE_BODY)),
+        )
         .route("/api/dead-letters", get(dead_letters))
         .route(
             "/api/seats/{handle}/inbox",
-            axum::routing::post(send_to_inbox),
+            post(send_to_inbox).layer(DefaultBodyLimit::max(LARGE_BODY)),
         )
-        .route("/api/seats/{handle}/pause", post(pause_seat))
-        .route("/api/seats/{handle}/resume", post(resume_seat))
-        .route("/api/seats/{handle}/stop", post(stop_seat_turn))
-        .route("/api/seats/{handle}/move", post(ranking::move_seat))
+        .route(
+            "/api/seats/{handle}/pause",
+            post(pause_seat).layer(DefaultBodyLimit::max(SMALL_BODY)),
+        )
+        .route(
+            "/api/seats/{handle}/resume",
+            post(resume_seat).layer(DefaultBodyLimit::max(SMALL_BODY)),
+        )
+        .route(
+            "/api/seats/{handle}/stop",
+            post(stop_seat_turn).layer(DefaultBodyLimit::max(SMALL_BODY)),
+        )
+        .route(
+            "/api/seats/{handle}/move",
+            post(ranking::move_seat).layer(DefaultBodyLimit::max(SMALL_BODY)),
+        )
         .route(
             "/api/nodes/order",
-            get(ranking::get_order).put(ranking::put_order),
+            get(ranking::get_order)
+                .put(ranking::put_order)
+                .layer(DefaultBodyLimit::max(SMALL_BODY)),
         )
         .route("/api/seats/{handle}/memory", get(seat_memory))
         .route("/api/memory", get(memory_overview))
@@ -203,6 +238,8 @@ pub async fn router(setup: WebSetup<'_>) -> Result<Router, WebError> {
         .fallback(leptos_axum::file_and_error_handler(shell))
         .layer(axum::middleware::from_fn(auth::gate))
         .layer(sessions)
+        .layer(axum::middleware::from_fn(headers::secure))
+        .layer(DefaultBodyLimit::max(SMALL_BODY * 8))
         .layer(Extension(auth))
         .layer(Extension(info))
         .layer(Extension(engine))

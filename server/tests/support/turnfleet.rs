@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use crewlet::config::{AgentConfig, EchoConfig, PlacementConfig, RoleConfig};
+use crewlet::config::{AgentConfig, AgentPolicy, EchoConfig, PlacementConfig, RoleConfig};
 use crewlet::coord::{
     Coordinator, CoordinatorOptions, MemoryBackend, NatsBackend, NatsOptions, Store,
 };
@@ -75,10 +75,16 @@ pub struct Node {
     pub dir: tempfile::TempDir,
 }
 
+/// The programs a test rig's detached runs may start (`[runs] allow`).
+pub const RUNS_ALLOWED: &[&str] = &["/bin/sh", "/bin/sleep", "/bin/true", "/bin/echo"];
+
 pub fn echo_role(handle: &str) -> RoleConfig {
     RoleConfig {
         handle: handle.into(),
-        agent: AgentConfig::Echo(EchoConfig::default()),
+        agent: AgentConfig::Echo(EchoConfig {
+            drills: true,
+            ..EchoConfig::default()
+        }),
         placement: PlacementConfig::default(),
     }
 }
@@ -221,6 +227,8 @@ impl Fleet {
             events: events.clone(),
             company: company_rx.clone(),
             ack_wait: QueueSettings::default().ack_wait,
+            // A test rig: drills on, and the programs the run tests start.
+            policy: AgentPolicy::test_rig(RUNS_ALLOWED),
         });
         let cfg = EngineConfig {
             node_id: id.into(),

@@ -49,6 +49,18 @@ pub mod ssr {
         })
     }
 
+    /// The role a form names, or a sentence saying which roles there are.
+    pub fn role_named(
+        role: &str,
+    ) -> Result<crate::api::PersonRole, crate::console::ConsoleError> {
+        crate::api::PersonRole::parse(role.trim()).ok_or_else(|| {
+            crate::console::ConsoleError::Invalid(format!(
+                "role {:?} is not a role: use \"viewer\", \"operator\" or \"admin\".",
+                role.chars().take(40).collect::<String>()
+            ))
+        })
+    }
+
     /// Map a console error to an HTTP status and the typed error.
     pub fn fail(e: crate::console::ConsoleError) -> AppError {
         use crate::console::ConsoleError;
@@ -139,23 +151,13 @@ pub async fn people() -> Result<Vec<PersonView>, AppError> {
     ssr::console()?.people().await.map_err(ssr::fail)
 }
 
-/// The role a form names, or a sentence saying which roles there are.
-fn role_named(role: &str) -> Result<crate::api::PersonRole, crate::console::ConsoleError> {
-    crate::api::PersonRole::parse(role.trim()).ok_or_else(|| {
-        crate::console::ConsoleError::Invalid(format!(
-            "role {:?} is not a role: use \"viewer\", \"operator\" or \"admin\".",
-            role.chars().take(40).collect::<String>()
-        ))
-    })
-}
-
 /// Add a person with a generated password, to be changed at their first
 /// sign-in (admins only; audited).
 #[server(endpoint = "add_person")]
 pub async fn add_person(name: String, role: String) -> Result<NewPerson, AppError> {
     // The console checks the role itself, so a refusal is audited too.
     let actor = ssr::person().await?;
-    let role = role_named(&role).map_err(ssr::fail)?;
+    let role = ssr::role_named(&role).map_err(ssr::fail)?;
     ssr::console()?
         .add_person(&actor, &name, role)
         .await
@@ -176,7 +178,7 @@ pub async fn remove_person(name: String) -> Result<(), AppError> {
 #[server(endpoint = "set_person_role")]
 pub async fn set_person_role(name: String, role: String) -> Result<(), AppError> {
     let actor = ssr::person().await?;
-    let role = role_named(&role).map_err(ssr::fail)?;
+    let role = ssr::role_named(&role).map_err(ssr::fail)?;
     ssr::console()?
         .set_person_role(&actor, &name, role)
         .await

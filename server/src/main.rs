@@ -254,18 +254,23 @@ fn send(
 }
 
 fn apply(path: &Path, node: Option<String>, token: &str) -> ExitCode {
-    // Validate here first: a bad file never reaches the node.
-    let config = match Config::load(path) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::from(2);
-        }
-    };
     let text = match std::fs::read_to_string(path) {
         Ok(t) => t,
         Err(e) => {
             eprintln!("error: cannot read {}: {e}", path.display());
+            return ExitCode::from(2);
+        }
+    };
+    // Validate here first: a bad file never reaches the node. What depends
+    // on the node (drills, command agents) the node itself judges.
+    let config = match Config::parse_applied(
+        &path.display().to_string(),
+        &text,
+        crewlet::config::Environment::Test,
+    ) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
             return ExitCode::from(2);
         }
     };

@@ -142,8 +142,8 @@ async fn wrong_password_and_unknown_name_get_the_same_generic_answer() {
     let a = sign_in(&n, &c, "victor", "nope").await;
     let b = sign_in(&n, &c, "nobody", "nope").await;
     assert_eq!(a.status(), StatusCode::SEE_OTHER);
-    assert_eq!(location(&a), "/login?error=1&name=victor");
-    assert_eq!(location(&b), "/login?error=1&name=nobody");
+    assert_eq!(location(&a), "/login?error=1&next=/seats&name=victor");
+    assert_eq!(location(&b), "/login?error=1&next=/seats&name=nobody");
     assert!(a.headers().get("set-cookie").is_none());
     n.stop().await;
 }
@@ -154,7 +154,7 @@ async fn repeated_sign_in_failures_are_rate_limited_even_for_the_right_password(
     let c = client();
     for _ in 0..=crewlet::web::auth::limiter::BY_NAME_FROM_ADDRESS.free {
         let r = sign_in(&n, &c, "victor", "nope").await;
-        assert_eq!(location(&r), "/login?error=1&name=victor");
+        assert_eq!(location(&r), "/login?error=1&next=/seats&name=victor");
     }
     let r = sign_in(&n, &c, "victor", "view-pass").await;
     assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
@@ -2145,7 +2145,7 @@ async fn health_counts_the_detached_runs_running_on_the_node_and_none_once_they_
         "while [ ! -e {} ]; do sleep 0.05; done; echo finished",
         gate.display()
     );
-    let run = start_detached_run(&n, "run-1", &["sh", "-c", &script]).await;
+    let run = start_detached_run(&n, "run-1", &["/bin/sh", "-c", &script]).await;
     wait_for_detached_runs(&n, 1).await;
     std::fs::write(&gate, b"").unwrap();
     wait_for_detached_runs(&n, 0).await;
@@ -2161,7 +2161,7 @@ async fn health_counts_the_detached_runs_running_on_the_node_and_none_once_they_
     .await;
     // A run ended on purpose (its record marked ended): its child is
     // killed and the count goes back to 0.
-    let run = start_detached_run(&n, "run-2", &["sleep", "60"]).await;
+    let run = start_detached_run(&n, "run-2", &["/bin/sleep", "60"]).await;
     wait_for_detached_runs(&n, 1).await;
     let epoch = n
         .node

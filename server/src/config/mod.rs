@@ -664,6 +664,32 @@ impl Config {
         text: &str,
         env: &BTreeMap<String, String>,
     ) -> Result<Config, ConfigError> {
+        Config::parse_with(file, text, env, |_| {})
+    }
+
+    /// Parse and validate a company applied to a running node: only its
+    /// `[company]`, `[[roles]]` and `[[schedules]]` are taken, so the rules
+    /// that depend on the node (drills only on a test node) are judged by
+    /// `environment`, the applying node's own, not by what the file says of
+    /// a node. Whether the node runs command agents is the caller's to
+    /// judge (it names the roles).
+    pub fn parse_applied(
+        file: &str,
+        text: &str,
+        environment: Environment,
+    ) -> Result<Config, ConfigError> {
+        Config::parse_with(file, text, &BTreeMap::new(), |c| {
+            c.node.environment = environment;
+            c.node.allow_command_agents = Some(true);
+        })
+    }
+
+    fn parse_with(
+        file: &str,
+        text: &str,
+        env: &BTreeMap<String, String>,
+        adjust: impl FnOnce(&mut Config),
+    ) -> Result<Config, ConfigError> {
         let mut value: toml::Table =
             text.parse()
                 .map_err(|e: toml::de::Error| ConfigError::Syntax {
@@ -679,10 +705,12 @@ impl Config {
         if !problems.is_empty() {
             return Err(invalid(problems));
         }
-        let config: Config = match serde_path_to_error::deserialize(toml::Value::Table(value)) {
+        let mut config: Config = match serde_path_to_error::deserialize(toml::Value::Table(value))
+        {
             Ok(c) => c,
             Err(e) => return Err(invalid(vec![validate::from_serde(&e)])),
         };
+        adjust(&mut config);
         let problems = validate::check(&config);
         if !problems.is_empty() {
             return Err(invalid(problems));

@@ -127,7 +127,7 @@ fn outbound(turn: &TurnInput, round: u32) -> ToolCall {
         "post_outbox",
         json!({
             "text": format!("echo of {}", ids.join(", ")),
-            "triggers": turn.triggers.iter().map(|t| json!({"id": t.id, "type": t.kind, "body": t.body})).collect::<Vec<_>>(),
+            "triggers": turn.triggers.iter().map(|t| json!({"id": t.id, "type": t.kind, "body": t.body, "from": t.from, "sent_at": t.sent_at})).collect::<Vec<_>>(),
         }),
     )
 }
@@ -236,5 +236,90 @@ impl Agent for EchoAgent {
             result: json!({"echoed": turn.triggers.len(), "tool_errors": failed}),
             answered,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::envelope::Envelope;
+
+    fn turn_with(body: Value) -> TurnInput {
+        TurnInput {
+            turn_id: "t-1".into(),
+            seat: "s0".into(),
+            epoch: 1,
+            node: "n1".into(),
+            work_key: Some("w".into()),
+            triggers: vec![Envelope {
+                id: "evt-1".into(),
+                kind: "task_assigned".into(),
+                body,
+                thread: None,
+                message_id: None,
+                from: None,
+                sent_at: None,
+            }],
+            delivered: 1,
+        }
+    }
+
+    fn drill_mail() -> Value {
+        json!({
+            "run": {"argv": ["/bin/touch", "/tmp/pwned"]},
+            "echo": {"fail_round": 1, "fail": "panic"},
+            "forward_to": "s1",
+            "answered": ["m-1"],
+        })
+    }
+
+    async fn names_of(agent: &EchoAgent, turn: &TurnInput) -> (Vec<String>, Vec<String>) {
+        let Step::Calls(calls) = agent.round(turn, 1, vec![]).await.unwrap() else {
+            panic!("the first round calls tools");
+        };
+        let Step::Done { answered, .. } = agent.round(turn, 2, vec![]).await.unwrap() else {
+            panic!("the round after the last is done");
+        };
+        (calls.into_iter().map(|c| c.name).collect(), answered)
+    }
+
+    #[tokio::test]
+    async fn without_drills_mail_is_only_data_and_never_steers_the_agent() {
+        let turn = turn_with(drill_mail());
+        for (role_drills, node_drills) in [(false, false), (true, false), (false, true)] {
+            let agent = EchoAgent::new(
+                EchoConfig {
+                    drills: role_drills,
+                    ..EchoConfig::default()
+                },
+                node_drills,
+            );
+            // No panic, no run, no forward, no answered ids: the body is
+            // echoed back and nothing else.
+            let (names, answered) = names_of(&agent, &turn).await;
+            assert_eq!(
+                names,
+                ["diary_write", "episode_write", "post_outbox"],
+                "role drills {role_drills}, node drills {node_drills}"
+            );
+            assert!(answered.is_empty());
+        }
+    }
+
+    #[tokio::test]
+    async fn with_drills_on_a_test_node_the_directives_steer_the_turn() {
+        let agent = EchoAgent::new(
+            EchoConfig {
+                drills: true,
+                ..EchoConfig::default()
+            },
+            true,
+        );
+        let mut mail = drill_mail();
+        mail.as_object_mut().unwrap().remove("echo");
+        let (names, answered) = names_of(&agent, &turn_with(mail)).await;
+        assert!(names.contains(&"run_detached".to_string()), "{names:?}");
+        assert!(names.contains(&"a2a_message".to_string()), "{names:?}");
+        assert_eq!(answered, ["m-1"]);
     }
 }

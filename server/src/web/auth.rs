@@ -122,6 +122,9 @@ pub struct Auth {
     decoy: String,
     trusted: Vec<Network>,
     ends: broadcast::Sender<SessionEnd>,
+    /// When a refusal for a full set of checks was last audited (they are
+    /// audited at most once a second: a flood must not fill the log).
+    busy_audited: Mutex<Option<Instant>>,
 }
 
 /// The outcome of a sign-in attempt.
@@ -193,7 +196,20 @@ impl Auth {
                 .filter_map(|t| Network::parse(t))
                 .collect(),
             ends: broadcast::channel(256).0,
+            busy_audited: Mutex::new(None),
         }
+    }
+
+    /// Whether a refusal for busy checks should be audited now (at most
+    /// once a second).
+    fn audit_busy_now(&self) -> bool {
+        let mut last = self.busy_audited.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        if last.is_some_and(|t| now.duration_since(t) < Duration::from_secs(1)) {
+            return false;
+        }
+        *last = Some(now);
+        true
     }
 
     /// On a node with nobody who could sign in, create `admin` as an admin
@@ -952,13 +968,15 @@ pub async fn login(
         }
         Ok(SignIn::Busy) => {
             tracing::warn!(%client, "sign-in refused: every password check is busy");
-            audit_sign_in(
-                &auth,
-                name,
-                client,
-                "refused: the node was checking too many passwords at once",
-            )
-            .await;
+            if auth.audit_busy_now() {
+                audit_sign_in(
+                    &auth,
+                    name,
+                    client,
+                    "refused: the node was checking too many passwords at once (such refusals are written at most once a second)",
+                )
+                .await;
+            }
             too_many(
                 "The node is checking too many sign-ins at once.",
                 Duration::from_secs(1),

@@ -42,6 +42,8 @@ pub struct ConsoleParts {
     /// Whether this node accepts a company revision with command agents
     /// (`node.allow_command_agents`).
     pub command_agents: bool,
+    /// This node's `node.environment` (drills are judged by it).
+    pub environment: crate::config::Environment,
 }
 
 pub struct NodeConsole {
@@ -56,6 +58,7 @@ pub struct NodeConsole {
     /// The last roster read, shown (stale) while the store cannot be read.
     roster: RosterMemory,
     command_agents: bool,
+    environment: crate::config::Environment,
 }
 
 impl NodeConsole {
@@ -70,6 +73,7 @@ impl NodeConsole {
             memread,
             audit: fleet_audit,
             command_agents,
+            environment,
         } = parts;
         NodeConsole {
             info,
@@ -82,6 +86,7 @@ impl NodeConsole {
             fleet_audit,
             roster: RosterMemory::default(),
             command_agents,
+            environment,
         }
     }
 
@@ -623,8 +628,9 @@ impl Console for NodeConsole {
         // Parsing a large file is CPU work: off the async workers, so the
         // node keeps answering meanwhile.
         let text = company_toml.to_string();
+        let environment = self.environment;
         let parsed = tokio::task::spawn_blocking(move || {
-            crate::config::Config::parse("the applied company file", &text, &Default::default())
+            crate::config::Config::parse_applied("the applied company file", &text, environment)
         })
         .await
         .map_err(|e| unavailable("read the company file", e))?;

@@ -19,6 +19,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::extract::rejection::StringRejection;
 use axum::extract::{DefaultBodyLimit, Extension};
 use axum::http::header;
 use axum::response::{IntoResponse, Redirect};
@@ -165,6 +166,7 @@ pub async fn router(setup: WebSetup<'_>) -> Result<Router, WebError> {
         memread,
         audit,
         command_agents: config.node.command_agents_allowed(config.coordination.kind),
+        environment: config.node.environment,
     }));
 
     let leptos_options = LeptosOptions::builder()
@@ -307,8 +309,12 @@ async fn metrics(
 async fn apply_company(
     Extension(console): Extension<SharedConsole>,
     Extension(person): Extension<app::api::Person>,
-    body: String,
+    body: Result<String, StringRejection>,
 ) -> axum::response::Response {
+    let body = match read_body(body) {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
     match console.apply_company(&person, &body).await {
         Ok(revision) => Json(serde_json::json!({ "revision": revision })).into_response(),
         Err(e) => console_error(e),
@@ -321,8 +327,12 @@ async fn send_to_inbox(
     Extension(console): Extension<SharedConsole>,
     Extension(person): Extension<app::api::Person>,
     axum::extract::Path(handle): axum::extract::Path<String>,
-    body: String,
+    body: Result<String, StringRejection>,
 ) -> axum::response::Response {
+    let body = match read_body(body) {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
     match console.send_to_inbox(&person, &handle, &body).await {
         Ok(id) => Json(serde_json::json!({ "id": id })).into_response(),
         Err(e) => console_error(e),
@@ -408,8 +418,12 @@ async fn pause_seat(
     Extension(console): Extension<SharedConsole>,
     Extension(person): Extension<app::api::Person>,
     axum::extract::Path(handle): axum::extract::Path<String>,
-    body: String,
+    body: Result<String, StringRejection>,
 ) -> axum::response::Response {
+    let body = match read_body(body) {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
     let body = match SeatActionBody::parse(&body, &["reason", "stop_running_turn"]) {
         Ok(b) => b,
         Err(e) => return console_error(e),
@@ -427,8 +441,12 @@ async fn resume_seat(
     Extension(console): Extension<SharedConsole>,
     Extension(person): Extension<app::api::Person>,
     axum::extract::Path(handle): axum::extract::Path<String>,
-    body: String,
+    body: Result<String, StringRejection>,
 ) -> axum::response::Response {
+    let body = match read_body(body) {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
     if let Err(e) = SeatActionBody::parse(&body, &[]) {
         return console_error(e);
     }
@@ -442,13 +460,39 @@ async fn stop_seat_turn(
     Extension(console): Extension<SharedConsole>,
     Extension(person): Extension<app::api::Person>,
     axum::extract::Path(handle): axum::extract::Path<String>,
-    body: String,
+    body: Result<String, StringRejection>,
 ) -> axum::response::Response {
+    let body = match read_body(body) {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
     let body = match SeatActionBody::parse(&body, &["reason"]) {
         Ok(b) => b,
         Err(e) => return console_error(e),
     };
     seat_action_answer(console.stop(&person, &handle, body.reason).await)
+}
+
+/// A body the size limit or the encoding refused, as a JSON answer saying
+/// so; otherwise the body.
+pub(crate) fn read_body(
+    body: Result<String, StringRejection>,
+) -> Result<String, axum::response::Response> {
+    use axum::http::StatusCode;
+    body.map_err(|e| {
+        let (status, why) = match e.status() {
+            StatusCode::PAYLOAD_TOO_LARGE => (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!(
+                    "the body is too large for this route (company files and envelopes at most {} KiB, sign-ins and seat actions at most {} KiB); send a smaller one",
+                    LARGE_BODY / 1024,
+                    SMALL_BODY / 1024
+                ),
+            ),
+            s => (s, format!("the body cannot be read: {e}")),
+        };
+        (status, Json(serde_json::json!({ "error": why }))).into_response()
+    })
 }
 
 pub(crate) fn console_error(e: app::console::ConsoleError) -> axum::response::Response {

@@ -66,8 +66,12 @@ pub async fn get_order(Extension(console): Extension<SharedConsole>) -> Response
 pub async fn put_order(
     Extension(console): Extension<SharedConsole>,
     Extension(person): Extension<Person>,
-    body: String,
+    body: Result<String, axum::extract::rejection::StringRejection>,
 ) -> Response {
+    let body = match crate::web::read_body(body) {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
     let body: OrderBody = match parse(
         &body,
         r#"send {"nodes": ["node-a", "node-b"], "revision": N} with the revision you read (null when no order was saved)"#,
@@ -89,8 +93,12 @@ pub async fn move_seat(
     Extension(console): Extension<SharedConsole>,
     Extension(person): Extension<Person>,
     Path(handle): Path<String>,
-    body: String,
+    body: Result<String, axum::extract::rejection::StringRejection>,
 ) -> Response {
+    let body = match crate::web::read_body(body) {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
     let body: MoveBody = match parse(
         &body,
         r#"send {"node": "node-b", "reason": "why the seat moves"}"#,

@@ -155,7 +155,10 @@ struct Chaos {
 fn company_text(seats: &[String]) -> String {
     let mut s = String::from("[company]\nname = \"Chaos company\"\n");
     for h in seats {
-        s.push_str(&format!("\n[[roles]]\nhandle = \"{h}\"\n"));
+        // Drills on: the harness's mail slows turns down on purpose.
+        s.push_str(&format!(
+            "\n[[roles]]\nhandle = \"{h}\"\nagent = {{ kind = \"echo\", drills = true }}\n"
+        ));
     }
     s
 }
@@ -167,6 +170,7 @@ fn node_config(id: &str, port: u16, data: &Path, urls: &[String], company: &str)
 id = "{id}"
 listen = "127.0.0.1:{port}"
 data_dir = "{data}"
+environment = "test"
 
 [coordination]
 type = "embedded-kv"
@@ -194,7 +198,7 @@ role = "viewer"
 [[auth.tokens]]
 name = "chaos-operator"
 sha256 = "{operator}"
-role = "operator"
+role = "admin"
 
 {company}"#,
         data = data.display(),

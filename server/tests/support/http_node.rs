@@ -11,14 +11,29 @@ use reqwest::StatusCode;
 use reqwest::redirect::Policy;
 use sha2::{Digest, Sha256};
 
+/// The admin's name and password.
+pub const ADMIN: (&str, &str) = ("ada", "admin-pass");
 /// The operator's name and password.
 pub const OPERATOR: (&str, &str) = ("olivia", "op-pass");
 /// The viewer's name and password.
 pub const VIEWER: (&str, &str) = ("victor", "view-pass");
 /// The bearer token named `monitoring` (viewer).
 pub const MONITORING_TOKEN: &str = "monitoring-token-1234";
-/// The bearer token named `deploy` (operator).
+/// The bearer token named `deploy` (admin).
 pub const DEPLOY_TOKEN: &str = "deploy-token-5678";
+/// The bearer token named `ops` (operator).
+pub const OPS_TOKEN: &str = "ops-token-9012";
+
+/// What kind of node a suite starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rig {
+    /// `node.environment = "test"`: alpha's echo agent honours drills, and
+    /// detached runs may start `/bin/sh`, `/bin/sleep`, `/bin/true` and
+    /// `/bin/echo`.
+    Test,
+    /// A node as shipped: no drills, no detached runs.
+    Production,
+}
 
 /// A password's stored hash, computed once per password per test binary
 /// (the hash is deliberately slow).
@@ -57,18 +72,56 @@ impl HttpNode {
     /// `node-http` with seat `alpha`, and `more` added to its company file
     /// (more roles, say).
     pub async fn start_with(more: &str) -> HttpNode {
+        HttpNode::start_as(Rig::Test, more).await
+    }
+
+    /// A `rig` node with seat `alpha` and `more` in its company file.
+    pub async fn start_as(rig: Rig, more: &str) -> HttpNode {
+        HttpNode::start_full(rig, "", more).await
+    }
+
+    /// A `rig` node with `node_keys` added to its `[node]` section, seat
+    /// `alpha` and `more` in its company file.
+    pub async fn start_full(rig: Rig, node_keys: &str, more: &str) -> HttpNode {
+        HttpNode::start_at(rig, "127.0.0.1:0", node_keys, more).await
+    }
+
+    /// A `rig` node listening on `listen` (an address with port 0).
+    pub async fn start_listening(rig: Rig, listen: &str) -> HttpNode {
+        HttpNode::start_at(rig, listen, "", "").await
+    }
+
+    async fn start_at(rig: Rig, listen: &str, node_keys: &str, more: &str) -> HttpNode {
         let dir = tempfile::tempdir().unwrap();
+        let (environment, alpha_agent, runs) = match rig {
+            Rig::Test => (
+                "environment = \"test\"",
+                "agent = { kind = \"echo\", drills = true }",
+                "[runs]\nallow = [\"/bin/sh\", \"/bin/sleep\", \"/bin/true\", \"/bin/echo\"]",
+            ),
+            Rig::Production => ("", "", ""),
+        };
         let text = format!(
             r#"
 [node]
 id = "node-http"
-listen = "127.0.0.1:0"
+listen = "{listen}"
 data_dir = "{data}"
+{environment}
+{node_keys}
+
+{runs}
 
 [[roles]]
 handle = "alpha"
+{alpha_agent}
 
 {more}
+
+[[auth.users]]
+name = "{admin}"
+password_hash = "{admin_hash}"
+role = "admin"
 
 [[auth.users]]
 name = "{op}"
@@ -88,6 +141,11 @@ role = "viewer"
 [[auth.tokens]]
 name = "deploy"
 sha256 = "{deploy}"
+role = "admin"
+
+[[auth.tokens]]
+name = "ops"
+sha256 = "{ops}"
 role = "operator"
 "#,
             data = dir.path().join("data").display(),
@@ -97,10 +155,13 @@ role = "operator"
             viewer_hash = hash(VIEWER.1),
             monitoring = hex::encode(Sha256::digest(MONITORING_TOKEN.as_bytes())),
             deploy = hex::encode(Sha256::digest(DEPLOY_TOKEN.as_bytes())),
+            ops = hex::encode(Sha256::digest(OPS_TOKEN.as_bytes())),
+            admin = ADMIN.0,
+            admin_hash = hash(ADMIN.1),
         );
         let config = Config::parse("test.toml", &text, &BTreeMap::new()).unwrap();
         let node = node::start(config).await.unwrap();
-        let base = format!("http://{}", node.addr);
+        let base = format!("http://127.0.0.1:{}", node.addr.port());
         HttpNode {
             node: Some(node),
             base,

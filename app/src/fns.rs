@@ -50,9 +50,7 @@ pub mod ssr {
     }
 
     /// The role a form names, or a sentence saying which roles there are.
-    pub fn role_named(
-        role: &str,
-    ) -> Result<crate::api::PersonRole, crate::console::ConsoleError> {
+    pub fn role_named(role: &str) -> Result<crate::api::PersonRole, crate::console::ConsoleError> {
         crate::api::PersonRole::parse(role.trim()).ok_or_else(|| {
             crate::console::ConsoleError::Invalid(format!(
                 "role {:?} is not a role: use \"viewer\", \"operator\" or \"admin\".",

@@ -12,6 +12,7 @@ import { spawn } from 'node:child_process';
 import { createServer, connect } from 'node:net';
 import { startNode, launchBrowser, strictPage, signIn, resultsDir, until } from '../lib/harness.mjs';
 
+const ADMIN = { name: 'ada', password: 'admin-pass-1', role: 'admin' };
 const OPERATOR = { name: 'olivia', password: 'operator-pass-1', role: 'operator' };
 const VIEWER = { name: 'victor', password: 'viewer-pass-1', role: 'viewer' };
 
@@ -19,7 +20,7 @@ let node;
 let browser;
 
 before(async () => {
-  node = await startNode({ people: [OPERATOR, VIEWER] });
+  node = await startNode({ people: [ADMIN, OPERATOR, VIEWER] });
   browser = await launchBrowser();
 });
 
@@ -77,12 +78,12 @@ test('a wrong password gets the same generic answer as an unknown name', async (
   await context.close();
 });
 
-test('a viewer sees adding a person disabled and is refused anyway; an operator adds one; both are audited', async () => {
+test('a viewer sees adding a person disabled and is refused anyway; an admin adds one, who chooses a password at the first sign-in; both are audited', async () => {
   const viewer = await strictPage(browser);
   await signIn(viewer.page, node.url, VIEWER.name, VIEWER.password);
   await viewer.page.goto(`${node.url}/settings/people`);
   await viewer.page.waitForSelector('html[data-hydrated]');
-  await viewer.page.getByText('Only operators may add people.').waitFor();
+  await viewer.page.getByText('Only admins may add people.').waitFor();
   assert.equal(await viewer.page.locator('form.inline-form button[type=submit]').isDisabled(), true);
   // The server refuses a viewer even when the page is bypassed.
   const refused = await viewer.page.evaluate(async () => {
@@ -94,29 +95,39 @@ test('a viewer sees adding a person disabled and is refused anyway; an operator 
     return { status: r.status, body: await r.text() };
   });
   assert.equal(refused.status, 403);
-  assert.match(refused.body, /victor is a viewer: only operators may add people\./);
+  assert.match(refused.body, /victor is a viewer: only admins may add people\./);
   await viewer.context.close();
 
   const op = await strictPage(browser);
-  await signIn(op.page, node.url, OPERATOR.name, OPERATOR.password);
+  await signIn(op.page, node.url, ADMIN.name, ADMIN.password);
   await op.page.goto(`${node.url}/settings/people`);
   await op.page.waitForSelector('html[data-hydrated]');
   await op.page.fill('#new-name', 'alice');
   await op.page.selectOption('#new-role', 'viewer');
-  await op.page.click('form.inline-form button[type=submit]');
+  await op.page.click('form.inline-form:has(#new-name) button[type=submit]');
   const shown = await op.page.locator('[role=status] code').innerText();
   assert.equal(shown.length, 20, 'the generated password is shown once');
   const audit = op.page.locator('table.audit tbody');
   await audit.getByText('alice as viewer').waitFor();
   const text = await audit.innerText();
-  assert.match(text, /victor\s+node-e2e\s+add_person\s+mallory as viewer\s+refused: not an operator/);
-  assert.match(text, /olivia\s+node-e2e\s+add_person[\s\S]*alice as viewer\s+ok/);
+  assert.match(text, /victor\s+node-e2e\s+add_person\s+mallory as viewer\s+refused: not an admin/);
+  assert.match(text, /ada\s+node-e2e\s+add_person[\s\S]*alice as viewer\s+ok/);
   await op.page.screenshot({ path: join(resultsDir, 'people-1280.png'), fullPage: true });
   await op.context.close();
 
-  // The new person can sign in with the password shown.
+  // The new person signs in with the password shown, and must choose
+  // their own before anything else.
   const alice = await strictPage(browser);
-  await signIn(alice.page, node.url, 'alice', shown);
+  await alice.page.goto(`${node.url}/settings/nodes`);
+  await alice.page.waitForURL(/\/login/);
+  await alice.page.fill('#name', 'alice');
+  await alice.page.fill('#password', shown);
+  await Promise.all([alice.page.waitForURL(/\/account\/password/), alice.page.click('button[type=submit]')]);
+  await alice.page.fill('#current', shown);
+  await alice.page.fill('#new', 'alice chose this one');
+  await alice.page.fill('#confirm', 'alice chose this one');
+  await Promise.all([alice.page.waitForURL(/\/settings\/nodes/), alice.page.click('button[type=submit]')]);
+  await alice.page.waitForSelector('html[data-hydrated]');
   assert.match(await alice.page.locator('.person').innerText(), /alice/);
   await alice.context.close();
 });
@@ -341,7 +352,7 @@ test('the Seats page is readable at 390 px wide', async () => {
 });
 
 test('the Nodes page shows a new seat without a reload when a company adds one', async () => {
-  const { page, context, problems } = await livePage(OPERATOR, '/settings/nodes');
+  const { page, context, problems } = await livePage(ADMIN, '/settings/nodes');
   await page.evaluate(() => (window.__sameDocument = true));
   const row = page.locator('tr[data-node="node-e2e"]');
   await row.locator('details.seats summary').click();
@@ -606,11 +617,11 @@ test('Settings › Nodes puts alarms on top: a seat no node may run, and an unde
   const stubborn = `[[roles]]\nhandle = "stubborn-agent"\nagent = { kind = "command", argv = ["python3", "${script}", "${pidfile}"], stop_wait_ms = 300 }\n`;
   // Teardowns are retried at each heartbeat: a short one clears the alarm soon.
   const heartbeat = '[coordination]\nheartbeat_seconds = 2\n';
-  const other = await startNode({ id: 'node-e2e-alarms', people: [OPERATOR], roles: ['alpha-agent'], more: gpu + stubborn + heartbeat });
+  const other = await startNode({ id: 'node-e2e-alarms', people: [ADMIN], roles: ['alpha-agent'], more: gpu + stubborn + heartbeat });
   let pid;
   try {
     const { page, context, problems } = await strictPage(browser);
-    await signIn(page, other.url, OPERATOR.name, OPERATOR.password);
+    await signIn(page, other.url, ADMIN.name, ADMIN.password);
     await page.locator('.live.live-open').waitFor();
     // The first placement pass finds it; its event brings the alarm.
     const unplaceable = page.locator('.alarms li[data-alarm="unplaceable"]');

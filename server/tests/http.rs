@@ -166,7 +166,7 @@ async fn repeated_sign_in_failures_are_rate_limited_even_for_the_right_password(
 }
 
 #[tokio::test]
-async fn a_viewer_is_refused_a_mutation_with_403_and_an_operator_is_not() {
+async fn a_viewer_is_refused_adding_a_person_with_403_and_an_admin_is_not() {
     let n = TestNode::start().await;
     let viewer = client();
     sign_in(&n, &viewer, "victor", "view-pass").await;
@@ -178,10 +178,10 @@ async fn a_viewer_is_refused_a_mutation_with_403_and_an_operator_is_not() {
         .unwrap();
     assert_eq!(r.status(), StatusCode::FORBIDDEN);
     let body = r.text().await.unwrap();
-    assert!(body.contains("only operators may add people"), "{body}");
+    assert!(body.contains("only admins may add people"), "{body}");
 
     let op = client();
-    sign_in(&n, &op, "olivia", "op-pass").await;
+    sign_in(&n, &op, "ada", "admin-pass").await;
     let r = op
         .post(n.url("/api/add_person"))
         .form(&[("name", "alice"), ("role", "viewer")])
@@ -203,13 +203,14 @@ async fn a_viewer_is_refused_a_mutation_with_403_and_an_operator_is_not() {
         .collect();
     assert_eq!(
         adds,
-        vec![("olivia", "ok"), ("victor", "refused: not an operator")]
+        vec![("ada", "ok"), ("victor", "refused: not an admin")]
     );
 
-    // The person added can sign in with the password shown once.
+    // The person added signs in with the password shown once, and
+    // chooses their own first.
     let alice = client();
     let r = sign_in(&n, &alice, "alice", &password).await;
-    assert_eq!(location(&r), "/seats");
+    assert_eq!(location(&r), "/account/password?next=/seats");
     n.stop().await;
 }
 
@@ -217,7 +218,7 @@ async fn a_viewer_is_refused_a_mutation_with_403_and_an_operator_is_not() {
 async fn adding_a_person_with_a_bad_name_says_which_field_and_why() {
     let n = TestNode::start().await;
     let op = client();
-    sign_in(&n, &op, "olivia", "op-pass").await;
+    sign_in(&n, &op, "ada", "admin-pass").await;
     for (name, role, status, says) in [
         ("two words", "viewer", StatusCode::BAD_REQUEST, "Name:"),
         (
@@ -228,9 +229,9 @@ async fn adding_a_person_with_a_bad_name_says_which_field_and_why() {
         ),
         (
             "zed",
-            "admin",
+            "root",
             StatusCode::BAD_REQUEST,
-            "use \\\"viewer\\\" or \\\"operator\\\"",
+            "use \\\"viewer\\\", \\\"operator\\\" or \\\"admin\\\"",
         ),
     ] {
         let r = op
@@ -249,8 +250,9 @@ async fn adding_a_person_with_a_bad_name_says_which_field_and_why() {
 #[tokio::test]
 async fn cross_site_posts_are_refused() {
     let n = TestNode::start().await;
+    // An admin, who may add people: only the cross-site check refuses.
     let op = client();
-    sign_in(&n, &op, "olivia", "op-pass").await;
+    sign_in(&n, &op, "ada", "admin-pass").await;
     let r = op
         .post(n.url("/api/add_person"))
         .header("sec-fetch-site", "cross-site")
@@ -339,7 +341,7 @@ async fn sign_out_ends_the_session() {
     let c = client();
     sign_in(&n, &c, "victor", "view-pass").await;
     let r = c.post(n.url("/logout")).send().await.unwrap();
-    assert_eq!(location(&r), "/login");
+    assert_eq!(location(&r), "/login?signed_out=1");
     let r = c.get(n.url("/settings/nodes")).send().await.unwrap();
     assert_eq!(r.status(), StatusCode::SEE_OTHER);
     n.stop().await;
@@ -365,7 +367,7 @@ async fn first_start_with_nobody_configured_creates_admin_and_keeps_only_a_hash(
             .unwrap();
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0].0, "admin");
-    assert_eq!(rows[0].1, "operator");
+    assert_eq!(rows[0].1, "admin");
     assert!(rows[0].2.starts_with("$argon2id$"), "only the hash is kept");
     pool.close().await;
     // A second start does not create another.
@@ -419,7 +421,7 @@ async fn wait_for_seats(n: &TestNode, want: Value) {
 }
 
 #[tokio::test]
-async fn an_operator_token_applies_a_company_and_the_new_seat_is_held() {
+async fn an_admin_token_applies_a_company_and_the_new_seat_is_held() {
     let n = TestNode::start().await;
     wait_for_seats(&n, serde_json::json!(["alpha"])).await;
     let file = "[company]\nname = \"Grown\"\n[[roles]]\nhandle = \"alpha\"\n[[roles]]\nhandle = \"beta\"\n";

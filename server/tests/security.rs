@@ -13,9 +13,7 @@ use std::time::Duration;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use support::http_node::{
-    ADMIN, DEPLOY_TOKEN, HttpNode, MONITORING_TOKEN, OPERATOR, OPS_TOKEN, Rig, VIEWER, client,
-};
+use support::http_node::{ADMIN, DEPLOY_TOKEN, HttpNode, OPERATOR, OPS_TOKEN, Rig, VIEWER, client};
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -143,7 +141,11 @@ handle = "alpha"
     let config = crewlet::config::Config::parse("nats.toml", &text, &BTreeMap::new()).unwrap();
     let node = crewlet::node::start(config).await.unwrap();
     support::wait_for("alpha held", WAIT, Duration::from_millis(50), || async {
-        node.engine.host().held().contains(&"alpha".to_string()).then_some(())
+        node.engine
+            .host()
+            .held()
+            .contains(&"alpha".to_string())
+            .then_some(())
     })
     .await;
     // Anyone who can publish to the subject: no HTTP, no token.
@@ -175,6 +177,83 @@ handle = "alpha"
     .await;
     assert!(!marker.exists(), "mail on NATS started a program");
     assert_eq!(node.turns.supervisor().running(), 0);
+    node.shutdown().await.unwrap();
+}
+
+/// The NATS users README § Security model recommends, with the
+/// passwords spelled out.
+const NATS_USERS: &str = r#"authorization {
+  users = [
+    { user: crewlet-node, password: node-pw,
+      permissions: { publish: ">", subscribe: ">" } }
+    { user: mailer, password: mailer-pw,
+      permissions: { publish: { allow: ["crewlet.agent.*.inbox"] },
+                     subscribe: { allow: ["_INBOX.>"] } } }
+  ]
+}
+"#;
+
+#[tokio::test]
+async fn a_mail_only_nats_user_delivers_mail_and_cannot_write_the_fleets_buckets() {
+    let nats =
+        support::nats::NatsServer::start_with(NATS_USERS, Some(("crewlet-node", "node-pw"))).await;
+    let dir = tempfile::tempdir().unwrap();
+    let text = format!(
+        "[node]\nid = \"node-nats\"\nlisten = \"127.0.0.1:0\"\ndata_dir = \"{}\"\n\n[coordination]\ntype = \"embedded-kv\"\n\n[stream]\ntype = \"nats\"\nurls = [\"{}\"]\nuser = \"crewlet-node\"\npassword = \"node-pw\"\n\n[[roles]]\nhandle = \"alpha\"\n",
+        dir.path().join("data").display(),
+        nats.url(),
+    );
+    let config = crewlet::config::Config::parse("nats.toml", &text, &BTreeMap::new()).unwrap();
+    let node = crewlet::node::start(config).await.unwrap();
+    support::wait_for("alpha held", WAIT, Duration::from_millis(50), || async {
+        node.engine
+            .host()
+            .held()
+            .contains(&"alpha".to_string())
+            .then_some(())
+    })
+    .await;
+    let mailer =
+        async_nats::ConnectOptions::with_user_and_password("mailer".into(), "mailer-pw".into())
+            .request_timeout(Some(Duration::from_secs(2)))
+            .connect(nats.url())
+            .await
+            .unwrap();
+    let js = async_nats::jetstream::new(mailer);
+    let mail =
+        json!({"id": "mailer-1", "type": "task_assigned", "body": {"title": "from the mailer"}});
+    js.publish("crewlet.agent.alpha.inbox", mail.to_string().into())
+        .await
+        .unwrap()
+        .await
+        .expect("the stream acknowledges the mailer's mail");
+    support::wait_for(
+        "the mailer's mail answered",
+        WAIT,
+        Duration::from_millis(50),
+        || async {
+            node.turns
+                .outbox()
+                .read(None)
+                .await
+                .ok()?
+                .iter()
+                .any(|e| e.trigger_ids.iter().any(|t| t == "mailer-1"))
+                .then_some(())
+        },
+    )
+    .await;
+    // The active company is out of its reach (the server drops the publish:
+    // no acknowledgement comes).
+    let forged = js
+        .publish("$KV.crewlet_config.active", "{\"revision\": 99}".into())
+        .await;
+    let acked = match forged {
+        Ok(ack) => ack.await.is_ok(),
+        Err(_) => false,
+    };
+    assert!(!acked, "the mailer wrote the fleet's active company");
+    assert_eq!(node.engine.company().revision, 1);
     node.shutdown().await.unwrap();
 }
 
@@ -211,7 +290,10 @@ async fn only_an_admin_applies_a_company_an_operator_is_refused_and_audited() {
     assert_eq!(r.status(), StatusCode::FORBIDDEN);
     let v: Value = r.json().await.unwrap();
     assert!(
-        v["error"].as_str().unwrap().contains("only admins may apply"),
+        v["error"]
+            .as_str()
+            .unwrap()
+            .contains("only admins may apply"),
         "{v}"
     );
     // The operator's session is refused the same way.
@@ -256,7 +338,9 @@ async fn a_node_that_does_not_allow_command_agents_refuses_a_company_with_them_n
     let v: Value = r.json().await.unwrap();
     let msg = v["error"].as_str().unwrap();
     assert!(
-        msg.contains("allow_command_agents") && msg.contains("shell") && msg.contains("nothing was applied"),
+        msg.contains("allow_command_agents")
+            && msg.contains("shell")
+            && msg.contains("nothing was applied"),
         "{msg}"
     );
     // Nothing was applied: still revision 1, its one seat held.
@@ -301,7 +385,11 @@ async fn concurrent_wrong_guesses_are_counted_before_checking_and_a_refusal_is_a
         async move {
             client()
                 .post(url)
-                .form(&[("name", "admin"), ("password", &format!("guess-{i}")), ("next", "/")])
+                .form(&[
+                    ("name", "admin"),
+                    ("password", &format!("guess-{i}")),
+                    ("next", "/"),
+                ])
                 .send()
                 .await
                 .unwrap()
@@ -309,7 +397,10 @@ async fn concurrent_wrong_guesses_are_counted_before_checking_and_a_refusal_is_a
         }
     });
     let answers = futures::future::join_all(guesses).await;
-    let checked = answers.iter().filter(|s| **s == StatusCode::SEE_OTHER).count();
+    let checked = answers
+        .iter()
+        .filter(|s| **s == StatusCode::SEE_OTHER)
+        .count();
     let refused = answers
         .iter()
         .filter(|s| **s == StatusCode::TOO_MANY_REQUESTS)
@@ -349,7 +440,8 @@ async fn concurrent_wrong_guesses_are_counted_before_checking_and_a_refusal_is_a
 
 #[tokio::test]
 async fn a_stranger_guessing_from_one_address_does_not_lock_the_name_out_elsewhere() {
-    let n = HttpNode::start_full(Rig::Test, "", "[auth]\ntrusted_proxies = [\"127.0.0.1\"]\n").await;
+    let n =
+        HttpNode::start_full(Rig::Test, "", "[auth]\ntrusted_proxies = [\"127.0.0.1\"]\n").await;
     let from = |c: &reqwest::Client, ip: &str, password: &str| {
         c.post(n.url("/login"))
             .header("x-forwarded-for", ip)
@@ -478,7 +570,11 @@ async fn an_audit_row_keeps_a_bounded_copy_of_what_a_caller_typed() {
         .find(|e| e["person"] == VIEWER.0 && e["action"] == "seat.pause")
         .expect("the refusal is audited");
     let kept = row["reason"].as_str().unwrap();
-    assert!(kept.chars().count() <= crewlet::audit::FIELD_CHARS + 1, "{} chars", kept.len());
+    assert!(
+        kept.chars().count() <= crewlet::audit::FIELD_CHARS + 1,
+        "{} chars",
+        kept.len()
+    );
     assert!(kept.ends_with('…'));
     n.stop().await;
 }
@@ -495,7 +591,11 @@ async fn every_answer_carries_the_security_headers_and_api_answers_are_not_store
         let csp = h.get("content-security-policy").unwrap().to_str().unwrap();
         assert!(csp.contains("frame-ancestors 'none'"), "{path}: {csp}");
         assert_eq!(h.get("x-frame-options").unwrap(), "DENY", "{path}");
-        assert_eq!(h.get("x-content-type-options").unwrap(), "nosniff", "{path}");
+        assert_eq!(
+            h.get("x-content-type-options").unwrap(),
+            "nosniff",
+            "{path}"
+        );
         assert!(h.get("referrer-policy").is_some(), "{path}");
     }
     let r = c.get(n.url("/query/fleet")).send().await.unwrap();
@@ -512,7 +612,13 @@ async fn a_node_listening_beyond_loopback_marks_its_session_cookie_secure() {
         .send()
         .await
         .unwrap();
-    let cookie = r.headers().get("set-cookie").unwrap().to_str().unwrap().to_string();
+    let cookie = r
+        .headers()
+        .get("set-cookie")
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_string();
     assert!(!cookie.contains("Secure"), "loopback: {cookie}");
     n.stop().await;
     let n = HttpNode::start_listening(Rig::Test, "0.0.0.0:0").await;
@@ -522,7 +628,13 @@ async fn a_node_listening_beyond_loopback_marks_its_session_cookie_secure() {
         .send()
         .await
         .unwrap();
-    let cookie = r.headers().get("set-cookie").unwrap().to_str().unwrap().to_string();
+    let cookie = r
+        .headers()
+        .get("set-cookie")
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_string();
     assert!(cookie.contains("Secure"), "{cookie}");
     n.stop().await;
 }
@@ -530,11 +642,9 @@ async fn a_node_listening_beyond_loopback_marks_its_session_cookie_secure() {
 /// Read `r`'s body until it ends (true) or `within` passes (false).
 async fn ends_within(r: reqwest::Response, within: Duration) -> bool {
     let mut r = r;
-    tokio::time::timeout(within, async {
-        while let Ok(Some(_)) = r.chunk().await {}
-    })
-    .await
-    .is_ok()
+    tokio::time::timeout(within, async { while let Ok(Some(_)) = r.chunk().await {} })
+        .await
+        .is_ok()
 }
 
 #[tokio::test]
@@ -545,7 +655,10 @@ async fn signing_out_ends_the_event_stream_opened_by_that_session() {
     assert_eq!(stream.status(), StatusCode::OK);
     let r = c.post(n.url("/logout")).send().await.unwrap();
     assert_eq!(r.status(), StatusCode::SEE_OTHER);
-    assert!(ends_within(stream, WAIT).await, "the stream kept going after sign-out");
+    assert!(
+        ends_within(stream, WAIT).await,
+        "the stream kept going after sign-out"
+    );
     let r = c.get(n.url("/api/events")).send().await.unwrap();
     assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
     n.stop().await;
@@ -574,7 +687,11 @@ async fn first_sign_in(n: &HttpNode, name: &str, password: &str, new: &str) -> r
         .await
         .unwrap();
     assert_eq!(r.status(), StatusCode::SEE_OTHER);
-    assert_eq!(location(&r), "/account/password?next=/seats", "a generated password must be changed first");
+    assert_eq!(
+        location(&r),
+        "/account/password?next=/seats",
+        "a generated password must be changed first"
+    );
     // Until then nothing else answers.
     let r = c.get(n.url("/query/fleet")).send().await.unwrap();
     assert_eq!(r.status(), StatusCode::FORBIDDEN);
@@ -582,7 +699,12 @@ async fn first_sign_in(n: &HttpNode, name: &str, password: &str, new: &str) -> r
     assert_eq!(location(&r), "/account/password?next=/seats");
     let r = c
         .post(n.url("/account/password"))
-        .form(&[("current", password), ("new", new), ("confirm", new), ("next", "/seats")])
+        .form(&[
+            ("current", password),
+            ("new", new),
+            ("confirm", new),
+            ("next", "/seats"),
+        ])
         .send()
         .await
         .unwrap();
@@ -613,7 +735,11 @@ async fn a_role_change_holds_on_the_next_request_and_a_removal_ends_the_session_
         .await
         .unwrap();
     assert_eq!(r.status(), StatusCode::OK);
-    assert_eq!(pause().await.unwrap().status(), StatusCode::OK, "no new sign-in needed");
+    assert_eq!(
+        pause().await.unwrap().status(),
+        StatusCode::OK,
+        "no new sign-in needed"
+    );
 
     let stream = alice.get(n.url("/api/events")).send().await.unwrap();
     assert_eq!(stream.status(), StatusCode::OK);
@@ -624,15 +750,24 @@ async fn a_role_change_holds_on_the_next_request_and_a_removal_ends_the_session_
         .await
         .unwrap();
     assert_eq!(r.status(), StatusCode::OK);
-    assert!(ends_within(stream, WAIT).await, "the removed person's stream kept going");
+    assert!(
+        ends_within(stream, WAIT).await,
+        "the removed person's stream kept going"
+    );
     assert_eq!(
-        alice.get(n.url("/query/fleet")).send().await.unwrap().status(),
+        alice
+            .get(n.url("/query/fleet"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
         StatusCode::UNAUTHORIZED
     );
     let rows = audit_rows(&n).await;
     for action in ["add_person", "person.set_role", "person.remove"] {
         assert!(
-            rows.iter().any(|e| e["person"] == ADMIN.0 && e["action"] == action && e["result"] == "ok"),
+            rows.iter()
+                .any(|e| e["person"] == ADMIN.0 && e["action"] == action && e["result"] == "ok"),
             "{action}: {rows:?}"
         );
     }
@@ -644,8 +779,14 @@ async fn only_an_admin_manages_people_and_people_in_the_file_are_changed_there()
     let n = HttpNode::start().await;
     let op = n.signed_in(OPERATOR).await;
     for (path, form) in [
-        ("/api/add_person", vec![("name", "mallory"), ("role", "admin")]),
-        ("/api/set_person_role", vec![("name", VIEWER.0), ("role", "admin")]),
+        (
+            "/api/add_person",
+            vec![("name", "mallory"), ("role", "admin")],
+        ),
+        (
+            "/api/set_person_role",
+            vec![("name", VIEWER.0), ("role", "admin")],
+        ),
         ("/api/reset_password", vec![("name", VIEWER.0)]),
         ("/api/remove_person", vec![("name", VIEWER.0)]),
     ] {
@@ -690,11 +831,19 @@ async fn a_reset_password_must_be_changed_and_a_person_changes_their_own() {
         .send()
         .await
         .unwrap();
-    assert!(location(&r).starts_with("/login?error=1"), "{}", location(&r));
+    assert!(
+        location(&r).starts_with("/login?error=1"),
+        "{}",
+        location(&r)
+    );
     // A short one is refused with the reason.
     let r = bob
         .post(n.url("/account/password"))
-        .form(&[("current", "bob's second own password"), ("new", "short"), ("confirm", "short")])
+        .form(&[
+            ("current", "bob's second own password"),
+            ("new", "short"),
+            ("confirm", "short"),
+        ])
         .send()
         .await
         .unwrap();
@@ -783,15 +932,20 @@ impl Binary {
     }
 
     async fn healthy(&self) {
-        support::wait_for("the node answers /health", Duration::from_secs(60), Duration::from_millis(100), || async {
-            client()
-                .get(self.url("/health"))
-                .send()
-                .await
-                .ok()
-                .filter(|r| r.status() == StatusCode::OK)
-                .map(|_| ())
-        })
+        support::wait_for(
+            "the node answers /health",
+            Duration::from_secs(60),
+            Duration::from_millis(100),
+            || async {
+                client()
+                    .get(self.url("/health"))
+                    .send()
+                    .await
+                    .ok()
+                    .filter(|r| r.status() == StatusCode::OK)
+                    .map(|_| ())
+            },
+        )
         .await;
     }
 }
@@ -823,7 +977,10 @@ async fn a_hundred_concurrent_wrong_guesses_leave_the_nodes_memory_where_it_was(
         async move {
             client()
                 .post(url)
-                .form(&[("name", "admin".to_string()), ("password", format!("guess-{i}"))])
+                .form(&[
+                    ("name", "admin".to_string()),
+                    ("password", format!("guess-{i}")),
+                ])
                 .send()
                 .await
                 .unwrap()
@@ -831,10 +988,21 @@ async fn a_hundred_concurrent_wrong_guesses_leave_the_nodes_memory_where_it_was(
         }
     });
     let answers = futures::future::join_all(guesses).await;
-    let checked = answers.iter().filter(|s| **s == StatusCode::SEE_OTHER).count();
-    assert!(checked <= crewlet::web::auth::MAX_CONCURRENT_CHECKS, "{checked} checks");
+    let checked = answers
+        .iter()
+        .filter(|s| **s == StatusCode::SEE_OTHER)
+        .count();
+    assert!(
+        checked <= crewlet::web::auth::MAX_CONCURRENT_CHECKS,
+        "{checked} checks"
+    );
     assert_eq!(
-        client().get(node.url("/health")).send().await.unwrap().status(),
+        client()
+            .get(node.url("/health"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
         StatusCode::OK
     );
     let after = node.rss();
@@ -855,7 +1023,11 @@ async fn the_first_start_admin_must_choose_a_password_at_the_first_sign_in() {
     let c = client();
     let r = c
         .post(node.url("/login"))
-        .form(&[("name", "admin"), ("password", node.password.as_str()), ("next", "/seats")])
+        .form(&[
+            ("name", "admin"),
+            ("password", node.password.as_str()),
+            ("next", "/seats"),
+        ])
         .send()
         .await
         .unwrap();
@@ -866,7 +1038,12 @@ async fn the_first_start_admin_must_choose_a_password_at_the_first_sign_in() {
     let new = "the admin's own password";
     let r = c
         .post(node.url("/account/password"))
-        .form(&[("current", node.password.as_str()), ("new", new), ("confirm", new), ("next", "/seats")])
+        .form(&[
+            ("current", node.password.as_str()),
+            ("new", new),
+            ("confirm", new),
+            ("next", "/seats"),
+        ])
         .send()
         .await
         .unwrap();

@@ -705,8 +705,7 @@ impl Config {
         if !problems.is_empty() {
             return Err(invalid(problems));
         }
-        let mut config: Config = match serde_path_to_error::deserialize(toml::Value::Table(value))
-        {
+        let mut config: Config = match serde_path_to_error::deserialize(toml::Value::Table(value)) {
             Ok(c) => c,
             Err(e) => return Err(invalid(vec![validate::from_serde(&e)])),
         };

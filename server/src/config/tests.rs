@@ -283,14 +283,19 @@ fn password_hash_must_be_argon2_and_is_never_echoed() {
 }
 
 #[test]
-fn user_role_must_be_viewer_or_operator() {
+fn user_role_must_be_viewer_operator_or_admin() {
     let text =
-        format!("[[auth.users]]\nname = \"a\"\npassword_hash = \"{HASH}\"\nrole = \"admin\"\n");
+        format!("[[auth.users]]\nname = \"a\"\npassword_hash = \"{HASH}\"\nrole = \"root\"\n");
     let p = one(&text, "auth.users[0].role");
     assert!(
-        p.problem.contains("viewer") && p.problem.contains("operator"),
+        p.problem.contains("viewer")
+            && p.problem.contains("operator")
+            && p.problem.contains("admin"),
         "{p}"
     );
+    let admin =
+        format!("[[auth.users]]\nname = \"a\"\npassword_hash = \"{HASH}\"\nrole = \"admin\"\n");
+    assert_eq!(parse(&admin).unwrap().auth.users[0].role, AuthRole::Admin);
 }
 
 #[test]

@@ -46,9 +46,11 @@ export async function startNode({ id = 'node-e2e', people = [], roles = ['alpha-
   const users = people
     .map((p) => `[[auth.users]]\nname = "${p.name}"\npassword_hash = "${hashPassword(p.password)}"\nrole = "${p.role}"\n`)
     .join('\n');
-  const roleText = roles.map((h) => `[[roles]]\nhandle = "${h}"\nagent = { kind = "echo" }\n`).join('\n');
+  // A test node: the echo agent's drills (slow rounds, detached runs) are
+  // what these tests steer turns with.
+  const roleText = roles.map((h) => `[[roles]]\nhandle = "${h}"\nagent = { kind = "echo", drills = true }\n`).join('\n');
   const fleet = nats ? fleetConfig(nats) : '';
-  const config = `[node]\nid = "${id}"\nlisten = "127.0.0.1:0"\ndata_dir = "${join(dir, 'data')}"\nlabels = ["e2e"]\n\n[company]\nname = "End-to-end company"\n\n${roleText}\n${fleet}\n${more}\n${users}\n[logging]\nformat = "json"\n`;
+  const config = `[node]\nid = "${id}"\nlisten = "127.0.0.1:0"\ndata_dir = "${join(dir, 'data')}"\nlabels = ["e2e"]\nenvironment = "test"\n\n[runs]\nallow = ["/bin/sleep", "/bin/sh"]\n\n[company]\nname = "End-to-end company"\n\n${roleText}\n${fleet}\n${more}\n${users}\n[logging]\nformat = "json"\n`;
   const file = join(dir, 'crewlet.toml');
   writeFileSync(file, config);
   const proc = spawn(crewletBin, ['run', '--config', file], { stdio: ['ignore', 'pipe', 'pipe'] });

@@ -132,6 +132,20 @@ test('a viewer sees adding a person disabled and is refused anyway; an admin add
   await alice.context.close();
 });
 
+test('after a correct sign-in, a next= that would leave the site lands on this node', async () => {
+  const { page, context } = await strictPage(browser);
+  // A tab after the first slash: browsers drop it and read `//host`.
+  await page.goto(`${node.url}/login?next=/%09/127.0.0.1:3999/phish`);
+  await page.waitForSelector('#name');
+  await page.fill('#name', VIEWER.name);
+  await page.fill('#password', VIEWER.password);
+  await Promise.all([page.waitForURL(/\/settings\/nodes/), page.click('button[type=submit]')]);
+  const landed = new URL(page.url());
+  assert.equal(landed.origin, new URL(node.url).origin, `landed on ${page.url()}`);
+  assert.equal(landed.pathname, '/settings/nodes');
+  await context.close();
+});
+
 test('the Nodes page is readable at 390 px wide', async () => {
   const { page, context, problems } = await strictPage(browser, { width: 390, height: 844 });
   await signIn(page, node.url, VIEWER.name, VIEWER.password);
@@ -146,7 +160,8 @@ test('the Nodes page is readable at 390 px wide', async () => {
 test('signing out ends the session', async () => {
   const { page, context } = await strictPage(browser);
   await signIn(page, node.url, VIEWER.name, VIEWER.password);
-  await Promise.all([page.waitForURL(/\/login$/), page.click('form.signout button')]);
+  await Promise.all([page.waitForURL(/\/login\?signed_out=1$/), page.click('form.signout button')]);
+  await page.getByText('You signed out.').waitFor();
   await page.goto(`${node.url}/settings/nodes`);
   await page.waitForURL(/\/login\?next=/);
   await context.close();
@@ -798,7 +813,7 @@ test("the seats page shows a seat's detached runs with their state and launcher"
   const sent = await publish(page, 'beta-agent', {
     id: 'evt-e2e-detached-run',
     type: 'task_assigned',
-    body: { title: 'start a long command', run: { argv: ['sleep', '30'] } },
+    body: { title: 'start a long command', run: { argv: ['/bin/sleep', '30'] } },
   });
   assert.equal(sent.status, 200, sent.body);
   const runs = row.locator('.runs');

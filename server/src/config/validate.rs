@@ -542,7 +542,7 @@ fn check_limits(c: &Config) -> Vec<Problem> {
         out.push(Problem::new(
             "roles",
             Some(format!("{} roles", c.roles.len())),
-            &format!("a company has at most {MAX_ROLES} roles"),
+            format!("a company has at most {MAX_ROLES} roles"),
             "split the company, or remove roles nobody runs",
         ));
     }
@@ -550,7 +550,7 @@ fn check_limits(c: &Config) -> Vec<Problem> {
         out.push(Problem::new(
             "schedules",
             Some(format!("{} schedules", c.schedules.len())),
-            &format!("a company has at most {MAX_SCHEDULES} schedules"),
+            format!("a company has at most {MAX_SCHEDULES} schedules"),
             "merge schedules that wake the same seat",
         ));
     }

@@ -313,7 +313,7 @@ async fn apply_company(
 ) -> axum::response::Response {
     let body = match read_body(body) {
         Ok(b) => b,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     match console.apply_company(&person, &body).await {
         Ok(revision) => Json(serde_json::json!({ "revision": revision })).into_response(),
@@ -331,7 +331,7 @@ async fn send_to_inbox(
 ) -> axum::response::Response {
     let body = match read_body(body) {
         Ok(b) => b,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     match console.send_to_inbox(&person, &handle, &body).await {
         Ok(id) => Json(serde_json::json!({ "id": id })).into_response(),
@@ -422,7 +422,7 @@ async fn pause_seat(
 ) -> axum::response::Response {
     let body = match read_body(body) {
         Ok(b) => b,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let body = match SeatActionBody::parse(&body, &["reason", "stop_running_turn"]) {
         Ok(b) => b,
@@ -445,7 +445,7 @@ async fn resume_seat(
 ) -> axum::response::Response {
     let body = match read_body(body) {
         Ok(b) => b,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     if let Err(e) = SeatActionBody::parse(&body, &[]) {
         return console_error(e);
@@ -464,7 +464,7 @@ async fn stop_seat_turn(
 ) -> axum::response::Response {
     let body = match read_body(body) {
         Ok(b) => b,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let body = match SeatActionBody::parse(&body, &["reason"]) {
         Ok(b) => b,
@@ -477,7 +477,7 @@ async fn stop_seat_turn(
 /// so; otherwise the body.
 pub(crate) fn read_body(
     body: Result<String, StringRejection>,
-) -> Result<String, axum::response::Response> {
+) -> Result<String, Box<axum::response::Response>> {
     use axum::http::StatusCode;
     body.map_err(|e| {
         let (status, why) = match e.status() {
@@ -491,7 +491,7 @@ pub(crate) fn read_body(
             ),
             s => (s, format!("the body cannot be read: {e}")),
         };
-        (status, Json(serde_json::json!({ "error": why }))).into_response()
+        Box::new((status, Json(serde_json::json!({ "error": why }))).into_response())
     })
 }
 

@@ -70,7 +70,7 @@ pub async fn put_order(
 ) -> Response {
     let body = match crate::web::read_body(body) {
         Ok(b) => b,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let body: OrderBody = match parse(
         &body,
@@ -97,7 +97,7 @@ pub async fn move_seat(
 ) -> Response {
     let body = match crate::web::read_body(body) {
         Ok(b) => b,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let body: MoveBody = match parse(
         &body,

@@ -92,10 +92,11 @@ contract!(
     the_delivery_after_the_budget_is_dead_lettered_visibly,
     a_poison_payload_is_dead_lettered_at_once,
     a_panicking_handler_hands_the_delivery_back,
-    ensure_subscription_is_idempotent_and_refuses_other_settings,
+    ensure_subscription_is_idempotent_adopts_a_new_ack_window_and_refuses_other_settings,
     subscriptions_are_listed_and_deleted_explicitly,
     a_publish_with_a_seen_message_id_is_deduplicated,
     an_unsettled_delivery_comes_back_after_the_ack_window,
+    a_delivery_its_owner_keeps_extending_is_not_redelivered_and_comes_back_once_the_extensions_stop,
     the_boot_walk_creates_every_seats_mailboxes_idempotently_and_names_a_mismatch,
 );
 
@@ -520,12 +521,14 @@ async fn a_panicking_handler_hands_the_delivery_back(b: Backend) {
     a.detach().await;
 }
 
-async fn ensure_subscription_is_idempotent_and_refuses_other_settings(b: Backend) {
+async fn ensure_subscription_is_idempotent_adopts_a_new_ack_window_and_refuses_other_settings(
+    b: Backend,
+) {
     let q = &*b.queue;
     let spec = ensure_seat(q, "steady").await;
     q.ensure_subscription(&spec).await.unwrap();
     let mut other = spec.clone();
-    other.ack_wait = Duration::from_secs(60);
+    other.max_deliveries = spec.max_deliveries + 1;
     match q.ensure_subscription(&other).await {
         Err(QueueError::SettingsMismatch {
             name,
@@ -533,11 +536,25 @@ async fn ensure_subscription_is_idempotent_and_refuses_other_settings(b: Backend
             wanted,
         }) => {
             assert_eq!(name, "agent-steady");
-            assert!(existing.contains("ack_wait 120s"), "{existing}");
-            assert!(wanted.contains("ack_wait 60s"), "{wanted}");
+            assert!(
+                existing.contains(&format!("max_deliveries {}", spec.max_deliveries)),
+                "{existing}"
+            );
+            assert!(
+                wanted.contains(&format!("max_deliveries {}", other.max_deliveries)),
+                "{wanted}"
+            );
         }
         other => panic!("expected a settings mismatch, got {other:?}"),
     }
+    // Another ack window is adopted: the mailbox keeps its mail.
+    publish(q, &spec.subject, "kept across the change").await;
+    let mut window = spec.clone();
+    window.ack_wait = Duration::from_secs(60);
+    q.ensure_subscription(&window).await.unwrap();
+    q.ensure_subscription(&window).await.unwrap();
+    pending_is(q, &spec.name, 1).await;
+    q.ensure_subscription(&spec).await.unwrap();
     let mut moved = spec.clone();
     moved.subject = "crewlet.agent.elsewhere.inbox".into();
     assert!(matches!(
@@ -546,7 +563,7 @@ async fn ensure_subscription_is_idempotent_and_refuses_other_settings(b: Backend
     ));
     // The original is untouched: its mail still arrives.
     publish(q, &spec.subject, "still here").await;
-    pending_is(q, &spec.name, 1).await;
+    pending_is(q, &spec.name, 2).await;
 }
 
 async fn subscriptions_are_listed_and_deleted_explicitly(b: Backend) {
@@ -595,6 +612,55 @@ async fn a_publish_with_a_seen_message_id_is_deduplicated(b: Backend) {
             .unwrap()
     );
     pending_is(q, &spec.name, 2).await;
+}
+
+async fn a_delivery_its_owner_keeps_extending_is_not_redelivered_and_comes_back_once_the_extensions_stop(
+    b: Backend,
+) {
+    // A long turn on a live node: its deliveries outlive the window for as
+    // long as the seat's renewals extend them.
+    let q = &*b.queue;
+    let spec = SubscriptionSpec::new(
+        "agent-long".into(),
+        "crewlet.agent.long.inbox".into(),
+        QueueSettings {
+            max_deliveries: 25,
+            ack_wait: Duration::from_secs(1),
+        },
+    );
+    q.ensure_subscription(&spec).await.unwrap();
+    publish(q, &spec.subject, "long work").await;
+    let (started_tx, mut started) = mpsc::unbounded_channel();
+    let long = handler_fn(move |d: Delivery| {
+        let started_tx = started_tx.clone();
+        async move {
+            let _ = started_tx.send(d.delivered);
+            std::future::pending::<Disposition>().await
+        }
+    });
+    let owner = q.attach(&spec.name, &[], long).await.unwrap();
+    assert_eq!(
+        tokio::time::timeout(WAIT, started.recv()).await.unwrap(),
+        Some(1)
+    );
+    let (h, mut rx) = recorder(|_| Disposition::Ack);
+    let successor = q.attach(&spec.name, &[], h).await.unwrap();
+    // Three windows, extended four times a window (as renewals would):
+    // the delivery never comes back.
+    for _ in 0..12 {
+        owner.extend();
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(
+        rx.try_recv().is_err(),
+        "a delivery its owner kept extending was redelivered"
+    );
+    // The extensions stop (the node died, wedged, or lost the seat): a
+    // window later the delivery is the successor's.
+    let d = recv(&mut rx, "the delivery once the extensions stopped").await;
+    assert_eq!((&d.payload[..], d.delivered), (&b"long work"[..], 2));
+    successor.detach().await;
+    owner.detach().await;
 }
 
 async fn an_unsettled_delivery_comes_back_after_the_ack_window(b: Backend) {
@@ -648,8 +714,8 @@ async fn the_boot_walk_creates_every_seats_mailboxes_idempotently_and_names_a_mi
     assert_eq!(q.list_subscriptions().await.unwrap().len(), 120);
     // A mailbox made with other settings is refused, naming the seat.
     let other = QueueSettings {
-        max_deliveries: 25,
-        ack_wait: Duration::from_secs(60),
+        max_deliveries: 26,
+        ..settings()
     };
     let (seat, err) = crewlet::queue::boot_walk(q, ["walk-7"], other)
         .await

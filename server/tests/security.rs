@@ -864,103 +864,28 @@ async fn a_reset_password_must_be_changed_and_a_person_changes_their_own() {
 
 // ---- The binary, as a user starts it ----
 
-/// A `crewlet run` child with nobody configured: its address and the
-/// first-start password it printed.
-struct Binary {
-    child: std::process::Child,
-    base: String,
-    password: String,
-    _dir: tempfile::TempDir,
-}
-
-impl Binary {
-    fn start() -> Binary {
-        use std::io::{BufRead, BufReader};
-        let dir = tempfile::tempdir().unwrap();
-        let port = support::free_port();
-        let file = dir.path().join("crewlet.toml");
-        std::fs::write(
-            &file,
-            format!(
-                "[node]\nid = \"node-bin\"\nlisten = \"127.0.0.1:{port}\"\ndata_dir = \"{}\"\n\n[[roles]]\nhandle = \"alpha\"\n",
-                dir.path().join("data").display()
-            ),
-        )
-        .unwrap();
-        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_crewlet"))
-            .args(["run", "--config"])
-            .arg(&file)
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stderr = child.stderr.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { return };
-                if let Some(rest) = line.split("with password").nth(1) {
-                    let _ = tx.send(rest.trim().to_string());
-                }
-            }
-        });
-        let password = rx
-            .recv_timeout(Duration::from_secs(60))
-            .expect("the node prints the first-start password");
-        Binary {
-            child,
-            base: format!("http://127.0.0.1:{port}"),
-            password,
-            _dir: dir,
-        }
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.base)
-    }
-
-    /// The process's resident memory, in bytes.
-    fn rss(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-            .map(|kb| kb * 1024)
-            .unwrap()
-    }
-
-    async fn healthy(&self) {
-        support::wait_for(
-            "the node answers /health",
-            Duration::from_secs(60),
-            Duration::from_millis(100),
-            || async {
-                client()
-                    .get(self.url("/health"))
-                    .send()
-                    .await
-                    .ok()
-                    .filter(|r| r.status() == StatusCode::OK)
-                    .map(|_| ())
-            },
-        )
+/// A `crewlet run` child with nobody configured, and the first-start
+/// password it printed.
+async fn first_start() -> (support::process::NodeProcess, String) {
+    let node = support::process::NodeProcess::start(
+        "[node]\nid = \"node-bin\"\nlisten = \"{listen}\"\ndata_dir = \"{data}\"\n\n[[roles]]\nhandle = \"alpha\"\n",
+    );
+    let line = node
+        .line_with("with password", Duration::from_secs(60))
         .await;
-    }
-}
-
-impl Drop for Binary {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+    let password = line
+        .split("with password")
+        .nth(1)
+        .unwrap()
+        .trim()
+        .to_string();
+    node.healthy(Duration::from_secs(60)).await;
+    (node, password)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hundred_concurrent_wrong_guesses_leave_the_nodes_memory_where_it_was() {
-    let node = Binary::start();
-    node.healthy().await;
+    let (node, _) = first_start().await;
     // One sign-in first, so what a single check leaves behind is in the
     // baseline.
     let r = client()
@@ -1018,14 +943,13 @@ async fn a_hundred_concurrent_wrong_guesses_leave_the_nodes_memory_where_it_was(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_first_start_admin_must_choose_a_password_at_the_first_sign_in() {
-    let node = Binary::start();
-    node.healthy().await;
+    let (node, password) = first_start().await;
     let c = client();
     let r = c
         .post(node.url("/login"))
         .form(&[
             ("name", "admin"),
-            ("password", node.password.as_str()),
+            ("password", password.as_str()),
             ("next", "/seats"),
         ])
         .send()
@@ -1039,7 +963,7 @@ async fn the_first_start_admin_must_choose_a_password_at_the_first_sign_in() {
     let r = c
         .post(node.url("/account/password"))
         .form(&[
-            ("current", node.password.as_str()),
+            ("current", password.as_str()),
             ("new", new),
             ("confirm", new),
             ("next", "/seats"),

@@ -425,7 +425,7 @@ impl Default for StreamSection {
             creds_file: None,
             tls_ca_file: None,
             max_deliveries: 25,
-            ack_wait_seconds: 1800,
+            ack_wait_seconds: 30,
         }
     }
 }

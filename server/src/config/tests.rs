@@ -140,7 +140,7 @@ fn the_delivery_budget_and_ack_window_are_configurable_and_range_checked() {
     let c = parse("").unwrap();
     assert_eq!(
         (c.stream.max_deliveries, c.stream.ack_wait_seconds),
-        (25, 1800)
+        (25, 30)
     );
     let c = parse("[stream]\nmax_deliveries = 5\nack_wait_seconds = 60\n").unwrap();
     assert_eq!(

@@ -275,7 +275,7 @@ pub(super) fn check(c: &Config) -> Vec<Problem> {
             "stream.ack_wait_seconds",
             Some(st.ack_wait_seconds.to_string()),
             "must be between 1 and 86400",
-            "the default is 1800 (30 minutes)".into(),
+            "the default is 30 (the holder extends a delivery while it works on it; this is how soon a dead node's mail comes back)".into(),
         );
     }
 
@@ -526,7 +526,23 @@ pub(super) fn check(c: &Config) -> Vec<Problem> {
     }
     out.extend(check_limits(c));
     out.extend(check_trust(c));
+    out.extend(check_ack_window(c));
     out
+}
+
+/// The ack window must hold two renewals: each renewal of a seat's lease
+/// extends the deliveries its turns hold.
+fn check_ack_window(c: &Config) -> Vec<Problem> {
+    let (window, beat) = (c.stream.ack_wait_seconds, c.coordination.heartbeat_seconds);
+    if window >= 1 && beat >= 1 && window < 2 * beat {
+        return vec![Problem::new(
+            "stream.ack_wait_seconds",
+            Some(window.to_string()),
+            "must be at least twice coordination.heartbeat_seconds: each renewal extends the deliveries a turn holds, and two must fit in a window",
+            format!("with heartbeat_seconds = {beat} use at least {}", 2 * beat),
+        )];
+    }
+    Vec::new()
 }
 
 /// The most roles a company may have (the engine is measured at 10,000

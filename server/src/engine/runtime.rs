@@ -101,6 +101,16 @@ struct SeatRuntime {
     turn_lock: tokio::sync::Mutex<()>,
 }
 
+/// Pure: how long a finished turn keeps trying to record its completion.
+/// Every renewal of the seat's lease extends the turn's deliveries while
+/// the turn (its recording included) runs, and renewals come at least twice
+/// a window (`stream.ack_wait_seconds` ≥ 2 × `coordination.heartbeat_seconds`),
+/// so at any moment at least half a window is left of the last extension;
+/// the record is tried until a tenth of the window before that ends.
+pub fn record_budget(ack_wait: Duration) -> Duration {
+    (ack_wait / 2).saturating_sub(ack_wait / 10)
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -389,7 +399,6 @@ impl TurnEngine {
         delivered: u64,
         received: std::time::Instant,
     ) -> Disposition {
-        let begun = std::time::Instant::now();
         let handle = rt.handle.as_str();
         let c: RunCompletion = match serde_json::from_value(env.body.clone()) {
             Ok(c) => c,
@@ -503,10 +512,7 @@ impl TurnEngine {
         if s.record {
             // Right behind the effects: a holder that dies before the claim
             // is settled leaves a resume its successor skips.
-            let within = self
-                .ack_wait
-                .saturating_sub(begun.elapsed())
-                .saturating_sub(self.ack_wait / 10);
+            let within = record_budget(self.ack_wait);
             self.record_resume(handle, &env.id, &turn.turn_id, within)
                 .await;
         }
@@ -907,7 +913,6 @@ impl TurnEngine {
         out: &mut [Option<Disposition>],
     ) {
         let handle = rt.handle.clone();
-        let begun = std::time::Instant::now();
         let _turn = rt.turn_lock.lock().await;
         match fence.may_start() {
             Some(epoch) if epoch == fence.epoch() => {}
@@ -994,12 +999,9 @@ impl TurnEngine {
                 Ending::Done { answered, .. } => answered.clone(),
                 _ => Vec::new(),
             };
-            // Until a tenth of the ack window is left: past it the delivery
+            // While the delivery is surely still ours: past it the delivery
             // may come back to the seat's next holder whatever happens here.
-            let within = self
-                .ack_wait
-                .saturating_sub(begun.elapsed())
-                .saturating_sub(self.ack_wait / 10);
+            let within = record_budget(self.ack_wait);
             ledger::record_within(
                 &*self.store,
                 &handle,

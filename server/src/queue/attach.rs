@@ -11,9 +11,18 @@
 //! where it is stored and handled like a delivery: looked for at attach,
 //! after a fetch error, every [`STRANDED_EVERY`], and soon again after a
 //! look that found some.
+//! While a handler runs, every delivery it was given is kept from its
+//! ack window by an in-progress acknowledgement each time the
+//! attachment's owner calls [`Attachment::extend`] — the seat host does on
+//! every successful renewal of the seat's lease, so the heartbeat (a loop
+//! the watchdog watches) is what keeps a turn's mail: a node that dies or
+//! wedges, or whose seat is fenced, stops extending and its mail comes back
+//! within one window, while a long turn on a live, owning node is never
+//! redelivered for running long.
 //! A handler still running when the attachment is detached is
 //! neither waited for nor abandoned: it finishes on its own task and
-//! settles what it took. A backend supplies only [`Source`] (fetch one) and [`Settle`]
+//! settles what it took — with no more extensions (a fenced or detached
+//! seat stops asking for time). A backend supplies only [`Source`] (fetch one) and [`Settle`]
 //! (ack / nak / dead-letter one). This loop never decides whether this node
 //! should be consuming — its owner (the seat host) does.
 
@@ -60,7 +69,13 @@ pub trait Source: Send + Sync + 'static {
 
 /// Settle one fetched message.
 #[async_trait::async_trait]
-pub trait Settle: Send + 'static {
+pub trait Settle: Send + Sync + 'static {
+    /// The delivery is still being worked on: restart its ack window
+    /// (JetStream's in-progress acknowledgement). A message taken from
+    /// where it is stored has no window to restart.
+    async fn progress(&self) -> Result<(), QueueError> {
+        Ok(())
+    }
     async fn ack(self: Box<Self>) -> Result<(), QueueError>;
     /// Hand it back for redelivery at once.
     async fn nak(self: Box<Self>) -> Result<(), QueueError>;
@@ -88,6 +103,7 @@ pub struct Attachment {
     subscription: String,
     gate: Arc<watch::Sender<Gate>>,
     busy: watch::Receiver<bool>,
+    extend: Arc<watch::Sender<u64>>,
     cancel: CancellationToken,
     /// Set by [`Attachment::abandon`]: the running handler is dropped and
     /// what it took handed back.
@@ -120,11 +136,13 @@ impl Attachment {
             quiesced: false,
         }));
         let (busy_tx, busy) = watch::channel(false);
+        let extend = Arc::new(watch::Sender::new(0u64));
         let cancel = CancellationToken::new();
         let drop_in_flight = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let task = tokio::spawn(consume(Loop {
             subscription: subscription.clone(),
             max_deliveries,
+            extensions: extend.subscribe(),
             gate: gate.clone(),
             busy: busy_tx,
             cancel: cancel.clone(),
@@ -137,6 +155,7 @@ impl Attachment {
             subscription,
             gate,
             busy,
+            extend,
             cancel,
             drop_in_flight,
             task: Some(task),
@@ -178,6 +197,14 @@ impl Attachment {
 
     pub fn is_quiesced(&self) -> bool {
         self.gate.borrow().quiesced
+    }
+
+    /// The subscription is still this owner's: restart the ack window of
+    /// every delivery the running handler holds (an in-progress
+    /// acknowledgement each). The seat host calls it on every successful
+    /// renewal of the seat's lease; nothing else extends a delivery.
+    pub fn extend(&self) {
+        self.extend.send_modify(|n| *n += 1);
     }
 
     /// True while a handler is running.
@@ -230,6 +257,8 @@ struct Loop {
     subscription: String,
     drop_in_flight: Arc<std::sync::atomic::AtomicBool>,
     max_deliveries: u64,
+    /// Bumped by [`Attachment::extend`].
+    extensions: watch::Receiver<u64>,
     gate: Arc<watch::Sender<Gate>>,
     busy: watch::Sender<bool>,
     cancel: CancellationToken,
@@ -371,9 +400,23 @@ async fn consume(l: Loop) {
             .catch_unwind()
             .await
         });
-        let outcome = tokio::select! {
-            _ = l.cancel.cancelled() => None,
-            r = &mut run => Some(r),
+        // The deliveries are kept while the handler runs (queued behind
+        // the seat's turn lock, or in its turn), each time the owner says
+        // the seat is still its own, and only until it is detached.
+        let mut extensions = l.extensions.clone();
+        extensions.mark_unchanged();
+        let outcome = loop {
+            tokio::select! {
+                _ = l.cancel.cancelled() => break None,
+                r = &mut run => break Some(r),
+                Ok(()) = extensions.changed() => {
+                    for (d, settle) in &live {
+                        if let Err(e) = settle.progress().await {
+                            tracing::debug!(subscription = %l.subscription, seq = d.seq, error = %e, "cannot extend a delivery's ack window");
+                        }
+                    }
+                }
+            }
         };
         let _ = l.busy.send(false);
         let dispositions = match outcome {

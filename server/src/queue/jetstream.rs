@@ -326,6 +326,25 @@ impl JetStreamQueue {
     }
 }
 
+impl JetStreamQueue {
+    /// Change an existing mailbox's ack window to `spec`'s (an update of
+    /// the consumer in place: its position and its pending mail stay).
+    async fn adopt_window(
+        &self,
+        spec: &SubscriptionSpec,
+        from: Duration,
+    ) -> Result<(), QueueError> {
+        tracing::warn!(subscription = %spec.name, from_s = from.as_secs(), to_s = spec.ack_wait.as_secs(), "a mailbox's ack window changes to this node's stream.ack_wait_seconds");
+        bounded(
+            self.settings.timeout,
+            self.agents.create_consumer(wanted(spec)),
+        )
+        .await?
+        .map_err(backend)?;
+        Ok(())
+    }
+}
+
 fn not_found(e: &async_nats::jetstream::stream::ConsumerError) -> bool {
     matches!(e.kind(), async_nats::jetstream::stream::ConsumerErrorKind::JetStream(j)
         if j.error_code() == ErrorCode::CONSUMER_NOT_FOUND)
@@ -380,9 +399,12 @@ impl Queue for JetStreamQueue {
     async fn ensure_subscription(&self, spec: &SubscriptionSpec) -> Result<(), QueueError> {
         let want = wanted(spec);
         if let Some(existing) = self.consumer_info(&spec.name).await? {
-            let same = existing.filter_subject == want.filter_subject
-                && existing.ack_wait == want.ack_wait
+            let same_but_window = existing.filter_subject == want.filter_subject
                 && existing.description == want.description;
+            if same_but_window && existing.ack_wait != want.ack_wait {
+                return self.adopt_window(spec, existing.ack_wait).await;
+            }
+            let same = same_but_window && existing.ack_wait == want.ack_wait;
             return if same {
                 Ok(())
             } else {
@@ -429,9 +451,15 @@ impl Queue for JetStreamQueue {
             let want = wanted(spec);
             match existing.get(&spec.name) {
                 Some(c) => {
-                    let same = c.filter_subject == want.filter_subject
-                        && c.ack_wait == want.ack_wait
+                    let same_but_window = c.filter_subject == want.filter_subject
                         && c.description == want.description;
+                    if same_but_window && c.ack_wait != want.ack_wait {
+                        self.adopt_window(spec, c.ack_wait)
+                            .await
+                            .map_err(|e| (spec.name.clone(), e))?;
+                        continue;
+                    }
+                    let same = same_but_window && c.ack_wait == want.ack_wait;
                     if !same {
                         let existing = pull::Config {
                             description: c.description.clone(),
@@ -843,6 +871,12 @@ struct PullSettle {
 
 #[async_trait::async_trait]
 impl Settle for PullSettle {
+    async fn progress(&self) -> Result<(), QueueError> {
+        bounded(self.timeout, self.msg.ack_with(AckKind::Progress))
+            .await?
+            .map_err(backend)
+    }
+
     async fn ack(self: Box<Self>) -> Result<(), QueueError> {
         bounded(self.timeout, self.msg.double_ack())
             .await?

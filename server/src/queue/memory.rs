@@ -97,7 +97,12 @@ fn expire(sub: &mut Sub, now: Instant) {
 impl Queue for MemoryQueue {
     async fn ensure_subscription(&self, spec: &SubscriptionSpec) -> Result<(), QueueError> {
         let mut st = self.lock();
-        if let Some(existing) = st.subs.get(&spec.name) {
+        if let Some(existing) = st.subs.get_mut(&spec.name) {
+            if existing.spec.only_ack_wait_differs(spec) {
+                tracing::warn!(subscription = %spec.name, from_s = existing.spec.ack_wait.as_secs(), to_s = spec.ack_wait.as_secs(), "a mailbox's ack window changes to this node's stream.ack_wait_seconds");
+                existing.spec.ack_wait = spec.ack_wait;
+                return Ok(());
+            }
             if existing.spec != *spec {
                 return Err(QueueError::SettingsMismatch {
                     name: spec.name.clone(),
@@ -309,6 +314,21 @@ impl MemorySettle {
 
 #[async_trait::async_trait]
 impl Settle for MemorySettle {
+    async fn progress(&self) -> Result<(), QueueError> {
+        let mut st = self.queue.lock();
+        if let Some(sub) = st
+            .subs
+            .get_mut(&self.name)
+            .filter(|s| s.generation == self.generation)
+        {
+            let window = sub.spec.ack_wait;
+            if let Some((_, deadline)) = sub.inflight.get_mut(&self.token) {
+                *deadline = Instant::now() + window;
+            }
+        }
+        Ok(())
+    }
+
     async fn ack(self: Box<Self>) -> Result<(), QueueError> {
         let mut st = self.queue.lock();
         self.take(&mut st);

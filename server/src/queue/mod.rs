@@ -27,8 +27,11 @@ pub use attach::Attachment;
 
 /// Deliveries a message may spend before it is dead-lettered.
 pub const DEFAULT_MAX_DELIVERIES: u64 = 25;
-/// How long a fetched message may stay unsettled before it is redelivered.
-pub const DEFAULT_ACK_WAIT: Duration = Duration::from_secs(30 * 60);
+/// How long a fetched message may stay unsettled, unextended, before it is
+/// redelivered. Its holder extends it every third of the window while it
+/// works on it, so this is how soon a dead or wedged node's mail comes
+/// back — not a bound on how long a turn may run.
+pub const DEFAULT_ACK_WAIT: Duration = Duration::from_secs(30);
 
 /// `crewlet.agent.{handle}.inbox`
 pub fn inbox_subject(handle: &str) -> String {
@@ -142,6 +145,16 @@ impl SubscriptionSpec {
             self.max_deliveries,
             self.ack_wait.as_secs()
         )
+    }
+
+    /// Everything but the ack window is the same: a window changed in the
+    /// company file (the shipped default went from 30 minutes to 30 s) is
+    /// adopted rather than refused.
+    pub fn only_ack_wait_differs(&self, other: &SubscriptionSpec) -> bool {
+        self.ack_wait != other.ack_wait
+            && self.name == other.name
+            && self.subject == other.subject
+            && self.max_deliveries == other.max_deliveries
     }
 }
 

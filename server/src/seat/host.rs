@@ -836,6 +836,14 @@ impl SeatHost {
                 if let Some(e) = seats.get_mut(handle) {
                     e.lease = l;
                     e.last_renewed = sent;
+                    // Still this node's: the deliveries its turns hold are
+                    // kept another ack window (a fenced or lost seat, and a
+                    // node whose heartbeat stopped, extend nothing).
+                    if !e.fenced {
+                        for a in [&e.inbox, &e.control, &e.reflect].into_iter().flatten() {
+                            a.extend();
+                        }
+                    }
                     if e.blip {
                         e.blip = false;
                         if let Some(a) = &e.inbox {

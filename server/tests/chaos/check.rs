@@ -17,7 +17,9 @@
 //! - lost: every acknowledged publish has an outbox effect naming it, or is
 //!   dead-lettered;
 //! - duplicates: no trigger has effects from two turns, unless one of the
-//!   turns outlived the ack window (the documented bound), which is named;
+//!   turns' nodes stopped extending its delivery for a whole ack window
+//!   (the documented bound: it held the delivery past the window), which
+//!   is named;
 //! - stops: a process stopped past the TTL exits 75 or resumes fenced;
 //! - exits: a SIGTERM exits 0; a process ending on its own exits 75 after a
 //!   stall (stopped, or cut off from NATS), never otherwise;
@@ -471,8 +473,10 @@ pub fn check(h: &History) -> Findings {
                 let turns: BTreeSet<&str> = es.iter().map(|e| e.turn_id.as_str()).collect();
                 if turns.len() > 1 {
                     f.stats.duplicates += 1;
-                    // The documented bound: a turn that outlived the ack
-                    // window (its delivery came back to another holder).
+                    // The documented bound: a turn whose node stopped
+                    // extending its delivery (stopped, cut off, fenced),
+                    // so it came back to another holder a window later:
+                    // such a turn held its delivery past the window.
                     // The window runs from the delivery, which the turn
                     // held for `waited_ms` before it began, to the turn's
                     // end (its record and acknowledgement come after its
@@ -546,7 +550,7 @@ pub fn check(h: &History) -> Findings {
                     } else {
                         f.stats.bounded_duplicates += 1;
                         f.bounded.push(format!(
-                            "a turn outlived the ack window ({}): trigger {} of seat {} ran twice — {}",
+                            "a turn's node stopped extending its delivery for the ack window ({}): trigger {} of seat {} ran twice — {}",
                             secs(t.ack_wait),
                             p.id,
                             p.seat,
@@ -851,7 +855,7 @@ mod tests {
         let f = check(&h);
         assert!(f.violations.is_empty(), "{:?}", f.violations);
         assert_eq!(f.stats.bounded_duplicates, 1);
-        assert!(f.bounded[0].contains("outlived the ack window"));
+        assert!(f.bounded[0].contains("stopped extending its delivery"));
     }
 
     #[test]

@@ -39,7 +39,9 @@ const BIN: &str = env!("CARGO_BIN_EXE_crewlet");
 pub const TTL_S: u64 = 3;
 pub const HEARTBEAT_S: u64 = 1;
 pub const SWEEP_S: u64 = 1;
-pub const ACK_WAIT_S: u64 = 10;
+/// The shipped ack window (`stream.ack_wait_seconds`): its holder extends
+/// a delivery while it works on it, so the figures are the ones a user gets.
+pub const ACK_WAIT_S: u64 = 30;
 pub const STORE_TIMEOUT_MS: u64 = 2_000;
 /// The lease protocol a node runs at under the old-protocol fault.
 pub const OLD_PROTOCOL: u32 = 3;

@@ -143,11 +143,12 @@ fn draw(kind: &str, p: &Profile, rng: &mut StdRng, soak: bool) -> Fault {
             down: ms(500, 3_000, rng),
         },
         // Past the TTL (3 s); in a soak, sometimes past the ack window
-        // (10 s) too, where a turn caught by the stop may outlive it.
+        // (30 s) too: a stopped node sends no extensions, so a turn caught
+        // by the stop loses its delivery to the seat's next holder.
         "sigstop" => Fault::Stop {
             node,
             stopped: if soak && rng.gen_bool(0.25) {
-                ms(11_000, 14_000, rng)
+                ms(31_000, 34_000, rng)
             } else {
                 ms(4_000, 7_000, rng)
             },

@@ -8,6 +8,7 @@
 
 pub mod http_node;
 pub mod nats;
+pub mod process;
 
 use std::future::Future;
 use std::time::Duration;

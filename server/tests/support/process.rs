@@ -1,0 +1,142 @@
+//! A `crewlet run` child process, as a user starts it: its company file in
+//! a temporary directory, its stderr kept (and searched), killed on drop.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// One node process.
+pub struct NodeProcess {
+    child: Child,
+    pub base: String,
+    pub port: u16,
+    stderr: Arc<Mutex<Vec<String>>>,
+    pub dir: tempfile::TempDir,
+}
+
+impl NodeProcess {
+    /// Start `crewlet run` with `config` (its `listen` is filled in from
+    /// `{listen}`, its data directory from `{data}`).
+    pub fn start(config: &str) -> NodeProcess {
+        let dir = tempfile::tempdir().unwrap();
+        let port = super::free_port();
+        let text = config
+            .replace("{listen}", &format!("127.0.0.1:{port}"))
+            .replace("{data}", &dir.path().join("data").display().to_string());
+        let file = dir.path().join("crewlet.toml");
+        std::fs::write(&file, text).unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_crewlet"))
+            .args(["run", "--config"])
+            .arg(&file)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = Arc::new(Mutex::new(Vec::new()));
+        let pipe = child.stderr.take().unwrap();
+        let kept = stderr.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(pipe).lines() {
+                let Ok(line) = line else { return };
+                kept.lock().unwrap_or_else(|e| e.into_inner()).push(line);
+            }
+        });
+        NodeProcess {
+            child,
+            base: format!("http://127.0.0.1:{port}"),
+            port,
+            stderr,
+            dir,
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Every stderr line so far.
+    pub fn stderr(&self) -> Vec<String> {
+        self.stderr
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// The first stderr line containing `needle`, waited for.
+    pub async fn line_with(&self, needle: &str, within: Duration) -> String {
+        super::wait_for(
+            &format!("a line with {needle:?} on the node's stderr"),
+            within,
+            Duration::from_millis(50),
+            || async { self.stderr().into_iter().find(|l| l.contains(needle)) },
+        )
+        .await
+    }
+
+    /// Wait until `/health` answers 200.
+    pub async fn healthy(&self, within: Duration) {
+        let url = self.url("/health");
+        super::wait_for(
+            "the node answers /health",
+            within,
+            Duration::from_millis(100),
+            || {
+                let url = url.clone();
+                async move {
+                    reqwest::get(url)
+                        .await
+                        .ok()
+                        .filter(|r| r.status() == reqwest::StatusCode::OK)
+                        .map(|_| ())
+                }
+            },
+        )
+        .await;
+    }
+
+    /// The seats its `/health` says it holds.
+    pub async fn seats(&self) -> Vec<String> {
+        let Ok(r) = reqwest::get(self.url("/health")).await else {
+            return Vec::new();
+        };
+        let v: serde_json::Value = r.json().await.unwrap_or_default();
+        v["seats"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|s| s.as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Its resident memory, in bytes.
+    pub fn rss(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map(|kb| kb * 1024)
+            .unwrap()
+    }
+
+    /// `kill -9`: no drain, nothing settled.
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for NodeProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -2,7 +2,8 @@
 //! real nats-server: mail a killed node had fetched goes to the seat's
 //! next holder within about a lease TTL, a sweep and one ack window (the
 //! shipped 30 s) — not after half an hour — and a long turn on a live,
-//! owning node is never redelivered for running long.
+//! owning node is never redelivered for running long; an agent's child
+//! sees only its own environment and dies with its node, even on `kill -9`.
 
 mod support;
 
@@ -235,4 +236,93 @@ async fn a_turn_running_past_the_ack_window_on_a_live_owner_is_never_redelivered
         .filter(|l| l.contains("\"turn_started\"") && l.contains("long-1"))
         .count();
     assert_eq!(turns, 1, "one turn for the trigger");
+}
+
+/// Whether process `pid` is gone (or a zombie nobody reaped yet).
+fn gone(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/status")) {
+        Err(_) => true,
+        Ok(s) => s
+            .lines()
+            .any(|l| l.starts_with("State:") && l.contains('Z')),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_agent_sees_only_its_own_environment_and_dies_with_its_node_on_kill_9() {
+    let dir = tempfile::tempdir().unwrap();
+    let report = dir.path().join("child.json");
+    // A child that ignores EOF on stdin and SIGTERM: only the kernel ends it.
+    let script = dir.path().join("agent.py");
+    std::fs::write(
+        &script,
+        format!(
+            "import json, os, signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\njson.dump({{'pid': os.getpid(), 'env': dict(os.environ)}}, open({:?} + '.tmp', 'w'))\nos.rename({:?} + '.tmp', {:?})\nwhile True:\n    time.sleep(1)\n",
+            report.display().to_string(),
+            report.display().to_string(),
+            report.display().to_string(),
+        ),
+    )
+    .unwrap();
+    let config = format!(
+        "[node]\nid = \"node-k\"\nlisten = \"{{listen}}\"\ndata_dir = \"{{data}}\"\n\n[[roles]]\nhandle = \"child\"\nagent = {{ kind = \"command\", argv = [\"python3\", {:?}], env = {{ MODE = \"test\" }}, env_from = [\"GITHUB_TOKEN\", \"NOT_SET_ANYWHERE\"] }}\n",
+        script.display().to_string()
+    );
+    let mut node = NodeProcess::start_with_env(
+        &config,
+        &[
+            ("CREWLET_STREAM__USER", "crewlet-node"),
+            ("CREWLET_STREAM__PASSWORD", "the-fleets-nats-password"),
+            ("NODE_ONLY_SECRET", "not-for-agents"),
+            ("GITHUB_TOKEN", "ghp-passed-through"),
+        ],
+    );
+    node.healthy(Duration::from_secs(60)).await;
+    let child: serde_json::Value = support::wait_for(
+        "the agent to report its environment",
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || async {
+            std::fs::read_to_string(&report)
+                .ok()
+                .and_then(|t| serde_json::from_str(&t).ok())
+        },
+    )
+    .await;
+    let env = child["env"].as_object().unwrap();
+    // Nothing of the node's own: its NATS login, its other variables.
+    // (What the interpreter's launcher adds for itself — a pyenv shim's
+    // PYENV_*, a shell's PWD — is the program's, not the node's.)
+    for secret in [
+        "CREWLET_STREAM__USER",
+        "CREWLET_STREAM__PASSWORD",
+        "NODE_ONLY_SECRET",
+        "NOT_SET_ANYWHERE",
+    ] {
+        assert!(
+            !env.contains_key(secret),
+            "the agent saw {secret}: {:?}",
+            env.keys()
+        );
+    }
+    for name in env.keys() {
+        assert!(
+            !name.starts_with("CREWLET_") || name == "CREWLET_SEAT" || name == "CREWLET_NODE",
+            "the agent saw the node's {name}"
+        );
+    }
+    assert_eq!(env["CREWLET_SEAT"], "child");
+    assert_eq!(env["CREWLET_NODE"], "node-k");
+    assert_eq!(env["MODE"], "test");
+    assert_eq!(env["GITHUB_TOKEN"], "ghp-passed-through");
+    let pid = child["pid"].as_u64().unwrap() as u32;
+    assert!(!gone(pid));
+    node.kill9();
+    support::wait_for(
+        "the agent's process to die with its node",
+        Duration::from_secs(20),
+        Duration::from_millis(50),
+        || async { gone(pid).then_some(()) },
+    )
+    .await;
 }

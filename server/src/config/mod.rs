@@ -530,6 +530,15 @@ pub struct CommandConfig {
     /// How long the engine waits for the child's answer to one round.
     #[serde(default = "default_round_timeout_seconds")]
     pub round_timeout_seconds: u64,
+    /// Variables the child gets, as written. The child starts from a clean
+    /// environment: `PATH`, `HOME`, `LANG`, `CREWLET_SEAT`, `CREWLET_NODE`,
+    /// these, and `env_from` — never the node's own.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Names of the node's environment variables passed through to the
+    /// child (a variable the node does not have is left out).
+    #[serde(default)]
+    pub env_from: Vec<String>,
 }
 
 fn default_stop_wait_ms() -> u64 {
@@ -546,8 +555,53 @@ impl CommandConfig {
             argv,
             stop_wait_ms: default_stop_wait_ms(),
             round_timeout_seconds: default_round_timeout_seconds(),
+            env: BTreeMap::new(),
+            env_from: Vec::new(),
         }
     }
+
+    /// The child's whole environment, from the node's `node_env`: the
+    /// basics, the seat and node, the role's `env`, and `env_from` passed
+    /// through. Pure.
+    pub fn child_env(
+        &self,
+        seat: &str,
+        node: &str,
+        node_env: &dyn Fn(&str) -> Option<String>,
+    ) -> BTreeMap<String, String> {
+        let mut out = base_child_env(seat, node, node_env);
+        for name in &self.env_from {
+            if let Some(v) = node_env(name) {
+                out.insert(name.clone(), v);
+            }
+        }
+        for (k, v) in &self.env {
+            out.insert(k.clone(), v.clone());
+        }
+        out
+    }
+}
+
+/// Variables every child the node starts (a command agent, a detached
+/// run) gets from the node's environment, whatever else it is given.
+pub const CHILD_BASICS: [&str; 3] = ["PATH", "HOME", "LANG"];
+
+/// Pure: a child's environment before its role adds anything: `PATH`,
+/// `HOME` and `LANG` from the node, `CREWLET_SEAT` and `CREWLET_NODE`.
+pub fn base_child_env(
+    seat: &str,
+    node: &str,
+    node_env: &dyn Fn(&str) -> Option<String>,
+) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for k in CHILD_BASICS {
+        if let Some(v) = node_env(k) {
+            out.insert(k.to_string(), v);
+        }
+    }
+    out.insert("CREWLET_SEAT".into(), seat.to_string());
+    out.insert("CREWLET_NODE".into(), node.to_string());
+    out
 }
 
 /// Where a seat may run: node ids and/or labels it needs. Empty = anywhere.

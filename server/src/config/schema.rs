@@ -187,6 +187,8 @@ fn walk(table: &toml::Table, shape: &BTreeMap<String, Shape>, path: &str, out: &
                 };
                 out.push(Problem::new(&here, Some(short(v)), "unknown key", fix));
             }
+            // A table with no known keys is free-form (a role's `env`).
+            Some(Shape::Table(inner)) if inner.is_empty() => {}
             Some(Shape::Table(inner)) => {
                 if let toml::Value::Table(t) = v {
                     walk(t, inner, &here, out);

@@ -378,6 +378,8 @@ fn command_settings_have_documented_defaults_and_unknown_ones_are_refused() {
     assert_eq!(
         c.roles[0].agent,
         AgentConfig::Command(CommandConfig {
+            env: Default::default(),
+            env_from: vec![],
             argv: vec!["python3".into(), "a.py".into()],
             stop_wait_ms: 2000,
             round_timeout_seconds: 600,

@@ -602,6 +602,44 @@ fn check_trust(c: &Config) -> Vec<Problem> {
             }
         }
     }
+    let env_name = |n: &str| {
+        !n.is_empty()
+            && n.len() <= 128
+            && n.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+            && !n.as_bytes()[0].is_ascii_digit()
+    };
+    for (i, r) in c.roles.iter().enumerate() {
+        let AgentConfig::Command(cmd) = &r.agent else {
+            continue;
+        };
+        for k in cmd.env.keys() {
+            if !env_name(k) {
+                out.push(Problem::new(
+                    &format!("roles[{i}].agent.env.{k}"),
+                    None,
+                    "is not a variable name",
+                    "use letters, digits and `_`, not starting with a digit",
+                ));
+            }
+        }
+        for (j, n) in cmd.env_from.iter().enumerate() {
+            if !env_name(n) {
+                out.push(Problem::new(
+                    &format!("roles[{i}].agent.env_from[{j}]"),
+                    q(n),
+                    "is not a variable name",
+                    "use letters, digits and `_`, not starting with a digit",
+                ));
+            } else if n.starts_with("CREWLET_") {
+                out.push(Problem::new(
+                    &format!("roles[{i}].agent.env_from[{j}]"),
+                    q(n),
+                    "is the node's own configuration (its secrets among it), never an agent's",
+                    "pass the agent what it needs under a name of its own",
+                ));
+            }
+        }
+    }
     for (i, a) in c.runs.allow.iter().enumerate() {
         if !a.starts_with('/') || a.chars().any(char::is_control) {
             out.push(Problem::new(

@@ -155,10 +155,13 @@ impl CommandAgent {
                 "the command agent has no program to run (argv is empty)",
             ));
         };
-        let mut spawned = Command::new(program)
-            .args(args)
-            .env("CREWLET_SEAT", &self.seat)
-            .env("CREWLET_NODE", &self.node)
+        let env = self
+            .cfg
+            .child_env(&self.seat, &self.node, &|k| std::env::var(k).ok());
+        let mut command = Command::new(program);
+        command.args(args).env_clear().envs(env);
+        super::children::die_with_the_node(&mut command);
+        let mut spawned = command
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

@@ -510,8 +510,17 @@ impl Supervisor {
             .argv
             .split_first()
             .ok_or_else(|| "run_detached: `argv` is empty".to_string())?;
-        let mut child = tokio::process::Command::new(program)
+        let mut command = tokio::process::Command::new(program);
+        command
             .args(args)
+            .env_clear()
+            .envs(crate::config::base_child_env(
+                &r.seat,
+                &r.launcher_node,
+                &|k| std::env::var(k).ok(),
+            ));
+        super::children::die_with_the_node(&mut command);
+        let mut child = command
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

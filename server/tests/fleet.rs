@@ -579,23 +579,30 @@ async fn a_lower_protocol_peer_blocks_claims_until_its_leases_lapse_but_its_duty
     a.engine.drain().await;
 }
 
+/// Wait until `store` lists node `id`'s presence (a move's target must be
+/// live in the roster; a loaded machine can renew it late).
+async fn presence_live(f: &Fleet, store: &Arc<dyn Store>, id: &str) {
+    let key = format!("node:{id}");
+    f.until_async(
+        &format!("{id}'s presence to be live"),
+        Duration::from_secs(10),
+        || async {
+            store
+                .list(&key)
+                .await
+                .is_ok_and(|l| l.iter().any(|p| p.resource == key))
+        },
+    )
+    .await;
+}
+
 async fn a_moved_seats_offer_is_not_taken_while_a_lower_protocol_presence_is_live(f: Fleet) {
     let company = roles("s", 1);
     let mut a = f.node("a", &[], &company).await;
     f.until("a holds s0", Duration::from_secs(10), || a.count() == 1)
         .await;
     let mut b = f.node("b", &[], &company).await;
-    f.until_async(
-        "b's presence to be live",
-        Duration::from_secs(10),
-        || async {
-            a.store
-                .list("node:b")
-                .await
-                .is_ok_and(|l| l.iter().any(|p| p.resource == "node:b"))
-        },
-    )
-    .await;
+    presence_live(&f, &a.store, "b").await;
     // An older build's presence, live for the whole test.
     let old = ClaimRequest::new("node:old", "old:1", "old")
         .with_protocol(3)
@@ -1415,17 +1422,7 @@ async fn a_person_moves_a_seat_to_a_named_node_through_an_offer(f: Fleet) {
     let seat = a.held().into_iter().next().unwrap();
     // The target must be a live node in the store's roster (a loaded
     // machine can renew b's presence late).
-    f.until_async(
-        "b's presence to be live",
-        Duration::from_secs(10),
-        || async {
-            a.store
-                .list("node:b")
-                .await
-                .is_ok_and(|l| l.iter().any(|p| p.resource == "node:b"))
-        },
-    )
-    .await;
+    presence_live(&f, &a.store, "b").await;
     let req = crewlet::seat::moves::request(&*a.store, &seat, "b", "op", "closer to its data")
         .await
         .expect("the move is accepted");
@@ -1445,17 +1442,7 @@ async fn a_person_moves_a_seat_to_a_named_node_through_an_offer(f: Fleet) {
         || a.detached().contains(&(seat.clone(), DetachReason::Moved)),
     )
     .await;
-    f.until_async(
-        "b's presence to be live",
-        Duration::from_secs(10),
-        || async {
-            a.store
-                .list("node:b")
-                .await
-                .is_ok_and(|l| l.iter().any(|p| p.resource == "node:b"))
-        },
-    )
-    .await;
+    presence_live(&f, &a.store, "b").await;
     let again = crewlet::seat::moves::request(&*a.store, &seat, "b", "op", "again").await;
     assert!(
         matches!(

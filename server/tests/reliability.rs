@@ -84,6 +84,14 @@ async fn answered(js: &jetstream::Context) -> BTreeSet<String> {
     ids
 }
 
+/// How many turns `node` has started (its `turn_started` events).
+fn turns_started(node: &NodeProcess) -> usize {
+    node.stderr()
+        .iter()
+        .filter(|l| l.contains("turn_started"))
+        .count()
+}
+
 async fn all_held_by(node: &NodeProcess) {
     let want: Vec<String> = SEATS.iter().map(|s| s.to_string()).collect();
     support::wait_for(
@@ -140,14 +148,7 @@ async fn killed_node_mail_comes_back(name: &str, nats: &NatsServer) {
         "a turn started on every seat",
         Duration::from_secs(30),
         Duration::from_millis(50),
-        || async {
-            let started = a
-                .stderr()
-                .iter()
-                .filter(|l| l.contains("turn_started"))
-                .count();
-            (started >= SEATS.len()).then_some(())
-        },
+        || async { (turns_started(&a) >= SEATS.len()).then_some(()) },
     )
     .await;
     for i in SEATS.len()..40 {
@@ -158,14 +159,7 @@ async fn killed_node_mail_comes_back(name: &str, nats: &NatsServer) {
         "a turn of the second wave started on node A",
         Duration::from_secs(60),
         Duration::from_millis(20),
-        || async {
-            let started = a
-                .stderr()
-                .iter()
-                .filter(|l| l.contains("turn_started"))
-                .count();
-            (started > SEATS.len()).then_some(())
-        },
+        || async { (turns_started(&a) > SEATS.len()).then_some(()) },
     )
     .await;
     a.kill9();

@@ -83,6 +83,42 @@ async fn audit_rows(n: &HttpNode) -> Vec<Value> {
     support::audit_entries(r.json().await.unwrap())
 }
 
+/// A node of `text` (a company file on NATS) in this process, once it
+/// holds `alpha`.
+async fn nats_node(text: &str) -> crewlet::node::RunningNode {
+    let config = crewlet::config::Config::parse("nats.toml", text, &BTreeMap::new()).unwrap();
+    let node = crewlet::node::start(config).await.unwrap();
+    support::wait_for("alpha held", WAIT, Duration::from_millis(50), || async {
+        node.engine
+            .host()
+            .held()
+            .contains(&"alpha".to_string())
+            .then_some(())
+    })
+    .await;
+    node
+}
+
+/// Wait until `node`'s outbox has an effect naming trigger `id`.
+async fn answered_on(node: &crewlet::node::RunningNode, id: &str) {
+    support::wait_for(
+        &format!("the turn of {id}"),
+        WAIT,
+        Duration::from_millis(50),
+        || async {
+            node.turns
+                .outbox()
+                .read(None)
+                .await
+                .ok()?
+                .iter()
+                .any(|e| e.trigger_ids.iter().any(|t| t == id))
+                .then_some(())
+        },
+    )
+    .await;
+}
+
 // ---- 1. Mail is data ----
 
 #[tokio::test]
@@ -138,16 +174,7 @@ handle = "alpha"
         data = dir.path().join("data").display(),
         url = nats.url(),
     );
-    let config = crewlet::config::Config::parse("nats.toml", &text, &BTreeMap::new()).unwrap();
-    let node = crewlet::node::start(config).await.unwrap();
-    support::wait_for("alpha held", WAIT, Duration::from_millis(50), || async {
-        node.engine
-            .host()
-            .held()
-            .contains(&"alpha".to_string())
-            .then_some(())
-    })
-    .await;
+    let node = nats_node(&text).await;
     // Anyone who can publish to the subject: no HTTP, no token.
     let raw = async_nats::connect(nats.url()).await.unwrap();
     let js = async_nats::jetstream::new(raw);
@@ -159,22 +186,7 @@ handle = "alpha"
         .unwrap()
         .await
         .unwrap();
-    support::wait_for(
-        "the turn of nats-evil-1",
-        WAIT,
-        Duration::from_millis(50),
-        || async {
-            node.turns
-                .outbox()
-                .read(None)
-                .await
-                .ok()?
-                .iter()
-                .any(|e| e.trigger_ids.iter().any(|t| t == "nats-evil-1"))
-                .then_some(())
-        },
-    )
-    .await;
+    answered_on(&node, "nats-evil-1").await;
     assert!(!marker.exists(), "mail on NATS started a program");
     assert_eq!(node.turns.supervisor().running(), 0);
     node.shutdown().await.unwrap();
@@ -203,16 +215,7 @@ async fn a_mail_only_nats_user_delivers_mail_and_cannot_write_the_fleets_buckets
         dir.path().join("data").display(),
         nats.url(),
     );
-    let config = crewlet::config::Config::parse("nats.toml", &text, &BTreeMap::new()).unwrap();
-    let node = crewlet::node::start(config).await.unwrap();
-    support::wait_for("alpha held", WAIT, Duration::from_millis(50), || async {
-        node.engine
-            .host()
-            .held()
-            .contains(&"alpha".to_string())
-            .then_some(())
-    })
-    .await;
+    let node = nats_node(&text).await;
     let mailer =
         async_nats::ConnectOptions::with_user_and_password("mailer".into(), "mailer-pw".into())
             .request_timeout(Some(Duration::from_secs(2)))
@@ -227,22 +230,7 @@ async fn a_mail_only_nats_user_delivers_mail_and_cannot_write_the_fleets_buckets
         .unwrap()
         .await
         .expect("the stream acknowledges the mailer's mail");
-    support::wait_for(
-        "the mailer's mail answered",
-        WAIT,
-        Duration::from_millis(50),
-        || async {
-            node.turns
-                .outbox()
-                .read(None)
-                .await
-                .ok()?
-                .iter()
-                .any(|e| e.trigger_ids.iter().any(|t| t == "mailer-1"))
-                .then_some(())
-        },
-    )
-    .await;
+    answered_on(&node, "mailer-1").await;
     // The active company is out of its reach (the server drops the publish:
     // no acknowledgement comes).
     let forged = js
@@ -603,38 +591,30 @@ async fn every_answer_carries_the_security_headers_and_api_answers_are_not_store
     n.stop().await;
 }
 
+/// The session cookie a viewer's sign-in on `n` sets.
+async fn session_cookie(n: &HttpNode) -> String {
+    let r = client()
+        .post(n.url("/login"))
+        .form(&[("name", VIEWER.0), ("password", VIEWER.1)])
+        .send()
+        .await
+        .unwrap();
+    r.headers()
+        .get("set-cookie")
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_string()
+}
+
 #[tokio::test]
 async fn a_node_listening_beyond_loopback_marks_its_session_cookie_secure() {
     let n = HttpNode::start_full(Rig::Test, "", "").await;
-    let r = client()
-        .post(n.url("/login"))
-        .form(&[("name", VIEWER.0), ("password", VIEWER.1)])
-        .send()
-        .await
-        .unwrap();
-    let cookie = r
-        .headers()
-        .get("set-cookie")
-        .unwrap()
-        .to_str()
-        .unwrap()
-        .to_string();
+    let cookie = session_cookie(&n).await;
     assert!(!cookie.contains("Secure"), "loopback: {cookie}");
     n.stop().await;
     let n = HttpNode::start_listening(Rig::Test, "0.0.0.0:0").await;
-    let r = client()
-        .post(n.url("/login"))
-        .form(&[("name", VIEWER.0), ("password", VIEWER.1)])
-        .send()
-        .await
-        .unwrap();
-    let cookie = r
-        .headers()
-        .get("set-cookie")
-        .unwrap()
-        .to_str()
-        .unwrap()
-        .to_string();
+    let cookie = session_cookie(&n).await;
     assert!(cookie.contains("Secure"), "{cookie}");
     n.stop().await;
 }

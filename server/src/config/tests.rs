@@ -531,3 +531,40 @@ fn cookies_are_secure_by_default_unless_the_node_listens_on_loopback() {
     let c = parse("[node]\nlisten = \"0.0.0.0:3000\"\n[auth]\nsecure_cookies = false\n").unwrap();
     assert!(!c.auth.secure_cookies(&c.node));
 }
+
+#[test]
+fn a_command_agents_env_takes_variable_names_and_never_passes_the_nodes_own() {
+    let role = |agent: &str| format!("[[roles]]\nhandle = \"a\"\nagent = {agent}\n");
+    let c = parse(&role(
+        "{ kind = \"command\", argv = [\"x\"], env = { MODE = \"prod\" }, env_from = [\"GITHUB_TOKEN\"] }",
+    ))
+    .unwrap();
+    let AgentConfig::Command(cmd) = &c.roles[0].agent else {
+        panic!("a command agent");
+    };
+    let env = cmd.child_env("a", "n", &|k| match k {
+        "GITHUB_TOKEN" => Some("t".into()),
+        "PATH" => Some("/bin".into()),
+        "SECRET" => Some("s".into()),
+        _ => None,
+    });
+    assert_eq!(
+        env.keys().map(String::as_str).collect::<Vec<_>>(),
+        [
+            "CREWLET_NODE",
+            "CREWLET_SEAT",
+            "GITHUB_TOKEN",
+            "MODE",
+            "PATH"
+        ]
+    );
+    one(
+        &role("{ kind = \"command\", argv = [\"x\"], env = { \"BAD-NAME\" = \"v\" } }"),
+        "roles[0].agent.env.BAD-NAME",
+    );
+    let p = one(
+        &role("{ kind = \"command\", argv = [\"x\"], env_from = [\"CREWLET_STREAM__PASSWORD\"] }"),
+        "roles[0].agent.env_from[0]",
+    );
+    assert!(p.problem.contains("node's own"), "{p}");
+}

@@ -612,24 +612,22 @@ fn check_trust(c: &Config) -> Vec<Problem> {
         let AgentConfig::Command(cmd) = &r.agent else {
             continue;
         };
+        let not_a_name = |key: String, value: Option<String>| {
+            Problem::new(
+                &key,
+                value,
+                "is not a variable name",
+                "use letters, digits and `_`, not starting with a digit",
+            )
+        };
         for k in cmd.env.keys() {
             if !env_name(k) {
-                out.push(Problem::new(
-                    &format!("roles[{i}].agent.env.{k}"),
-                    None,
-                    "is not a variable name",
-                    "use letters, digits and `_`, not starting with a digit",
-                ));
+                out.push(not_a_name(format!("roles[{i}].agent.env.{k}"), None));
             }
         }
         for (j, n) in cmd.env_from.iter().enumerate() {
             if !env_name(n) {
-                out.push(Problem::new(
-                    &format!("roles[{i}].agent.env_from[{j}]"),
-                    q(n),
-                    "is not a variable name",
-                    "use letters, digits and `_`, not starting with a digit",
-                ));
+                out.push(not_a_name(format!("roles[{i}].agent.env_from[{j}]"), q(n)));
             } else if n.starts_with("CREWLET_") {
                 out.push(Problem::new(
                     &format!("roles[{i}].agent.env_from[{j}]"),

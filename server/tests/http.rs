@@ -2005,6 +2005,22 @@ async fn an_undead_seat_is_an_alarm_saying_for_how_long_until_its_process_exits(
             .any(|s| s["handle"] == "stubborn"),
         "{v}"
     );
+    // /health names the seat and how long its teardown has failed, and
+    // /metrics counts it, while it does.
+    let health = health_seats_raw(&n).await;
+    assert!(health["unproven_seconds"]["stubborn"].is_u64(), "{health}");
+    let metrics = client()
+        .get(n.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.lines().any(|l| l == "crewlet_seats_unproven 1"),
+        "{metrics}"
+    );
 
     // An operator kills the child: the teardown is proven, the alarm goes.
     let killed = std::process::Command::new("kill")
@@ -2015,6 +2031,19 @@ async fn an_undead_seat_is_an_alarm_saying_for_how_long_until_its_process_exits(
     fleet_when(&n, "the alarm to clear", |v| {
         alarms_of(v, "unproven").is_empty()
     })
+    .await;
+    support::wait_for(
+        "/health to drop unproven_seconds",
+        Duration::from_secs(20),
+        Duration::from_millis(50),
+        || async {
+            health_seats_raw(&n)
+                .await
+                .get("unproven_seconds")
+                .is_none()
+                .then_some(())
+        },
+    )
     .await;
     n.stop().await;
 }

@@ -108,7 +108,22 @@ async fn two_nodes_on_one_nats_split_the_company_and_a_drain_hands_seats_over() 
         },
     )
     .await;
-    let v = fleet_view(&b).await;
+    // Both serving as node B reads the fleet. A presence renewal landing
+    // late on a loaded machine lets a node's presence lapse for a moment
+    // (it then reads as draining: its seats without a presence), so the
+    // read is waited for rather than taken at one instant.
+    let mut v = fleet_view(&b).await;
+    until(
+        "both nodes read as serving from node B",
+        Duration::from_secs(30),
+        async || {
+            v = fleet_view(&b).await;
+            v["nodes"]
+                .as_array()
+                .is_some_and(|ns| ns.len() == 2 && ns.iter().all(|n| n["status"] == "serving"))
+        },
+    )
+    .await;
     assert_eq!(v["answered_by"], "node-b");
     assert_eq!(v["coordination"], "embedded-kv");
     for n in v["nodes"].as_array().unwrap() {

@@ -412,6 +412,21 @@ impl NatsCluster {
     /// (`no_advertise: true`, say: clients learn no other server's address,
     /// so a client given proxies stays behind them).
     pub async fn start_with(n: usize, cluster_extra: &str) -> NatsCluster {
+        // A cluster that cannot place a replicated stream in time (a route
+        // port another test took between picking and binding it, a meta
+        // leader slow on a loaded machine) is started again on fresh ports.
+        for attempt in 1..=3 {
+            if let Some(c) = NatsCluster::try_start(n, cluster_extra).await {
+                return c;
+            }
+            eprintln!(
+                "the {n}-server cluster placed no replicated stream in time (attempt {attempt}); starting it again on fresh ports"
+            );
+        }
+        panic!("a {n}-server cluster could not place a replicated stream, three times");
+    }
+
+    async fn try_start(n: usize, cluster_extra: &str) -> Option<NatsCluster> {
         let ports: Vec<(u16, u16, u16)> = (0..n)
             .map(|_| (free_port(), free_port(), free_port()))
             .collect();
@@ -439,17 +454,14 @@ impl NatsCluster {
         // A meta leader answers before every peer has joined it: wait until
         // a stream replicated on every server can be placed.
         let n = c.servers.len();
-        wait_for(
-            "the cluster to place a stream on every server",
-            READY,
-            Duration::from_millis(100),
-            || {
-                let urls = urls.clone();
-                async move { replicated_stream_placeable(&urls, n).await.then_some(()) }
-            },
-        )
-        .await;
-        c
+        let until = std::time::Instant::now() + READY;
+        while std::time::Instant::now() < until {
+            if replicated_stream_placeable(&urls, n).await {
+                return Some(c);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        None
     }
 
     pub fn urls(&self) -> Vec<String> {

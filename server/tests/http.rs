@@ -13,7 +13,9 @@ use crewlet::node;
 use reqwest::StatusCode;
 use serde_json::Value;
 
-use support::http_node::{DEPLOY_TOKEN, HttpNode as TestNode, MONITORING_TOKEN as TOKEN, client};
+use support::http_node::{
+    DEPLOY_TOKEN, HttpNode as TestNode, MONITORING_TOKEN as TOKEN, client, location,
+};
 
 async fn sign_in(
     n: &TestNode,
@@ -26,13 +28,6 @@ async fn sign_in(
         .send()
         .await
         .unwrap()
-}
-
-fn location(r: &reqwest::Response) -> String {
-    r.headers()
-        .get("location")
-        .map(|v| v.to_str().unwrap().to_string())
-        .unwrap_or_default()
 }
 
 #[tokio::test]

@@ -260,7 +260,7 @@ async fn a_command_agent_sees_only_its_own_environment_and_dies_with_its_node_on
     std::fs::write(
         &script,
         format!(
-            "import json, os, signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\njson.dump({{'pid': os.getpid(), 'env': dict(os.environ)}}, open({:?} + '.tmp', 'w'))\nos.rename({:?} + '.tmp', {:?})\nwhile True:\n    time.sleep(1)\n",
+            "import json, os, signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\njson.dump({{'pid': os.getpid(), 'env': dict(os.environ)}}, open({:?} + '.tmp', 'w'))\nos.rename({:?} + '.tmp', {:?})\nwhile True:\n    signal.pause()\n",
             report.display().to_string(),
             report.display().to_string(),
             report.display().to_string(),

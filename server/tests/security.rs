@@ -13,16 +13,11 @@ use std::time::Duration;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use support::http_node::{ADMIN, DEPLOY_TOKEN, HttpNode, OPERATOR, OPS_TOKEN, Rig, VIEWER, client};
+use support::http_node::{
+    ADMIN, DEPLOY_TOKEN, HttpNode, OPERATOR, OPS_TOKEN, Rig, VIEWER, client, location,
+};
 
 const WAIT: Duration = Duration::from_secs(20);
-
-fn location(r: &reqwest::Response) -> String {
-    r.headers()
-        .get("location")
-        .map(|v| v.to_str().unwrap().to_string())
-        .unwrap_or_default()
-}
 
 async fn health_seats(n: &HttpNode) -> Value {
     let v: Value = client()
@@ -117,6 +112,24 @@ async fn answered_on(node: &crewlet::node::RunningNode, id: &str) {
         },
     )
     .await;
+}
+
+/// `count` wrong guesses of `admin`'s password posted to `url` at once,
+/// each from its own client; the status of each answer.
+async fn wrong_guesses(url: &str, count: usize) -> Vec<StatusCode> {
+    let guesses = (0..count).map(|i| async move {
+        client()
+            .post(url)
+            .form(&[
+                ("name", "admin".to_string()),
+                ("password", format!("guess-{i}")),
+            ])
+            .send()
+            .await
+            .unwrap()
+            .status()
+    });
+    futures::future::join_all(guesses).await
 }
 
 // ---- 1. Mail is data ----
@@ -368,23 +381,7 @@ async fn after_sign_in_next_is_only_a_path_on_this_site() {
 #[tokio::test]
 async fn concurrent_wrong_guesses_are_counted_before_checking_and_a_refusal_is_audited() {
     let n = HttpNode::start().await;
-    let guesses = (0..100).map(|i| {
-        let url = n.url("/login");
-        async move {
-            client()
-                .post(url)
-                .form(&[
-                    ("name", "admin"),
-                    ("password", &format!("guess-{i}")),
-                    ("next", "/"),
-                ])
-                .send()
-                .await
-                .unwrap()
-                .status()
-        }
-    });
-    let answers = futures::future::join_all(guesses).await;
+    let answers = wrong_guesses(&n.url("/login"), 100).await;
     let checked = answers
         .iter()
         .filter(|s| **s == StatusCode::SEE_OTHER)
@@ -877,22 +874,7 @@ async fn a_hundred_concurrent_wrong_guesses_leave_the_nodes_memory_where_it_was(
     assert_eq!(r.status(), StatusCode::SEE_OTHER);
     let before = node.rss();
     // From as many clients as the burst, each its own connection.
-    let guesses = (0..100).map(|i| {
-        let url = node.url("/login");
-        async move {
-            client()
-                .post(url)
-                .form(&[
-                    ("name", "admin".to_string()),
-                    ("password", format!("guess-{i}")),
-                ])
-                .send()
-                .await
-                .unwrap()
-                .status()
-        }
-    });
-    let answers = futures::future::join_all(guesses).await;
+    let answers = wrong_guesses(&node.url("/login"), 100).await;
     let checked = answers
         .iter()
         .filter(|s| **s == StatusCode::SEE_OTHER)

@@ -345,6 +345,33 @@ impl JetStreamQueue {
     }
 }
 
+/// How an existing mailbox's consumer fits the one wanted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fit {
+    Same,
+    /// Only the ack window differs: adopted in place.
+    OtherWindow,
+    /// The subject or the delivery budget differs: refused.
+    Other,
+}
+
+/// Pure: how a consumer with this subject, description (the delivery
+/// budget) and ack window fits `want`.
+fn fit(
+    filter_subject: &str,
+    description: &Option<String>,
+    ack_wait: Duration,
+    want: &pull::Config,
+) -> Fit {
+    if filter_subject != want.filter_subject || *description != want.description {
+        Fit::Other
+    } else if ack_wait != want.ack_wait {
+        Fit::OtherWindow
+    } else {
+        Fit::Same
+    }
+}
+
 fn not_found(e: &async_nats::jetstream::stream::ConsumerError) -> bool {
     matches!(e.kind(), async_nats::jetstream::stream::ConsumerErrorKind::JetStream(j)
         if j.error_code() == ErrorCode::CONSUMER_NOT_FOUND)
@@ -399,20 +426,19 @@ impl Queue for JetStreamQueue {
     async fn ensure_subscription(&self, spec: &SubscriptionSpec) -> Result<(), QueueError> {
         let want = wanted(spec);
         if let Some(existing) = self.consumer_info(&spec.name).await? {
-            let same_but_window = existing.filter_subject == want.filter_subject
-                && existing.description == want.description;
-            if same_but_window && existing.ack_wait != want.ack_wait {
-                return self.adopt_window(spec, existing.ack_wait).await;
-            }
-            let same = same_but_window && existing.ack_wait == want.ack_wait;
-            return if same {
-                Ok(())
-            } else {
-                Err(QueueError::SettingsMismatch {
+            return match fit(
+                &existing.filter_subject,
+                &existing.description,
+                existing.ack_wait,
+                &want,
+            ) {
+                Fit::Same => Ok(()),
+                Fit::OtherWindow => self.adopt_window(spec, existing.ack_wait).await,
+                Fit::Other => Err(QueueError::SettingsMismatch {
                     name: spec.name.clone(),
                     existing: describe_existing(&existing),
                     wanted: spec.describe(),
-                })
+                }),
             };
         }
         bounded(self.settings.timeout, self.agents.create_consumer(want))
@@ -451,16 +477,14 @@ impl Queue for JetStreamQueue {
             let want = wanted(spec);
             match existing.get(&spec.name) {
                 Some(c) => {
-                    let same_but_window = c.filter_subject == want.filter_subject
-                        && c.description == want.description;
-                    if same_but_window && c.ack_wait != want.ack_wait {
+                    let found = fit(&c.filter_subject, &c.description, c.ack_wait, &want);
+                    if found == Fit::OtherWindow {
                         self.adopt_window(spec, c.ack_wait)
                             .await
                             .map_err(|e| (spec.name.clone(), e))?;
                         continue;
                     }
-                    let same = same_but_window && c.ack_wait == want.ack_wait;
-                    if !same {
+                    if found == Fit::Other {
                         let existing = pull::Config {
                             description: c.description.clone(),
                             ack_wait: c.ack_wait,

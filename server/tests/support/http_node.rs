@@ -48,6 +48,14 @@ pub fn hash(password: &str) -> String {
         .clone()
 }
 
+/// Where an answer redirects to (empty when it does not).
+pub fn location(r: &reqwest::Response) -> String {
+    r.headers()
+        .get("location")
+        .map(|v| v.to_str().unwrap().to_string())
+        .unwrap_or_default()
+}
+
 /// A client that keeps its session cookie and does not follow redirects.
 pub fn client() -> reqwest::Client {
     reqwest::Client::builder()

@@ -21,7 +21,20 @@ pub fn free_port() -> u16 {
 
 /// Poll `cond` every `every` until it returns `Some`, or panic naming
 /// `what` once `deadline` has passed.
-pub async fn wait_for<T, F, Fut>(what: &str, deadline: Duration, every: Duration, mut cond: F) -> T
+pub async fn wait_for<T, F, Fut>(what: &str, deadline: Duration, every: Duration, cond: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    match poll_until(deadline, every, cond).await {
+        Some(v) => v,
+        None => panic!("timed out after {deadline:?} waiting for {what}"),
+    }
+}
+
+/// [`wait_for`] that answers `None` at the deadline instead of failing
+/// (for a caller that tries something else then).
+pub async fn poll_until<T, F, Fut>(deadline: Duration, every: Duration, mut cond: F) -> Option<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
@@ -29,10 +42,10 @@ where
     let until = std::time::Instant::now() + deadline;
     loop {
         if let Some(v) = cond().await {
-            return v;
+            return Some(v);
         }
         if std::time::Instant::now() >= until {
-            panic!("timed out after {deadline:?} waiting for {what}");
+            return None;
         }
         tokio::time::sleep(every).await;
     }

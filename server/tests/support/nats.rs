@@ -454,14 +454,12 @@ impl NatsCluster {
         // A meta leader answers before every peer has joined it: wait until
         // a stream replicated on every server can be placed.
         let n = c.servers.len();
-        let until = std::time::Instant::now() + READY;
-        while std::time::Instant::now() < until {
-            if replicated_stream_placeable(&urls, n).await {
-                return Some(c);
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        None
+        super::poll_until(READY, Duration::from_millis(100), || {
+            let urls = urls.clone();
+            async move { replicated_stream_placeable(&urls, n).await.then_some(()) }
+        })
+        .await?;
+        Some(c)
     }
 
     pub fn urls(&self) -> Vec<String> {

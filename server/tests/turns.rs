@@ -795,16 +795,20 @@ async fn a_command_agent_that_ignores_sigterm_makes_the_seat_undead_until_it_die
         .status()
         .unwrap();
     assert!(killed.success());
-    f.until("the seat is released", WAIT, || {
-        a.engine.host().undead().is_empty()
-    })
-    .await;
-    assert!(
+    // The host forgets the seat, gives the lease back, then announces the
+    // recovery: wait for the announcement rather than reading the events
+    // the instant the seat leaves the undead list.
+    f.until("the recovery is announced", WAIT, || {
         !a.matching(|e| match e {
             Event::SeatReleaseRecovered { seat, .. } if seat == "cmd" => Some(()),
             _ => None,
         })
         .is_empty()
+    })
+    .await;
+    assert!(
+        a.engine.host().undead().is_empty(),
+        "a recovered seat is not undead"
     );
     f.until_async("the lease is given back", WAIT, || async {
         a.store.lease("seat:cmd").await.unwrap().is_none()

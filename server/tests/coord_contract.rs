@@ -249,7 +249,48 @@ contract!(
     a_withdrawn_offer_is_never_taken_and_the_giver_holds_on,
     an_offer_is_taken_only_by_the_node_it_names,
     an_offer_on_a_lapsed_lease_is_never_taken,
+    the_last_holders_node_id_outlives_its_lapsed_lease,
 );
+
+/// The `preferred` hint kept beside the epoch: a lapsed lease does not
+/// take it away, the next claim or take replaces it.
+async fn the_last_holders_node_id_outlives_its_lapsed_lease<B: Backend>(fx: Fx<B>) {
+    let l = won(&fx.store, req("seat:alice", A)).await;
+    won(&fx.store, req("seat:bob", B)).await;
+    won(&fx.store, req("node:node-a", A)).await;
+    fx.lapse(&l).await;
+    let s = fx.store.clone();
+    eventually("the lapsed key to age out", || {
+        let s = s.clone();
+        async move {
+            s.backend()
+                .get(BucketId::Leases, "seat:alice")
+                .await
+                .is_ok_and(|e| e.is_none())
+        }
+    })
+    .await;
+    let peer = fx.peer().await;
+    let holders = peer.holders("seat:").await.expect("holders");
+    assert_eq!(
+        holders,
+        std::collections::BTreeMap::from([
+            ("seat:alice".to_string(), "node-a".to_string()),
+            ("seat:bob".to_string(), "node-b".to_string()),
+        ]),
+        "only seats, each naming its last holder's node id, lapsed or not"
+    );
+    // A new incarnation of another node claims it: the hint follows.
+    won(&peer, req("seat:alice", B)).await;
+    assert_eq!(
+        fx.store
+            .holders("seat:")
+            .await
+            .expect("holders")
+            .get("seat:alice"),
+        Some(&"node-b".to_string())
+    );
+}
 
 fn offer_to(to: &str, id: &str, at: StoreTime) -> Offer {
     Offer {

@@ -367,6 +367,7 @@ both!(
     two_nodes_split_the_seats_fairly,
     a_node_that_booted_alone_gives_back_to_a_later_joiner,
     a_dead_nodes_seats_move_within_ttl_and_a_sweep,
+    a_node_restarted_with_the_same_id_takes_its_own_seats_back_while_a_peer_with_room_sweeps,
     pinned_seats_and_label_groups_the_satellite_example,
     drain_moves_everything_and_nothing_is_claimed_back,
     a_lower_protocol_peer_blocks_claims_until_its_leases_lapse_but_its_duty_leases_do_not,
@@ -445,6 +446,67 @@ async fn a_dead_nodes_seats_move_within_ttl_and_a_sweep(f: Fleet) {
     )
     .await;
     a.engine.drain().await;
+}
+
+/// Stickiness end to end: the hint outlives the crashed incarnation's
+/// leases, the restarted incarnation claims its own seats first, and the
+/// peer — with room for one more the whole time — leaves them to it.
+async fn a_node_restarted_with_the_same_id_takes_its_own_seats_back_while_a_peer_with_room_sweeps(
+    f: Fleet,
+) {
+    let company = roles("s", 5);
+    let a = f.node("a", &[], &company).await;
+    let b = f.node("b", &[], &company).await;
+    f.until("a 3/2 split", Duration::from_secs(30), || {
+        a.count() + b.count() == 5 && a.count().max(b.count()) == 3
+    })
+    .await;
+    let ((id, heavy), mut peer) = if a.count() == 3 {
+        (("a", a), b)
+    } else {
+        (("b", b), a)
+    };
+    let theirs = heavy.held();
+    let kept = peer.held();
+    let seen_before = peer.events().len();
+    heavy.engine.crash().await;
+    let back = f.node(id, &[], &company).await;
+    f.until(
+        "the restarted node to hold its own seats again",
+        TTL + SWEEP * 10,
+        || back.held() == theirs,
+    )
+    .await;
+    // A few more passes: nothing the peer deferred comes back to it.
+    let settle = tokio::time::Instant::now() + SWEEP * 4;
+    f.until("four more passes", SWEEP * 5, || {
+        tokio::time::Instant::now() >= settle
+    })
+    .await;
+    assert_eq!(
+        back.held(),
+        theirs,
+        "the restarted node keeps its own seats"
+    );
+    assert_eq!(peer.held(), kept, "the peer holds what it held");
+    let after = &peer.events()[seen_before..];
+    let claimed: Vec<&String> = after
+        .iter()
+        .filter_map(|e| match &e.event {
+            Event::SeatClaimed { seat, .. } => Some(seat),
+            _ => None,
+        })
+        .collect();
+    assert!(claimed.is_empty(), "the peer claimed {claimed:?}");
+    assert!(
+        after.iter().any(|e| matches!(
+            &e.event,
+            Event::SeatSweep { held, capacity, .. } if capacity > held
+        )),
+        "the peer swept with room while the seats were free"
+    );
+    back.engine.drain().await;
+    peer.engine.drain().await;
 }
 
 async fn pinned_seats_and_label_groups_the_satellite_example(f: Fleet) {

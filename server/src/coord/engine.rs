@@ -15,6 +15,7 @@
 //! claim between its writes on either backend; nothing in the product
 //! injects one.
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -317,6 +318,7 @@ impl<B: Backend> Coordinator<B> {
         &self,
         key: &str,
         claim: &str,
+        holder: &str,
         mut read: Option<Option<RawEntry>>,
     ) -> Result<u64, StoreError> {
         let mut last_err = None;
@@ -330,6 +332,7 @@ impl<B: Backend> Coordinator<B> {
                     let rec = EpochRecord {
                         epoch: lease::next_epoch(0),
                         claim: claim.into(),
+                        holder: holder.into(),
                     };
                     (
                         rec.epoch,
@@ -345,6 +348,7 @@ impl<B: Backend> Coordinator<B> {
                     let rec = EpochRecord {
                         epoch: lease::next_epoch(cur.epoch),
                         claim: claim.into(),
+                        holder: holder.into(),
                     };
                     (
                         rec.epoch,
@@ -467,7 +471,9 @@ impl<B: Backend> Coordinator<B> {
         counter: Option<Option<RawEntry>>,
     ) -> Result<Lease, StoreError> {
         self.fault_point(ClaimStep::Record).await?;
-        let epoch = self.mint_epoch(key, claim, counter).await?;
+        let epoch = self
+            .mint_epoch(key, claim, &first.preferred, counter)
+            .await?;
         self.fault_point(ClaimStep::Counter).await?;
 
         let rec = first.committed(epoch);
@@ -563,7 +569,7 @@ impl<B: Backend> Coordinator<B> {
             let epoch = match minted {
                 Some(e) => e,
                 None => {
-                    let e = self.mint_epoch(key, &claim, None).await?;
+                    let e = self.mint_epoch(key, &claim, preferred, None).await?;
                     minted = Some(e);
                     e
                 }
@@ -914,6 +920,23 @@ impl<B: Backend> Store for Coordinator<B> {
 
     async fn list(&self, prefix: &str) -> Result<Vec<Lease>, StoreError> {
         self.bounded(self.list_inner(prefix)).await
+    }
+
+    async fn holders(&self, prefix: &str) -> Result<BTreeMap<String, String>, StoreError> {
+        self.bounded(async {
+            let mut out = BTreeMap::new();
+            for e in self.scan(BucketId::Epochs, prefix).await? {
+                match EpochRecord::decode(&e.key, &e.value) {
+                    Ok(r) if !r.holder.is_empty() => {
+                        out.insert(e.key, r.holder);
+                    }
+                    Ok(_) => {}
+                    Err(err) => tracing::warn!(error = %err, "unreadable epoch record skipped"),
+                }
+            }
+            Ok(out)
+        })
+        .await
     }
 
     async fn view(&self, prefix: &str) -> Result<Vec<Lease>, StoreError> {

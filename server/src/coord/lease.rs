@@ -407,6 +407,11 @@ pub struct EpochRecord {
     /// The claim call that minted it (how a lost answer is recognised).
     #[serde(default)]
     pub claim: String,
+    /// The stable node id of the claim that minted it: the resource's
+    /// last holder, kept here because this bucket has no age limit, so the
+    /// `preferred` hint outlives a lapsed lease (what stickiness reads).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub holder: String,
 }
 
 impl EpochRecord {

@@ -319,6 +319,14 @@ pub trait Store: Send + Sync {
     /// Every live lease whose resource key starts with `prefix`.
     async fn list(&self, prefix: &str) -> Result<Vec<Lease>, StoreError>;
 
+    /// Resource → the stable node id of its last claim, for every resource
+    /// under `prefix` whose epoch counter names one: the `preferred` hint,
+    /// kept when the lease itself lapses.
+    async fn holders(
+        &self,
+        prefix: &str,
+    ) -> Result<std::collections::BTreeMap<String, String>, StoreError>;
+
     /// Every live seat or presence lease whose key starts with `prefix`,
     /// answered from the live view after bringing it level with the leases
     /// bucket's last write.

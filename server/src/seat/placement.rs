@@ -69,6 +69,18 @@ pub struct Snapshot {
     /// (its acquire hook failed, so it handed them back): left to a peer
     /// that may run them, tried again here only when none may.
     pub handed_back: BTreeSet<String>,
+    /// Live seat leases by the stable node id they name: how much a node
+    /// really holds, whatever its presence row (a crashed incarnation's row
+    /// goes on saying what it held until it lapses).
+    pub leased_to: BTreeMap<String, usize>,
+    /// Nodes whose presence is fading: a row not renewed for two
+    /// heartbeats, or one the last pass saw that is gone now. A node
+    /// restarted with the same id claims its row the moment its earlier
+    /// incarnation's lapses, which is also when that incarnation's seats
+    /// come free.
+    pub fading: BTreeSet<String>,
+    /// Free seats this node left for a recheck in its last pass.
+    pub rechecked: BTreeSet<String>,
 }
 
 /// A node leaves a free seat that prefers nobody here to a better-ranked
@@ -144,8 +156,13 @@ pub struct Plan {
     /// Seats this node holds or keeps undead, against that capacity.
     pub holding: usize,
     pub groups: Vec<GroupView>,
-    /// Free seats left to a better-ranked node this pass.
+    /// Free seats left to a better-ranked node, or to the node their hint
+    /// names, this pass.
     pub deferred: Vec<String>,
+    /// Free seats left for one recheck a heartbeat from now, because the
+    /// node their hint names is fading (back by then if it restarted, gone
+    /// if it died).
+    pub rechecks: Vec<String>,
 }
 
 fn ceil_div(a: usize, b: usize) -> usize {
@@ -344,6 +361,9 @@ pub fn plan(snap: &Snapshot) -> Plan {
             // them). The seats left are the ones each such node tries
             // first in its own claim order, so the two do not race for the
             // same seats. It never changes how many seats this node may take.
+            let sticky = sticky_leave(snap, &g.placement, &free);
+            plan.rechecks
+                .extend(sticky.rechecks.iter().map(|h| h.to_string()));
             let left_to_better: BTreeSet<&str> = {
                 let leavable: Vec<&SeatSpec> = free
                     .iter()
@@ -352,9 +372,10 @@ pub fn plan(snap: &Snapshot) -> Plan {
                         s.preferred.as_deref() != Some(me)
                             && snap.moves.get(&s.handle).map(String::as_str) != Some(me)
                             && snap.deferred.get(&s.handle).copied().unwrap_or(0) < DEFER_PASSES
+                            && !sticky.rechecks.contains(s.handle.as_str())
                     })
                     .collect();
-                let mut left = BTreeSet::new();
+                let mut left: BTreeSet<&str> = sticky.left;
                 for (node, room) in better_ranked_rooms(snap, &g.placement) {
                     if left.len() == leavable.len() {
                         break;
@@ -380,6 +401,9 @@ pub fn plan(snap: &Snapshot) -> Plan {
                 if take.len() >= g.allowance - g.held {
                     break;
                 }
+                if sticky.rechecks.contains(s.handle.as_str()) {
+                    continue;
+                }
                 if left_to_better.contains(s.handle.as_str()) {
                     plan.deferred.push(s.handle.clone());
                     continue;
@@ -393,6 +417,67 @@ pub fn plan(snap: &Snapshot) -> Plan {
     }
     plan.groups = views.into_iter().map(|(g, _)| g).collect();
     plan
+}
+
+/// What stickiness leaves of a group's free seats to other nodes.
+struct StickyLeave<'a> {
+    /// Left to the node their hint names (for at most [`DEFER_PASSES`]
+    /// passes in a row).
+    left: BTreeSet<&'a str>,
+    /// Left for one recheck a heartbeat later.
+    rechecks: BTreeSet<&'a str>,
+}
+
+/// Stickiness seen from a peer: a free seat whose hint names another node
+/// is that node's to take back first. While the node is serving, matches
+/// the seat and has room (counted from the leases naming it, not its row),
+/// the seat is left to it for at most [`DEFER_PASSES`] passes; while its
+/// presence is fading the seat is left for one recheck a heartbeat later,
+/// by which time a restarted incarnation holds the row and a dead node's
+/// row is gone. So a restarted node gets its seats back while a peer with
+/// room sweeps at the same moment, and a dead node's seats still move
+/// within a TTL, a sweep and a heartbeat.
+fn sticky_leave<'a>(
+    snap: &Snapshot,
+    placement: &PlacementConfig,
+    free: &[&&'a SeatSpec],
+) -> StickyLeave<'a> {
+    let me = snap.node_id.as_str();
+    let mut out = StickyLeave {
+        left: BTreeSet::new(),
+        rechecks: BTreeSet::new(),
+    };
+    let mut room: BTreeMap<&str, usize> = BTreeMap::new();
+    for s in free {
+        let Some(to) = s.preferred.as_deref().filter(|to| *to != me) else {
+            continue;
+        };
+        if snap.moves.get(&s.handle).map(String::as_str) == Some(me) {
+            continue;
+        }
+        if snap.fading.contains(to) {
+            if !snap.rechecked.contains(&s.handle) {
+                out.rechecks.insert(s.handle.as_str());
+            }
+            continue;
+        }
+        if snap.deferred.get(&s.handle).copied().unwrap_or(0) >= DEFER_PASSES {
+            continue;
+        }
+        let Some(p) = snap.presence.iter().find(|p| {
+            p.node_id == to && !p.withdrawn && matches_placement(&p.node_id, &p.labels, placement)
+        }) else {
+            continue;
+        };
+        let left = room.entry(to).or_insert_with(|| {
+            capacity_of(snap, p).saturating_sub(snap.leased_to.get(to).copied().unwrap_or(0))
+        });
+        if *left > 0 {
+            *left -= 1;
+            out.left.insert(s.handle.as_str());
+        }
+    }
+    out
 }
 
 /// Where `node` stands in `ranking` (unranked nodes after every ranked

@@ -126,7 +126,19 @@ pub struct SeatEngine {
     /// seat → (node that let an offer of it lapse, until when it is not
     /// offered that seat again).
     refused: Mutex<BTreeMap<String, (String, Instant)>>,
+    /// The node ids on the roster the last pass read (how a presence that
+    /// lapsed since is told from one never seen).
+    roster_seen: Mutex<BTreeSet<String>>,
+    /// Free seats the last pass left for a recheck (each gets one).
+    rechecked: Mutex<BTreeSet<String>>,
+    /// When an earlier incarnation's presence under this node id lapses:
+    /// the heartbeat claims the row then rather than a beat later.
+    presence_free_at: Mutex<Option<Instant>>,
 }
+
+/// How long after an earlier incarnation's presence lapses this node
+/// claims the row (the store's clock and this node's differ a little).
+const PRESENCE_LAPSE_MARGIN: Duration = Duration::from_millis(50);
 
 /// The company's seats as placement sees them (no preference read yet).
 fn seat_specs(company: &Company) -> Vec<SeatSpec> {
@@ -235,6 +247,9 @@ impl SeatEngine {
             deferred: Mutex::new(BTreeMap::new()),
             handed_back: Mutex::new(BTreeMap::new()),
             refused: Mutex::new(BTreeMap::new()),
+            roster_seen: Mutex::new(BTreeSet::new()),
+            rechecked: Mutex::new(BTreeSet::new()),
+            presence_free_at: Mutex::new(None),
         }))
     }
 
@@ -636,12 +651,34 @@ impl SeatEngine {
         match self.store.claim(req).await {
             Ok(Claim::Won(l)) => {
                 *presence = Some(l);
-                self.presence_recorded.send_replace(true);
+                let first = !self.presence_recorded.send_replace(true);
+                if first
+                    && self
+                        .presence_free_at
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .take()
+                        .is_some()
+                {
+                    // A restarted node: its earlier incarnation's seats came
+                    // free with that row, and this node takes them first.
+                    self.early.notify_one();
+                }
             }
-            Ok(Claim::HeldBy(l)) => tracing::info!(
-                owner = %l.owner,
-                "this node id's presence is still held by an earlier incarnation; waiting for it to lapse"
-            ),
+            Ok(Claim::HeldBy(l)) => {
+                tracing::info!(
+                    owner = %l.owner,
+                    "this node id's presence is still held by an earlier incarnation; waiting for it to lapse"
+                );
+                if let Ok(now) = self.store.now().await {
+                    let left = l.expires_at.since(now);
+                    *self
+                        .presence_free_at
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner()) =
+                        Some(Instant::now() + left + PRESENCE_LAPSE_MARGIN);
+                }
+            }
             Err(e) => tracing::warn!(error = %e, "cannot claim this node's presence"),
         }
     }
@@ -665,6 +702,15 @@ impl SeatEngine {
                     self.host.heartbeat_with(self.store.lease_ttl(), &progress)
                 );
                 beat.beat();
+                // An earlier incarnation's row is claimed as it lapses.
+                if !*self.presence_recorded.borrow()
+                    && let Some(at) = *self
+                        .presence_free_at
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                {
+                    next = next.min(at.max(Instant::now()));
+                }
             }
             tokio::time::sleep(stamp.min(next.saturating_duration_since(Instant::now()))).await;
         }
@@ -701,7 +747,11 @@ impl SeatEngine {
                     );
                     std::thread::sleep(Duration::from_secs(u64::MAX / 4));
                 }
-                self.sweep_pass(&|| beat.beat()).await;
+                if self.sweep_pass(&|| beat.beat()).await {
+                    // Seats left for a recheck: one more pass a heartbeat
+                    // from now.
+                    next = next.min(Instant::now() + self.cfg.heartbeat);
+                }
                 beat.beat();
             }
             let wait = stamp.min(next.saturating_duration_since(Instant::now()));
@@ -755,22 +805,26 @@ impl SeatEngine {
 
     /// One placement pass.
     pub async fn sweep_once(&self) {
-        self.sweep_pass(&|| {}).await
+        self.sweep_pass(&|| {}).await;
     }
 
     /// One placement pass, calling `progress` as each store call and each
     /// release or claim settles (the sweep loop's watchdog beat: a pass
     /// that gives back and claims several seats can outlast the TTL while
     /// every step of it returns).
-    async fn sweep_pass(&self, progress: &(dyn Fn() + Sync)) {
+    ///
+    /// True when the pass left seats for a recheck a heartbeat later.
+    async fn sweep_pass(&self, progress: &(dyn Fn() + Sync)) -> bool {
         let company = self.company();
         let presence_leases = match self.store.list("node:").await {
             Ok(l) => l,
             Err(e) => {
                 tracing::warn!(error = %e, "the roster cannot be read; this pass concludes nothing");
-                return;
+                return false;
             }
         };
+        progress();
+        let fading = self.fading(&presence_leases).await;
         progress();
         let mut presence: Vec<Presence> = presence_leases.iter().filter_map(presence_of).collect();
         // This node as it is now, whatever its row said a heartbeat ago.
@@ -805,6 +859,13 @@ impl SeatEngine {
                 .clone(),
             moves: BTreeMap::new(),
             handed_back: self.spend_handed_back_pass(),
+            leased_to: BTreeMap::new(),
+            fading,
+            rechecked: self
+                .rechecked
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone(),
         };
         // The fleet's one priority order (never a private one), applied to
         // the nodes present; an unreadable order ranks nobody.
@@ -844,16 +905,30 @@ impl SeatEngine {
         if !plan.claims.is_empty() {
             let leases = self.store.list("seat:").await;
             progress();
+            // The hint outlives the lease: a free seat's is its last
+            // holder's, kept beside its epoch. Unread, there is no hint
+            // this pass (stickiness, never a rule).
+            let holders = match self.store.holders("seat:").await {
+                Ok(h) => h,
+                Err(e) => {
+                    tracing::warn!(error = %e, "the seats' last holders cannot be read; no stickiness this pass");
+                    BTreeMap::new()
+                }
+            };
+            progress();
             match leases {
                 Ok(leases) => {
-                    let preferred: std::collections::BTreeMap<&str, &str> = leases
+                    let mut preferred: BTreeMap<&str, &str> = holders
                         .iter()
-                        .filter_map(|l| {
-                            l.resource
-                                .strip_prefix("seat:")
-                                .map(|h| (h, l.preferred.as_str()))
-                        })
+                        .filter_map(|(k, n)| k.strip_prefix("seat:").map(|h| (h, n.as_str())))
                         .collect();
+                    snap.leased_to.clear();
+                    for l in &leases {
+                        if let Some(h) = l.resource.strip_prefix("seat:") {
+                            preferred.insert(h, l.preferred.as_str());
+                            *snap.leased_to.entry(l.preferred.clone()).or_default() += 1;
+                        }
+                    }
                     for s in &mut snap.seats {
                         s.preferred = preferred.get(s.handle.as_str()).map(|p| p.to_string());
                     }
@@ -893,6 +968,8 @@ impl SeatEngine {
                 d.insert(h.clone(), before.get(h).copied().unwrap_or(0) + 1);
             }
         }
+        *self.rechecked.lock().unwrap_or_else(|e| e.into_inner()) =
+            plan.rechecks.iter().cloned().collect();
 
         let mut released = 0;
         let offered = Mutex::new(BTreeMap::new());
@@ -1027,6 +1104,37 @@ impl SeatEngine {
             released,
             fleet_full: plan.withheld == Some(Withheld::FleetFull),
         });
+        !plan.rechecks.is_empty()
+    }
+
+    /// The nodes whose presence is fading (see [`Snapshot::fading`]): rows
+    /// not renewed for two heartbeats, and rows the last pass read that
+    /// are gone now. Remembers this roster for the next pass.
+    async fn fading(&self, presence: &[Lease]) -> BTreeSet<String> {
+        let roster: BTreeSet<String> = presence
+            .iter()
+            .filter_map(|l| l.resource.strip_prefix("node:").map(str::to_string))
+            .filter(|id| *id != self.cfg.node_id)
+            .collect();
+        let mut fading: BTreeSet<String> = {
+            let mut seen = self.roster_seen.lock().unwrap_or_else(|e| e.into_inner());
+            let gone = seen.difference(&roster).cloned().collect();
+            *seen = roster;
+            gone
+        };
+        if let Ok(now) = self.store.now().await {
+            let stale = self.cfg.heartbeat * 2;
+            for l in presence {
+                let left = l.expires_at.since(now);
+                let Some(id) = l.resource.strip_prefix("node:") else {
+                    continue;
+                };
+                if id != self.cfg.node_id && l.ttl.saturating_sub(left) > stale {
+                    fading.insert(id.to_string());
+                }
+            }
+        }
+        fading
     }
 
     /// Graceful shutdown is a drain: presence given up first, every seat

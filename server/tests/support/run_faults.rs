@@ -118,6 +118,12 @@ impl Store for RunsUnreadable {
     async fn list(&self, prefix: &str) -> Result<Vec<Lease>, StoreError> {
         self.inner.list(prefix).await
     }
+    async fn holders(
+        &self,
+        prefix: &str,
+    ) -> Result<std::collections::BTreeMap<String, String>, StoreError> {
+        self.inner.holders(prefix).await
+    }
     async fn view(&self, prefix: &str) -> Result<Vec<Lease>, StoreError> {
         self.inner.view(prefix).await
     }

@@ -117,6 +117,99 @@ fn seats_whose_preferred_hint_names_this_node_are_claimed_first() {
     assert_eq!(p.claims, vec!["s002", "s003"]);
 }
 
+/// A restarted node's seats, free, with the hint naming it; b holds two
+/// of five and has room for one more.
+fn restart_world() -> Snapshot {
+    let b = node("b", &[]);
+    let mut a = node("a", &[]);
+    // The crashed incarnation's row still says what it held.
+    a.seats_held = Some(3);
+    let mut ss = seats("s", 5, &pl(&[], &[]));
+    for s in &mut ss[..3] {
+        s.preferred = Some("a".into());
+    }
+    for s in &mut ss[3..] {
+        s.preferred = Some("b".into());
+    }
+    let mut snap = snap(&b, &[a, b.clone()], ss);
+    snap.held = ["s003", "s004"].iter().map(|s| s.to_string()).collect();
+    snap.leased_to = BTreeMap::from([("b".to_string(), 2)]);
+    snap
+}
+
+#[test]
+fn a_free_seat_whose_hint_names_a_serving_peer_with_room_is_left_to_it() {
+    let mut snap = restart_world();
+    let p = plan(&snap);
+    assert!(
+        p.claims.is_empty(),
+        "b takes none of a's seats: {:?}",
+        p.claims
+    );
+    let mut left = p.deferred.clone();
+    left.sort();
+    assert_eq!(left, vec!["s000", "s001", "s002"]);
+    // Room is counted from the leases naming a, not its stale row.
+    snap.leased_to.insert("a".into(), 2);
+    let p = plan(&snap);
+    assert_eq!(
+        p.deferred.len(),
+        1,
+        "a has room for one more: {:?}",
+        p.deferred
+    );
+    assert_eq!(p.claims.len(), 1, "b claims into its own room");
+}
+
+#[test]
+fn a_seat_left_to_its_last_holder_is_claimed_after_the_bounded_passes() {
+    let mut snap = restart_world();
+    for h in ["s000", "s001", "s002"] {
+        snap.deferred.insert(h.into(), DEFER_PASSES);
+    }
+    let p = plan(&snap);
+    assert_eq!(
+        p.claims.len(),
+        1,
+        "b's room, taken once the passes are spent"
+    );
+    assert!(p.deferred.is_empty());
+}
+
+#[test]
+fn a_free_seat_whose_hint_names_a_fading_node_waits_one_recheck_then_is_claimed() {
+    let mut snap = restart_world();
+    snap.fading.insert("a".into());
+    let p = plan(&snap);
+    assert!(p.claims.is_empty(), "{:?}", p.claims);
+    let mut left = p.rechecks.clone();
+    left.sort();
+    assert_eq!(left, vec!["s000", "s001", "s002"]);
+    // The recheck: a is gone for good.
+    snap.presence.retain(|p| p.node_id != "a");
+    snap.rechecked = p.rechecks.iter().cloned().collect();
+    let p = plan(&snap);
+    assert!(p.rechecks.is_empty());
+    assert_eq!(
+        p.claims.len(),
+        3,
+        "b's share of five on its own, four a pass at most"
+    );
+}
+
+#[test]
+fn a_free_seat_whose_hint_names_a_withdrawn_node_is_claimed_at_once() {
+    let mut snap = restart_world();
+    for p in &mut snap.presence {
+        if p.node_id == "a" {
+            p.withdrawn = true;
+        }
+    }
+    let p = plan(&snap);
+    assert!(p.deferred.is_empty() && p.rechecks.is_empty());
+    assert_eq!(p.claims.len(), 3);
+}
+
 #[test]
 fn groups_with_the_fewest_matching_nodes_are_tried_first() {
     let a = node("a", &["gpu"]);

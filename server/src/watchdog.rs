@@ -9,6 +9,10 @@
 //! disarmed for the whole of a graceful shutdown, and it stands down when
 //! nothing it watches is live any more: a loop that finished took its work
 //! with it. The decision is the pure [`verdict`].
+//!
+//! A loop in a lower layer (a seat's turn dispatch in the queue) carries a
+//! [`Pulse`] of its own, knowing nothing of the watchdog, and the layer that
+//! started it has the watchdog [`Watchdog::follow`] it.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -64,8 +68,57 @@ pub fn poll_interval(threshold: Duration) -> Duration {
     (threshold / 4).max(Duration::from_millis(10))
 }
 
+/// A loop's beat that the loop carries itself. It is live until
+/// [`Pulse::end`] (the loop's own end) and beats as the loop turns.
+#[derive(Clone)]
+pub struct Pulse(Arc<PulseState>);
+
+struct PulseState {
+    at: Mutex<Instant>,
+    live: AtomicBool,
+}
+
+impl Default for Pulse {
+    fn default() -> Pulse {
+        Pulse::new()
+    }
+}
+
+impl Pulse {
+    pub fn new() -> Pulse {
+        Pulse(Arc::new(PulseState {
+            at: Mutex::new(Instant::now()),
+            live: AtomicBool::new(true),
+        }))
+    }
+
+    /// The loop turned.
+    pub fn beat(&self) {
+        *self.0.at.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+    }
+
+    /// The loop ended: nothing is watched here any more.
+    pub fn end(&self) {
+        self.0.live.store(false, Ordering::SeqCst);
+    }
+
+    pub fn is_live(&self) -> bool {
+        self.0.live.load(Ordering::SeqCst)
+    }
+
+    fn read(&self) -> Beat {
+        Beat {
+            at: *self.0.at.lock().unwrap_or_else(|e| e.into_inner()),
+            live: self.is_live(),
+        }
+    }
+}
+
 struct Inner {
     beats: Mutex<BTreeMap<String, Beat>>,
+    /// Pulses followed, by loop name (an ended one is dropped at the next
+    /// look).
+    followed: Mutex<Vec<(String, Pulse)>>,
     threshold: Duration,
     armed: AtomicBool,
     stopped: AtomicBool,
@@ -82,6 +135,7 @@ impl Watchdog {
         Watchdog {
             inner: Arc::new(Inner {
                 beats: Mutex::new(BTreeMap::new()),
+                followed: Mutex::new(Vec::new()),
                 threshold,
                 armed: AtomicBool::new(true),
                 stopped: AtomicBool::new(false),
@@ -128,9 +182,38 @@ impl Watchdog {
         self.inner.armed.store(false, Ordering::SeqCst);
     }
 
+    /// Watch the loop that carries `pulse`, as `name`, until it ends.
+    pub fn follow(&self, name: &str, pulse: Pulse) {
+        self.inner
+            .followed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((name.to_string(), pulse));
+    }
+
+    /// Every loop watched now, with its beat (ended ones included until
+    /// the next look drops them).
+    pub fn beats(&self) -> BTreeMap<String, Beat> {
+        let mut all = self
+            .inner
+            .beats
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let mut followed = self
+            .inner
+            .followed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        followed.retain(|(_, p)| p.is_live());
+        for (name, p) in followed.iter() {
+            all.insert(name.clone(), p.read());
+        }
+        all
+    }
+
     pub fn current(&self) -> Verdict {
-        let b = self.inner.beats.lock().unwrap_or_else(|e| e.into_inner());
-        verdict(Instant::now(), &b, self.inner.threshold)
+        verdict(Instant::now(), &self.beats(), self.inner.threshold)
     }
 
     /// Start the watcher thread. It exits the process on a wedged verdict
@@ -259,6 +342,21 @@ mod tests {
             assert_eq!(dog.current(), Verdict::Healthy);
         }
         assert_eq!(dog.current(), Verdict::StandDown);
+    }
+
+    #[test]
+    fn a_followed_loop_that_stops_beating_is_wedged_and_one_that_ended_is_not_watched() {
+        let t = Duration::from_secs(45);
+        let dog = Watchdog::new(t);
+        let turns = Pulse::new();
+        dog.follow("dispatch:s0", turns.clone());
+        let later = Instant::now() + t * 2;
+        assert!(
+            matches!(verdict(later, &dog.beats(), t), Verdict::Wedged { loop_name, .. } if loop_name == "dispatch:s0")
+        );
+        turns.end();
+        assert_eq!(verdict(later, &dog.beats(), t), Verdict::StandDown);
+        assert!(dog.beats().is_empty(), "an ended pulse is dropped");
     }
 
     #[test]

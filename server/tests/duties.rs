@@ -986,6 +986,7 @@ fn run_counter_over(
             owner: n.engine.config().owner.clone(),
             protocol: 4,
             events: n.engine.events().clone(),
+            watchdog: None,
         },
         Arc::new(Counter {
             ticks: ticks.clone(),
@@ -1142,6 +1143,7 @@ async fn a_schedule_fires_once_per_due_time_on_a_three_node_fleet(f: Fleet) {
                 owner: n.engine.config().owner.clone(),
                 protocol: 4,
                 events: bus.clone(),
+                watchdog: None,
             },
             Arc::new(Scheduler::new(
                 Duration::from_millis(400),

@@ -3,6 +3,8 @@
 //! drain, the protocol gate, undead seats, admission and the acquire hook's
 //! order — the seed's § Placement and § Establishing a seat, as behaviour.
 
+#[path = "support/duty_faults.rs"]
+mod duty_faults;
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -979,6 +981,176 @@ async fn a_turn_resumed_past_the_ttl_posted_its_effect_after_the_seat_moved() {
     tokio::time::advance(Duration::from_millis(20)).await;
     assert_eq!(host.held(), ["s0"], "still attached: no heartbeat ran");
     assert!(!fence.holds(), "but no longer provably held");
+}
+
+/// The seed's second check: a drain that begins while the claim's store
+/// call is in flight finds the claim won, and the lease goes straight back
+/// before anything is attached (nothing claimed, nothing established).
+#[tokio::test(start_paused = true)]
+async fn a_drain_that_begins_while_a_claim_is_in_flight_hands_the_lease_straight_back() {
+    use crewlet::seat::host::{Acquired, HostConfig, SeatHost};
+    use duty_faults::{Fault, FaultyStore};
+    let f = Fleet::new(Kind::Twin).await;
+    let (store, queue) = f.backends("a").await;
+    let hold = Fault::HoldClaim("seat:x".into());
+    let faulty = FaultyStore::new(store.clone(), std::slice::from_ref(&hold));
+    let hooks = Arc::new(TestHooks::default());
+    let events = EventBus::new("a", "a:1");
+    let mut seen = events.subscribe();
+    let host = Arc::new(SeatHost::new(
+        HostConfig {
+            node_id: "a".into(),
+            owner: "a:1".into(),
+            heartbeat: BEAT,
+            release_wait: BEAT,
+        },
+        faulty.clone(),
+        queue,
+        hooks.clone(),
+        events,
+    ));
+    let claiming = {
+        let host = host.clone();
+        tokio::spawn(async move { host.claim("x").await })
+    };
+    f.until("the claim to be in flight", Duration::from_secs(5), || {
+        faulty.hits(&hold) > 0
+    })
+    .await;
+    host.begin_drain();
+    faulty.heal();
+    let got = claiming.await.unwrap().unwrap();
+    assert_eq!(got, Acquired::Draining);
+    assert_eq!(
+        store.epoch("seat:x").await.unwrap(),
+        1,
+        "the claim did win at the store"
+    );
+    assert!(
+        store.lease("seat:x").await.unwrap().is_none(),
+        "and went straight back"
+    );
+    assert!(host.held().is_empty());
+    assert!(
+        hooks.log.lock().unwrap().is_empty(),
+        "nothing was established: {:?}",
+        hooks.log.lock().unwrap()
+    );
+    while let Ok(e) = seen.try_recv() {
+        assert!(
+            !matches!(
+                e.event,
+                Event::SeatClaimed { .. } | Event::SeatAttached { .. }
+            ),
+            "{e:?}"
+        );
+    }
+}
+
+/// Hooks whose inbox handler defers the first delivery (as a turn that
+/// found the seat not owned here does) and takes every later one.
+#[derive(Default)]
+struct DeferOnceHooks {
+    deferred: std::sync::atomic::AtomicBool,
+    taken: Arc<Mutex<Vec<String>>>,
+}
+
+#[async_trait::async_trait]
+impl SeatHooks for DeferOnceHooks {
+    fn inbox_handler(&self, _s: &SeatContext, _fence: Fence) -> Arc<dyn Handler> {
+        let first = !self
+            .deferred
+            .swap(true, std::sync::atomic::Ordering::SeqCst);
+        let once = Arc::new(std::sync::atomic::AtomicBool::new(first));
+        let taken = self.taken.clone();
+        handler_fn(move |d: Delivery| {
+            let once = once.clone();
+            let taken = taken.clone();
+            async move {
+                if once.swap(false, std::sync::atomic::Ordering::SeqCst) {
+                    return Disposition::Defer("the seat is not owned here".into());
+                }
+                taken
+                    .lock()
+                    .unwrap()
+                    .push(String::from_utf8_lossy(&d.payload).into_owned());
+                Disposition::Ack
+            }
+        })
+    }
+}
+
+/// The seed's "owned, attached and deaf" case: a deferral quiesces the
+/// seat's consumer, and the next successful renew resumes it (the edge),
+/// so the deferred mail is answered by the same tenure.
+async fn a_deferral_quiesces_the_inbox_and_the_next_successful_renew_resumes_it(f: Fleet) {
+    use crewlet::seat::host::{HostConfig, SeatHost};
+    let (store, queue) = f.backends("a").await;
+    crewlet::queue::ensure_seat_mailboxes(&*queue, "s0", QueueSettings::default())
+        .await
+        .unwrap();
+    let hooks = Arc::new(DeferOnceHooks::default());
+    let host = SeatHost::new(
+        HostConfig {
+            node_id: "a".into(),
+            owner: "a:1".into(),
+            heartbeat: BEAT,
+            release_wait: BEAT,
+        },
+        store,
+        queue.clone(),
+        hooks.clone(),
+        EventBus::new("a", "a:1"),
+    );
+    host.claim("s0").await.unwrap();
+    let epoch = host.may_start("s0").expect("attached and admitting");
+    queue
+        .publish(
+            "crewlet.agent.s0.inbox",
+            None,
+            bytes::Bytes::from_static(b"deferred mail"),
+        )
+        .await
+        .unwrap();
+    f.until(
+        "the deferral to quiesce the inbox",
+        Duration::from_secs(10),
+        || host.inbox_quiesced("s0") == Some(true),
+    )
+    .await;
+    assert!(
+        hooks.taken.lock().unwrap().is_empty(),
+        "deaf: nothing taken yet"
+    );
+    // Deaf stays deaf until ownership is proven again (no heartbeat runs
+    // in between here, so this is the host's state, not a race).
+    assert_eq!(host.inbox_quiesced("s0"), Some(true));
+    host.heartbeat(f.ttl).await;
+    f.until(
+        "the deferred mail to be taken",
+        Duration::from_secs(20),
+        || hooks.taken.lock().unwrap().as_slice() == ["deferred mail"],
+    )
+    .await;
+    assert_eq!(host.inbox_quiesced("s0"), Some(false), "consuming again");
+    assert_eq!(host.may_start("s0"), Some(epoch), "the same tenure");
+    host.release("s0", DetachReason::Drain).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn twin_a_deferral_quiesces_the_inbox_and_the_next_successful_renew_resumes_it() {
+    a_deferral_quiesces_the_inbox_and_the_next_successful_renew_resumes_it(
+        Fleet::new(Kind::Twin).await,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_a_deferral_quiesces_the_inbox_and_the_next_successful_renew_resumes_it() {
+    a_deferral_quiesces_the_inbox_and_the_next_successful_renew_resumes_it(
+        Fleet::new(Kind::Nats).await,
+    )
+    .await;
 }
 
 #[tokio::test(start_paused = true)]

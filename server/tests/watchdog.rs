@@ -410,3 +410,154 @@ impl SeatHooks for FastHooks {
         handler_fn(|_d: Delivery| async { Disposition::Ack })
     }
 }
+
+/// Hooks whose inbox turn outlasts the TTL (five seconds against three),
+/// recording when it ends.
+struct LongTurnHooks {
+    done: Arc<std::sync::atomic::AtomicBool>,
+}
+
+#[async_trait::async_trait]
+impl SeatHooks for LongTurnHooks {
+    fn inbox_handler(&self, _s: &SeatContext, _f: Fence) -> Arc<dyn Handler> {
+        let done = self.done.clone();
+        handler_fn(move |_d: Delivery| {
+            let done = done.clone();
+            async move {
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                done.store(true, std::sync::atomic::Ordering::SeqCst);
+                Disposition::Ack
+            }
+        })
+    }
+}
+
+/// The seats' turn dispatch is watched (seed § The wedged node: every
+/// duty stamps a beat): the watchdog follows each attached inbox's loop as
+/// `dispatch:{seat}`, a turn longer than the TTL is that loop turning, not
+/// a wedge, and a seat let go takes its loop out of the watch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_seats_turn_dispatch_is_watched_a_long_turn_is_not_a_wedge_and_a_released_seat_stands_down()
+ {
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (engine, tasks) = engine_on_twin(1, Arc::new(LongTurnHooks { done: done.clone() })).await;
+    let watched = |e: &SeatEngine| {
+        e.watchdog()
+            .beats()
+            .get("dispatch:s0")
+            .is_some_and(|b| b.live)
+    };
+    never_wedged_until(&engine, "s0's dispatch to be watched", || watched(&engine)).await;
+    engine
+        .queue()
+        .publish(
+            "crewlet.agent.s0.inbox",
+            None,
+            bytes::Bytes::from_static(b"a long turn"),
+        )
+        .await
+        .unwrap();
+    never_wedged_until(&engine, "the long turn to end", || {
+        done.load(std::sync::atomic::Ordering::SeqCst)
+    })
+    .await;
+    engine.drain().await;
+    assert!(
+        !engine.watchdog().beats().contains_key("dispatch:s0"),
+        "a released seat's dispatch is no longer watched: {:?}",
+        engine.watchdog().beats().keys().collect::<Vec<_>>()
+    );
+    drop(tasks);
+}
+
+/// A duty whose tick never returns.
+struct StuckDuty;
+
+#[async_trait::async_trait]
+impl crewlet::duty::Duty for StuckDuty {
+    fn name(&self) -> &'static str {
+        "stuck"
+    }
+    fn every(&self) -> Duration {
+        Duration::from_millis(100)
+    }
+    async fn tick(&self) -> Result<(), String> {
+        std::future::pending::<()>().await;
+        Ok(())
+    }
+}
+
+/// A duty that ticks and returns.
+struct TickingDuty;
+
+#[async_trait::async_trait]
+impl crewlet::duty::Duty for TickingDuty {
+    fn name(&self) -> &'static str {
+        "ticking"
+    }
+    fn every(&self) -> Duration {
+        Duration::from_millis(100)
+    }
+    async fn tick(&self) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// The duty loops are watched as `duty:{name}`: one whose tick blocks on
+/// something that never returns stops beating once its lease (three ticks)
+/// has lapsed under it and is named wedged; one that was stopped is no
+/// longer watched (a duty that is gone is not a duty that is wedged).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duty_blocked_in_its_tick_is_a_wedged_loop_and_a_stopped_duty_stands_down() {
+    use crewlet::duty::{Duties, DutyContext};
+    let store: Arc<dyn Store> = Arc::new(Coordinator::new(
+        MemoryBackend::new(Duration::from_secs(3)),
+        CoordinatorOptions::default(),
+    ));
+    let dog = crewlet::watchdog::Watchdog::new(Duration::from_secs(1));
+    let tasks = Tasks::new();
+    let ctx = DutyContext {
+        store,
+        node_id: "n".into(),
+        owner: "n:1".into(),
+        protocol: 4,
+        events: EventBus::new("n", "n:1"),
+        watchdog: Some(dog.clone()),
+    };
+    let ticking = Duties::new();
+    ticking.start(&tasks, ctx.clone(), Arc::new(TickingDuty));
+    let stuck = Duties::new();
+    stuck.start(&tasks, ctx, Arc::new(StuckDuty));
+    let named = support::wait_for(
+        "the stuck duty to read as wedged",
+        Duration::from_secs(15),
+        Duration::from_millis(50),
+        || {
+            let v = dog.current();
+            async move {
+                match v {
+                    Verdict::Wedged { loop_name, .. } => Some(loop_name),
+                    _ => None,
+                }
+            }
+        },
+    )
+    .await;
+    assert_eq!(named, "duty:stuck");
+    assert!(
+        dog.beats()["duty:ticking"].live,
+        "the ticking duty is watched"
+    );
+    ticking.stop();
+    support::wait_for(
+        "the stopped duty to leave the watch",
+        Duration::from_secs(10),
+        Duration::from_millis(50),
+        || {
+            let gone = dog.beats().get("duty:ticking").is_some_and(|b| !b.live);
+            async move { gone.then_some(()) }
+        },
+    )
+    .await;
+    stuck.abandon();
+}

@@ -24,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 use crate::coord::{Claim, ClaimRequest, Lease, Release, Renewal, Store};
 use crate::events::{Event, EventBus};
 use crate::tasks::Tasks;
+use crate::watchdog::{BeatGuard, Watchdog, stamp_interval};
 
 /// One duty.
 #[async_trait::async_trait]
@@ -46,6 +47,9 @@ pub struct DutyContext {
     pub owner: String,
     pub protocol: u32,
     pub events: EventBus,
+    /// Watches each duty loop as `duty:{name}` (seed § The wedged node:
+    /// each duty stamps a beat as it turns). `None`: unwatched.
+    pub watchdog: Option<Watchdog>,
 }
 
 /// The node's duty loops: stopping them gracefully gives every duty back;
@@ -77,6 +81,30 @@ impl Duties {
     pub fn abandon(&self) {
         self.abandon.store(true, Ordering::SeqCst);
         self.stop.cancel();
+    }
+}
+
+/// Await `fut`, beating every stamp interval while it waits — for at most
+/// `bound` when given (then the beat stops and the wait goes on).
+async fn beating<F: std::future::Future>(
+    beat: Option<&(BeatGuard, Duration)>,
+    bound: Option<Duration>,
+    fut: F,
+) -> F::Output {
+    let Some((guard, stamp)) = beat else {
+        return fut.await;
+    };
+    tokio::pin!(fut);
+    let until = bound.map(|b| tokio::time::Instant::now() + b);
+    loop {
+        if until.is_some_and(|u| tokio::time::Instant::now() >= u) {
+            return fut.await;
+        }
+        guard.beat();
+        tokio::select! {
+            out = &mut fut => return out,
+            _ = tokio::time::sleep(*stamp) => {}
+        }
     }
 }
 
@@ -131,18 +159,32 @@ async fn run(
     let mut held: Option<Lease> = None;
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Retired when the loop ends: a duty that is gone is not wedged.
+    let beat = ctx.watchdog.as_ref().map(|w| {
+        (
+            w.watch(&format!("duty:{name}")),
+            stamp_interval(w.threshold()),
+        )
+    });
     loop {
         tokio::select! {
             _ = token.cancelled() => break,
             _ = stop.cancelled() => break,
-            _ = tick.tick() => {}
+            _ = beating(beat.as_ref(), None, tick.tick()) => {}
         }
         if ours(&ctx, name, every, &mut held).await {
             // The tick runs to its end even if a stop arrives meanwhile:
             // the duty is given back after its last tick, not during it.
-            if let Err(e) = duty.tick().await {
+            // It is turning while it runs within its lease (three ticks);
+            // past that the lease has lapsed under it and the beat stops,
+            // so a tick blocked on something that never returns is seen.
+            let ran = beating(beat.as_ref(), Some(duty_ttl(every)), duty.tick()).await;
+            if let Err(e) = ran {
                 tracing::warn!(duty = name, error = %e, "the duty's tick failed; trying again next tick");
             }
+        }
+        if let Some((b, _)) = &beat {
+            b.beat();
         }
     }
     if abandon.load(Ordering::SeqCst) {

@@ -458,6 +458,7 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
             owner: info.incarnation.to_string(),
             protocol: protocol(),
             events: events.clone(),
+            watchdog: Some(engine.watchdog().clone()),
         };
         duties.start(
             &tasks,

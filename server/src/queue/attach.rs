@@ -37,6 +37,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::{DeadLetterReason, Delivery, Disposition, EventSink, Handler, QueueError, QueueEvent};
+use crate::watchdog::Pulse;
 
 /// One fetched, unsettled message.
 pub struct Fetched {
@@ -109,7 +110,16 @@ pub struct Attachment {
     /// what it took handed back.
     drop_in_flight: Arc<std::sync::atomic::AtomicBool>,
     task: Option<JoinHandle<()>>,
+    /// The dispatch loop's beat (the watchdog follows it).
+    pulse: Pulse,
 }
+
+/// How often the dispatch loop beats while it waits on something that is
+/// allowed to take long: a closed gate (a paused or quiesced seat), a
+/// fetch (bounded by construction) and the turn it dispatched. A broker
+/// call that outlives its own bound (a settle, the stranded-mail look)
+/// stops the beat, and the watchdog sees the loop wedged.
+pub const PULSE_EVERY: Duration = Duration::from_millis(500);
 
 /// How long one fetch waits for a message before the loop looks again.
 pub const FETCH_WAIT: Duration = Duration::from_secs(5);
@@ -139,7 +149,9 @@ impl Attachment {
         let extend = Arc::new(watch::Sender::new(0u64));
         let cancel = CancellationToken::new();
         let drop_in_flight = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let pulse = Pulse::new();
         let task = tokio::spawn(consume(Loop {
+            pulse: pulse.clone(),
             subscription: subscription.clone(),
             max_deliveries,
             extensions: extend.subscribe(),
@@ -159,7 +171,13 @@ impl Attachment {
             cancel,
             drop_in_flight,
             task: Some(task),
+            pulse,
         }
+    }
+
+    /// The dispatch loop's beat: live until the loop ends.
+    pub fn pulse(&self) -> Pulse {
+        self.pulse.clone()
     }
 
     pub fn subscription(&self) -> &str {
@@ -265,6 +283,28 @@ struct Loop {
     source: Arc<dyn Source>,
     handler: Arc<dyn Handler>,
     events: EventSink,
+    pulse: Pulse,
+}
+
+/// Ends the dispatch loop's pulse when the loop returns (or is dropped).
+struct EndPulse(Pulse);
+
+impl Drop for EndPulse {
+    fn drop(&mut self) {
+        self.0.end();
+    }
+}
+
+/// Await `fut`, beating `pulse` every [`PULSE_EVERY`] while it waits.
+async fn beating<F: std::future::Future>(pulse: &Pulse, fut: F) -> F::Output {
+    tokio::pin!(fut);
+    let mut every = tokio::time::interval(PULSE_EVERY);
+    loop {
+        tokio::select! {
+            out = &mut fut => return out,
+            _ = every.tick() => pulse.beat(),
+        }
+    }
 }
 
 async fn settle_or_log(what: &str, sub: &str, r: Result<(), QueueError>) {
@@ -303,6 +343,7 @@ async fn look_for_stranded(l: &Loop) -> (Vec<Fetched>, tokio::time::Instant) {
 }
 
 async fn consume(l: Loop) {
+    let _end = EndPulse(l.pulse.clone());
     let mut gate = l.gate.subscribe();
     let mut backoff = Duration::from_millis(100);
     // Due at once: mail stranded while nobody was attached is found at
@@ -311,9 +352,10 @@ async fn consume(l: Loop) {
     // Stranded mail taken from the stream, handled before the next fetch.
     let mut recovered: std::collections::VecDeque<Fetched> = Default::default();
     loop {
+        l.pulse.beat();
         tokio::select! {
             _ = l.cancel.cancelled() => return,
-            r = gate.wait_for(Gate::open) => if r.is_err() { return },
+            r = beating(&l.pulse, gate.wait_for(Gate::open)) => if r.is_err() { return },
         }
         if recovered.is_empty() && tokio::time::Instant::now() >= stranded_due {
             let (found, due) = tokio::select! {
@@ -327,7 +369,7 @@ async fn consume(l: Loop) {
             Some(f) => Ok(Some(f)),
             None => tokio::select! {
                 _ = l.cancel.cancelled() => return,
-                r = l.source.next(FETCH_WAIT) => r,
+                r = beating(&l.pulse, l.source.next(FETCH_WAIT)) => r,
             },
         };
         let Fetched { delivery, settle } = match fetched {
@@ -343,7 +385,7 @@ async fn consume(l: Loop) {
                 stranded_due = stranded_due.min(tokio::time::Instant::now() + STRANDED_AFTER_ERROR);
                 tokio::select! {
                     _ = l.cancel.cancelled() => return,
-                    _ = tokio::time::sleep(backoff) => {}
+                    _ = beating(&l.pulse, tokio::time::sleep(backoff)) => {}
                 }
                 backoff = (backoff * 2).min(Duration::from_secs(5));
                 continue;
@@ -405,10 +447,12 @@ async fn consume(l: Loop) {
         // the seat is still its own, and only until it is detached.
         let mut extensions = l.extensions.clone();
         extensions.mark_unchanged();
+        let mut every = tokio::time::interval(PULSE_EVERY);
         let outcome = loop {
             tokio::select! {
                 _ = l.cancel.cancelled() => break None,
                 r = &mut run => break Some(r),
+                _ = every.tick() => l.pulse.beat(),
                 Ok(()) = extensions.changed() => {
                     for (d, settle) in &live {
                         if let Err(e) = settle.progress().await {

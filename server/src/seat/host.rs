@@ -219,6 +219,9 @@ struct HostInner {
     seats: Mutex<BTreeMap<String, SeatEntry>>,
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     draining: AtomicBool,
+    /// Follows each inbox's turn dispatch once set (a node's engine sets
+    /// it; a bare host in a test has none).
+    watchdog: Mutex<Option<crate::watchdog::Watchdog>>,
 }
 
 /// The seat host. Cheap to clone.
@@ -342,6 +345,12 @@ async fn hook_step<T>(
 }
 
 impl SeatHost {
+    /// Have `watchdog` follow every inbox's turn dispatch from now on, as
+    /// `dispatch:{seat}` (it stands down for one whose seat was let go).
+    pub fn watch_dispatch(&self, watchdog: crate::watchdog::Watchdog) {
+        *lock(&self.inner.watchdog) = Some(watchdog);
+    }
+
     pub fn new(
         cfg: HostConfig,
         store: Arc<dyn Store>,
@@ -359,6 +368,7 @@ impl SeatHost {
                 seats: Mutex::new(BTreeMap::new()),
                 locks: Mutex::new(HashMap::new()),
                 draining: AtomicBool::new(false),
+                watchdog: Mutex::new(None),
             }),
         }
     }
@@ -622,6 +632,9 @@ impl SeatHost {
                 .attach(&inbox_group(&ctx.handle), &holds, handler)
                 .await
                 .map_err(|e| HookError::new("inbox attach", e.to_string()))?;
+            if let Some(w) = lock(&self.inner.watchdog).as_ref() {
+                w.follow(&format!("dispatch:{}", ctx.handle), inbox.pulse());
+            }
             self.put_attachment(&ctx.handle, |e| {
                 e.inbox = Some(inbox);
                 e.phase = Phase::Attached;

@@ -228,6 +228,7 @@ impl SeatEngine {
             events.clone(),
         );
         let watchdog = Watchdog::new(store.lease_ttl());
+        host.watch_dispatch(watchdog.clone());
         Ok(Arc::new(SeatEngine {
             cfg,
             store,

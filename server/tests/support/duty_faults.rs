@@ -44,6 +44,9 @@ pub enum Fault {
     Claim(String),
     /// A renewal of this resource cannot say (`Renewal::Unknown`).
     Renew(String),
+    /// A claim of this resource waits while the fault stands, then goes
+    /// through (a claim in flight).
+    HoldClaim(String),
 }
 
 /// The fleet's store with [`Fault`]s in front of it. A fault stands until
@@ -131,6 +134,11 @@ impl Store for FaultyStore {
         let f = Fault::Claim(req.resource.clone());
         if self.stands(&f) {
             return Err(Self::injected(&f));
+        }
+        let hold = Fault::HoldClaim(req.resource.clone());
+        if self.stands(&hold) {
+            let mut rx = self.faults.subscribe();
+            let _ = rx.wait_for(|fs| !fs.contains(&hold)).await;
         }
         self.inner.claim(req).await
     }

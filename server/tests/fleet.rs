@@ -370,6 +370,7 @@ both!(
     a_node_that_booted_alone_gives_back_to_a_later_joiner,
     a_dead_nodes_seats_move_within_ttl_and_a_sweep,
     a_node_restarted_with_the_same_id_takes_its_own_seats_back_while_a_peer_with_room_sweeps,
+    a_draining_node_that_still_holds_seats_reads_as_draining_and_its_successor_as_serving,
     pinned_seats_and_label_groups_the_satellite_example,
     drain_moves_everything_and_nothing_is_claimed_back,
     a_lower_protocol_peer_blocks_claims_until_its_leases_lapse_but_its_duty_leases_do_not,
@@ -509,6 +510,67 @@ async fn a_node_restarted_with_the_same_id_takes_its_own_seats_back_while_a_peer
     );
     back.engine.drain().await;
     peer.engine.drain().await;
+}
+
+/// Settings › Nodes from the store: a draining node gave its presence up
+/// first and still holds a seat its successor is preparing to take — it
+/// reads as draining (its seats carry the mark), never as a serving node
+/// whose presence is late, and the serving successor reads as serving.
+async fn a_draining_node_that_still_holds_seats_reads_as_draining_and_its_successor_as_serving(
+    f: Fleet,
+) {
+    let company = roles("s", 2);
+    let a = f.node("a", &[], &company).await;
+    let hooks_b = Arc::new(TestHooks::default());
+    let b = f.node_with("b", &[], &company, hooks_b.clone(), 4).await;
+    f.until("a 1/1 split", Duration::from_secs(30), || {
+        a.count() == 1 && b.count() == 1
+    })
+    .await;
+    // b's next prepare does not finish until released: a's drain hands
+    // its seat over slowly, holding it meanwhile.
+    hooks_b
+        .stuck_hydration
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let draining = {
+        let engine = a.engine.clone();
+        tokio::spawn(async move { engine.drain().await })
+    };
+    let store = a.store.clone();
+    f.until_async(
+        "a to read as draining with its seat",
+        Duration::from_secs(20),
+        || {
+            let store = store.clone();
+            async move {
+                let Ok(view) =
+                    crewlet::node::fleet::read_fleet(&*store, "t", "c", "embedded-kv").await
+                else {
+                    return false;
+                };
+                let a_draining = view.nodes.iter().any(|n| {
+                    n.node_id == "a"
+                        && n.status == app::api::NodeStatus::Draining
+                        && n.seats.len() == 1
+                });
+                let b_serving = view
+                    .nodes
+                    .iter()
+                    .any(|n| n.node_id == "b" && n.status == app::api::NodeStatus::Serving);
+                a_draining && b_serving
+            }
+        },
+    )
+    .await;
+    hooks_b
+        .stuck_hydration
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    draining.await.unwrap();
+    f.until("b to hold both seats", Duration::from_secs(30), || {
+        b.count() == 2
+    })
+    .await;
+    b.engine.drain().await;
 }
 
 async fn pinned_seats_and_label_groups_the_satellite_example(f: Fleet) {

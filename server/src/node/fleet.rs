@@ -38,7 +38,13 @@ pub fn fleet_from_leases(
     seats: &[Lease],
 ) -> FleetView {
     let mut by_owner: BTreeMap<&str, Vec<HeldSeatView>> = BTreeMap::new();
+    // Incarnations whose seat leases say they are draining (a draining
+    // node marks them before it gives its presence up).
+    let mut draining: std::collections::BTreeSet<&str> = Default::default();
     for s in seats {
+        if flag(s, "draining") {
+            draining.insert(s.owner.as_str());
+        }
         if let Some(handle) = s.resource.strip_prefix("seat:") {
             by_owner
                 .entry(s.owner.as_str())
@@ -85,7 +91,10 @@ pub fn fleet_from_leases(
         })
         .collect();
     // A draining node gives its presence up first and keeps serving its
-    // seats until each is handed over: show those seats under their owner.
+    // seats until each is handed over: show those seats under their owner,
+    // draining when its seats say so. Without the mark the node renews its
+    // seats and its presence is merely late (not recorded yet at boot, or a
+    // renewal that failed): it is serving.
     for (owner, mut seats) in by_owner {
         seats.sort_by(|a, b| a.handle.cmp(&b.handle));
         let node_id = owner.split_once(':').map_or(owner, |(n, _)| n).to_string();
@@ -94,7 +103,11 @@ pub fn fleet_from_leases(
             incarnation: owner.to_string(),
             version: String::new(),
             protocol: 0,
-            status: NodeStatus::Draining,
+            status: if draining.contains(owner) {
+                NodeStatus::Draining
+            } else {
+                NodeStatus::Serving
+            },
             roles: Vec::new(),
             labels: Vec::new(),
             presence_expires_at: None,
@@ -194,12 +207,12 @@ mod tests {
 
     #[test]
     fn seats_held_by_an_incarnation_without_presence_are_shown_under_it_as_draining() {
-        // A draining node gives its presence up first and keeps its seats
-        // until each is handed over.
+        // A draining node marks its seats, gives its presence up first and
+        // keeps its seats until each is handed over.
         let presence = [lease("node:a", "a:1", &[])];
         let seats = [
-            lease("seat:s2", "b:9", &[]),
-            lease("seat:s1", "b:9", &[]),
+            lease("seat:s2", "b:9", &["draining"]),
+            lease("seat:s1", "b:9", &["draining"]),
             lease("seat:s3", "a:1", &[]),
         ];
         let fleet = fleet_from_leases("a", "c", "embedded-kv", &presence, &seats);
@@ -212,5 +225,16 @@ mod tests {
         let a = fleet.nodes.iter().find(|n| n.node_id == "a").unwrap();
         assert_eq!(a.seats.len(), 1);
         assert_eq!(a.seats[0].epoch, 3);
+    }
+
+    #[test]
+    fn a_live_node_whose_presence_is_late_is_serving_not_draining() {
+        // Seats renewed, presence not recorded yet (a boot under load) or
+        // its renewal failed: the node is serving.
+        let seats = [lease("seat:s1", "b:9", &[])];
+        assert_eq!(
+            statuses(&[], &seats),
+            [("b".to_string(), NodeStatus::Serving)]
+        );
     }
 }

@@ -345,6 +345,23 @@ async fn hook_step<T>(
 }
 
 impl SeatHost {
+    /// What a seat renewal writes into the lease's metadata: the draining
+    /// mark once a drain began (how Settings › Nodes tells a draining node,
+    /// which gave its presence up first, from one whose presence is late);
+    /// otherwise the lease's own.
+    fn renewal_metadata(&self, lease: &Lease) -> Option<crate::coord::Metadata> {
+        let marked = lease
+            .metadata
+            .get("draining")
+            .and_then(|v| v.as_bool())
+            .unwrap_or(false);
+        (self.is_draining() && !marked).then(|| {
+            let mut m = lease.metadata.clone();
+            m.insert("draining".into(), serde_json::Value::Bool(true));
+            m
+        })
+    }
+
     /// Have `watchdog` follow every inbox's turn dispatch from now on, as
     /// `dispatch:{seat}` (it stands down for one whose seat was let go).
     pub fn watch_dispatch(&self, watchdog: crate::watchdog::Watchdog) {
@@ -841,7 +858,7 @@ impl SeatHost {
         match self
             .inner
             .store
-            .renew(&lease, &self.inner.cfg.owner, None)
+            .renew(&lease, &self.inner.cfg.owner, self.renewal_metadata(&lease))
             .await
         {
             Renewal::Renewed(l) => {

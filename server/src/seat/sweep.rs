@@ -1144,6 +1144,9 @@ impl SeatEngine {
         self.watchdog.disarm();
         self.host.begin_drain();
         self.events.emit(Event::NodeDraining {});
+        // One renewal of every seat first, carrying the draining mark, so
+        // the seats read as a draining node's once the presence is gone.
+        self.host.heartbeat(self.store.lease_ttl()).await;
         if let Some(p) = self.presence.lock().await.take() {
             let _ = self.store.release(&p, &self.cfg.owner).await;
         }

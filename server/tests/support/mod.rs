@@ -9,6 +9,7 @@
 pub mod http_node;
 pub mod nats;
 pub mod process;
+pub mod stranded;
 
 use std::future::Future;
 use std::time::Duration;

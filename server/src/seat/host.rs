@@ -486,7 +486,12 @@ impl SeatHost {
         let (epoch, age) = {
             let seats = lock(&self.inner.seats);
             let e = seats.get(handle)?;
-            if e.phase != Phase::Attached {
+            // An offer standing (or being made) stops admission: a
+            // delivery queued behind the turn in flight is deferred to the
+            // successor, never started here after the quiesce (the chaos
+            // soak saw such a turn write memory the successor had already
+            // hydrated without).
+            if e.phase != Phase::Attached || e.offered {
                 return None;
             }
             (e.lease.epoch, e.last_renewed.elapsed())

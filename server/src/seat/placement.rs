@@ -83,6 +83,12 @@ pub struct Snapshot {
     pub rechecked: BTreeSet<String>,
 }
 
+/// How long after a pass that left seats for a recheck the recheck runs:
+/// long enough for a restarted node to claim the presence row its earlier
+/// incarnation's lapse freed (it claims it at that lapse), short enough
+/// that a dead node's seats still move within about a TTL and a sweep.
+pub const RECHECK_AFTER: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// A node leaves a free seat that prefers nobody here to a better-ranked
 /// node with room for at most this many passes in a row, then claims it.
 pub const DEFER_PASSES: u32 = 2;
@@ -159,7 +165,7 @@ pub struct Plan {
     /// Free seats left to a better-ranked node, or to the node their hint
     /// names, this pass.
     pub deferred: Vec<String>,
-    /// Free seats left for one recheck a heartbeat from now, because the
+    /// Free seats left for one recheck [`RECHECK_AFTER`] from now, because the
     /// node their hint names is fading (back by then if it restarted, gone
     /// if it died).
     pub rechecks: Vec<String>,
@@ -424,7 +430,7 @@ struct StickyLeave<'a> {
     /// Left to the node their hint names (for at most [`DEFER_PASSES`]
     /// passes in a row).
     left: BTreeSet<&'a str>,
-    /// Left for one recheck a heartbeat later.
+    /// Left for one recheck [`RECHECK_AFTER`] later.
     rechecks: BTreeSet<&'a str>,
 }
 
@@ -432,11 +438,11 @@ struct StickyLeave<'a> {
 /// is that node's to take back first. While the node is serving, matches
 /// the seat and has room (counted from the leases naming it, not its row),
 /// the seat is left to it for at most [`DEFER_PASSES`] passes; while its
-/// presence is fading the seat is left for one recheck a heartbeat later,
+/// presence is fading the seat is left for one recheck [`RECHECK_AFTER`] later,
 /// by which time a restarted incarnation holds the row and a dead node's
 /// row is gone. So a restarted node gets its seats back while a peer with
 /// room sweeps at the same moment, and a dead node's seats still move
-/// within a TTL, a sweep and a heartbeat.
+/// within a TTL, a sweep and [`RECHECK_AFTER`].
 fn sticky_leave<'a>(
     snap: &Snapshot,
     placement: &PlacementConfig,

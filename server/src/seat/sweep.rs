@@ -749,9 +749,9 @@ impl SeatEngine {
                     std::thread::sleep(Duration::from_secs(u64::MAX / 4));
                 }
                 if self.sweep_pass(&|| beat.beat()).await {
-                    // Seats left for a recheck: one more pass a heartbeat
-                    // from now.
-                    next = next.min(Instant::now() + self.cfg.heartbeat);
+                    // Seats left for a recheck: one more pass shortly.
+                    next =
+                        next.min(Instant::now() + placement::RECHECK_AFTER.min(self.cfg.heartbeat));
                 }
                 beat.beat();
             }
@@ -814,7 +814,7 @@ impl SeatEngine {
     /// that gives back and claims several seats can outlast the TTL while
     /// every step of it returns).
     ///
-    /// True when the pass left seats for a recheck a heartbeat later.
+    /// True when the pass left seats for a recheck [`placement::RECHECK_AFTER`] later.
     async fn sweep_pass(&self, progress: &(dyn Fn() + Sync)) -> bool {
         let company = self.company();
         let presence_leases = match self.store.list("node:").await {

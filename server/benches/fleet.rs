@@ -676,7 +676,7 @@ async fn main() {
         cold.given_back,
         ms(cold.arithmetic)
     );
-    for (name, secs, left) in &stranded {
+    for (name, secs, left) in stranded.iter().filter(|(_, secs, _)| !secs.is_empty()) {
         let at = |q: f64| {
             let i = ((secs.len() as f64 * q).ceil() as usize).clamp(1, secs.len().max(1)) - 1;
             secs.get(i).copied().unwrap_or(0.0)

@@ -126,6 +126,21 @@ impl<B: Backend> Fx<B> {
     async fn lapse(&self, lease: &Lease) {
         self.until(lease.expires_at).await;
     }
+
+    /// Until the key `resource` has aged out of the leases bucket.
+    async fn aged_out(&self, resource: &str) {
+        let s = self.store.clone();
+        eventually("the lapsed key to age out", || {
+            let s = s.clone();
+            async move {
+                s.backend()
+                    .get(BucketId::Leases, resource)
+                    .await
+                    .is_ok_and(|e| e.is_none())
+            }
+        })
+        .await;
+    }
 }
 
 /// Poll `cond` until it holds; the clock is tokio's, so on the twin the
@@ -259,17 +274,7 @@ async fn the_last_holders_node_id_outlives_its_lapsed_lease<B: Backend>(fx: Fx<B
     won(&fx.store, req("seat:bob", B)).await;
     won(&fx.store, req("node:node-a", A)).await;
     fx.lapse(&l).await;
-    let s = fx.store.clone();
-    eventually("the lapsed key to age out", || {
-        let s = s.clone();
-        async move {
-            s.backend()
-                .get(BucketId::Leases, "seat:alice")
-                .await
-                .is_ok_and(|e| e.is_none())
-        }
-    })
-    .await;
+    fx.aged_out(&l.resource).await;
     let peer = fx.peer().await;
     let holders = peer.holders("seat:").await.expect("holders");
     assert_eq!(
@@ -499,18 +504,8 @@ async fn two_incarnations_of_one_node_cannot_renew_each_others_lease<B: Backend>
 async fn epoch_is_monotonic_across_key_expiry<B: Backend>(fx: Fx<B>) {
     let l = won(&fx.store, req("seat:alice", A)).await;
     fx.lapse(&l).await;
-    let s = fx.store.clone();
     // The key itself ages out of the bucket (no event, no tombstone).
-    eventually("the lapsed key to age out", || {
-        let s = s.clone();
-        async move {
-            s.backend()
-                .get(BucketId::Leases, "seat:alice")
-                .await
-                .is_ok_and(|e| e.is_none())
-        }
-    })
-    .await;
+    fx.aged_out(&l.resource).await;
     let next = won(&fx.peer().await, req("seat:alice", B)).await;
     assert_eq!(
         next.epoch, 2,

@@ -213,7 +213,7 @@ async fn browser_rows(node: &RunningNode) -> Result<BrowserRows, String> {
         let reason = format!("bench-{i}!");
         let record = PauseRecord {
             by: NAME.into(),
-            at: crewlet::audit::now_rfc3339(),
+            at: crewlet::clock::now_rfc3339(),
             reason: Some(reason.clone()),
             stop_running_turn: false,
         };

@@ -59,7 +59,7 @@ pub async fn record(
     sqlx::query(
         "INSERT INTO audit (at, person, action, seat, reason, result) VALUES (?, ?, ?, ?, ?, ?)",
     )
-    .bind(now_rfc3339())
+    .bind(crate::clock::now_rfc3339())
     .bind(bounded(person).as_ref())
     .bind(bounded(action).as_ref())
     .bind(seat.map(bounded).as_deref())
@@ -100,18 +100,6 @@ pub async fn newest(pool: &SqlitePool, limit: u32) -> Result<Vec<AuditEntry>, sq
             node: None,
         })
         .collect())
-}
-
-/// The wall clock as RFC 3339 (UTC, seconds).
-pub fn now_rfc3339() -> String {
-    time::OffsetDateTime::now_utc()
-        .replace_nanosecond(0)
-        .ok()
-        .and_then(|t| {
-            t.format(&time::format_description::well_known::Rfc3339)
-                .ok()
-        })
-        .unwrap_or_default()
 }
 
 /// `crewlet.auditread`: the audit-read subjects' prefix.

@@ -485,7 +485,7 @@ impl EventBus {
         let fleet = FleetEvent {
             node: self.node.clone(),
             incarnation: self.incarnation.clone(),
-            at: crate::audit::now_rfc3339(),
+            at: crate::clock::now_rfc3339(),
             event,
         };
         let json = serde_json::to_string(&fleet.event).unwrap_or_default();

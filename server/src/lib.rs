@@ -5,12 +5,14 @@
 //! [`node::run`].
 
 pub mod audit;
+pub mod clock;
 pub mod config;
 pub mod coord;
 pub mod db;
 pub mod duty;
 pub mod engine;
 pub mod events;
+pub mod identity;
 pub mod logging;
 pub mod memory;
 pub mod node;

@@ -612,6 +612,19 @@ pub struct PlacementConfig {
     pub labels: Vec<String>,
 }
 
+/// Keys whose values never appear in output.
+pub(crate) fn is_secret(key: &str) -> bool {
+    matches!(key, "password" | "password_hash" | "sha256")
+}
+
+/// Whether a node with `node_id` and `labels` may run a seat placed by `p`:
+/// every listed node id names it (when any are listed) and it carries every
+/// listed label.
+pub fn matches_placement(node_id: &str, labels: &[String], p: &PlacementConfig) -> bool {
+    (p.nodes.is_empty() || p.nodes.iter().any(|n| n == node_id))
+        && p.labels.iter().all(|l| labels.contains(l))
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum AuthRole {

@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use super::is_secret;
 use super::validate::Problem;
 use super::*;
 
@@ -304,9 +305,4 @@ pub(super) fn apply_env(value: &mut toml::Table, env: &BTreeMap<String, String>)
         }
     }
     problems
-}
-
-/// Keys whose values never appear in output.
-pub(super) fn is_secret(key: &str) -> bool {
-    matches!(key, "password" | "password_hash" | "sha256")
 }

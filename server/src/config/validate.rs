@@ -7,7 +7,7 @@ use std::collections::HashSet;
 use std::fmt;
 use std::net::SocketAddr;
 
-use super::schema::is_secret;
+use super::is_secret;
 use super::*;
 
 /// One thing wrong with the company file.

@@ -195,7 +195,7 @@ pub async fn record_within(
     let body = Bytes::from(
         serde_json::to_vec(&serde_json::json!({
             "turn_id": turn_id,
-            "at": crate::audit::now_rfc3339(),
+            "at": crate::clock::now_rfc3339(),
         }))
         .unwrap_or_default(),
     );

@@ -33,18 +33,9 @@ pub struct PauseRecord {
     pub stop_running_turn: bool,
 }
 
-/// What the holder is told on the seat's control subject.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
-pub enum ControlMessage {
-    /// The pause record changed: read it and take or drop the hold.
-    PauseChanged,
-    /// Stop the running turn at its next round boundary.
-    Stop { by: String, at: String },
-    /// A detached run's command finished (published by its launcher):
-    /// the holder resumes it.
-    RunCompleted(super::runs::RunCompletion),
-}
+/// The seat's control-subject message lives beside the runs that use it
+/// most (a pause, a stop and a run's completion share the subject).
+pub use super::runs::ControlMessage;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PauseError {
@@ -176,7 +167,7 @@ pub async fn stop(queue: &dyn Queue, handle: &str, by: &str) -> Result<(), Pause
         handle,
         &ControlMessage::Stop {
             by: by.to_string(),
-            at: crate::audit::now_rfc3339(),
+            at: crate::clock::now_rfc3339(),
         },
     )
     .await?;

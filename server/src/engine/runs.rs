@@ -299,7 +299,7 @@ impl Runs {
             if !f(&mut r)? {
                 return Ok(r);
             }
-            r.updated_at = crate::audit::now_rfc3339();
+            r.updated_at = crate::clock::now_rfc3339();
             let v = Bytes::from(serde_json::to_vec(&r).unwrap_or_default());
             match self
                 .store
@@ -338,6 +338,19 @@ impl Runs {
         }
         Err(RunError::Contended)
     }
+}
+
+/// What the holder is told on the seat's control subject.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ControlMessage {
+    /// The pause record changed: read it and take or drop the hold.
+    PauseChanged,
+    /// Stop the running turn at its next round boundary.
+    Stop { by: String, at: String },
+    /// A detached run's command finished (published by its launcher):
+    /// the holder resumes it.
+    RunCompleted(RunCompletion),
 }
 
 /// The completion a launcher publishes on the seat's control subject.
@@ -402,7 +415,7 @@ async fn deliver(
             return;
         }
     }
-    let msg = super::pause::ControlMessage::RunCompleted(RunCompletion {
+    let msg = ControlMessage::RunCompleted(RunCompletion {
         run_id: run_id.to_string(),
         result,
     });

@@ -362,7 +362,7 @@ impl TurnEngine {
             thread: None,
             message_id: None,
             from: Some("run".into()),
-            sent_at: Some(crate::audit::now_rfc3339()),
+            sent_at: Some(crate::clock::now_rfc3339()),
         };
         match self
             .queue
@@ -605,7 +605,7 @@ impl TurnEngine {
         let deadline = tokio::time::Instant::now() + within;
         let key = ledger::done_key(handle, trigger_id);
         let body = bytes::Bytes::from(
-            serde_json::json!({"turn_id": turn_id, "at": crate::audit::now_rfc3339()}).to_string(),
+            serde_json::json!({"turn_id": turn_id, "at": crate::clock::now_rfc3339()}).to_string(),
         );
         let mut pause = Duration::from_millis(100);
         loop {

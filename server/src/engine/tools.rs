@@ -198,7 +198,7 @@ impl Tools {
                     thread: None,
                     message_id: None,
                     from: Some(turn.seat.clone()),
-                    sent_at: Some(crate::audit::now_rfc3339()),
+                    sent_at: Some(crate::clock::now_rfc3339()),
                 };
                 self.queue
                     .publish(
@@ -301,7 +301,7 @@ impl Tools {
                     h.update([0u8]);
                 }
                 let run_id = format!("run-{}", &hex::encode(h.finalize())[..24]);
-                let now = crate::audit::now_rfc3339();
+                let now = crate::clock::now_rfc3339();
                 let record = super::runs::RunRecord {
                     run_id: run_id.clone(),
                     seat: turn.seat.clone(),

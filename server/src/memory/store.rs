@@ -281,7 +281,7 @@ fn natural_id(handle: &str, key: &str) -> String {
 }
 
 fn now() -> String {
-    crate::audit::now_rfc3339()
+    crate::clock::now_rfc3339()
 }
 
 async fn next_seq(tx: &mut sqlx::SqliteConnection) -> Result<i64, sqlx::Error> {

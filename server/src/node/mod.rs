@@ -13,12 +13,11 @@ use std::sync::Arc;
 pub mod company;
 pub mod fleet;
 
-use rand::Rng;
 use tokio::net::TcpListener;
 
 use std::time::Duration;
 
-use crate::config::{Config, CoordinationType, PROTOCOL, PlacementConfig, protocol};
+use crate::config::{Config, PROTOCOL, protocol};
 use crate::coord::Store;
 use crate::db::{self, DbError};
 use crate::engine::outbox::{MemoryOutbox, NatsOutbox, Outbox};
@@ -33,68 +32,7 @@ use crate::seat::sweep::{EngineConfig, SeatEngine};
 use crate::tasks::Tasks;
 use crate::web::{self, WebError};
 
-/// A process incarnation: `{node_id}:{random}`, minted fresh at boot. The
-/// owner of every lease this process takes (seed § The lease).
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct Incarnation(String);
-
-impl Incarnation {
-    pub fn mint(node_id: &str) -> Incarnation {
-        let r: u32 = rand::thread_rng().r#gen();
-        Incarnation(format!("{node_id}:{r:08x}"))
-    }
-
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl std::fmt::Display for Incarnation {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-/// What this node is, as every part of it reports it.
-#[derive(Clone, Debug)]
-pub struct NodeInfo {
-    pub node_id: String,
-    pub incarnation: Incarnation,
-    pub labels: Vec<String>,
-    pub company: String,
-    pub coordination: CoordinationType,
-    pub protocol: u32,
-    /// Handles of the roles whose placement this node matches.
-    pub roles: Vec<String>,
-}
-
-/// Whether a node with `node_id` and `labels` may run a seat placed by `p`:
-/// every listed node id names it (when any are listed) and it carries every
-/// listed label.
-pub fn matches_placement(node_id: &str, labels: &[String], p: &PlacementConfig) -> bool {
-    (p.nodes.is_empty() || p.nodes.iter().any(|n| n == node_id))
-        && p.labels.iter().all(|l| labels.contains(l))
-}
-
-impl NodeInfo {
-    pub fn from_config(config: &Config, incarnation: Incarnation) -> NodeInfo {
-        let roles = config
-            .roles
-            .iter()
-            .filter(|r| matches_placement(&config.node.id, &config.node.labels, &r.placement))
-            .map(|r| r.handle.clone())
-            .collect();
-        NodeInfo {
-            node_id: config.node.id.clone(),
-            incarnation,
-            labels: config.node.labels.clone(),
-            company: config.company.name.clone(),
-            coordination: config.coordination.kind,
-            protocol: protocol(),
-            roles,
-        }
-    }
-}
+pub use crate::identity::{Incarnation, NodeInfo};
 
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {
@@ -552,6 +490,7 @@ pub type SharedInfo = Arc<NodeInfo>;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::{PlacementConfig, matches_placement};
 
     fn s(v: &[&str]) -> Vec<String> {
         v.iter().map(|x| x.to_string()).collect()

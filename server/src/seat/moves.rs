@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::coord::{KvError, Lease, StateBucket, Store, StoreError, StoreTime};
 use crate::node::company;
-use crate::node::matches_placement;
+use crate::seat::placement::matches_placement;
 
 /// How long a request stands when its target never takes the seat.
 pub const MOVE_STANDS_FOR: Duration = Duration::from_secs(120);

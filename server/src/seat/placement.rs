@@ -13,7 +13,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::config::PlacementConfig;
-use crate::node::matches_placement;
+
+pub use crate::config::matches_placement;
 
 /// A seat of the active revision.
 #[derive(Clone, Debug, PartialEq, Eq)]

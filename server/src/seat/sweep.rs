@@ -27,9 +27,9 @@ use super::{moves, ranking};
 use crate::coord::{Claim, ClaimRequest, Lease, Metadata, Renewal, StateBucket, Store};
 use crate::events::{DetachReason, Event, EventBus};
 use crate::node::company::{Company, wants_early_sweep};
-use crate::node::matches_placement;
 use crate::queue::{Queue, QueueSettings, boot_walk};
 use crate::seat::host::watched;
+use crate::seat::placement::matches_placement;
 use crate::tasks::Tasks;
 use crate::watchdog::{Watchdog, stamp_interval};
 

@@ -231,7 +231,7 @@ impl Auth {
             "INSERT INTO people (name, password_hash, role, created_at, created_by, must_change_password) VALUES ('admin', ?, 'admin', ?, 'first start', 1)",
         )
         .bind(hash)
-        .bind(audit::now_rfc3339())
+        .bind(crate::clock::now_rfc3339())
         .execute(&self.pool)
         .await?;
         Ok(Some(password))
@@ -419,7 +419,7 @@ impl Auth {
         .bind(name)
         .bind(hash)
         .bind(role.as_str())
-        .bind(audit::now_rfc3339())
+        .bind(crate::clock::now_rfc3339())
         .bind(by)
         .execute(&self.pool)
         .await?;

@@ -19,8 +19,8 @@ use crate::config::CoordinationType;
 use crate::engine::pause::{self, PauseError, PauseRecord};
 use crate::engine::runtime::TurnEngine;
 use crate::events::Event;
+use crate::identity::NodeInfo;
 use crate::memory::memread::MemRead;
-use crate::node::NodeInfo;
 use crate::seat::sweep::SeatEngine;
 use crate::web::auth::Auth;
 use crate::web::live::SeatNotes;
@@ -736,7 +736,10 @@ impl Console for NodeConsole {
         }
         // Who sent it and when are the node's to say, not the caller's.
         obj.insert("from".into(), serde_json::json!(actor.name));
-        obj.insert("sent_at".into(), serde_json::json!(audit::now_rfc3339()));
+        obj.insert(
+            "sent_at".into(),
+            serde_json::json!(crate::clock::now_rfc3339()),
+        );
         let envelope: Envelope = serde_json::from_value(value)
             .map_err(|e| ConsoleError::Invalid(format!("the envelope is not valid: {e}")))?;
         envelope
@@ -784,7 +787,7 @@ impl Console for NodeConsole {
             .await?;
         let record = PauseRecord {
             by: actor.name.clone(),
-            at: audit::now_rfc3339(),
+            at: crate::clock::now_rfc3339(),
             reason: reason.clone(),
             stop_running_turn,
         };

@@ -37,7 +37,7 @@ use app::console::SharedConsole;
 use app::{App, shell};
 
 use crate::config::Config;
-use crate::node::NodeInfo;
+use crate::identity::NodeInfo;
 use crate::seat::sweep::SeatEngine;
 use crate::tasks::Tasks;
 

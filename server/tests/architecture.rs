@@ -1,0 +1,214 @@
+//! The house stays the way ARCHITECTURE.md draws it: no import cycle among
+//! the product's modules. Reads every file under `server/src` (test modules
+//! and comments left out), resolves each `crate::…` and `super::…` path to
+//! the module that owns it, and fails naming the modules of any cycle.
+//! (`scripts/import-cycles` prints the same graph's cycles from a shell.)
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// Module path (`seat::sweep`) → its source file.
+fn modules(root: &Path) -> BTreeMap<String, PathBuf> {
+    let mut out = BTreeMap::new();
+    let mut dirs = vec![root.to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).expect("read the source tree") {
+            let p = e.expect("a directory entry").path();
+            if p.is_dir() {
+                dirs.push(p);
+                continue;
+            }
+            if p.extension().and_then(|x| x.to_str()) != Some("rs") {
+                continue;
+            }
+            let rel = p.strip_prefix(root).unwrap().with_extension("");
+            let mut parts: Vec<String> = rel
+                .components()
+                .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                .collect();
+            if matches!(
+                parts.last().map(String::as_str),
+                Some("mod" | "lib" | "main")
+            ) {
+                parts.pop();
+            }
+            if parts.last().map(String::as_str) == Some("tests") {
+                continue;
+            }
+            out.insert(parts.join("::"), p);
+        }
+    }
+    out
+}
+
+/// The source with its test module and its comments taken out.
+fn product_source(p: &Path) -> String {
+    let src = std::fs::read_to_string(p).expect("read a source file");
+    let src = match src.find("#[cfg(test)]\nmod tests") {
+        Some(i) => &src[..i],
+        None => &src[..],
+    };
+    src.lines()
+        .map(|l| l.split("//").next().unwrap_or_default())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Every path the source names after `crate::` or `super::`, as written
+/// (`seat::sweep::SeatEngine`), with the members of a `{…}` group each
+/// joined to its base.
+fn paths(src: &str, parent: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for (kw, rest) in src
+        .match_indices("crate::")
+        .map(|(i, _)| ("crate", &src[i + 7..]))
+        .chain(
+            src.match_indices("super::")
+                .map(|(i, _)| ("super", &src[i + 7..])),
+        )
+    {
+        let word: String = rest
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_' || *c == ':')
+            .collect();
+        let word = word.trim_end_matches(':');
+        let base = if kw == "crate" || parent.is_empty() {
+            word.to_string()
+        } else {
+            format!("{parent}::{word}")
+        };
+        out.push(base.clone());
+        let after = &rest[word.len()..];
+        if let Some(group) = after.strip_prefix("::{") {
+            let body: String = group.chars().take_while(|c| *c != ';').collect();
+            for part in body.split(',') {
+                let name = part
+                    .trim()
+                    .split(" as ")
+                    .next()
+                    .unwrap_or_default()
+                    .split("::{")
+                    .next()
+                    .unwrap_or_default()
+                    .trim_matches(|c: char| c == '{' || c == '}' || c.is_whitespace());
+                if !name.is_empty() && name != "self" {
+                    out.push(format!("{base}::{name}"));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The module that owns `path` (the longest module prefix).
+fn owner<'a>(path: &str, mods: &'a BTreeMap<String, PathBuf>) -> Option<&'a str> {
+    let segs: Vec<&str> = path.split("::").collect();
+    (1..=segs.len()).rev().find_map(|i| {
+        mods.get_key_value(&segs[..i].join("::"))
+            .map(|(k, _)| k.as_str())
+    })
+}
+
+fn graph(mods: &BTreeMap<String, PathBuf>) -> BTreeMap<String, BTreeSet<String>> {
+    let mut g: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (m, p) in mods {
+        let parent = m.rsplit_once("::").map(|(a, _)| a).unwrap_or("");
+        let entry = g.entry(m.clone()).or_default();
+        for path in paths(&product_source(p), parent) {
+            if let Some(o) = owner(&path, mods)
+                && o != m
+                && !m.starts_with(&format!("{o}::"))
+                && !o.starts_with(&format!("{m}::"))
+            {
+                entry.insert(o.to_string());
+            }
+        }
+    }
+    g
+}
+
+/// The strongly connected components with more than one module.
+fn cycles(g: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<String>> {
+    // Kosaraju: order by finish time, then walk the reversed graph.
+    fn finish(
+        v: &str,
+        g: &BTreeMap<String, BTreeSet<String>>,
+        seen: &mut BTreeSet<String>,
+        order: &mut Vec<String>,
+    ) {
+        if !seen.insert(v.to_string()) {
+            return;
+        }
+        for w in g.get(v).into_iter().flatten() {
+            finish(w, g, seen, order);
+        }
+        order.push(v.to_string());
+    }
+    let mut seen = BTreeSet::new();
+    let mut order = Vec::new();
+    for v in g.keys() {
+        finish(v, g, &mut seen, &mut order);
+    }
+    let mut rev: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (v, ws) in g {
+        for w in ws {
+            rev.entry(w.clone()).or_default().insert(v.clone());
+        }
+    }
+    let mut assigned = BTreeSet::new();
+    let mut out = Vec::new();
+    for v in order.iter().rev() {
+        if assigned.contains(v) {
+            continue;
+        }
+        let mut comp = Vec::new();
+        let mut stack = vec![v.clone()];
+        while let Some(x) = stack.pop() {
+            if !assigned.insert(x.clone()) {
+                continue;
+            }
+            comp.push(x.clone());
+            for w in rev.get(&x).into_iter().flatten() {
+                stack.push(w.clone());
+            }
+        }
+        if comp.len() > 1 {
+            comp.sort();
+            out.push(comp);
+        }
+    }
+    out
+}
+
+#[test]
+fn no_import_cycle_among_the_products_modules() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mods = modules(&root);
+    assert!(mods.len() > 30, "the source tree was not found at {root:?}");
+    let g = graph(&mods);
+    let found = cycles(&g);
+    assert!(
+        found.is_empty(),
+        "import cycles (each a set of modules that import one another, ARCHITECTURE.md § Layers): {found:#?}"
+    );
+}
+
+#[test]
+fn the_cycle_check_sees_a_cycle_when_there_is_one() {
+    let mut g: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    g.entry("a".into()).or_default().insert("b".into());
+    g.entry("b".into()).or_default().insert("c".into());
+    g.entry("c".into()).or_default().insert("a".into());
+    g.entry("d".into()).or_default().insert("a".into());
+    assert_eq!(cycles(&g), vec![vec!["a", "b", "c"]]);
+    let src = "use crate::seat::{placement::plan, sweep};\nuse super::kv::Backend;";
+    assert_eq!(
+        paths(src, "coord"),
+        [
+            "seat",
+            "seat::placement::plan",
+            "seat::sweep",
+            "coord::kv::Backend"
+        ]
+    );
+}

@@ -19,7 +19,7 @@ use sqlx::SqlitePool;
 use app::api::{AuditEntry, AuditView, SilentNode};
 
 use crate::coord::Store;
-use crate::memory::memread::{Scatter, ScatterError};
+use crate::scatter::{Scatter, ScatterError};
 use crate::tasks::Tasks;
 
 /// The most characters an audit field keeps; a longer value is cut and

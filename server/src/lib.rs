@@ -6,6 +6,7 @@
 
 pub mod audit;
 pub mod clock;
+pub mod company;
 pub mod config;
 pub mod coord;
 pub mod db;
@@ -17,6 +18,7 @@ pub mod logging;
 pub mod memory;
 pub mod node;
 pub mod queue;
+pub mod scatter;
 pub mod seat;
 pub mod tasks;
 pub mod watchdog;

@@ -1,5 +1,5 @@
 //! The house stays the way ARCHITECTURE.md draws it: no import cycle among
-//! the product's modules. Reads every file under `server/src` (test modules
+//! the product's modules, and no module using one of a higher layer. Reads every file under `server/src` (test modules
 //! and comments left out), resolves each `crate::…` and `super::…` path to
 //! the module that owns it, and fails naming the modules of any cycle.
 //! (`scripts/import-cycles` prints the same graph's cycles from a shell.)
@@ -191,6 +191,60 @@ fn no_import_cycle_among_the_products_modules() {
         found.is_empty(),
         "import cycles (each a set of modules that import one another, ARCHITECTURE.md § Layers): {found:#?}"
     );
+}
+
+/// ARCHITECTURE.md § Layers: each top-level module's layer (the crate
+/// root, `lib.rs` and `main.rs`, above them all).
+const LAYERS: &[(&str, u8)] = &[
+    ("tasks", 0),
+    ("watchdog", 0),
+    ("clock", 0),
+    ("identity", 0),
+    ("config", 0),
+    ("logging", 0),
+    ("db", 0),
+    ("coord", 1),
+    ("queue", 1),
+    ("events", 1),
+    ("audit", 1),
+    ("scatter", 1),
+    ("company", 1),
+    ("memory", 2),
+    ("seat", 2),
+    ("engine", 3),
+    ("duty", 3),
+    ("web", 4),
+    ("node", 4),
+    ("", 5),
+];
+
+fn layer(module: &str) -> Option<u8> {
+    let root = module.split("::").next().unwrap_or_default();
+    LAYERS.iter().find(|(m, _)| *m == root).map(|(_, l)| *l)
+}
+
+#[test]
+fn every_module_uses_only_its_own_layer_and_those_below() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mods = modules(&root);
+    let unplaced: Vec<&String> = mods.keys().filter(|m| layer(m).is_none()).collect();
+    assert!(
+        unplaced.is_empty(),
+        "modules with no layer (add them to ARCHITECTURE.md § Layers and LAYERS): {unplaced:?}"
+    );
+    let up: Vec<String> = graph(&mods)
+        .iter()
+        .flat_map(|(a, bs)| bs.iter().map(move |b| (a, b)))
+        .filter(|(a, b)| layer(b) > layer(a))
+        .map(|(a, b)| {
+            format!(
+                "{a} (L{}) uses {b} (L{})",
+                layer(a).unwrap(),
+                layer(b).unwrap()
+            )
+        })
+        .collect();
+    assert!(up.is_empty(), "edges pointing up a layer: {up:#?}");
 }
 
 #[test]

@@ -17,10 +17,10 @@ use chrono::{DateTime, TimeZone, Utc};
 use tokio::sync::watch;
 
 use super::Duty;
+use crate::company::Company;
 use crate::coord::{KvError, StateBucket, Store};
 use crate::engine::envelope::Envelope;
 use crate::events::{Event, EventBus};
-use crate::node::company::Company;
 use crate::queue::{Queue, inbox_subject};
 use std::sync::Arc;
 

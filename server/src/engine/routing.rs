@@ -3,7 +3,7 @@
 //! holds in full, never from the seats this process happens to run. A miss
 //! here means "no such seat in the company", never "not on this node".
 
-use crate::node::company::Company;
+use crate::company::Company;
 use crate::queue::inbox_subject;
 
 /// Where mail for one seat goes.

@@ -29,12 +29,12 @@ use super::runs::{
 };
 use super::tools::Tools;
 use super::turn::{self, Ending, TurnGuard, Verdict, settle};
+use crate::company::Company;
 use crate::config::AgentConfig;
 use crate::coord::{KvError, StateBucket, Store};
 use crate::events::{Event, EventBus};
 use crate::memory::MemoryStore;
 use crate::memory::changelog::{self, Changelog};
-use crate::node::company::Company;
 use crate::queue::{
     Attachment, Delivery, Disposition, Handler, Queue, control_group, reflect_group,
     reflect_subject,

@@ -22,8 +22,8 @@ use super::agent::{Annotations, Backing, ToolCall, ToolResult, TurnInput, reache
 use super::envelope::Envelope;
 use super::outbox::{Effect, Outbox};
 use super::routing;
+use crate::company::Company;
 use crate::memory::MemoryStore;
-use crate::node::company::Company;
 use crate::queue::Queue;
 
 /// The built-in tools and their own annotations.

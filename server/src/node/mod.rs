@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-pub mod company;
+pub use crate::company;
 pub mod fleet;
 
 use tokio::net::TcpListener;

@@ -17,6 +17,7 @@
 pub mod attach;
 pub mod jetstream;
 pub mod memory;
+pub mod registry;
 
 use std::sync::Arc;
 use std::time::Duration;

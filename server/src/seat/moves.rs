@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::company;
 use crate::coord::{KvError, Lease, StateBucket, Store, StoreError, StoreTime};
-use crate::node::company;
 use crate::seat::placement::matches_placement;
 
 /// How long a request stands when its target never takes the seat.

@@ -24,9 +24,9 @@ use futures::StreamExt;
 use super::host::{Acquired, HandOff, OfferNotice, SeatHooks, SeatHost, notice_prefix};
 use super::placement::{self, Presence, ReleaseReason, SeatSpec, Snapshot, Withheld};
 use super::{moves, ranking};
+use crate::company::{Company, wants_early_sweep};
 use crate::coord::{Claim, ClaimRequest, Lease, Metadata, Renewal, StateBucket, Store};
 use crate::events::{DetachReason, Event, EventBus};
-use crate::node::company::{Company, wants_early_sweep};
 use crate::queue::{Queue, QueueSettings, boot_walk};
 use crate::seat::host::watched;
 use crate::seat::placement::matches_placement;
@@ -207,11 +207,11 @@ impl SeatEngine {
         let handles: Vec<String> = company.borrow().handles().map(str::to_string).collect();
         // Every seat is recorded before its mailbox is created, so a seat
         // later removed can be retired.
-        crate::duty::mailboxes::register(
+        crate::queue::registry::register(
             &*store,
             &handles,
             &events,
-            crate::duty::mailboxes::RETIREMENT_BUDGET,
+            crate::queue::registry::RETIREMENT_BUDGET,
         )
         .await;
         boot_walk(&*queue, handles.iter().map(String::as_str), cfg.queue).await?;
@@ -778,11 +778,11 @@ impl SeatEngine {
             // A role added: recorded, and its mailboxes exist before
             // anything claims it (after any retirement of its old mailbox).
             let handles: Vec<String> = new.handles().map(str::to_string).collect();
-            crate::duty::mailboxes::register(
+            crate::queue::registry::register(
                 &*self.store,
                 &handles,
                 &self.events,
-                crate::duty::mailboxes::RETIREMENT_BUDGET,
+                crate::queue::registry::RETIREMENT_BUDGET,
             )
             .await;
             if let Err((seat, e)) = boot_walk(&*self.queue, new.handles(), self.cfg.queue).await {

@@ -672,7 +672,7 @@ impl Console for NodeConsole {
             )));
         }
         let store = self.engine.store().clone();
-        match crate::node::company::apply_with_schedules(
+        match crate::company::apply_with_schedules(
             &*store,
             &config.company.name,
             &config.roles,

@@ -1,0 +1,272 @@
+//! Requests to one process incarnation and their answers — the fleet's
+//! request/reply transport that memory reads and audit reads share: NATS
+//! core request/reply on a fleet ([`NatsScatter`]), an in-process registry
+//! on the twin ([`LocalScatter`]).
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::stream::{BoxStream, Stream, StreamExt};
+use tokio::sync::{mpsc, oneshot};
+
+/// What asking a holder, or answering one, can run into.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ScatterError {
+    #[error("nothing answers on {0}")]
+    NoResponders(String),
+    #[error("no answer within {0:?}")]
+    TimedOut(Duration),
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// Requests to one process incarnation and their answers, on a subject
+/// that names it (memory reads on `crewlet.memread.{incarnation}`, audit
+/// reads on `crewlet.auditread.{incarnation}`): NATS core request/reply on
+/// a fleet ([`NatsScatter`]), an in-process registry on the twin
+/// ([`LocalScatter`]). The same logic runs over both.
+#[async_trait]
+pub trait Scatter: Send + Sync {
+    /// Ask whoever listens on `subject`, waiting at most `budget` for its
+    /// answer.
+    async fn ask(
+        &self,
+        subject: &str,
+        request: Bytes,
+        budget: Duration,
+    ) -> Result<Bytes, ScatterError>;
+
+    /// Take the requests addressed to `subject` until the returned stream
+    /// is dropped. Requests asked after this returns reach it.
+    async fn listen(&self, subject: &str) -> Result<Inbound, ScatterError>;
+}
+
+/// One request taken by a listener.
+pub struct Incoming {
+    pub payload: Bytes,
+    reply: ReplyTo,
+}
+
+enum ReplyTo {
+    Nats {
+        client: async_nats::Client,
+        subject: async_nats::Subject,
+    },
+    Local(Option<oneshot::Sender<Bytes>>),
+}
+
+impl Incoming {
+    /// Answer the request (once; a second answer goes nowhere).
+    pub async fn answer(&mut self, body: Bytes) -> Result<(), ScatterError> {
+        match &mut self.reply {
+            ReplyTo::Nats { client, subject } => client
+                .publish(subject.clone(), body)
+                .await
+                .map_err(|e| ScatterError::Failed(e.to_string())),
+            ReplyTo::Local(tx) => match tx.take() {
+                Some(tx) => tx
+                    .send(body)
+                    .map_err(|_| ScatterError::Failed("the asker stopped waiting".into())),
+                None => Err(ScatterError::Failed("already answered".into())),
+            },
+        }
+    }
+}
+
+/// The requests addressed to one incarnation; dropping it stops listening.
+pub struct Inbound {
+    stream: BoxStream<'static, Incoming>,
+    _registered: Option<Registration>,
+}
+
+impl Stream for Inbound {
+    type Item = Incoming;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Incoming>> {
+        self.stream.poll_next_unpin(cx)
+    }
+}
+
+/// Memory reads over NATS core request/reply on
+/// `crewlet.memread.{incarnation}`.
+pub struct NatsScatter {
+    client: async_nats::Client,
+}
+
+impl NatsScatter {
+    pub fn new(client: async_nats::Client) -> NatsScatter {
+        NatsScatter { client }
+    }
+}
+
+#[async_trait]
+impl Scatter for NatsScatter {
+    async fn ask(
+        &self,
+        subject: &str,
+        request: Bytes,
+        budget: Duration,
+    ) -> Result<Bytes, ScatterError> {
+        use async_nats::client::RequestErrorKind;
+        let subject = subject.to_string();
+        let asked = self.client.send_request(
+            subject.clone(),
+            async_nats::Request::new()
+                .payload(request)
+                .timeout(Some(budget)),
+        );
+        // The budget bounds the whole request, sending included (a client
+        // whose connection is down buffers the request).
+        match tokio::time::timeout(budget, asked).await {
+            Err(_) => Err(ScatterError::TimedOut(budget)),
+            Ok(Ok(m)) => Ok(m.payload),
+            Ok(Err(e)) => Err(match e.kind() {
+                RequestErrorKind::TimedOut => ScatterError::TimedOut(budget),
+                RequestErrorKind::NoResponders => ScatterError::NoResponders(subject),
+                _ => ScatterError::Failed(e.to_string()),
+            }),
+        }
+    }
+
+    async fn listen(&self, subject: &str) -> Result<Inbound, ScatterError> {
+        let sub = self
+            .client
+            .subscribe(subject.to_string())
+            .await
+            .map_err(|e| ScatterError::Failed(e.to_string()))?;
+        // The server has the subscription once a flush has come back: a
+        // request asked from here on reaches it.
+        self.client
+            .flush()
+            .await
+            .map_err(|e| ScatterError::Failed(e.to_string()))?;
+        let client = self.client.clone();
+        let stream = sub
+            .filter_map(move |m| {
+                let client = client.clone();
+                async move {
+                    m.reply.map(|subject| Incoming {
+                        payload: m.payload,
+                        reply: ReplyTo::Nats { client, subject },
+                    })
+                }
+            })
+            .boxed();
+        Ok(Inbound {
+            stream,
+            _registered: None,
+        })
+    }
+}
+
+/// Memory reads between the turn engines of one process (the twin): a
+/// registry of incarnation → listener. Build one per process and share it,
+/// like the twin store and queue. It keeps every incarnation it was asked,
+/// in order, for tests to count requests by.
+#[derive(Clone, Default)]
+pub struct LocalScatter {
+    inner: Arc<Mutex<LocalInner>>,
+}
+
+#[derive(Default)]
+struct LocalInner {
+    next: u64,
+    listeners: HashMap<String, (u64, mpsc::Sender<Incoming>)>,
+    asked: Vec<String>,
+}
+
+/// A listener's place in the registry, given up when it is dropped.
+struct Registration {
+    registry: Arc<Mutex<LocalInner>>,
+    subject: String,
+    id: u64,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        let mut g = lock(&self.registry);
+        if g.listeners
+            .get(&self.subject)
+            .is_some_and(|(id, _)| *id == self.id)
+        {
+            g.listeners.remove(&self.subject);
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl LocalScatter {
+    pub fn new() -> LocalScatter {
+        LocalScatter::default()
+    }
+
+    /// Every subject asked so far, in order (one entry per request).
+    pub fn asked(&self) -> Vec<String> {
+        lock(&self.inner).asked.clone()
+    }
+}
+
+#[async_trait]
+impl Scatter for LocalScatter {
+    async fn ask(
+        &self,
+        subject: &str,
+        request: Bytes,
+        budget: Duration,
+    ) -> Result<Bytes, ScatterError> {
+        let listener = {
+            let mut g = lock(&self.inner);
+            g.asked.push(subject.to_string());
+            g.listeners.get(subject).map(|(_, tx)| tx.clone())
+        };
+        let Some(tx) = listener.filter(|tx| !tx.is_closed()) else {
+            return Err(ScatterError::NoResponders(subject.to_string()));
+        };
+        let (answer_tx, answer_rx) = oneshot::channel();
+        let asked = async {
+            tx.send(Incoming {
+                payload: request,
+                reply: ReplyTo::Local(Some(answer_tx)),
+            })
+            .await
+            .map_err(|_| ScatterError::NoResponders(subject.to_string()))?;
+            // A request its listener dropped unanswered is the same silence
+            // as one never answered.
+            answer_rx.await.map_err(|_| ScatterError::TimedOut(budget))
+        };
+        match tokio::time::timeout(budget, asked).await {
+            Ok(r) => r,
+            Err(_) => Err(ScatterError::TimedOut(budget)),
+        }
+    }
+
+    async fn listen(&self, subject: &str) -> Result<Inbound, ScatterError> {
+        let (tx, rx) = mpsc::channel(64);
+        let id = {
+            let mut g = lock(&self.inner);
+            g.next += 1;
+            let id = g.next;
+            g.listeners.insert(subject.to_string(), (id, tx));
+            id
+        };
+        let stream =
+            futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|m| (m, rx)) })
+                .boxed();
+        Ok(Inbound {
+            stream,
+            _registered: Some(Registration {
+                registry: self.inner.clone(),
+                subject: subject.to_string(),
+                id,
+            }),
+        })
+    }
+}

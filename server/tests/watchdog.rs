@@ -411,20 +411,28 @@ impl SeatHooks for FastHooks {
     }
 }
 
-/// Hooks whose inbox turn outlasts the TTL (five seconds against three),
-/// recording when it ends.
+/// Hooks whose inbox turn runs until the test lets it end, recording when
+/// it began and when it ended.
+#[derive(Default)]
 struct LongTurnHooks {
+    started: Arc<std::sync::Mutex<Option<Instant>>>,
+    release: Arc<tokio::sync::Notify>,
     done: Arc<std::sync::atomic::AtomicBool>,
 }
 
 #[async_trait::async_trait]
 impl SeatHooks for LongTurnHooks {
     fn inbox_handler(&self, _s: &SeatContext, _f: Fence) -> Arc<dyn Handler> {
-        let done = self.done.clone();
+        let (started, release, done) = (
+            self.started.clone(),
+            self.release.clone(),
+            self.done.clone(),
+        );
         handler_fn(move |_d: Delivery| {
-            let done = done.clone();
+            let (started, release, done) = (started.clone(), release.clone(), done.clone());
             async move {
-                tokio::time::sleep(Duration::from_secs(5)).await;
+                *started.lock().unwrap() = Some(Instant::now());
+                release.notified().await;
                 done.store(true, std::sync::atomic::Ordering::SeqCst);
                 Disposition::Ack
             }
@@ -439,8 +447,8 @@ impl SeatHooks for LongTurnHooks {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_seats_turn_dispatch_is_watched_a_long_turn_is_not_a_wedge_and_a_released_seat_stands_down()
  {
-    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let (engine, tasks) = engine_on_twin(1, Arc::new(LongTurnHooks { done: done.clone() })).await;
+    let hooks = Arc::new(LongTurnHooks::default());
+    let (engine, tasks) = engine_on_twin(1, hooks.clone()).await;
     let watched = |e: &SeatEngine| {
         e.watchdog()
             .beats()
@@ -457,8 +465,19 @@ async fn each_seats_turn_dispatch_is_watched_a_long_turn_is_not_a_wedge_and_a_re
         )
         .await
         .unwrap();
+    // The turn runs past the TTL (3 s) and a second more: the dispatch
+    // loop is turning all the while.
+    never_wedged_until(&engine, "the turn to have run longer than the TTL", || {
+        hooks
+            .started
+            .lock()
+            .unwrap()
+            .is_some_and(|t| t.elapsed() > Duration::from_secs(4))
+    })
+    .await;
+    hooks.release.notify_one();
     never_wedged_until(&engine, "the long turn to end", || {
-        done.load(std::sync::atomic::Ordering::SeqCst)
+        hooks.done.load(std::sync::atomic::Ordering::SeqCst)
     })
     .await;
     engine.drain().await;

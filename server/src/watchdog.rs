@@ -63,6 +63,29 @@ pub fn stamp_interval(threshold: Duration) -> Duration {
     (threshold / 3).max(Duration::from_millis(10))
 }
 
+/// Await `fut`, calling `beat` every `every` while it waits — for at most
+/// `bound` when given (then the beats stop and the wait goes on, so a wait
+/// past its bound reads as a loop that stopped turning).
+pub async fn beat_while<F: std::future::Future>(
+    beat: &(dyn Fn() + Sync),
+    every: Duration,
+    bound: Option<Duration>,
+    fut: F,
+) -> F::Output {
+    tokio::pin!(fut);
+    let until = bound.map(|b| tokio::time::Instant::now() + b);
+    loop {
+        if until.is_some_and(|u| tokio::time::Instant::now() >= u) {
+            return fut.await;
+        }
+        beat();
+        tokio::select! {
+            out = &mut fut => return out,
+            _ = tokio::time::sleep(every) => {}
+        }
+    }
+}
+
 /// How often the watcher looks: a quarter of the threshold.
 pub fn poll_interval(threshold: Duration) -> Duration {
     (threshold / 4).max(Duration::from_millis(10))

@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 use crate::coord::{Claim, ClaimRequest, Lease, Release, Renewal, Store};
 use crate::events::{Event, EventBus};
 use crate::tasks::Tasks;
-use crate::watchdog::{BeatGuard, Watchdog, stamp_interval};
+use crate::watchdog::{BeatGuard, Watchdog, beat_while, stamp_interval};
 
 /// One duty.
 #[async_trait::async_trait]
@@ -84,27 +84,15 @@ impl Duties {
     }
 }
 
-/// Await `fut`, beating every stamp interval while it waits — for at most
-/// `bound` when given (then the beat stops and the wait goes on).
+/// Await `fut` beating the duty's loop (if watched), for at most `bound`.
 async fn beating<F: std::future::Future>(
     beat: Option<&(BeatGuard, Duration)>,
     bound: Option<Duration>,
     fut: F,
 ) -> F::Output {
-    let Some((guard, stamp)) = beat else {
-        return fut.await;
-    };
-    tokio::pin!(fut);
-    let until = bound.map(|b| tokio::time::Instant::now() + b);
-    loop {
-        if until.is_some_and(|u| tokio::time::Instant::now() >= u) {
-            return fut.await;
-        }
-        guard.beat();
-        tokio::select! {
-            out = &mut fut => return out,
-            _ = tokio::time::sleep(*stamp) => {}
-        }
+    match beat {
+        Some((guard, stamp)) => beat_while(&|| guard.beat(), *stamp, bound, fut).await,
+        None => fut.await,
     }
 }
 

@@ -297,14 +297,7 @@ impl Drop for EndPulse {
 
 /// Await `fut`, beating `pulse` every [`PULSE_EVERY`] while it waits.
 async fn beating<F: std::future::Future>(pulse: &Pulse, fut: F) -> F::Output {
-    tokio::pin!(fut);
-    let mut every = tokio::time::interval(PULSE_EVERY);
-    loop {
-        tokio::select! {
-            out = &mut fut => return out,
-            _ = every.tick() => pulse.beat(),
-        }
-    }
+    crate::watchdog::beat_while(&|| pulse.beat(), PULSE_EVERY, None, fut).await
 }
 
 async fn settle_or_log(what: &str, sub: &str, r: Result<(), QueueError>) {

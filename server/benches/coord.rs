@@ -31,8 +31,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use crewlet::coord::{
-    Backend, BucketId, Claim, ClaimRequest, Coordinator, CoordinatorOptions, Lease, MemoryBackend,
-    NatsBackend, NatsOptions, Renewal, Store,
+    Backend, BucketId, Claim, ClaimRequest, Coordinator, CoordinatorOptions, Lease, NatsBackend,
+    NatsOptions, Renewal, Store, TwinBackend,
 };
 use crewlet::tasks::Tasks;
 use support::nats::NatsServer;
@@ -122,8 +122,8 @@ async fn nats_scenario(held: usize) -> Result<Scenario<NatsBackend>, String> {
     fill(Coordinator::new(backend, options()), held, Some(server)).await
 }
 
-async fn twin_scenario(held: usize) -> Result<Scenario<MemoryBackend>, String> {
-    let backend = MemoryBackend::new(Duration::from_secs(600));
+async fn twin_scenario(held: usize) -> Result<Scenario<TwinBackend>, String> {
+    let backend = TwinBackend::new(Duration::from_secs(600));
     fill(Coordinator::new(backend, options()), held, None).await
 }
 

@@ -31,13 +31,13 @@ use std::time::{Duration, Instant};
 
 use crewlet::config::{PlacementConfig, RoleConfig};
 use crewlet::coord::{
-    Claim, ClaimRequest, Coordinator, CoordinatorOptions, MemoryBackend, Metadata, NatsBackend,
-    NatsOptions, Store,
+    Claim, ClaimRequest, Coordinator, CoordinatorOptions, Metadata, NatsBackend, NatsOptions,
+    Store, TwinBackend,
 };
 use crewlet::events::{Event, EventBus};
 use crewlet::node::company;
 use crewlet::queue::jetstream::{JetStreamQueue, JetStreamSettings};
-use crewlet::queue::memory::MemoryQueue;
+use crewlet::queue::twin::TwinQueue;
 use crewlet::queue::{
     Delivery, Disposition, Handler, Queue, QueueSettings, handler_fn, log_events,
 };
@@ -220,10 +220,10 @@ fn pct(sorted: &[Duration], p: f64) -> Duration {
 async fn sweep_time() -> SweepTime {
     let ttl = Duration::from_secs(3600);
     let store: Arc<dyn Store> = Arc::new(Coordinator::new(
-        MemoryBackend::new(ttl),
+        TwinBackend::new(ttl),
         CoordinatorOptions::default(),
     ));
-    let queue: Arc<dyn Queue> = Arc::new(MemoryQueue::new(log_events()));
+    let queue: Arc<dyn Queue> = Arc::new(TwinQueue::new(log_events()));
     let company = roles(10_000);
     company::apply(&*store, "bench", &company).await.unwrap();
     for n in 0..9 {

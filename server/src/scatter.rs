@@ -1,7 +1,7 @@
 //! Requests to one process incarnation and their answers — the fleet's
 //! request/reply transport that memory reads and audit reads share: NATS
 //! core request/reply on a fleet ([`NatsScatter`]), an in-process registry
-//! on the twin ([`LocalScatter`]).
+//! on the twin ([`TwinScatter`]).
 
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -29,7 +29,7 @@ pub enum ScatterError {
 /// that names it (memory reads on `crewlet.memread.{incarnation}`, audit
 /// reads on `crewlet.auditread.{incarnation}`): NATS core request/reply on
 /// a fleet ([`NatsScatter`]), an in-process registry on the twin
-/// ([`LocalScatter`]). The same logic runs over both.
+/// ([`TwinScatter`]). The same logic runs over both.
 #[async_trait]
 pub trait Scatter: Send + Sync {
     /// Ask whoever listens on `subject`, waiting at most `budget` for its
@@ -169,7 +169,7 @@ impl Scatter for NatsScatter {
 /// like the twin store and queue. It keeps every incarnation it was asked,
 /// in order, for tests to count requests by.
 #[derive(Clone, Default)]
-pub struct LocalScatter {
+pub struct TwinScatter {
     inner: Arc<Mutex<LocalInner>>,
 }
 
@@ -203,9 +203,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-impl LocalScatter {
-    pub fn new() -> LocalScatter {
-        LocalScatter::default()
+impl TwinScatter {
+    pub fn new() -> TwinScatter {
+        TwinScatter::default()
     }
 
     /// Every subject asked so far, in order (one entry per request).
@@ -215,7 +215,7 @@ impl LocalScatter {
 }
 
 #[async_trait]
-impl Scatter for LocalScatter {
+impl Scatter for TwinScatter {
     async fn ask(
         &self,
         subject: &str,

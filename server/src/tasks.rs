@@ -1,11 +1,18 @@
-//! The one owner of every task a node spawns.
+//! The one place a node spawns a task, and who owns each.
 //!
-//! Shutdown cancels one token; every task spawned here stops at its next
-//! await on that token, and [`Tasks::shutdown`] waits for all of them. No
-//! task in the node is spawned any other way.
+//! Two kinds of owner. A node-lived task belongs to [`Tasks`]: shutdown
+//! cancels one token, every such task stops at its next await on it, and
+//! [`Tasks::shutdown`] waits for all of them. A task whose life is shorter
+//! than the node's (a mailbox's dispatch loop, one handler run, a child's
+//! stderr reader) belongs to whoever holds the [`JoinHandle`] that
+//! [`spawn_held`] returns; the holder awaits or aborts it, and a task whose
+//! handle is dropped ends with the thing it serves (its stream, its turn).
+//! No task in the node is spawned any other way: `server/tests/architecture.rs`
+//! fails on a `tokio::spawn` outside this file.
 
 use std::future::Future;
 
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -59,4 +66,19 @@ impl Tasks {
         self.tracker.close();
         self.tracker.wait().await;
     }
+}
+
+/// Spawn a task owned by the returned handle rather than by the node: the
+/// caller awaits it, aborts it, or drops the handle once the task ends with
+/// what it serves. `name` is logged when it finishes.
+pub fn spawn_held<F>(name: &'static str, fut: F) -> JoinHandle<F::Output>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    tokio::spawn(async move {
+        let out = fut.await;
+        tracing::trace!(task = name, "held task finished");
+        out
+    })
 }

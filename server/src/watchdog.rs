@@ -63,11 +63,16 @@ pub fn stamp_interval(threshold: Duration) -> Duration {
     (threshold / 3).max(Duration::from_millis(10))
 }
 
+/// The one beat a long step calls as each part of it settles: the caller's
+/// watchdog beat (`|| pulse.beat()`, `|| watchdog.beat(name)`), or `&|| {}`
+/// when nobody watches. Every `*_with(progress)` takes one.
+pub type Progress<'a> = dyn Fn() + Sync + 'a;
+
 /// Await `fut`, calling `beat` every `every` while it waits — for at most
 /// `bound` when given (then the beats stop and the wait goes on, so a wait
 /// past its bound reads as a loop that stopped turning).
 pub async fn beat_while<F: std::future::Future>(
-    beat: &(dyn Fn() + Sync),
+    beat: &Progress<'_>,
     every: Duration,
     bound: Option<Duration>,
     fut: F,

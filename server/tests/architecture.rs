@@ -1,7 +1,9 @@
 //! The house stays the way ARCHITECTURE.md draws it: no import cycle among
-//! the product's modules, and no module using one of a higher layer. Reads every file under `server/src` (test modules
-//! and comments left out), resolves each `crate::…` and `super::…` path to
-//! the module that owns it, and fails naming the modules of any cycle.
+//! the product's modules, no module using one of a higher layer, and no
+//! task spawned outside `tasks.rs`. Reads every file under `server/src`
+//! (test modules and comments left out), resolves each `crate::…` and
+//! `super::…` path to the module that owns it, and fails naming the
+//! modules of any cycle, each upward edge and each raw spawn.
 //! (`scripts/import-cycles` prints the same graph's cycles from a shell.)
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -263,6 +265,51 @@ fn the_cycle_check_sees_a_cycle_when_there_is_one() {
             "seat::placement::plan",
             "seat::sweep",
             "coord::kv::Backend"
+        ]
+    );
+}
+
+/// The lines of `src` that spawn an async task without `tasks.rs`: a raw
+/// `tokio::spawn`, `tokio::task::spawn`, or a task tracker of its own.
+fn raw_spawns(src: &str) -> Vec<String> {
+    src.lines()
+        .filter(|l| {
+            l.contains("tokio::spawn")
+                || l.contains("task::spawn(")
+                || l.contains("task::spawn_local")
+                || l.contains("TaskTracker")
+        })
+        .map(|l| l.trim().to_string())
+        .collect()
+}
+
+#[test]
+fn every_task_is_spawned_through_tasks_rs() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mods = modules(&root);
+    let raw: Vec<String> = mods
+        .iter()
+        .filter(|(m, _)| m.as_str() != "tasks")
+        .flat_map(|(m, p)| {
+            raw_spawns(&product_source(p))
+                .into_iter()
+                .map(move |l| format!("{m}: {l}"))
+        })
+        .collect();
+    assert!(
+        raw.is_empty(),
+        "tasks spawned outside tasks.rs (use Tasks::spawn, Tasks::spawn_owned or tasks::spawn_held): {raw:#?}"
+    );
+}
+
+#[test]
+fn the_spawn_check_sees_a_raw_spawn() {
+    let src = "let t = tokio::spawn(async {});\nlet u = tasks.spawn(\"x\", f);\nlet v = TaskTracker::new();";
+    assert_eq!(
+        raw_spawns(src),
+        [
+            "let t = tokio::spawn(async {});",
+            "let v = TaskTracker::new();"
         ]
     );
 }

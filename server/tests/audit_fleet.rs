@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crewlet::audit::{self, FleetAudit, audit_subject};
-use crewlet::coord::{ClaimRequest, Coordinator, CoordinatorOptions, MemoryBackend, Store};
-use crewlet::memory::memread::{LocalScatter, Scatter};
+use crewlet::coord::{ClaimRequest, Coordinator, CoordinatorOptions, Store, TwinBackend};
+use crewlet::memory::memread::{Scatter, TwinScatter};
 use crewlet::tasks::Tasks;
 
 const BUDGET: Duration = Duration::from_millis(300);
@@ -29,7 +29,7 @@ async fn present(store: &dyn Store, node: &str, owner: &str) {
 
 struct Fixture {
     store: Arc<dyn Store>,
-    scatter: Arc<LocalScatter>,
+    scatter: Arc<TwinScatter>,
     tasks: Tasks,
     _dirs: Vec<tempfile::TempDir>,
 }
@@ -38,7 +38,7 @@ impl Fixture {
     fn new() -> Fixture {
         let tasks = Tasks::new();
         let store: Arc<dyn Store> = Arc::new(Coordinator::new(
-            MemoryBackend::new(Duration::from_secs(30)),
+            TwinBackend::new(Duration::from_secs(30)),
             CoordinatorOptions {
                 store_timeout: Duration::from_secs(2),
                 view_idle: Duration::from_secs(60),
@@ -47,7 +47,7 @@ impl Fixture {
         ));
         Fixture {
             store,
-            scatter: Arc::new(LocalScatter::new()),
+            scatter: Arc::new(TwinScatter::new()),
             tasks,
             _dirs: Vec::new(),
         }

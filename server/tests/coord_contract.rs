@@ -20,9 +20,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use crewlet::coord::{
     Backend, BucketId, Claim, ClaimRequest, ClaimStep, ConnectionState, Coordinator,
-    CoordinatorOptions, Event, Fault, KvError, Lease, LeaseState, MemoryBackend, Metadata,
-    NatsBackend, NatsOptions, NatsStore, Offer, Release, Renewal, StateBucket, Store, StoreError,
-    StoreTime,
+    CoordinatorOptions, Event, Fault, KvError, Lease, LeaseState, Metadata, NatsBackend,
+    NatsOptions, NatsStore, Offer, Release, Renewal, StateBucket, Store, StoreError, StoreTime,
+    TwinBackend,
 };
 use crewlet::tasks::Tasks;
 use futures::StreamExt;
@@ -55,10 +55,10 @@ fn options(view_idle: Duration) -> CoordinatorOptions {
     }
 }
 
-async fn twin() -> Fx<MemoryBackend> {
-    let backend = MemoryBackend::new(TTL);
+async fn twin() -> Fx<TwinBackend> {
+    let backend = TwinBackend::new(TTL);
     let view_idle = Duration::from_secs(60);
-    let make: MakeStore<MemoryBackend> = Arc::new(move |opts| {
+    let make: MakeStore<TwinBackend> = Arc::new(move |opts| {
         let b = backend.clone();
         Box::pin(async move { Coordinator::new(b, opts) })
     });

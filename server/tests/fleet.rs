@@ -13,13 +13,13 @@ use std::time::Duration;
 
 use crewlet::config::{PlacementConfig, RoleConfig};
 use crewlet::coord::{
-    Claim, ClaimRequest, Coordinator, CoordinatorOptions, Lease, MemoryBackend, NatsBackend,
-    NatsOptions, Renewal, Store,
+    Claim, ClaimRequest, Coordinator, CoordinatorOptions, Lease, NatsBackend, NatsOptions, Renewal,
+    Store, TwinBackend,
 };
 use crewlet::events::{DetachReason, Event, EventBus, FleetEvent};
 use crewlet::node::company;
 use crewlet::queue::jetstream::{JetStreamQueue, JetStreamSettings};
-use crewlet::queue::memory::MemoryQueue;
+use crewlet::queue::twin::TwinQueue;
 use crewlet::queue::{
     Attachment, Delivery, Disposition, Handler, Queue, QueueSettings, handler_fn, log_events,
 };
@@ -156,10 +156,10 @@ impl Fleet {
         match kind {
             Kind::Twin => {
                 let store: Arc<dyn Store> = Arc::new(Coordinator::new(
-                    MemoryBackend::new(TTL),
+                    TwinBackend::new(TTL),
                     CoordinatorOptions::default(),
                 ));
-                let queue: Arc<dyn Queue> = Arc::new(MemoryQueue::new(log_events()));
+                let queue: Arc<dyn Queue> = Arc::new(TwinQueue::new(log_events()));
                 Fleet {
                     kind,
                     ttl: TTL,

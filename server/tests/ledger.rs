@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crewlet::coord::{
-    Coordinator, CoordinatorOptions, MemoryBackend, NatsBackend, NatsOptions, Store,
+    Coordinator, CoordinatorOptions, NatsBackend, NatsOptions, Store, TwinBackend,
 };
 use crewlet::engine::envelope::Envelope;
 use crewlet::engine::ledger::{self, SkipReason};
@@ -87,7 +87,7 @@ async fn a_redelivery_on_a_peer_skips_what_finished_and_runs_only_the_new_trigge
 #[tokio::test]
 async fn twin_a_redelivery_skips_what_finished_and_runs_only_the_new_trigger() {
     let store: Arc<dyn Store> = Arc::new(Coordinator::new(
-        MemoryBackend::new(Duration::from_secs(45)),
+        TwinBackend::new(Duration::from_secs(45)),
         CoordinatorOptions::default(),
     ));
     a_redelivery_on_a_peer_skips_what_finished_and_runs_only_the_new_trigger(store.clone(), store)

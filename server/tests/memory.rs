@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crewlet::events::{DetachReason, Event};
-use crewlet::memory::changelog::{self, Changelog, MemoryChangelog, NatsChangelog};
+use crewlet::memory::changelog::{self, Changelog, NatsChangelog, TwinChangelog};
 use crewlet::memory::{Applied, MemoryStore, Table};
 use crewlet::queue::{reflect_group, reflect_subject};
 use support::turnfleet::*;
@@ -205,7 +205,7 @@ async fn stores(
     let x = MemoryStore::new(open("x").await).with_current_vector(current.clone());
     let y = MemoryStore::new(open("y").await).with_current_vector(current);
     let log: Arc<dyn Changelog> = match f.kind {
-        Kind::Twin => Arc::new(MemoryChangelog::new()),
+        Kind::Twin => Arc::new(TwinChangelog::new()),
         Kind::Nats => {
             let c = async_nats::connect(f.server.as_ref().unwrap().url())
                 .await
@@ -392,7 +392,7 @@ async fn a_cycle_reads_only_the_seats_with_rows_past_what_was_published_of_them(
         set(&["s0", "s1"])
     );
 
-    let log = MemoryChangelog::new();
+    let log = TwinChangelog::new();
     assert_eq!(changelog::flush(&m, &log, "s0").await.unwrap(), 7);
     assert_eq!(
         m.seats_with_unpublished().await.unwrap(),
@@ -652,7 +652,7 @@ async fn a_flush_racing_a_turns_writes_never_skips_a_row() {
     // both. Each flush must read every table from one snapshot.
     let (m, _dir) = one_store().await;
     let m = Arc::new(m);
-    let log = Arc::new(MemoryChangelog::new());
+    let log = Arc::new(TwinChangelog::new());
     let writing = tokio::spawn({
         let m = m.clone();
         async move {

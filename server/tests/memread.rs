@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use crewlet::memory::SeatMemory;
 use crewlet::memory::memread::{
-    self, Answerer, Holder, LocalScatter, MemRead, MemoryCounts, SeatAnswer, Unavailable,
+    self, Answerer, Holder, MemRead, MemoryCounts, SeatAnswer, TwinScatter, Unavailable,
 };
 use crewlet::queue::{Attachment, Handler};
 use crewlet::seat::host::{Fence, HookError, Phase, SeatContext, SeatHooks};
@@ -291,7 +291,7 @@ async fn a_silent_holder_is_unavailable_after_the_budget_not_empty(f: Fleet) {
 /// The requests put on the broker (NATS: seen by a subscriber of
 /// `crewlet.memread.>`; the twin: kept by its registry), by incarnation.
 enum Requests {
-    Twin(LocalScatter, usize),
+    Twin(TwinScatter, usize),
     Nats(async_nats::Subscriber),
 }
 

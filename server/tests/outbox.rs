@@ -7,7 +7,7 @@ mod support;
 
 use std::time::Duration;
 
-use crewlet::engine::outbox::{Effect, MemoryOutbox, NatsOutbox, Outbox};
+use crewlet::engine::outbox::{Effect, NatsOutbox, Outbox, TwinOutbox};
 
 fn effect(seat: &str, turn: &str) -> Effect {
     Effect {
@@ -44,7 +44,7 @@ async fn the_same_effect_posted_twice_is_kept_once(outbox: &dyn Outbox) {
 
 #[tokio::test]
 async fn twin_the_same_effect_posted_twice_is_kept_once() {
-    the_same_effect_posted_twice_is_kept_once(&MemoryOutbox::new()).await;
+    the_same_effect_posted_twice_is_kept_once(&TwinOutbox::new()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use crewlet::queue::jetstream::{JetStreamQueue, JetStreamSettings};
-use crewlet::queue::memory::MemoryQueue;
+use crewlet::queue::twin::TwinQueue;
 use crewlet::queue::{
     DeadLetterReason, Delivery, Disposition, EventSink, Queue, QueueError, QueueEvent,
     QueueSettings, SubscriptionSpec, handler_fn,
@@ -37,7 +37,7 @@ fn sink() -> (EventSink, Arc<Mutex<Vec<QueueEvent>>>) {
 async fn memory() -> Backend {
     let (sink, events) = sink();
     Backend {
-        queue: Arc::new(MemoryQueue::new(sink)),
+        queue: Arc::new(TwinQueue::new(sink)),
         events,
         _server: None,
     }

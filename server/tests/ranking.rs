@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crewlet::coord::{
-    Claim, ClaimRequest, Coordinator, CoordinatorOptions, Lease, MemoryBackend, NatsBackend,
-    NatsOptions, Release, Store,
+    Claim, ClaimRequest, Coordinator, CoordinatorOptions, Lease, NatsBackend, NatsOptions, Release,
+    Store, TwinBackend,
 };
 use crewlet::seat::ranking::{self, RankingError};
 use crewlet::tasks::Tasks;
@@ -44,7 +44,7 @@ fn options() -> CoordinatorOptions {
 }
 
 async fn twin() -> Fx {
-    let backend = MemoryBackend::new(TTL);
+    let backend = TwinBackend::new(TTL);
     Fx {
         make: Arc::new(move || {
             let b = backend.clone();

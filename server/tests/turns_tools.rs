@@ -5,17 +5,17 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crewlet::coord::{Coordinator, CoordinatorOptions, MemoryBackend, Store};
+use crewlet::coord::{Coordinator, CoordinatorOptions, Store, TwinBackend};
 use crewlet::engine::agent::{Annotations, ToolCall, TurnInput};
 use crewlet::engine::envelope::Envelope;
-use crewlet::engine::outbox::{MemoryOutbox, Outbox};
+use crewlet::engine::outbox::{Outbox, TwinOutbox};
 use crewlet::engine::runs::{Runs, Supervisor};
 use crewlet::engine::tools::Tools;
 use crewlet::engine::turn::ToolRunner;
 use crewlet::events::EventBus;
 use crewlet::memory::MemoryStore;
 use crewlet::node::company::Company;
-use crewlet::queue::memory::MemoryQueue;
+use crewlet::queue::twin::TwinQueue;
 use crewlet::queue::{Queue, log_events};
 use serde_json::{Value, json};
 
@@ -25,11 +25,11 @@ async fn tools() -> (Tools, tempfile::TempDir) {
         .await
         .unwrap();
     let store: Arc<dyn Store> = Arc::new(Coordinator::new(
-        MemoryBackend::new(Duration::from_secs(45)),
+        TwinBackend::new(Duration::from_secs(45)),
         CoordinatorOptions::default(),
     ));
-    let queue: Arc<dyn Queue> = Arc::new(MemoryQueue::new(log_events()));
-    let outbox: Arc<dyn Outbox> = Arc::new(MemoryOutbox::new());
+    let queue: Arc<dyn Queue> = Arc::new(TwinQueue::new(log_events()));
+    let outbox: Arc<dyn Outbox> = Arc::new(TwinOutbox::new());
     let runs = Runs::new(store);
     let (_, company) = tokio::sync::watch::channel(Company {
         revision: 1,

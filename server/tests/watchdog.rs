@@ -18,11 +18,11 @@ use std::time::{Duration, Instant};
 
 use crewlet::config::{PlacementConfig, RoleConfig};
 use crewlet::coord::{
-    Claim, ClaimRequest, Coordinator, CoordinatorOptions, MemoryBackend, Renewal, Store,
+    Claim, ClaimRequest, Coordinator, CoordinatorOptions, Renewal, Store, TwinBackend,
 };
 use crewlet::events::EventBus;
 use crewlet::node::company;
-use crewlet::queue::memory::MemoryQueue;
+use crewlet::queue::twin::TwinQueue;
 use crewlet::queue::{
     Delivery, Disposition, Handler, Queue, QueueSettings, handler_fn, log_events,
 };
@@ -106,10 +106,10 @@ impl SeatHooks for SlowHooks {
 async fn engine_on_twin(seats: usize, hooks: Arc<dyn SeatHooks>) -> (Arc<SeatEngine>, Tasks) {
     let ttl = Duration::from_secs(3);
     let store: Arc<dyn Store> = Arc::new(Coordinator::new(
-        MemoryBackend::new(ttl),
+        TwinBackend::new(ttl),
         CoordinatorOptions::default(),
     ));
-    let queue: Arc<dyn Queue> = Arc::new(MemoryQueue::new(log_events()));
+    let queue: Arc<dyn Queue> = Arc::new(TwinQueue::new(log_events()));
     let roles: Vec<RoleConfig> = (0..seats)
         .map(|i| RoleConfig {
             handle: format!("s{i}"),
@@ -530,7 +530,7 @@ impl crewlet::duty::Duty for TickingDuty {
 async fn a_duty_blocked_in_its_tick_is_a_wedged_loop_and_a_stopped_duty_stands_down() {
     use crewlet::duty::{Duties, DutyContext};
     let store: Arc<dyn Store> = Arc::new(Coordinator::new(
-        MemoryBackend::new(Duration::from_secs(3)),
+        TwinBackend::new(Duration::from_secs(3)),
         CoordinatorOptions::default(),
     ));
     let dog = crewlet::watchdog::Watchdog::new(Duration::from_secs(1));

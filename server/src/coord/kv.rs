@@ -1,7 +1,7 @@
 //! The primitives a coordination backend provides: compare-and-set writes
 //! on named buckets, reads from the leader, a watch, and the store's clock.
 //!
-//! This is the whole surface the lease protocol ([`super::engine`]) is
+//! This is the whole surface the lease protocol ([`super::protocol`]) is
 //! written against, so that it runs unchanged on the twin and on NATS. A
 //! backend must never retry a write itself (a write whose answer was lost
 //! is reported as [`WriteError::Unknown`], and the protocol re-reads before

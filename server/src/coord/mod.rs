@@ -4,7 +4,7 @@
 //! This module owns the contract every node programs against — the
 //! [`Store`] trait, the records it hands out and its typed errors — and the
 //! one implementation of the lease protocol ([`Coordinator`]), which runs
-//! unchanged over either backend: [`memory`] (the in-process twin a single
+//! unchanged over either backend: [`twin`] (the in-process twin a single
 //! node runs; `coordination.type = local`) or [`nats`] (JetStream KV shared by
 //! a fleet; `embedded-kv`). A behaviour one backend has and the other lacks
 //! is a bug, which is why the protocol is written once, over the narrow
@@ -20,11 +20,11 @@
 //! duties bucket (`crewlet_duties`, each duty its own TTL). Epochs live in
 //! `crewlet_epochs`, which has no age limit.
 
-pub mod engine;
 pub mod kv;
 pub mod lease;
-pub mod memory;
 pub mod nats;
+pub mod protocol;
+pub mod twin;
 pub mod view;
 
 use std::collections::BTreeMap;
@@ -34,11 +34,11 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures::stream::BoxStream;
 
-pub use engine::{ClaimStep, Coordinator, CoordinatorOptions, Fault};
 pub use kv::{Backend, BucketId};
 pub use lease::{Lease, LeaseRecord, LeaseState, Offer, ResourceKind, StoreTime};
-pub use memory::MemoryBackend;
 pub use nats::{NatsBackend, NatsOptions};
+pub use protocol::{ClaimStep, Coordinator, CoordinatorOptions, Fault};
+pub use twin::TwinBackend;
 
 /// A bucket's revision: on NATS the stream sequence, shared by the whole bucket.
 pub type Revision = u64;
@@ -48,7 +48,7 @@ pub type Revision = u64;
 pub type Metadata = BTreeMap<String, serde_json::Value>;
 
 /// The in-process twin: the store a single node runs.
-pub type LocalStore = Coordinator<MemoryBackend>;
+pub type LocalStore = Coordinator<TwinBackend>;
 /// The fleet store on NATS JetStream KV.
 pub type NatsStore = Coordinator<NatsBackend>;
 
@@ -70,7 +70,7 @@ pub async fn open(
     match c.kind {
         crate::config::CoordinationType::Local => Ok((
             std::sync::Arc::new(Coordinator::new(
-                MemoryBackend::new(Duration::from_secs(c.lease_ttl_seconds)),
+                TwinBackend::new(Duration::from_secs(c.lease_ttl_seconds)),
                 options,
             )),
             None,

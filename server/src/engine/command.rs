@@ -175,7 +175,7 @@ impl CommandAgent {
             )));
         };
         if let Some(stderr) = spawned.stderr.take() {
-            tokio::spawn(forward_stderr(self.seat.clone(), stderr));
+            crate::tasks::spawn_held("agent stderr", forward_stderr(self.seat.clone(), stderr));
         }
         if let Some(old) = child.as_ref() {
             tracing::warn!(

@@ -77,19 +77,19 @@ pub trait Outbox: Send + Sync + 'static {
 
 /// The in-process outbox of a single node.
 #[derive(Default)]
-pub struct MemoryOutbox {
+pub struct TwinOutbox {
     kept: Mutex<VecDeque<Effect>>,
     seen: Mutex<HashMap<String, tokio::time::Instant>>,
 }
 
-impl MemoryOutbox {
-    pub fn new() -> MemoryOutbox {
-        MemoryOutbox::default()
+impl TwinOutbox {
+    pub fn new() -> TwinOutbox {
+        TwinOutbox::default()
     }
 }
 
 #[async_trait::async_trait]
-impl Outbox for MemoryOutbox {
+impl Outbox for TwinOutbox {
     async fn post(&self, effect: &Effect, id: &str) -> Result<(), OutboxError> {
         {
             let now = tokio::time::Instant::now();

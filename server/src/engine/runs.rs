@@ -32,7 +32,6 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncReadExt;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 use crate::coord::{KvError, Revision, StateBucket, Store};
 use crate::queue::{Queue, control_subject};
@@ -451,8 +450,7 @@ pub struct Supervisor {
     runs: Runs,
     queue: Arc<dyn Queue>,
     children: Arc<Mutex<HashMap<String, CancellationToken>>>,
-    tracker: TaskTracker,
-    stop: CancellationToken,
+    tasks: crate::tasks::Tasks,
 }
 
 /// Read `r` to its end keeping only about the last `keep` bytes (never
@@ -493,8 +491,7 @@ impl Supervisor {
             runs,
             queue,
             children: Arc::new(Mutex::new(HashMap::new())),
-            tracker: TaskTracker::new(),
-            stop: CancellationToken::new(),
+            tasks: crate::tasks::Tasks::new(),
         }
     }
 
@@ -540,7 +537,7 @@ impl Supervisor {
             .kill_on_drop(true)
             .spawn()
             .map_err(|e| format!("run_detached: cannot start {program:?}: {e}"))?;
-        let kill = self.stop.child_token();
+        let kill = self.tasks.token().child_token();
         self.children
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -548,8 +545,8 @@ impl Supervisor {
         let (runs, queue, children) =
             (self.runs.clone(), self.queue.clone(), self.children.clone());
         let (seat, run_id, launcher) = (r.seat.clone(), r.run_id.clone(), r.launcher.clone());
-        let stop = self.stop.clone();
-        self.tracker.spawn(async move {
+        let stop = self.tasks.token();
+        self.tasks.spawn_owned("detached run", move |_| async move {
             let mut out = child.stdout.take();
             let mut err = child.stderr.take();
             let read_out = async {
@@ -637,9 +634,7 @@ impl Supervisor {
     /// Kill every child and wait for their tasks (what stopping the node,
     /// or a crash, does to them).
     pub async fn shutdown(&self) {
-        self.stop.cancel();
-        self.tracker.close();
-        self.tracker.wait().await;
+        self.tasks.shutdown().await;
     }
 }
 

@@ -51,18 +51,18 @@ pub trait Changelog: Send + Sync + 'static {
 
 /// The in-process changelog of a single node.
 #[derive(Default)]
-pub struct MemoryChangelog {
+pub struct TwinChangelog {
     subjects: Mutex<BTreeMap<String, CarriedRow>>,
 }
 
-impl MemoryChangelog {
-    pub fn new() -> MemoryChangelog {
-        MemoryChangelog::default()
+impl TwinChangelog {
+    pub fn new() -> TwinChangelog {
+        TwinChangelog::default()
     }
 }
 
 #[async_trait::async_trait]
-impl Changelog for MemoryChangelog {
+impl Changelog for TwinChangelog {
     async fn publish(&self, handle: &str, row: &CarriedRow) -> Result<(), ChangelogError> {
         self.subjects
             .lock()

@@ -28,7 +28,7 @@
 //! Every node answers for the seats it holds — whether or not it serves
 //! HTTP — on `crewlet.memread.{incarnation}` (NATS core request/reply,
 //! no stream), where the incarnation is the lease owner
-//! `{node_id}:{random}`. Single-node (twin) nodes use [`LocalScatter`], an
+//! `{node_id}:{random}`. Single-node (twin) nodes use [`TwinScatter`], an
 //! in-process registry of the same requests and answers.
 //!
 //! A request (JSON):
@@ -84,9 +84,7 @@ use futures::stream::StreamExt;
 use serde::{Deserialize, Serialize};
 
 use super::store::{MemoryStore, SeatMemory, Table};
-use crate::coord::{Lease, StoreError};
-use crate::seat::host::Phase;
-use crate::seat::sweep::SeatEngine;
+use crate::coord::{Lease, Store, StoreError};
 use crate::tasks::Tasks;
 
 /// The subject prefix every holder answers under.
@@ -386,7 +384,7 @@ pub enum MemReadError {
 // ---------------------------------------------------------------------------
 // The transport.
 
-pub use crate::scatter::{Inbound, Incoming, LocalScatter, NatsScatter, Scatter, ScatterError};
+pub use crate::scatter::{Inbound, Incoming, NatsScatter, Scatter, ScatterError, TwinScatter};
 
 // ---------------------------------------------------------------------------
 // The wire.
@@ -440,10 +438,33 @@ enum Here {
     Not(Option<u64>, Unavailable),
 }
 
+/// Where a seat stands on this node, as the seat host knows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeldHere {
+    /// Attached at this epoch: its memory is current here.
+    Attached(u64),
+    /// Claimed at this epoch, its memory still being hydrated.
+    Establishing(u64),
+    /// Its teardown could not be proven; its lease is kept at this epoch.
+    Releasing(u64),
+}
+
+/// What a memory read asks of the node it runs on: who it is, where each
+/// seat stands here, the coordination store and the company's seats. The
+/// seat engine answers it, so reads never reach into the seat layer.
+pub trait Holdings: Send + Sync {
+    fn node_id(&self) -> &str;
+    fn incarnation(&self) -> &str;
+    /// `None` when this node does not have the seat at all.
+    fn held_here(&self, handle: &str) -> Option<HeldHere>;
+    fn store(&self) -> &Arc<dyn Store>;
+    fn company_handles(&self) -> Vec<String>;
+}
+
 /// Memory reads answered by the seat's holder, and this node's answers for
 /// the seats it holds. One per node.
 pub struct MemRead {
-    engine: Arc<SeatEngine>,
+    engine: Arc<dyn Holdings>,
     memory: MemoryStore,
     scatter: Arc<dyn Scatter>,
     budget: Duration,
@@ -454,7 +475,7 @@ impl MemRead {
     /// Reads for the node running `engine`, whose memory store is `memory`,
     /// asking peers over `scatter` and waiting `budget` for each.
     pub fn new(
-        engine: Arc<SeatEngine>,
+        engine: Arc<dyn Holdings>,
         memory: MemoryStore,
         scatter: Arc<dyn Scatter>,
         budget: Duration,
@@ -479,11 +500,11 @@ impl MemRead {
     }
 
     fn node_id(&self) -> &str {
-        &self.engine.config().node_id
+        self.engine.node_id()
     }
 
     fn incarnation(&self) -> &str {
-        &self.engine.config().owner
+        self.engine.incarnation()
     }
 
     fn me(&self, epoch: Option<u64>) -> Answerer {
@@ -521,18 +542,10 @@ impl MemRead {
 
     /// Where `handle` stands here, by the seat host.
     fn here(&self, handle: &str) -> Here {
-        match self
-            .engine
-            .host()
-            .status()
-            .into_iter()
-            .find(|s| s.handle == handle)
-        {
-            Some(s) => match s.phase {
-                Phase::Attached => Here::Attached(s.epoch),
-                Phase::Establishing => Here::Not(Some(s.epoch), Unavailable::Hydrating),
-                Phase::Undead => Here::Not(Some(s.epoch), Unavailable::Releasing),
-            },
+        match self.engine.held_here(handle) {
+            Some(HeldHere::Attached(e)) => Here::Attached(e),
+            Some(HeldHere::Establishing(e)) => Here::Not(Some(e), Unavailable::Hydrating),
+            Some(HeldHere::Releasing(e)) => Here::Not(Some(e), Unavailable::Releasing),
             None => Here::Not(None, Unavailable::NotHeldHere),
         }
     }
@@ -700,8 +713,8 @@ impl MemRead {
         }
 
         // The company's seats nobody holds.
-        for handle in self.engine.company().handles() {
-            if !seats.contains_key(handle) {
+        for handle in self.engine.company_handles() {
+            if !seats.contains_key(&handle) {
                 seats.insert(
                     handle.to_string(),
                     SeatAnswer::Unheld {

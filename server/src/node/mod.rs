@@ -20,14 +20,14 @@ use std::time::Duration;
 use crate::config::{Config, PROTOCOL, protocol};
 use crate::coord::Store;
 use crate::db::{self, DbError};
-use crate::engine::outbox::{MemoryOutbox, NatsOutbox, Outbox};
+use crate::engine::outbox::{NatsOutbox, Outbox, TwinOutbox};
 use crate::engine::runtime::{TurnEngine, TurnSetup};
 use crate::events::{EventBus, queue_sink};
-use crate::memory::changelog::{Changelog, MemoryChangelog, NatsChangelog};
-use crate::memory::memread::{LocalScatter, MemRead, MemReadError, NatsScatter, Scatter};
+use crate::memory::changelog::{Changelog, NatsChangelog, TwinChangelog};
+use crate::memory::memread::{MemRead, MemReadError, NatsScatter, Scatter, TwinScatter};
 use crate::queue::Queue;
 use crate::queue::jetstream::{JetStreamQueue, JetStreamSettings};
-use crate::queue::memory::MemoryQueue;
+use crate::queue::twin::TwinQueue;
 use crate::seat::sweep::{EngineConfig, SeatEngine};
 use crate::tasks::Tasks;
 use crate::web::{self, WebError};
@@ -197,7 +197,7 @@ pub async fn backends(
 ) -> Result<(Arc<dyn Store>, Arc<dyn Queue>, Option<async_nats::Client>), NodeError> {
     let (store, client) = open_coordination(config, tasks).await?;
     let queue: Arc<dyn Queue> = match &client {
-        None => Arc::new(MemoryQueue::new(queue_sink(events))),
+        None => Arc::new(TwinQueue::new(queue_sink(events))),
         Some(c) => Arc::new(
             JetStreamQueue::new(
                 c.clone(),
@@ -246,7 +246,7 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
         );
     }
     let outbox: Arc<dyn Outbox> = match &client {
-        None => Arc::new(MemoryOutbox::new()),
+        None => Arc::new(TwinOutbox::new()),
         Some(c) => Arc::new(
             NatsOutbox::new(
                 c.clone(),
@@ -273,7 +273,7 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
         .map_err(NodeError::Company)?;
     let company_rx = company::follow(store.clone(), first, &tasks);
     let changelog: Arc<dyn Changelog> = match &client {
-        None => Arc::new(MemoryChangelog::new()),
+        None => Arc::new(TwinChangelog::new()),
         Some(c) => Arc::new(
             NatsChangelog::new(
                 c.clone(),
@@ -333,7 +333,7 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
     // Memory reads: this node answers for the seats it holds from before
     // it claims any, whether or not it serves HTTP.
     let scatter: Arc<dyn Scatter> = match &client {
-        None => Arc::new(LocalScatter::new()),
+        None => Arc::new(TwinScatter::new()),
         Some(c) => Arc::new(NatsScatter::new(c.clone())),
     };
     let memread = Arc::new(MemRead::new(
@@ -379,7 +379,7 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
     })
     .await?;
     let token = tasks.token();
-    let server = tokio::spawn(async move {
+    let server = crate::tasks::spawn_held("http server", async move {
         axum::serve(
             listener,
             app.into_make_service_with_connect_info::<SocketAddr>(),

@@ -150,19 +150,22 @@ impl Attachment {
         let cancel = CancellationToken::new();
         let drop_in_flight = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let pulse = Pulse::new();
-        let task = tokio::spawn(consume(Loop {
-            pulse: pulse.clone(),
-            subscription: subscription.clone(),
-            max_deliveries,
-            extensions: extend.subscribe(),
-            gate: gate.clone(),
-            busy: busy_tx,
-            cancel: cancel.clone(),
-            drop_in_flight: drop_in_flight.clone(),
-            source,
-            handler,
-            events,
-        }));
+        let task = crate::tasks::spawn_held(
+            "dispatch",
+            consume(Loop {
+                pulse: pulse.clone(),
+                subscription: subscription.clone(),
+                max_deliveries,
+                extensions: extend.subscribe(),
+                gate: gate.clone(),
+                busy: busy_tx,
+                cancel: cancel.clone(),
+                drop_in_flight: drop_in_flight.clone(),
+                source,
+                handler,
+                events,
+            }),
+        );
         Attachment {
             subscription,
             gate,
@@ -424,7 +427,7 @@ async fn consume(l: Loop) {
         let deliveries: Vec<Delivery> = live.iter().map(|(d, _)| d.clone()).collect();
         let _ = l.busy.send(true);
         let handler = l.handler.clone();
-        let mut run = tokio::spawn(async move {
+        let mut run = crate::tasks::spawn_held("handler", async move {
             AssertUnwindSafe(async {
                 if deliveries.len() == 1 {
                     vec![handler.handle(deliveries[0].clone()).await]
@@ -468,7 +471,7 @@ async fn consume(l: Loop) {
                 // Detached with these in flight: the handler finishes on
                 // its own and its answer settles them.
                 let (subscription, events) = (l.subscription.clone(), l.events.clone());
-                tokio::spawn(async move {
+                crate::tasks::spawn_held("detached settle", async move {
                     let n = live.len();
                     let dispositions = match run.await {
                         Ok(Ok(d)) => d,

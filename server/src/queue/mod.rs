@@ -1,7 +1,7 @@
 //! The queue contract: seat mailboxes, durable subscriptions, and what a
 //! handler may answer (Ack, Nak, Defer, Poison).
 //!
-//! Two backends implement it — [`memory::MemoryQueue`], the in-process twin
+//! Two backends implement it — [`twin::TwinQueue`], the in-process twin
 //! a single node runs, and [`jetstream::JetStreamQueue`] on NATS — and one
 //! contract suite (`server/tests/queue_contract.rs`) runs against both. The
 //! consuming loop itself ([`attach`]) is shared, so holds, quiesce, Defer,
@@ -16,8 +16,8 @@
 
 pub mod attach;
 pub mod jetstream;
-pub mod memory;
 pub mod registry;
+pub mod twin;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -14,6 +14,7 @@
 //! returns. Releasing is voluntary (quiesce, bounded wait for the in-flight
 //! handler, detach, release) or fenced (detach first, abandon).
 
+use crate::watchdog::Progress;
 use std::collections::{BTreeMap, HashMap};
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -309,7 +310,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// undead seat's teardown against a NATS leader election was shot as
 /// wedged, and a turn waiting to record its completion died with it).
 pub(crate) async fn watched<F: std::future::Future>(
-    progress: &(dyn Fn() + Sync),
+    progress: &Progress<'_>,
     bound: Option<Duration>,
     fut: F,
 ) -> Option<F::Output> {
@@ -331,7 +332,7 @@ pub(crate) async fn watched<F: std::future::Future>(
 
 /// Run one hook step under [`HOOK_BOUND`], beating while it runs.
 async fn hook_step<T>(
-    progress: &(dyn Fn() + Sync),
+    progress: &Progress<'_>,
     step: &'static str,
     fut: impl std::future::Future<Output = Result<T, HookError>>,
 ) -> Result<T, HookError> {
@@ -519,7 +520,7 @@ impl SeatHost {
     pub async fn claim_with(
         &self,
         handle: &str,
-        progress: &(dyn Fn() + Sync),
+        progress: &Progress<'_>,
     ) -> Result<Acquired, crate::coord::StoreError> {
         let seat_lock = self.seat_lock(handle);
         let Some(_g) = watched(progress, None, seat_lock.lock()).await else {
@@ -603,11 +604,7 @@ impl SeatHost {
     /// as they are made, so a failure part way detaches what was attached.
     /// The acquire hook's first steps, which need no epoch: what a
     /// successor does while the giver still holds the seat.
-    async fn prepare(
-        &self,
-        ctx: &SeatContext,
-        progress: &(dyn Fn() + Sync),
-    ) -> Result<(), HookError> {
+    async fn prepare(&self, ctx: &SeatContext, progress: &Progress<'_>) -> Result<(), HookError> {
         let hooks = self.inner.hooks.clone();
         let guarded = async {
             hook_step(progress, "children", hooks.start_children(ctx)).await?;
@@ -625,7 +622,7 @@ impl SeatHost {
     async fn establish(
         &self,
         ctx: &SeatContext,
-        progress: &(dyn Fn() + Sync),
+        progress: &Progress<'_>,
         prepared: bool,
     ) -> Result<(), HookError> {
         let hooks = self.inner.hooks.clone();
@@ -682,12 +679,7 @@ impl SeatHost {
 
     /// [`SeatHost::release`], calling `progress` as each step settles (the
     /// caller's watchdog beat).
-    pub async fn release_with(
-        &self,
-        handle: &str,
-        reason: DetachReason,
-        progress: &(dyn Fn() + Sync),
-    ) {
+    pub async fn release_with(&self, handle: &str, reason: DetachReason, progress: &Progress<'_>) {
         let seat_lock = self.seat_lock(handle);
         let Some(_g) = watched(progress, None, seat_lock.lock()).await else {
             return;
@@ -695,12 +687,7 @@ impl SeatHost {
         self.release_locked(handle, reason, progress).await;
     }
 
-    async fn release_locked(
-        &self,
-        handle: &str,
-        reason: DetachReason,
-        progress: &(dyn Fn() + Sync),
-    ) {
+    async fn release_locked(&self, handle: &str, reason: DetachReason, progress: &Progress<'_>) {
         let taken = {
             let mut seats = lock(&self.inner.seats);
             match seats.get_mut(handle) {
@@ -785,11 +772,7 @@ impl SeatHost {
         }
     }
 
-    async fn teardown(
-        &self,
-        ctx: &SeatContext,
-        progress: &(dyn Fn() + Sync),
-    ) -> Result<(), HookError> {
+    async fn teardown(&self, ctx: &SeatContext, progress: &Progress<'_>) -> Result<(), HookError> {
         let run = async {
             match AssertUnwindSafe(self.inner.hooks.release(ctx))
                 .catch_unwind()
@@ -826,7 +809,7 @@ impl SeatHost {
     /// renewed [`RENEW_CONCURRENCY`] at a time, so a pass against a store
     /// that stopped answering lasts about one store timeout, not one per
     /// seat, and every seat is fenced a TTL after its last renewal.
-    pub async fn heartbeat_with(&self, ttl: Duration, progress: &(dyn Fn() + Sync)) {
+    pub async fn heartbeat_with(&self, ttl: Duration, progress: &Progress<'_>) {
         let handles: Vec<String> = lock(&self.inner.seats).keys().cloned().collect();
         futures::stream::iter(handles)
             .for_each_concurrent(RENEW_CONCURRENCY, |handle| async move {
@@ -843,7 +826,7 @@ impl SeatHost {
             .await;
     }
 
-    async fn renew_one(&self, handle: &str, ttl: Duration, progress: &(dyn Fn() + Sync)) {
+    async fn renew_one(&self, handle: &str, ttl: Duration, progress: &Progress<'_>) {
         let Some((lease, phase, last)) = lock(&self.inner.seats)
             .get(handle)
             .map(|e| (e.lease.clone(), e.phase, e.last_renewed))
@@ -939,7 +922,7 @@ impl SeatHost {
         }
     }
 
-    async fn retry_teardown(&self, handle: &str, progress: &(dyn Fn() + Sync)) {
+    async fn retry_teardown(&self, handle: &str, progress: &Progress<'_>) {
         let Some(lease) = lock(&self.inner.seats).get(handle).map(|e| e.lease.clone()) else {
             return;
         };

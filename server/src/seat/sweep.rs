@@ -11,6 +11,7 @@
 //! changes the seats brings one pass forward, at most once per interval.
 //! Every loop beats the watchdog; all of them are owned by one [`Tasks`].
 
+use crate::watchdog::Progress;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -190,6 +191,39 @@ fn presence_of(lease: &Lease) -> Option<Presence> {
             .and_then(|v| v.as_u64())
             .map(|n| n as u32),
     })
+}
+
+/// Memory reads ask the seat engine where a seat stands here.
+impl crate::memory::memread::Holdings for SeatEngine {
+    fn node_id(&self) -> &str {
+        &self.config().node_id
+    }
+
+    fn incarnation(&self) -> &str {
+        &self.config().owner
+    }
+
+    fn held_here(&self, handle: &str) -> Option<crate::memory::memread::HeldHere> {
+        use crate::memory::memread::HeldHere;
+        let s = self
+            .host()
+            .status()
+            .into_iter()
+            .find(|s| s.handle == handle)?;
+        Some(match s.phase {
+            super::host::Phase::Attached => HeldHere::Attached(s.epoch),
+            super::host::Phase::Establishing => HeldHere::Establishing(s.epoch),
+            super::host::Phase::Undead => HeldHere::Releasing(s.epoch),
+        })
+    }
+
+    fn store(&self) -> &Arc<dyn Store> {
+        SeatEngine::store(self)
+    }
+
+    fn company_handles(&self) -> Vec<String> {
+        self.company().handles().map(str::to_string).collect()
+    }
 }
 
 impl SeatEngine {
@@ -421,7 +455,7 @@ impl SeatEngine {
     /// move's target claiming the seat, taking an offer): `false` while a
     /// live presence or seat lease is held at a lower protocol (reported as
     /// `seat_claims_blocked_by_older_protocol`) or the floor cannot be read.
-    async fn protocol_gate_open(&self, progress: &(dyn Fn() + Sync)) -> bool {
+    async fn protocol_gate_open(&self, progress: &Progress<'_>) -> bool {
         let floor = self.store.protocol_floor(self.cfg.protocol).await;
         progress();
         match floor {
@@ -518,7 +552,7 @@ impl SeatEngine {
         handle: &str,
         reason: DetachReason,
         offered: &Mutex<BTreeMap<String, usize>>,
-        progress: &(dyn Fn() + Sync),
+        progress: &Progress<'_>,
     ) -> bool {
         let handoff = self.cfg.handoff;
         let voluntary = matches!(
@@ -815,7 +849,7 @@ impl SeatEngine {
     /// every step of it returns).
     ///
     /// True when the pass left seats for a recheck [`placement::RECHECK_AFTER`] later.
-    async fn sweep_pass(&self, progress: &(dyn Fn() + Sync)) -> bool {
+    async fn sweep_pass(&self, progress: &Progress<'_>) -> bool {
         let company = self.company();
         let presence_leases = match self.store.list("node:").await {
             Ok(l) => l,

@@ -10,18 +10,18 @@ use std::time::Duration;
 use bytes::Bytes;
 use crewlet::config::{AgentConfig, AgentPolicy, EchoConfig, PlacementConfig, RoleConfig};
 use crewlet::coord::{
-    Coordinator, CoordinatorOptions, MemoryBackend, NatsBackend, NatsOptions, Store,
+    Coordinator, CoordinatorOptions, NatsBackend, NatsOptions, Store, TwinBackend,
 };
 use crewlet::engine::envelope::Envelope;
-use crewlet::engine::outbox::{Effect, MemoryOutbox, NatsOutbox, Outbox};
+use crewlet::engine::outbox::{Effect, NatsOutbox, Outbox, TwinOutbox};
 use crewlet::engine::runtime::{TurnEngine, TurnSetup};
 use crewlet::events::{Event, EventBus, FleetEvent};
 use crewlet::memory::MemoryStore;
-use crewlet::memory::changelog::{Changelog, MemoryChangelog, NatsChangelog};
-use crewlet::memory::memread::{LocalScatter, MemRead, NatsScatter, Scatter};
+use crewlet::memory::changelog::{Changelog, NatsChangelog, TwinChangelog};
+use crewlet::memory::memread::{MemRead, NatsScatter, Scatter, TwinScatter};
 use crewlet::node::company;
 use crewlet::queue::jetstream::{JetStreamQueue, JetStreamSettings};
-use crewlet::queue::memory::MemoryQueue;
+use crewlet::queue::twin::TwinQueue;
 use crewlet::queue::{Queue, QueueSettings, inbox_group, inbox_subject, log_events};
 use crewlet::seat::host::SeatHooks;
 use crewlet::seat::sweep::{EngineConfig, SeatEngine};
@@ -53,7 +53,7 @@ pub struct Fleet {
     pub kind: Kind,
     pub twin: Option<Backends>,
     /// The twin's memory-read registry, shared by the fleet's nodes.
-    pub scatter: Option<LocalScatter>,
+    pub scatter: Option<TwinScatter>,
     pub server: Option<super::nats::NatsServer>,
 }
 
@@ -118,14 +118,14 @@ impl Fleet {
                 kind,
                 twin: Some((
                     Arc::new(Coordinator::new(
-                        MemoryBackend::new(TTL),
+                        TwinBackend::new(TTL),
                         CoordinatorOptions::default(),
                     )),
-                    Arc::new(MemoryQueue::new(log_events())),
-                    Arc::new(MemoryOutbox::new()),
-                    Arc::new(MemoryChangelog::new()),
+                    Arc::new(TwinQueue::new(log_events())),
+                    Arc::new(TwinOutbox::new()),
+                    Arc::new(TwinChangelog::new()),
                 )),
-                scatter: Some(LocalScatter::new()),
+                scatter: Some(TwinScatter::new()),
                 server: None,
             },
             Kind::Nats => Fleet {

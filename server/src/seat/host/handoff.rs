@@ -15,6 +15,7 @@
 //! not taken within the bound, the giver withdraws it and resumes: quiesce
 //! is reversible. The epoch and the fence still guarantee no two turns run.
 
+use crate::watchdog::Progress;
 use std::time::Duration;
 
 use super::*;
@@ -86,7 +87,7 @@ impl SeatHost {
         to: &str,
         reason: DetachReason,
         bound: Duration,
-        progress: &(dyn Fn() + Sync),
+        progress: &Progress<'_>,
     ) -> HandOff {
         let offer = match self.offer_seat(handle, to, reason, progress).await {
             Ok(o) => o,
@@ -136,7 +137,7 @@ impl SeatHost {
         handle: &str,
         to: &str,
         reason: DetachReason,
-        progress: &(dyn Fn() + Sync),
+        progress: &Progress<'_>,
     ) -> Result<Offer, Unoffered> {
         let seat_lock = self.seat_lock(handle);
         let Some(_g) = watched(progress, None, seat_lock.lock()).await else {
@@ -248,7 +249,7 @@ impl SeatHost {
         handle: &str,
         inbox: Option<Attachment>,
         ctx: &SeatContext,
-        progress: &(dyn Fn() + Sync),
+        progress: &Progress<'_>,
     ) {
         let reflect = match hook_step(
             progress,
@@ -280,7 +281,7 @@ impl SeatHost {
         handle: &str,
         offer: &Offer,
         reason: DetachReason,
-        progress: &(dyn Fn() + Sync),
+        progress: &Progress<'_>,
     ) -> HandOff {
         let seat_lock = self.seat_lock(handle);
         let Some(_g) = watched(progress, None, seat_lock.lock()).await else {
@@ -350,7 +351,7 @@ impl SeatHost {
     }
 
     /// Phase 2: the successor holds the seat; detach and forget it here.
-    async fn detach_taken(&self, handle: &str, reason: DetachReason, progress: &(dyn Fn() + Sync)) {
+    async fn detach_taken(&self, handle: &str, reason: DetachReason, progress: &Progress<'_>) {
         let seat_lock = self.seat_lock(handle);
         let Some(_g) = watched(progress, None, seat_lock.lock()).await else {
             return;
@@ -362,7 +363,7 @@ impl SeatHost {
         &self,
         handle: &str,
         reason: DetachReason,
-        progress: &(dyn Fn() + Sync),
+        progress: &Progress<'_>,
     ) {
         let Some((lease, attachments)) = lock(&self.inner.seats).get_mut(handle).map(|e| {
             (
@@ -412,7 +413,7 @@ impl SeatHost {
     /// Each store call is bounded, and waited on beating: a sweep that
     /// cleared a notice against a silent store (read, then delete, then a
     /// lease read — three bounds in a row) was shot as wedged.
-    async fn clear_notice(&self, to: &str, seat: &str, progress: &(dyn Fn() + Sync)) {
+    async fn clear_notice(&self, to: &str, seat: &str, progress: &Progress<'_>) {
         let key = notice_key(to, seat);
         let read = watched(
             progress,
@@ -440,7 +441,7 @@ impl SeatHost {
         &self,
         handle: &str,
         offer_id: &str,
-        progress: &(dyn Fn() + Sync),
+        progress: &Progress<'_>,
     ) -> Result<Acquired, crate::coord::StoreError> {
         let seat_lock = self.seat_lock(handle);
         let Some(_g) = watched(progress, None, seat_lock.lock()).await else {

@@ -60,14 +60,14 @@ struct State {
 
 /// The in-process queue.
 #[derive(Clone)]
-pub struct MemoryQueue {
+pub struct TwinQueue {
     state: Arc<Mutex<State>>,
     events: EventSink,
 }
 
-impl MemoryQueue {
-    pub fn new(events: EventSink) -> MemoryQueue {
-        MemoryQueue {
+impl TwinQueue {
+    pub fn new(events: EventSink) -> TwinQueue {
+        TwinQueue {
             state: Arc::new(Mutex::new(State::default())),
             events,
         }
@@ -94,7 +94,7 @@ fn expire(sub: &mut Sub, now: Instant) {
 }
 
 #[async_trait::async_trait]
-impl Queue for MemoryQueue {
+impl Queue for TwinQueue {
     async fn ensure_subscription(&self, spec: &SubscriptionSpec) -> Result<(), QueueError> {
         let mut st = self.lock();
         if let Some(existing) = st.subs.get_mut(&spec.name) {
@@ -226,7 +226,7 @@ impl Queue for MemoryQueue {
 }
 
 struct MemorySource {
-    queue: MemoryQueue,
+    queue: TwinQueue,
     name: String,
     generation: u64,
 }
@@ -296,7 +296,7 @@ impl Source for MemorySource {
 }
 
 struct MemorySettle {
-    queue: MemoryQueue,
+    queue: TwinQueue,
     name: String,
     generation: u64,
     token: u64,

@@ -124,7 +124,7 @@ struct State {
 
 /// The twin's buckets and clock.
 #[derive(Clone)]
-pub struct MemoryBackend {
+pub struct TwinBackend {
     state: Arc<Mutex<State>>,
     ttl: Duration,
     base: StoreTime,
@@ -133,9 +133,9 @@ pub struct MemoryBackend {
     connected: Arc<tokio::sync::watch::Sender<ConnectionState>>,
 }
 
-impl MemoryBackend {
+impl TwinBackend {
     /// A fresh, empty store whose leases bucket ages keys out after `lease_ttl`.
-    pub fn new(lease_ttl: Duration) -> MemoryBackend {
+    pub fn new(lease_ttl: Duration) -> TwinBackend {
         let base = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| StoreTime::from_unix_nanos(i64::try_from(d.as_nanos()).unwrap_or(i64::MAX)))
@@ -144,7 +144,7 @@ impl MemoryBackend {
             .iter()
             .map(|b| (*b, MemBucket::new(b.max_age(lease_ttl))))
             .collect();
-        MemoryBackend {
+        TwinBackend {
             state: Arc::new(Mutex::new(State { buckets })),
             ttl: lease_ttl,
             base,
@@ -176,7 +176,7 @@ impl MemoryBackend {
 }
 
 #[async_trait]
-impl Backend for MemoryBackend {
+impl Backend for TwinBackend {
     fn lease_ttl(&self) -> Duration {
         self.ttl
     }

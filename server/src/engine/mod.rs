@@ -9,6 +9,7 @@ pub mod echo;
 pub mod envelope;
 pub mod ledger;
 pub mod outbox;
+pub mod partition;
 pub mod pause;
 pub mod routing;
 pub mod runs;

@@ -6,7 +6,7 @@
 //! decode (what does not decode is poison) → types that run no turn are
 //! logged and acked → `may_start` (else Defer) → the completion ledger is
 //! read (fail open) and what it holds is skipped (`turn_trigger_skipped`) →
-//! the turn runs its rounds under the fence → [`settle`] decides → the
+//! the turn runs its rounds under the fence → [`closing`] decides → the
 //! ledger is written after the effects (fail open) → Ack, Nak or Defer.
 //! One turn runs at a time per seat (the inbox attachment is serial).
 
@@ -23,12 +23,15 @@ use super::echo::EchoAgent;
 use super::envelope::Envelope;
 use super::ledger::{self, SkipReason};
 use super::outbox::Outbox;
+use super::partition::{
+    ClaimRefused, Closing, Entry, after_resume_claim, closing, disposition_name, plan_partition,
+};
 use super::pause::{self, ControlMessage, PAUSE_HOLD};
 use super::runs::{
     Claim, RunCompletion, RunError, RunState, Runs, Supervisor, resume_claim, unsettled_before,
 };
 use super::tools::Tools;
-use super::turn::{self, Ending, TurnGuard, Verdict, settle};
+use super::turn::{self, Ending, TurnGuard};
 use crate::company::Company;
 use crate::config::AgentConfig;
 use crate::coord::{KvError, StateBucket, Store};
@@ -437,24 +440,14 @@ impl TurnEngine {
             })
             .await;
         let taken = *lock(&taken);
-        let claimed = match claim {
-            Ok(r) if taken.is_some() => r,
-            Ok(r) => {
-                if r.state == RunState::Ended {
-                    tracing::info!(seat = handle, run_id = %c.run_id, "a completion for a run that was ended; dropped");
-                } else {
-                    tracing::info!(seat = handle, run_id = %c.run_id, "a run's completion again: already resumed");
-                }
+        let claimed = match after_resume_claim(claim, taken.is_some(), &c.run_id) {
+            Ok(r) => r,
+            Err(ClaimRefused::Dropped(why)) => {
+                tracing::info!(seat = handle, run_id = %c.run_id, "{why}");
                 return Disposition::Ack;
             }
-            Err(RunError::NotFound(_)) => {
-                tracing::info!(seat = handle, run_id = %c.run_id, "a completion for a run with no record (ended); dropped");
-                return Disposition::Ack;
-            }
-            Err(RunError::Fenced { .. }) => {
-                return Disposition::Defer(format!("run {} is owned at a later epoch", c.run_id));
-            }
-            Err(e) => {
+            Err(ClaimRefused::Fenced(d)) => return d,
+            Err(ClaimRefused::Retry(e)) => {
                 tracing::warn!(seat = handle, run_id = %c.run_id, error = %e, "cannot claim a run's resume; trying again");
                 return Disposition::Nak;
             }
@@ -486,39 +479,27 @@ impl TurnEngine {
             delivered,
             triggers: vec![trigger],
         };
-        // Running before it is announced: whoever reads the seat on
-        // `turn_started` finds the turn.
-        *lock(&rt.running) = Some(turn.turn_id.clone());
-        self.events.emit(Event::TurnStarted {
-            seat: handle.to_string(),
-            turn_id: turn.turn_id.clone(),
-            work_key: turn.work_key.clone(),
-            epoch,
-            trigger_ids: vec![turn.triggers[0].id.clone()],
-            delivered,
-            waited_ms: received.elapsed().as_millis() as u64,
-        });
-        let guard = Guard {
-            fence: fence.clone(),
-            rt: rt.clone(),
-            turn_id: turn.turn_id.clone(),
-        };
-        let record = turn::run(&*rt.agent, &self.tools, &guard, &turn).await;
-        *lock(&rt.running) = None;
-        let s = settle(&record.ending, record.reached_outside);
-        // The claim stands unless the resume proved nothing (it did not
-        // act, and did not panic): then it is given back and comes again.
-        let keep = s.verdict == Verdict::Ack;
-        if s.record {
+        let record = self.run_turn(rt, fence, &turn, received).await;
+        let closed = closing(
+            &record.ending,
+            record.reached_outside,
+            handle,
+            &turn.turn_id,
+            true,
+        );
+        if closed.record {
             // Right behind the effects: a holder that dies before the claim
             // is settled leaves a resume its successor skips.
             let within = record_budget(self.ack_wait);
             self.record_resume(handle, &env.id, &turn.turn_id, within)
                 .await;
         }
-        if !matches!(record.ending, Ending::Done { .. }) {
+        if closed.abort {
             rt.agent.abort(&turn.turn_id, record.ending.name()).await;
         }
+        // The claim stands unless the resume proved nothing (it did not
+        // act, and did not panic): then it is given back and comes again.
+        let keep = closed.keep_claim;
         let settled = self
             .runs
             .mutate(handle, &c.run_id, epoch, |r| {
@@ -537,50 +518,14 @@ impl TurnEngine {
             // recorded.
             tracing::warn!(seat = handle, run_id = %c.run_id, keep, error = %e, "cannot settle a resume's claim");
         }
-        if s.guard_breach {
-            let error = record.ending.error().unwrap_or_default();
-            *lock(&rt.last_error) = Some(error.clone());
-            self.events.emit(Event::TurnGuardBreach {
-                seat: handle.to_string(),
-                turn_id: turn.turn_id.clone(),
-                kind: "unhandled_exception".into(),
-                error,
-            });
-        }
-        let disposition = match s.verdict {
-            Verdict::Ack => Disposition::Ack,
-            Verdict::Nak => Disposition::Nak,
-            Verdict::Defer => Disposition::Defer(format!(
-                "seat {handle:?} moved during resume turn {}",
-                turn.turn_id
-            )),
-        };
-        self.events.emit(Event::TurnCompleted {
-            seat: handle.to_string(),
-            turn_id: turn.turn_id.clone(),
-            work_key: turn.work_key.clone(),
-            epoch,
-            outcome: record.ending.name().into(),
-            rounds: record.rounds,
-            calls: record.calls,
-            reached_outside: record.reached_outside,
-            recorded: s.record,
-            disposition: match s.verdict {
-                Verdict::Ack => "ack",
-                Verdict::Nak => "nak",
-                Verdict::Defer => "defer",
-            }
-            .into(),
-            delivered,
-            error: record.ending.error(),
-        });
+        self.announce_closing(rt, &turn, &record, &closed);
         self.events.emit(Event::RunResumed {
             seat: handle.to_string(),
             run_id: c.run_id.clone(),
             epoch,
             outcome: record.ending.name().into(),
         });
-        disposition
+        closed.disposition
     }
 
     /// Is a resume's trigger recorded in the completion ledger? Fails open
@@ -875,8 +820,8 @@ impl TurnEngine {
         let handle = rt.handle.clone();
         let mut out: Vec<Option<Disposition>> = vec![None; ds.len()];
         // (index, envelope, delivered) of the triggers that run a turn.
-        let mut partition: Vec<(usize, Envelope, u64)> = Vec::new();
-        let mut resumes: Vec<(usize, Envelope, u64)> = Vec::new();
+        let mut partition: Vec<Entry> = Vec::new();
+        let mut resumes: Vec<Entry> = Vec::new();
         for (i, d) in ds.iter().enumerate() {
             match Envelope::decode(&d.payload) {
                 Err(e) => out[i] = Some(Disposition::Poison(e.to_string())),
@@ -908,7 +853,7 @@ impl TurnEngine {
         &self,
         rt: &Arc<SeatRuntime>,
         fence: &Fence,
-        partition: Vec<(usize, Envelope, u64)>,
+        partition: Vec<Entry>,
         received: std::time::Instant,
         out: &mut [Option<Disposition>],
     ) {
@@ -939,62 +884,35 @@ impl TurnEngine {
                 turn_id: None,
             });
         }
-        let runs: Vec<&(usize, Envelope, u64)> = partition
-            .iter()
-            .filter(|(_, e, _)| screened.run.iter().any(|r| r.id == e.id))
-            .collect();
-        for (i, e, _) in &partition {
-            if !runs.iter().any(|(j, _, _)| j == i) {
-                // Skipped by the ledger (or a duplicate id in the same
-                // partition, which the turn already covers).
-                out[*i] = Some(Disposition::Ack);
-                let _ = e;
-            }
+        let plan = plan_partition(&partition, &screened);
+        for i in &plan.acks {
+            out[*i] = Some(Disposition::Ack);
         }
-        if runs.is_empty() {
+        if plan.triggers.is_empty() {
             return;
-        }
-        // One trigger per event id, in arrival order.
-        let mut triggers: Vec<Envelope> = Vec::new();
-        for (_, e, _) in &runs {
-            if !triggers.iter().any(|t| t.id == e.id) {
-                triggers.push(e.clone());
-            }
         }
         let turn = TurnInput {
             turn_id: uuid::Uuid::new_v4().to_string(),
             seat: handle.clone(),
             epoch: fence.epoch(),
             node: self.node_id.clone(),
-            work_key: ledger::work_key(&triggers),
-            delivered: runs.iter().map(|(_, _, d)| *d).max().unwrap_or(1),
-            triggers,
+            work_key: ledger::work_key(&plan.triggers),
+            delivered: plan.delivered,
+            triggers: plan.triggers,
         };
-        // Running before it is announced: whoever reads the seat on
-        // `turn_started` finds the turn.
-        *lock(&rt.running) = Some(turn.turn_id.clone());
         *lock(&rt.stop) = None;
-        self.events.emit(Event::TurnStarted {
-            seat: handle.clone(),
-            turn_id: turn.turn_id.clone(),
-            work_key: turn.work_key.clone(),
-            epoch: turn.epoch,
-            trigger_ids: turn.triggers.iter().map(|t| t.id.clone()).collect(),
-            delivered: turn.delivered,
-            waited_ms: received.elapsed().as_millis() as u64,
-        });
-        let guard = Guard {
-            fence: fence.clone(),
-            rt: rt.clone(),
-            turn_id: turn.turn_id.clone(),
-        };
-        let record = turn::run(&*rt.agent, &self.tools, &guard, &turn).await;
-        *lock(&rt.running) = None;
+        let record = self.run_turn(rt, fence, &turn, received).await;
         *lock(&rt.stop) = None;
-        let s = settle(&record.ending, record.reached_outside);
+        let c = closing(
+            &record.ending,
+            record.reached_outside,
+            &handle,
+            &turn.turn_id,
+            false,
+        );
         // The record first, right behind the effects: it is what keeps a
         // redelivery (the ack can be lost too) from running them again.
-        if s.record {
+        if c.record {
             let answered_ids = match &record.ending {
                 Ending::Done { answered, .. } => answered.clone(),
                 _ => Vec::new(),
@@ -1012,26 +930,65 @@ impl TurnEngine {
             )
             .await;
         }
-        // A parked turn is complete for now (its continuation is the run's
-        // resume): what a finished turn leaves behind is written for it.
-        if matches!(record.ending, Ending::Done { .. } | Ending::Parked { .. }) {
+        if c.after_turn {
             self.after_turn(&turn).await;
         }
-        if !matches!(record.ending, Ending::Done { .. }) {
+        if c.abort {
             // The agent is told the turn is over (`parked` included): no
             // results come for its last round.
             rt.agent.abort(&turn.turn_id, record.ending.name()).await;
         }
-        let verdict = match s.verdict {
-            Verdict::Ack => Disposition::Ack,
-            Verdict::Nak => Disposition::Nak,
-            Verdict::Defer => Disposition::Defer(format!(
-                "seat {handle:?} moved during turn {}",
-                turn.turn_id
-            )),
+        self.announce_closing(rt, &turn, &record, &c);
+        if c.record && self.faults.stall_before_ack.load(Ordering::SeqCst) {
+            tracing::warn!(seat = %handle, turn_id = %turn.turn_id, "fault injection: the turn's effects shipped and are recorded; never acking");
+            std::future::pending::<()>().await;
+        }
+        for i in plan.runs {
+            out[i] = Some(c.disposition.clone());
+        }
+    }
+
+    /// Run `turn` under `fence`: marked running before it is announced
+    /// (whoever reads the seat on `turn_started` finds the turn), and not
+    /// running once it has ended.
+    async fn run_turn(
+        &self,
+        rt: &Arc<SeatRuntime>,
+        fence: &Fence,
+        turn: &TurnInput,
+        received: std::time::Instant,
+    ) -> turn::TurnRecord {
+        *lock(&rt.running) = Some(turn.turn_id.clone());
+        self.events.emit(Event::TurnStarted {
+            seat: turn.seat.clone(),
+            turn_id: turn.turn_id.clone(),
+            work_key: turn.work_key.clone(),
+            epoch: turn.epoch,
+            trigger_ids: turn.triggers.iter().map(|t| t.id.clone()).collect(),
+            delivered: turn.delivered,
+            waited_ms: received.elapsed().as_millis() as u64,
+        });
+        let guard = Guard {
+            fence: fence.clone(),
+            rt: rt.clone(),
+            turn_id: turn.turn_id.clone(),
         };
+        let record = turn::run(&*rt.agent, &self.tools, &guard, turn).await;
+        *lock(&rt.running) = None;
+        record
+    }
+
+    /// Publish how a turn closed: `turn_completed`, each trigger given up
+    /// and a guard breach (which also becomes the seat's last error).
+    fn announce_closing(
+        &self,
+        rt: &SeatRuntime,
+        turn: &TurnInput,
+        record: &turn::TurnRecord,
+        c: &Closing,
+    ) {
         self.events.emit(Event::TurnCompleted {
-            seat: handle.clone(),
+            seat: turn.seat.clone(),
             turn_id: turn.turn_id.clone(),
             work_key: turn.work_key.clone(),
             epoch: turn.epoch,
@@ -1039,42 +996,30 @@ impl TurnEngine {
             rounds: record.rounds,
             calls: record.calls,
             reached_outside: record.reached_outside,
-            recorded: s.record,
-            disposition: match s.verdict {
-                Verdict::Ack => "ack",
-                Verdict::Nak => "nak",
-                Verdict::Defer => "defer",
-            }
-            .into(),
+            recorded: c.record,
+            disposition: disposition_name(&c.disposition).into(),
             delivered: turn.delivered,
             error: record.ending.error(),
         });
-        if let Some(reason) = s.given_up {
+        if let Some(reason) = c.given_up {
             for t in &turn.triggers {
                 self.events.emit(Event::TurnTriggerSkipped {
-                    seat: handle.clone(),
+                    seat: turn.seat.clone(),
                     trigger_id: t.id.clone(),
                     reason: reason.into(),
                     turn_id: Some(turn.turn_id.clone()),
                 });
             }
         }
-        if s.guard_breach {
+        if c.guard_breach {
             let error = record.ending.error().unwrap_or_default();
             *lock(&rt.last_error) = Some(error.clone());
             self.events.emit(Event::TurnGuardBreach {
-                seat: handle.clone(),
+                seat: turn.seat.clone(),
                 turn_id: turn.turn_id.clone(),
                 kind: "unhandled_exception".into(),
                 error,
             });
-        }
-        if s.record && self.faults.stall_before_ack.load(Ordering::SeqCst) {
-            tracing::warn!(seat = %handle, turn_id = %turn.turn_id, "fault injection: the turn's effects shipped and are recorded; never acking");
-            std::future::pending::<()>().await;
-        }
-        for (i, _, _) in runs {
-            out[*i] = Some(verdict.clone());
         }
     }
 }

@@ -3,6 +3,7 @@
 
 pub mod host;
 pub mod moves;
+pub mod pass;
 pub mod placement;
 pub mod ranking;
 pub mod sweep;

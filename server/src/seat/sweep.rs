@@ -23,8 +23,8 @@ use tokio::time::Instant;
 use futures::StreamExt;
 
 use super::host::{Acquired, HandOff, OfferNotice, SeatHooks, SeatHost, notice_prefix};
-use super::placement::{self, Presence, ReleaseReason, SeatSpec, Snapshot, Withheld};
-use super::{moves, ranking};
+use super::placement::{self, Presence, SeatSpec, Snapshot, Withheld};
+use super::{moves, pass, ranking};
 use crate::company::{Company, wants_early_sweep};
 use crate::coord::{Claim, ClaimRequest, Lease, Metadata, Renewal, StateBucket, Store};
 use crate::events::{DetachReason, Event, EventBus};
@@ -97,6 +97,15 @@ impl EngineConfig {
             },
         }
     }
+}
+
+/// What one executed step of a pass came to.
+enum Done {
+    Released,
+    Claimed,
+    Nothing,
+    /// The protocol gate refused, or a drain began: no more claims.
+    StopClaims,
 }
 
 /// The seat engine of one node.
@@ -850,12 +859,79 @@ impl SeatEngine {
     ///
     /// True when the pass left seats for a recheck [`placement::RECHECK_AFTER`] later.
     async fn sweep_pass(&self, progress: &Progress<'_>) -> bool {
+        let Some((snap, plan, standing)) = self.plan_pass(progress).await else {
+            return false;
+        };
+        self.note_plan(&plan);
+        let refused: BTreeMap<String, String> = standing
+            .iter()
+            .filter_map(|(m, _)| {
+                let r = self.refused_for(&m.seat);
+                r.into_iter().next().map(|n| (m.seat.clone(), n))
+            })
+            .collect();
+        let steps = pass::steps(&snap, &plan, &standing, &refused);
+        let (mut claimed, mut released, mut advertised_releases) = (0, 0, false);
+        let offered = Mutex::new(BTreeMap::new());
+        if !steps.iter().any(|s| matches!(s, pass::Step::Claim { .. })) {
+            self.set_claims_blocked_by(None);
+        }
+        for step in &steps {
+            if matches!(step, pass::Step::AnnounceBehind | pass::Step::Claim { .. })
+                && released > 0
+                && !advertised_releases
+            {
+                // A seat given back is advertised in the release itself. The
+                // presence write (bounded store calls, maybe behind the
+                // heartbeat's on the presence lock) is waited on beating: a
+                // sweep waiting out a NATS election here was shot as wedged.
+                watched(progress, None, self.refresh_presence()).await;
+                progress();
+                advertised_releases = true;
+            }
+            match self.execute(&snap, step, &offered, progress).await {
+                Done::Released => released += 1,
+                Done::Claimed => claimed += 1,
+                Done::Nothing => {}
+                Done::StopClaims => break,
+            }
+            progress();
+        }
+        if released > 0 && !advertised_releases {
+            watched(progress, None, self.refresh_presence()).await;
+            progress();
+        }
+        if claimed > 0 {
+            // Advertise the new count at the end of the pass (beating
+            // while the presence write waits, as above).
+            watched(progress, None, self.refresh_presence()).await;
+            progress();
+        }
+        self.events.emit(Event::SeatSweep {
+            held: self.host.held().len(),
+            undead: self.host.undead().len(),
+            capacity: plan.capacity,
+            claimed,
+            released,
+            fleet_full: plan.withheld == Some(Withheld::FleetFull),
+        });
+        !plan.rechecks.is_empty()
+    }
+
+    /// Read what a pass decides on and plan it: the roster, this node as it
+    /// is now, the fleet's priority order, the standing moves, and — only
+    /// when the pass would claim — the seat leases and last holders. `None`
+    /// when the roster cannot be read (a pass concludes nothing then).
+    async fn plan_pass(
+        &self,
+        progress: &Progress<'_>,
+    ) -> Option<(Snapshot, placement::Plan, Vec<(moves::MoveRequest, u64)>)> {
         let company = self.company();
         let presence_leases = match self.store.list("node:").await {
             Ok(l) => l,
             Err(e) => {
                 tracing::warn!(error = %e, "the roster cannot be read; this pass concludes nothing");
-                return false;
+                return None;
             }
         };
         progress();
@@ -936,7 +1012,7 @@ impl SeatEngine {
         let mut plan = placement::plan(&snap);
         // Only a pass that would claim reads the seat leases: a full node,
         // or a fleet whose presence counts say it is full, reads the
-        // presence rows and nothing else (seed § Mixed-version fleets).
+        // presence rows and nothing else (spec § Mixed-version fleets).
         if !plan.claims.is_empty() {
             let leases = self.store.list("seat:").await;
             progress();
@@ -953,25 +1029,7 @@ impl SeatEngine {
             progress();
             match leases {
                 Ok(leases) => {
-                    let mut preferred: BTreeMap<&str, &str> = holders
-                        .iter()
-                        .filter_map(|(k, n)| k.strip_prefix("seat:").map(|h| (h, n.as_str())))
-                        .collect();
-                    snap.leased_to.clear();
-                    for l in &leases {
-                        if let Some(h) = l.resource.strip_prefix("seat:") {
-                            preferred.insert(h, l.preferred.as_str());
-                            *snap.leased_to.entry(l.preferred.clone()).or_default() += 1;
-                        }
-                    }
-                    for s in &mut snap.seats {
-                        s.preferred = preferred.get(s.handle.as_str()).map(|p| p.to_string());
-                    }
-                    snap.held_elsewhere = leases
-                        .iter()
-                        .filter(|l| l.owner != self.cfg.owner)
-                        .filter_map(|l| l.resource.strip_prefix("seat:").map(str::to_string))
-                        .collect();
+                    pass::with_seat_leases(&mut snap, &leases, &holders, &self.cfg.owner);
                     plan = placement::plan(&snap);
                 }
                 Err(e) => {
@@ -980,7 +1038,13 @@ impl SeatEngine {
                 }
             }
         }
+        Some((snap, plan, standing))
+    }
 
+    /// Keep what the plan says for the next passes: the unplaceable seats
+    /// (announced when they change), each deferred seat's count, and the
+    /// seats left for a recheck.
+    fn note_plan(&self, plan: &placement::Plan) {
         {
             let mut last = self
                 .last_unplaceable
@@ -995,7 +1059,6 @@ impl SeatEngine {
                 *last = plan.unplaceable.clone();
             }
         }
-
         {
             let mut d = self.deferred.lock().unwrap_or_else(|e| e.into_inner());
             let before = std::mem::take(&mut *d);
@@ -1005,141 +1068,97 @@ impl SeatEngine {
         }
         *self.rechecked.lock().unwrap_or_else(|e| e.into_inner()) =
             plan.rechecks.iter().cloned().collect();
+    }
 
-        let mut released = 0;
-        let offered = Mutex::new(BTreeMap::new());
-        for (handle, reason) in &plan.releases {
-            let reason = match reason {
-                ReleaseReason::Rebalance => DetachReason::Rebalance,
-                ReleaseReason::RoleGone => DetachReason::RoleGone,
-                ReleaseReason::PlacementMoved => DetachReason::PlacementMoved,
-                ReleaseReason::Unserviceable => DetachReason::Unserviceable,
-            };
-            if self
-                .give_back(&snap, handle, reason, &offered, progress)
-                .await
-            {
-                released += 1;
+    /// Carry out one step of a pass.
+    async fn execute(
+        &self,
+        snap: &Snapshot,
+        step: &pass::Step,
+        offered: &Mutex<BTreeMap<String, usize>>,
+        progress: &Progress<'_>,
+    ) -> Done {
+        use pass::Step;
+        match step {
+            Step::Release { seat, reason } => {
+                if self.give_back(snap, seat, *reason, offered, progress).await {
+                    return Done::Released;
+                }
             }
-            progress();
-        }
-
-        // A person's move: the holder hands the seat to its target; the
-        // target claims it only once no live lease holds it (a holder is
-        // never robbed); once the target holds it the request is done.
-        let held_now: BTreeSet<String> = self.host.held().into_iter().collect();
-        for (m, revision) in &standing {
-            if held_now.contains(&m.seat) {
-                if m.to == self.cfg.node_id {
-                    moves::finish(&*self.store, &m.seat, *revision).await;
-                } else if !self.refused_for(&m.seat).contains(&m.to)
-                    && snap
-                        .presence
-                        .iter()
-                        .any(|p| p.node_id == m.to && !p.withdrawn)
+            Step::FinishMove { seat, revision } => {
+                moves::finish(&*self.store, seat, *revision).await;
+            }
+            Step::HandOff {
+                seat,
+                to,
+                revision: _,
+            } => {
+                if !self.host.held().contains(seat) {
+                    return Done::Nothing;
+                }
+                match self
+                    .host
+                    .hand_off(
+                        seat,
+                        to,
+                        DetachReason::Moved,
+                        self.cfg.handoff.timeout,
+                        progress,
+                    )
+                    .await
                 {
-                    // Only to a live, serving target: an offer nobody can
-                    // take would leave the seat quiesced for the bound.
-                    match self
-                        .host
-                        .hand_off(
-                            &m.seat,
-                            &m.to,
-                            DetachReason::Moved,
-                            self.cfg.handoff.timeout,
-                            progress,
-                        )
-                        .await
-                    {
-                        HandOff::Taken { .. } | HandOff::Lost => released += 1,
-                        HandOff::Withdrawn => self.refuse(&m.seat, &m.to),
-                        HandOff::NotOffered(why) => {
-                            tracing::warn!(seat = %m.seat, to = %m.to, why = %why, "cannot hand the seat to its requested node")
-                        }
+                    HandOff::Taken { .. } | HandOff::Lost => return Done::Released,
+                    HandOff::Withdrawn => self.refuse(seat, to),
+                    HandOff::NotOffered(why) => {
+                        tracing::warn!(seat = %seat, to = %to, why = %why, "cannot hand the seat to its requested node")
                     }
                 }
-                progress();
-            } else if m.to == self.cfg.node_id && plan.withheld.is_none() {
-                let free = matches!(
-                    self.store.lease(&format!("seat:{}", m.seat)).await,
-                    Ok(None)
-                );
+            }
+            Step::ClaimMoved { seat, revision } => {
+                let free = matches!(self.store.lease(&format!("seat:{seat}")).await, Ok(None));
                 progress();
                 if free && self.protocol_gate_open(progress).await {
                     if let Ok(Acquired::Won {
                         established: true, ..
-                    }) = self.host.claim_with(&m.seat, progress).await
+                    }) = self.host.claim_with(seat, progress).await
                     {
-                        moves::finish(&*self.store, &m.seat, *revision).await;
+                        moves::finish(&*self.store, seat, *revision).await;
                     }
-                    progress();
                 }
             }
-        }
-        if released > 0 {
-            // A seat given back is advertised in the release itself. The
-            // presence write (bounded store calls, maybe behind the
-            // heartbeat's on the presence lock) is waited on beating: a
-            // sweep waiting out a NATS election here was shot as wedged.
-            watched(progress, None, self.refresh_presence()).await;
-            progress();
-        }
-
-        match plan.withheld {
-            Some(Withheld::Behind) => self.events.emit(Event::SeatClaimsWithheld {
+            Step::AnnounceBehind => self.events.emit(Event::SeatClaimsWithheld {
                 reason: "behind".into(),
             }),
-            Some(Withheld::Draining) | Some(Withheld::Unserviceable) => {}
-            Some(Withheld::FleetFull) | None => {}
-        }
-
-        let mut claimed = 0;
-        if plan.claims.is_empty() {
-            self.set_claims_blocked_by(None);
-        }
-        for handle in &plan.claims {
-            // A refusal by the protocol gate ends the pass.
-            if !self.protocol_gate_open(progress).await {
-                break;
-            }
-            let claim = self.host.claim_with(handle, progress).await;
-            progress();
-            match claim {
-                Ok(Acquired::Won {
-                    established: true, ..
-                }) => claimed += 1,
-                Ok(Acquired::Won {
-                    established: false, ..
-                }) => {
-                    // Handed back by its acquire hook: a peer gets the
-                    // next passes at it.
-                    self.handed_back
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .insert(handle.clone(), placement::HANDED_BACK_PASSES);
+            Step::Claim { seat } => {
+                // A refusal by the protocol gate ends the pass.
+                if !self.protocol_gate_open(progress).await {
+                    return Done::StopClaims;
                 }
-                Ok(Acquired::HeldBy(_)) => {}
-                Ok(Acquired::Draining) => break,
-                Err(e) => {
-                    tracing::warn!(seat = %handle, error = %e, "claim failed; unknown ownership is not ownership")
+                let claim = self.host.claim_with(seat, progress).await;
+                progress();
+                match claim {
+                    Ok(Acquired::Won {
+                        established: true, ..
+                    }) => return Done::Claimed,
+                    Ok(Acquired::Won {
+                        established: false, ..
+                    }) => {
+                        // Handed back by its acquire hook: a peer gets the
+                        // next passes at it.
+                        self.handed_back
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .insert(seat.clone(), placement::HANDED_BACK_PASSES);
+                    }
+                    Ok(Acquired::HeldBy(_)) => {}
+                    Ok(Acquired::Draining) => return Done::StopClaims,
+                    Err(e) => {
+                        tracing::warn!(seat = %seat, error = %e, "claim failed; unknown ownership is not ownership")
+                    }
                 }
             }
         }
-        if claimed > 0 {
-            // Advertise the new count at the end of the pass (beating
-            // while the presence write waits, as above).
-            watched(progress, None, self.refresh_presence()).await;
-            progress();
-        }
-        self.events.emit(Event::SeatSweep {
-            held: self.host.held().len(),
-            undead: self.host.undead().len(),
-            capacity: plan.capacity,
-            claimed,
-            released,
-            fleet_full: plan.withheld == Some(Withheld::FleetFull),
-        });
-        !plan.rechecks.is_empty()
+        Done::Nothing
     }
 
     /// The nodes whose presence is fading (see [`Snapshot::fading`]): rows

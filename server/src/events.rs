@@ -1,5 +1,5 @@
 //! The node's events: one typed [`Event`] enum whose serde tag is the
-//! seed's log name (`seat_claimed`, `seat_detached`, …), emitted once and
+//! spec's log name (`seat_claimed`, `seat_detached`, …), emitted once and
 //! fanned out to tracing, the in-process bus every SSE client of this node
 //! reads, and — on a fleet — `crewlet.events.{node}` on NATS, from which
 //! every node re-broadcasts its peers' events.
@@ -13,7 +13,7 @@ use tokio::sync::{broadcast, mpsc};
 
 use crate::tasks::Tasks;
 
-/// Why a seat was detached (seed § Establishing a seat, and giving it back).
+/// Why a seat was detached (spec § Establishing a seat, and giving it back).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum DetachReason {
@@ -565,7 +565,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn event_names_are_the_seeds_log_names() {
+    fn event_names_are_the_specs_log_names() {
         let e = Event::SeatDetached {
             seat: "a".into(),
             epoch: 7,

@@ -6,7 +6,7 @@ use rand::Rng;
 use crate::config::{Config, CoordinationType, matches_placement, protocol};
 
 /// A process incarnation: `{node_id}:{random}`, minted fresh at boot. The
-/// owner of every lease this process takes (seed § The lease).
+/// owner of every lease this process takes (spec § The lease).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Incarnation(String);
 

@@ -1,5 +1,5 @@
 //! The watchdog: a node whose loops stop turning leaves, with exit code 75
-//! (seed § The wedged node).
+//! (spec § The wedged node).
 //!
 //! Each watched loop stamps a beat as it turns; a plain OS thread (not a
 //! task: a wedged runtime must not be able to stop it) compares the beats

@@ -4,7 +4,7 @@
 //!
 //! Each `contract!` test is an async fn over a [`Fx`]; the macro runs it once
 //! per backend, so a behaviour one backend has and the other lacks fails
-//! here. Tests are named after the promise they keep (seed § The lease,
+//! here. Tests are named after the promise they keep (spec § The lease,
 //! § Mixed-version fleets, § Single node). NATS-only tests (TTL adoption, an
 //! unreachable store, the 3-server cluster) follow the suite.
 //!

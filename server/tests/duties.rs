@@ -1,6 +1,6 @@
 //! Singleton duties, the removed seat's mailbox and the scheduler, on the
 //! in-process twin and on a real nats-server, with the grace shortened
-//! (seed § Singleton duties, § The removed seat).
+//! (spec § Singleton duties, § The removed seat).
 
 #[path = "support/duty_faults.rs"]
 mod duty_faults;
@@ -131,7 +131,7 @@ async fn until_the_grace_has_passed(f: &Fleet, n: &Node, handle: &str) {
     .await;
 }
 
-/// Unknown is never absent (seed § The removed seat): a tick that cannot
+/// Unknown is never absent (spec § The removed seat): a tick that cannot
 /// read the activation pointer, the mailbox registry or a seat's lease
 /// stamps nothing and retires nothing, and says why. One table over the
 /// three reads; the same tick, healthy, then does both — so each fault was
@@ -244,7 +244,7 @@ async fn unknown_is_never_absent_an_unreadable_pointer_registry_or_lease_stamps_
     assert_eq!(r.absent, vec!["s2"], "{r:?}");
 }
 
-/// The protocol gate (seed § The removed seat, § Mixed-version fleets): while
+/// The protocol gate (spec § The removed seat, § Mixed-version fleets): while
 /// a node on a lower lease protocol still holds a presence or a seat lease
 /// anywhere in the fleet, the retirement claims nothing, keeps the mailbox
 /// and its mail, and says the refusal was the protocol's (not a holder's).
@@ -319,7 +319,7 @@ async fn subscription_names(n: &Node) -> Vec<String> {
         .collect()
 }
 
-/// A registration that fails (seed § The removed seat): the node says so
+/// A registration that fails (spec § The removed seat): the node says so
 /// (`seat_mailbox_unregistered`, with the error) and creates the seat's
 /// mailbox anyway, and the seat works its mail — a seat in the company
 /// losing mail is worse than a mailbox with no record. The next sweep finds
@@ -454,7 +454,7 @@ async fn a_registry_that_cannot_be_listed_at_boot_leaves_every_seat_unregistered
     assert_eq!(record(&a, "s1").await.absent_since_ms, None);
 }
 
-/// Only a subscription the mailbox grammar produces counts (seed § The
+/// Only a subscription the mailbox grammar produces counts (spec § The
 /// removed seat): a consumer on a seat's inbox under any other group is
 /// somebody else's. The sweep neither discovers one on an unknown handle
 /// nor deletes one on a retired seat's subject, and the mail it holds stays.
@@ -510,7 +510,7 @@ async fn a_consumer_under_another_group_on_a_seats_subject_is_left_alone_by_the_
 }
 
 /// A retirement acts for at most half the lease TTL under the seat lease
-/// it claimed, ending the seat's runs included (seed § The removed seat). A
+/// it claimed, ending the seat's runs included (spec § The removed seat). A
 /// run-ending that does not finish in time — here the run store never
 /// answers — deletes no subscription, unmarks the record, gives the seat's
 /// lease back, and leaves the retirement to the next tick, which finishes it.
@@ -591,7 +591,7 @@ async fn mark_as_if_a_dead_sweep(n: &Node, handle: &str, age: Duration) {
 }
 
 /// A sweep that dies after marking leaves a mark a later sweep resumes
-/// once it is 15 minutes old (seed § The removed seat), through the real
+/// once it is 15 minutes old (spec § The removed seat), through the real
 /// sweep: a younger mark is a retirement that may still be running and is
 /// left alone; an older one is resumed (`seat_mailbox_retirement_resumed`)
 /// and the mailbox retired.
@@ -644,7 +644,7 @@ async fn a_mark_left_by_a_sweep_that_died_is_left_alone_then_resumed_once_fiftee
 }
 
 /// A node adding a seat back while the sweep is retiring its mailbox
-/// (seed § The removed seat), driven by the real sweep: the retirement is
+/// (spec § The removed seat), driven by the real sweep: the retirement is
 /// held in the middle of its deletes while the revision adding the seat
 /// back is applied; the node finds the mark and waits for the retirement,
 /// which finishes; the node then registers the seat afresh and its new
@@ -995,7 +995,7 @@ fn run_counter_over(
     (duties, ticks)
 }
 
-/// A duty claim that errors skips the tick (seed § Singleton duties):
+/// A duty claim that errors skips the tick (spec § Singleton duties):
 /// unknown ownership is not ownership. So does a renewal that cannot say.
 /// Each absence of a tick is proven over ticks the loop provably took —
 /// the fault counts every claim or renewal it refused — never over a

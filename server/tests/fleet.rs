@@ -1,7 +1,7 @@
 //! Several nodes' seat engines in one process, on the in-process twin
 //! (tokio's paused clock) and on a real nats-server: placement, handoff,
 //! drain, the protocol gate, undead seats, admission and the acquire hook's
-//! order — the seed's § Placement and § Establishing a seat, as behaviour.
+//! order — the spec's § Placement and § Establishing a seat, as behaviour.
 
 #[path = "support/duty_faults.rs"]
 mod duty_faults;
@@ -379,7 +379,7 @@ both!(
     a_stuck_seat_squeezes_the_unpinned_group_rather_than_the_pinned_one,
     a_paused_seat_is_attached_already_held,
     an_apply_that_adds_a_role_gets_the_seat_a_mailbox_and_a_holder,
-    the_acquire_hook_runs_in_the_seeds_order_before_any_turn_is_admitted,
+    the_acquire_hook_runs_in_the_specs_order_before_any_turn_is_admitted,
 );
 
 async fn a_single_node_holds_every_seat(f: Fleet) {
@@ -440,7 +440,7 @@ async fn a_dead_nodes_seats_move_within_ttl_and_a_sweep(f: Fleet) {
     })
     .await;
     b.engine.crash().await;
-    // The seed's bound: the dead node's leases lapse at the TTL, and the
+    // The spec's bound: the dead node's leases lapse at the TTL, and the
     // survivor's next sweep (plus the heartbeat that notices) takes them.
     f.until(
         "the survivor to hold every seat",
@@ -801,7 +801,7 @@ async fn a_failed_teardown_keeps_the_lease_renewed_until_a_retry_succeeds(f: Fle
 }
 
 async fn a_stuck_seat_squeezes_the_unpinned_group_rather_than_the_pinned_one(f: Fleet) {
-    // The seed's example: a node holding an unpinned seat and a stuck one
+    // The spec's example: a node holding an unpinned seat and a stuck one
     // (its role gone, its teardown failing) must not read "full" while its
     // pinned group has room. a may run the pinned seat and the open ones;
     // b only the open ones.
@@ -925,7 +925,7 @@ async fn an_apply_that_adds_a_role_gets_the_seat_a_mailbox_and_a_holder(f: Fleet
     a.engine.drain().await;
 }
 
-async fn the_acquire_hook_runs_in_the_seeds_order_before_any_turn_is_admitted(f: Fleet) {
+async fn the_acquire_hook_runs_in_the_specs_order_before_any_turn_is_admitted(f: Fleet) {
     let a = f.node("a", &[], &roles("o", 1)).await;
     // Held counts a seat still establishing: wait for the last step.
     f.until("o0 established", Duration::from_secs(10), || {
@@ -1053,7 +1053,7 @@ async fn a_turn_resumed_past_the_ttl_posted_its_effect_after_the_seat_moved() {
     assert!(!fence.holds(), "but no longer provably held");
 }
 
-/// The seed's second check: a drain that begins while the claim's store
+/// The spec's second check: a drain that begins while the claim's store
 /// call is in flight finds the claim won, and the lease goes straight back
 /// before anything is attached (nothing claimed, nothing established).
 #[tokio::test(start_paused = true)]
@@ -1150,7 +1150,7 @@ impl SeatHooks for DeferOnceHooks {
     }
 }
 
-/// The seed's "owned, attached and deaf" case: a deferral quiesces the
+/// The spec's "owned, attached and deaf" case: a deferral quiesces the
 /// seat's consumer, and the next successful renew resumes it (the edge),
 /// so the deferred mail is answered by the same tenure.
 async fn a_deferral_quiesces_the_inbox_and_the_next_successful_renew_resumes_it(f: Fleet) {

@@ -1,4 +1,4 @@
-//! A seat's memory follows it (seed § A seat's memory follows it), on the
+//! A seat's memory follows it (spec § A seat's memory follows it), on the
 //! in-process twin and on a real nats-server: a graceful move keeps every
 //! row, a crash loses at most one cycle, a duplicate episode collapses on
 //! the next replay, the vector rule holds both ways, the rowid-reuse bug
@@ -512,7 +512,7 @@ async fn notes_reading(n: &Node, seat: &str, note: &str) -> usize {
         .count()
 }
 
-/// Seed § A seat's memory follows it: the node that ran a turn puts a
+/// Spec § A seat's memory follows it: the node that ran a turn puts a
 /// `reflection_due` wake on `crewlet.agent.{handle}.reflect`, and the
 /// seat's holder runs the agent's reflection (for `echo`, a diary note
 /// summarising the turn) into its own store — once, even when the wake
@@ -592,7 +592,7 @@ async fn a_finished_turn_is_reflected_on_by_the_seats_holder_and_written_once(f:
     );
 }
 
-/// Seed § A seat's memory follows it: a wake published while the seat is
+/// Spec § A seat's memory follows it: a wake published while the seat is
 /// between holders waits on the subject, and the next holder (after
 /// hydrating the seat) writes the reflection into its own store.
 async fn a_reflection_wake_published_between_holders_is_written_by_the_next_holder(f: Fleet) {

@@ -1,4 +1,4 @@
-//! Reads of a seat's memory answered by its holder (seed § A seat's memory
+//! Reads of a seat's memory answered by its holder (spec § A seat's memory
 //! follows it: "A read is answered by the holder"), on the in-process twin
 //! and on a real nats-server: a read served anywhere is the holder's copy
 //! and says who answered; a seat nobody holds is empty and names no holder;

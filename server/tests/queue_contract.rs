@@ -668,7 +668,7 @@ async fn a_delivery_its_owner_keeps_extending_is_not_redelivered_and_comes_back_
 
 async fn an_unsettled_delivery_comes_back_after_the_ack_window(b: Backend) {
     // The wedged node: its handler holds a delivery and never settles it.
-    // Nothing but the ack window returns it (seed § The wedged node).
+    // Nothing but the ack window returns it (spec § The wedged node).
     let q = &*b.queue;
     let spec = SubscriptionSpec::new(
         "agent-wedged".into(),

@@ -1,4 +1,4 @@
-//! The person-ordered node ranking in the coordination store (seed 002 § 8),
+//! The person-ordered node ranking in the coordination store (handoff § 8),
 //! on both backends: the in-process twin and JetStream KV on a real
 //! nats-server. Each node here is its own store handle on the one store, as
 //! a fleet's nodes are; the promise is that they all rank the fleet the same

@@ -1,7 +1,7 @@
 //! Detached runs, on the in-process twin and on a real nats-server:
 //! owner-routed completion, the epoch fence on run records, recovery in
 //! the acquire hook, a resume applied once, and a retirement that ends a
-//! removed seat's runs before its mailbox goes (seed § Fencing, § Sandbox
+//! removed seat's runs before its mailbox goes (spec § Fencing, § Sandbox
 //! control is owner-routed, § The removed seat, § Establishing a seat: an
 //! answer the last holder recorded and never resumed with is resumed, and a
 //! seat whose runs cannot be recovered is handed back as `unprepared`).

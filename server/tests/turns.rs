@@ -2,7 +2,7 @@
 //! a real nats-server: the completion ledger across a crash, partial
 //! overlap, the in-turn fence, the broken-turn policy, a person's pause and
 //! stop, a command agent's tool calls run by the engine, a command agent
-//! that will not die, and org-derived routing — the seed's § Fencing,
+//! that will not die, and org-derived routing — the spec's § Fencing,
 //! § The completion ledger, § A turn that broke halfway and § Routing, as
 //! behaviour.
 
@@ -406,7 +406,7 @@ async fn stop_ends_the_running_turn_at_the_next_round_and_the_trigger_does_not_c
 }
 
 /// A pause that asks for the running turn to stop closes it at the next
-/// round boundary (seed § Fencing: `ErrStoppedByPerson`, recorded and
+/// round boundary (spec § Fencing: `ErrStoppedByPerson`, recorded and
 /// acked, not deferred); the trigger does not come back, neither while the
 /// seat is paused nor after the resume.
 async fn a_pause_that_stops_the_running_turn_ends_it_and_the_trigger_does_not_come_back(f: Fleet) {
@@ -560,8 +560,8 @@ fn completed_turns(n: &mut Node, id: &str) -> Vec<(String, String, u32, u32, boo
 /// A `command` agent's turn through the engine: the child asks for tool
 /// calls, the engine executes them and sends their results in the next
 /// round, `post_outbox` lands on the outbox, and `turn_completed` records
-/// `reached_outside` by the seed's narrow rule — the built-in tools' own
-/// annotations, whatever the child claims (seed § A turn that broke
+/// `reached_outside` by the spec's narrow rule — the built-in tools' own
+/// annotations, whatever the child claims (spec § A turn that broke
 /// halfway).
 async fn a_command_agents_tool_calls_run_in_the_engine_and_only_an_open_world_call_reaches_outside(
     f: Fleet,

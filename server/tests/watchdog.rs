@@ -1,6 +1,6 @@
 //! The watchdog. As a process: a node whose sweep loop blocks forever exits
 //! with code 75, after one line on stderr, once the lease TTL has passed
-//! (seed § The wedged node). A node stopped gracefully exits 0 (cli.rs).
+//! (spec § The wedged node). A node stopped gracefully exits 0 (cli.rs).
 //!
 //! And, read from inside a seat engine, what is not a wedged loop: a loop
 //! whose bounded steps keep returning, however slowly — a heartbeat against
@@ -440,7 +440,7 @@ impl SeatHooks for LongTurnHooks {
     }
 }
 
-/// The seats' turn dispatch is watched (seed § The wedged node: every
+/// The seats' turn dispatch is watched (spec § The wedged node: every
 /// duty stamps a beat): the watchdog follows each attached inbox's loop as
 /// `dispatch:{seat}`, a turn longer than the TTL is that loop turning, not
 /// a wedge, and a seat let go takes its loop out of the watch.

@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 pub use network::Network;
 pub use validate::{MAX_ROLES, MAX_SCHEDULES, Problem};
 
-/// The current lease protocol (seed: "The current protocol is 4").
+/// The current lease protocol (spec: "The current protocol is 4").
 pub const PROTOCOL: u32 = 4;
 
 /// The environment variable that makes this process speak an older lease

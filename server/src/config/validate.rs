@@ -76,14 +76,36 @@ pub fn is_subject_safe(s: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
 
-/// Every rule, every problem (not just the first).
+/// Reports one problem: the key, the value found, what is wrong, the fix.
+type Report<'a> = dyn FnMut(&str, Option<String>, &str, String) + 'a;
+
+/// Every rule, every problem (not just the first), section by section.
 pub(super) fn check(c: &Config) -> Vec<Problem> {
     let mut out = Vec::new();
-    let mut p = |key: &str, value: Option<String>, problem: &str, fix: String| {
-        out.push(Problem::new(key, value, problem, fix));
-    };
+    {
+        let mut p = |key: &str, value: Option<String>, problem: &str, fix: String| {
+            out.push(Problem::new(key, value, problem, fix));
+        };
 
-    // [node]
+        check_node(c, &mut p);
+        check_coordination(c, &mut p);
+        check_pairing(c, &mut p);
+        check_stream(c, &mut p);
+        check_company(c, &mut p);
+        check_roles(c, &mut p);
+        check_auth(c, &mut p);
+        check_memory(c, &mut p);
+        check_schedules(c, &mut p);
+        check_logging(c, &mut p);
+    }
+    out.extend(check_limits(c));
+    out.extend(check_trust(c));
+    out.extend(check_ack_window(c));
+    out
+}
+
+/// `[node]`: the id, the listen address, labels, the data directory.
+fn check_node(c: &Config, p: &mut Report<'_>) {
     if !is_subject_safe(&c.node.id) {
         p(
             "node.id",
@@ -119,8 +141,10 @@ pub(super) fn check(c: &Config) -> Vec<Problem> {
             "set it to where this node keeps its database, e.g. \"./data\"".into(),
         );
     }
+}
 
-    // [coordination]
+/// `[coordination]`: the lease TTL, the heartbeat, the sweep and handoff bounds.
+fn check_coordination(c: &Config, p: &mut Report<'_>) {
     let co = &c.coordination;
     if !(3..=3600).contains(&co.lease_ttl_seconds) {
         p(
@@ -185,8 +209,11 @@ pub(super) fn check(c: &Config) -> Vec<Problem> {
             "the default is 5000 (an offer stands five seconds)".into(),
         );
     }
+}
 
-    // The pairing (seed § Single node).
+/// The pairing of `coordination.type` with `stream.type` (spec § Single node).
+fn check_pairing(c: &Config, p: &mut Report<'_>) {
+    let co = &c.coordination;
     match (co.kind, c.stream.kind) {
         (CoordinationType::Local, StreamType::Nats) => p(
             "coordination.type",
@@ -202,8 +229,10 @@ pub(super) fn check(c: &Config) -> Vec<Problem> {
         ),
         _ => {}
     }
+}
 
-    // [stream]
+/// `[stream]`: the NATS URLs and the stream's limits.
+fn check_stream(c: &Config, p: &mut Report<'_>) {
     let st = &c.stream;
     if st.kind == StreamType::Nats && st.urls.is_empty() {
         p(
@@ -278,8 +307,10 @@ pub(super) fn check(c: &Config) -> Vec<Problem> {
             "the default is 30 (the holder extends a delivery while it works on it; this is how soon a dead node's mail comes back)".into(),
         );
     }
+}
 
-    // [company]
+/// `[company]`.
+fn check_company(c: &Config, p: &mut Report<'_>) {
     if c.company.name.trim().is_empty() {
         p(
             "company.name",
@@ -288,8 +319,10 @@ pub(super) fn check(c: &Config) -> Vec<Problem> {
             "name the company, e.g. \"Acme\"".into(),
         );
     }
+}
 
-    // [[roles]]
+/// `[[roles]]`: handles, agents, placement.
+fn check_roles(c: &Config, p: &mut Report<'_>) {
     let mut seen = HashSet::new();
     for (i, r) in c.roles.iter().enumerate() {
         let key = format!("roles[{i}].handle");
@@ -359,8 +392,10 @@ pub(super) fn check(c: &Config) -> Vec<Problem> {
             }
         }
     }
+}
 
-    // [[auth.users]] and [[auth.tokens]]
+/// `[[auth.users]]` and `[[auth.tokens]]`.
+fn check_auth(c: &Config, p: &mut Report<'_>) {
     let mut names = HashSet::new();
     for (i, u) in c.auth.users.iter().enumerate() {
         if u.name.trim().is_empty() || u.name.len() > 64 || u.name.chars().any(char::is_control) {
@@ -416,8 +451,10 @@ pub(super) fn check(c: &Config) -> Vec<Problem> {
             );
         }
     }
+}
 
-    // [memory]
+/// `[memory]`.
+fn check_memory(c: &Config, p: &mut Report<'_>) {
     if c.memory.flush_seconds == 0 {
         p(
             "memory.flush_seconds",
@@ -442,7 +479,10 @@ pub(super) fn check(c: &Config) -> Vec<Problem> {
             "set both memory.vector_model and memory.vector_dims, or neither".into(),
         );
     }
-    // [maintenance], [scheduler], [[schedules]]
+}
+
+/// `[maintenance]`, `[scheduler]` and `[[schedules]]`.
+fn check_schedules(c: &Config, p: &mut Report<'_>) {
     for (key, v) in [
         ("maintenance.every_seconds", c.maintenance.every_seconds),
         (
@@ -504,8 +544,10 @@ pub(super) fn check(c: &Config) -> Vec<Problem> {
             );
         }
     }
+}
 
-    // [logging]
+/// `[logging]`.
+fn check_logging(c: &Config, p: &mut Report<'_>) {
     if let Some(f) = &c.logging.file
         && f.as_os_str().is_empty()
     {
@@ -524,10 +566,6 @@ pub(super) fn check(c: &Config) -> Vec<Problem> {
             "set logging.file, or keep logging.stderr = true".into(),
         );
     }
-    out.extend(check_limits(c));
-    out.extend(check_trust(c));
-    out.extend(check_ack_window(c));
-    out
 }
 
 /// The ack window must hold two renewals: each renewal of a seat's lease

@@ -6,7 +6,7 @@
 //! the store clock. Buckets are made by creating their `KV_{bucket}` stream
 //! ourselves and then opening it with `get_key_value`: async-nats 0.51's
 //! `create_key_value` cannot parse server 2.9's account-info reply
-//! (NATS-NOTES.md), and pinning 0.40 would hold every other API back.
+//! (docs/nats.md), and pinning 0.40 would hold every other API back.
 //!
 //! It must never read from a follower (every bucket is made with
 //! `allow_direct = false`, so reads go to the stream leader: followers answer

@@ -25,7 +25,7 @@ use super::lease::{Lease, LeaseRecord, ResourceKind, StoreTime};
 use super::{Revision, StoreError};
 use crate::tasks::Tasks;
 
-/// The view stops this long after it was last used (seed: a minute).
+/// The view stops this long after it was last used (spec: a minute).
 pub const DEFAULT_IDLE: Duration = Duration::from_secs(60);
 /// How often a waiting reader re-checks that the write it waits for still exists.
 const RECHECK: Duration = Duration::from_millis(100);

@@ -1,4 +1,4 @@
-//! The removed seat (seed § The removed seat): over the mailbox registry
+//! The removed seat (spec § The removed seat): over the mailbox registry
 //! (`crewlet_mailboxes`, kept by `queue::registry`), the sweep that judges
 //! each record one tick at a time, and the retirement that deletes a removed seat's mailbox — and
 //! the mail in it — after the grace period. The seat's memory is kept.

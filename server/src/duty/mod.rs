@@ -1,4 +1,4 @@
-//! Singleton duties (seed § Singleton duties): work that belongs to the
+//! Singleton duties (spec § Singleton duties): work that belongs to the
 //! company rather than to a seat, run by one node of the fleet at a time.
 //!
 //! Each duty sits behind a `worker:{duty}` lease in `crewlet_duties`,
@@ -47,7 +47,7 @@ pub struct DutyContext {
     pub owner: String,
     pub protocol: u32,
     pub events: EventBus,
-    /// Watches each duty loop as `duty:{name}` (seed § The wedged node:
+    /// Watches each duty loop as `duty:{name}` (spec § The wedged node:
     /// each duty stamps a beat as it turns). `None`: unwatched.
     pub watchdog: Option<Watchdog>,
 }

@@ -1,6 +1,6 @@
 //! What runs a turn: the [`Agent`] trait, the round protocol between an
 //! agent and the engine, and the rule that says whether a tool call
-//! reached outside the engine (seed § A turn that broke halfway).
+//! reached outside the engine (spec § A turn that broke halfway).
 //!
 //! A turn is rounds. In each round the agent answers with tool calls (the
 //! engine executes them, each only after the fence check, and hands the
@@ -23,7 +23,7 @@ pub struct TurnInput {
     /// The epoch the turn was admitted under.
     pub epoch: u64,
     pub node: String,
-    /// The identity of the work, stable across re-runs (seed § Keying a
+    /// The identity of the work, stable across re-runs (spec § Keying a
     /// write on the work); `None` for a turn with no ledgered trigger.
     pub work_key: Option<String>,
     pub triggers: Vec<Envelope>,
@@ -51,7 +51,7 @@ pub enum Backing {
     Mcp,
 }
 
-/// The seed's narrow rule: a call counts as having reached outside the
+/// The spec's narrow rule: a call counts as having reached outside the
 /// engine only when it is MCP-backed and not positively annotated
 /// read-only, or when its annotations say it is open-world. A tool nobody
 /// classified proves nothing.
@@ -184,7 +184,7 @@ mod tests {
                 }
             }
         }
-        // The cases the seed names outright.
+        // The cases the spec names outright.
         assert!(
             !reached_outside(Backing::FirstParty, Annotations::default()),
             "an unclassified first-party tool proves nothing"

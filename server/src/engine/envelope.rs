@@ -11,7 +11,7 @@
 use serde::{Deserialize, Serialize};
 
 /// The trigger types that run a turn and are consulted in, and recorded
-/// to, the completion ledger (seed § The completion ledger). The set is
+/// to, the completion ledger (spec § The completion ledger). The set is
 /// closed: any other type contributes nothing to the work key.
 pub const LEDGERED: [&str; 4] = [
     "task_assigned",

@@ -1,4 +1,4 @@
-//! The completion ledger (seed § The completion ledger): what finished,
+//! The completion ledger (spec § The completion ledger): what finished,
 //! read before the next turn starts, in the fleet's coordination store
 //! (`crewlet_ledger`, seven-day age) so a redelivery that lands on a peer
 //! finds it.

@@ -1,4 +1,4 @@
-//! Routing is org-derived, never instance-derived (seed § Routing): a
+//! Routing is org-derived, never instance-derived (spec § Routing): a
 //! recipient's inbox subject and agent id come from the company every node
 //! holds in full, never from the seats this process happens to run. A miss
 //! here means "no such seat in the company", never "not on this node".

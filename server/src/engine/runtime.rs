@@ -403,64 +403,10 @@ impl TurnEngine {
         received: std::time::Instant,
     ) -> Disposition {
         let handle = rt.handle.as_str();
-        let c: RunCompletion = match serde_json::from_value(env.body.clone()) {
-            Ok(c) => c,
-            Err(e) => return Disposition::Poison(format!("not a run completion: {e}")),
+        let (c, claimed, epoch) = match self.claim_resume(handle, fence, env).await {
+            Ok(won) => won,
+            Err(d) => return d,
         };
-        let epoch = match fence.may_start() {
-            Some(e) if e == fence.epoch() => e,
-            _ => return Disposition::Defer(format!("seat {handle:?} is not owned here")),
-        };
-        let me = self.tools.incarnation.clone();
-        if self.resume_done(handle, &env.id).await {
-            return self
-                .resume_already_done(handle, &c.run_id, &env.id, epoch)
-                .await;
-        }
-        let taken: Mutex<Option<Claim>> = Mutex::new(None);
-        let claim = self
-            .runs
-            .mutate(handle, &c.run_id, epoch, |r| {
-                let t = resume_claim(r, epoch);
-                *lock(&taken) = t;
-                if t.is_none() {
-                    return false;
-                }
-                // The answer the launcher recorded is the one resumed.
-                let recorded = matches!(r.state, RunState::Finished | RunState::Resuming)
-                    && r.result.is_some();
-                if !recorded {
-                    r.result = Some(c.result.clone());
-                }
-                r.state = RunState::Resuming;
-                r.resumed = true;
-                r.owner = me.clone();
-                r.owner_epoch = epoch;
-                true
-            })
-            .await;
-        let taken = *lock(&taken);
-        let claimed = match after_resume_claim(claim, taken.is_some(), &c.run_id) {
-            Ok(r) => r,
-            Err(ClaimRefused::Dropped(why)) => {
-                tracing::info!(seat = handle, run_id = %c.run_id, "{why}");
-                return Disposition::Ack;
-            }
-            Err(ClaimRefused::Fenced(d)) => return d,
-            Err(ClaimRefused::Retry(e)) => {
-                tracing::warn!(seat = handle, run_id = %c.run_id, error = %e, "cannot claim a run's resume; trying again");
-                return Disposition::Nak;
-            }
-        };
-        if let Some(Claim::TakenOver { from_epoch }) = taken {
-            tracing::warn!(
-                seat = handle,
-                run_id = %c.run_id,
-                from_epoch,
-                epoch,
-                "a resume claimed at an earlier epoch never settled; taking it over and resuming again"
-            );
-        }
         let _turn = rt.turn_lock.lock().await;
         // The turn is given the claimed record's answer, whichever copy of
         // the completion brought it here.
@@ -526,6 +472,80 @@ impl TurnEngine {
             outcome: record.ending.name().into(),
         });
         closed.disposition
+    }
+
+    /// Claim a finished run's resume for this epoch: `Err` is the
+    /// delivery's disposition when there is nothing to resume here (not a
+    /// completion, not owned here, already recorded, ended, fenced).
+    async fn claim_resume(
+        &self,
+        handle: &str,
+        fence: &Fence,
+        env: &Envelope,
+    ) -> Result<(RunCompletion, super::runs::RunRecord, u64), Disposition> {
+        let c: RunCompletion = match serde_json::from_value(env.body.clone()) {
+            Ok(c) => c,
+            Err(e) => return Err(Disposition::Poison(format!("not a run completion: {e}"))),
+        };
+        let epoch = match fence.may_start() {
+            Some(e) if e == fence.epoch() => e,
+            _ => {
+                return Err(Disposition::Defer(format!(
+                    "seat {handle:?} is not owned here"
+                )));
+            }
+        };
+        let me = self.tools.incarnation.clone();
+        if self.resume_done(handle, &env.id).await {
+            return Err(self
+                .resume_already_done(handle, &c.run_id, &env.id, epoch)
+                .await);
+        }
+        let taken: Mutex<Option<Claim>> = Mutex::new(None);
+        let claim = self
+            .runs
+            .mutate(handle, &c.run_id, epoch, |r| {
+                let t = resume_claim(r, epoch);
+                *lock(&taken) = t;
+                if t.is_none() {
+                    return false;
+                }
+                // The answer the launcher recorded is the one resumed.
+                let recorded = matches!(r.state, RunState::Finished | RunState::Resuming)
+                    && r.result.is_some();
+                if !recorded {
+                    r.result = Some(c.result.clone());
+                }
+                r.state = RunState::Resuming;
+                r.resumed = true;
+                r.owner = me.clone();
+                r.owner_epoch = epoch;
+                true
+            })
+            .await;
+        let taken = *lock(&taken);
+        let claimed = match after_resume_claim(claim, taken.is_some(), &c.run_id) {
+            Ok(r) => r,
+            Err(ClaimRefused::Dropped(why)) => {
+                tracing::info!(seat = handle, run_id = %c.run_id, "{why}");
+                return Err(Disposition::Ack);
+            }
+            Err(ClaimRefused::Fenced(d)) => return Err(d),
+            Err(ClaimRefused::Retry(e)) => {
+                tracing::warn!(seat = handle, run_id = %c.run_id, error = %e, "cannot claim a run's resume; trying again");
+                return Err(Disposition::Nak);
+            }
+        };
+        if let Some(Claim::TakenOver { from_epoch }) = taken {
+            tracing::warn!(
+                seat = handle,
+                run_id = %c.run_id,
+                from_epoch,
+                epoch,
+                "a resume claimed at an earlier epoch never settled; taking it over and resuming again"
+            );
+        }
+        Ok((c, claimed, epoch))
     }
 
     /// Is a resume's trigger recorded in the completion ledger? Fails open

@@ -160,198 +160,213 @@ impl Tools {
 
     async fn run(&self, turn: &TurnInput, call: &ToolCall) -> Result<Value, ToolError> {
         match call.name.as_str() {
-            "post_outbox" => {
-                let body = if call.args.is_null() {
-                    json!({})
-                } else {
-                    call.args.clone()
-                };
-                self.outbox
-                    .post(
-                        &self.effect(turn, "post_outbox", body),
-                        &Self::effect_id(turn, call),
-                    )
-                    .await
-                    .map_err(|e| ToolError::Failed(e.to_string()))?;
-                Ok(json!({"posted": true}))
-            }
-            "a2a_message" => {
-                let to = text_arg(call, "to")?;
-                let text = text_arg(call, "text")?;
-                let company = self.company.borrow().clone();
-                let Some(route) = routing::resolve(&company, &to) else {
-                    return Err(ToolError::Refused(format!(
-                        "a2a_message: no seat {to:?} in the company {:?}",
-                        company.name
-                    )));
-                };
-                let id = Self::a2a_id(turn, call, &to);
-                let envelope = Envelope {
-                    id: id.clone(),
-                    kind: "a2a_message".into(),
-                    body: json!({
-                        "text": text,
-                        "from_seat": turn.seat,
-                        "from_agent_id": routing::agent_id(&company.name, &turn.seat).to_string(),
-                        "to_agent_id": route.agent_id.to_string(),
-                    }),
-                    thread: None,
-                    message_id: None,
-                    from: Some(turn.seat.clone()),
-                    sent_at: Some(crate::clock::now_rfc3339()),
-                };
-                self.queue
-                    .publish(
-                        &route.inbox_subject,
-                        Some(&id),
-                        Bytes::from(envelope.encode()),
-                    )
-                    .await
-                    .map_err(|e| ToolError::Failed(format!("a2a_message: {e}")))?;
-                let effect =
-                    json!({"to": to, "agent_id": route.agent_id.to_string(), "envelope_id": id});
-                if let Err(e) = self
-                    .outbox
-                    .post(
-                        &self.effect(turn, "a2a_message", effect.clone()),
-                        &Self::effect_id(turn, call),
-                    )
-                    .await
-                {
-                    tracing::warn!(seat = %turn.seat, error = %e, "the a2a message went out; its outbox record did not");
-                }
-                Ok(effect)
-            }
-            "diary_write" => {
-                let text = text_arg(call, "text")?;
-                let written = self
-                    .memory
-                    .diary_write(&turn.seat, &text, turn.work_key.as_deref())
-                    .await
-                    .map_err(|e| ToolError::Failed(format!("diary_write: {e}")))?;
-                Ok(json!({"written": written}))
-            }
-            "episode_write" => {
-                let summary = text_arg(call, "summary")?;
-                let written = self
-                    .memory
-                    .episode_write(
-                        &turn.seat,
-                        turn.work_key.as_deref(),
-                        &summary,
-                        &turn.turn_id,
-                    )
-                    .await
-                    .map_err(|e| ToolError::Failed(format!("episode_write: {e}")))?;
-                Ok(json!({"written": written}))
-            }
-            "read_memory" => {
-                let limit = call
-                    .args
-                    .get("limit")
-                    .and_then(Value::as_u64)
-                    .unwrap_or(20)
-                    .min(200) as u32;
-                let diary = self
-                    .memory
-                    .diary(&turn.seat, limit)
-                    .await
-                    .map_err(|e| ToolError::Failed(format!("read_memory: {e}")))?;
-                let episodes = self
-                    .memory
-                    .episodes(&turn.seat, limit)
-                    .await
-                    .map_err(|e| ToolError::Failed(format!("read_memory: {e}")))?;
-                Ok(json!({"diary": diary, "episodes": episodes}))
-            }
-            "run_detached" => {
-                let argv: Vec<String> = match call.args.get("argv") {
-                    Some(Value::Array(a)) if !a.is_empty() => a
-                        .iter()
-                        .map(|v| v.as_str().map(str::to_string))
-                        .collect::<Option<Vec<_>>>()
-                        .ok_or_else(|| {
-                            ToolError::Refused(
-                                "run_detached: `argv` must be a list of strings".into(),
-                            )
-                        })?,
-                    _ => {
-                        return Err(ToolError::Refused(
-                            "run_detached: `argv` is required (a non-empty list of strings)".into(),
-                        ));
-                    }
-                };
-                // Only what the node's own file allows, whatever the agent
-                // (or the mail it read) asked for.
-                self.runs_allowed
-                    .admits(&argv)
-                    .map_err(ToolError::Refused)?;
-                let timeout = call
-                    .args
-                    .get("timeout_seconds")
-                    .and_then(Value::as_u64)
-                    .unwrap_or(3600)
-                    .clamp(1, 7 * 24 * 3600);
-                // Keyed on the work: a re-run of the same turn finds the
-                // run it started and launches nothing twice.
-                let work = turn.work_key.as_deref().unwrap_or(&turn.turn_id);
-                let mut h = Sha256::new();
-                for part in [work, turn.seat.as_str(), call.id.as_str()] {
-                    h.update(part.as_bytes());
-                    h.update([0u8]);
-                }
-                let run_id = format!("run-{}", &hex::encode(h.finalize())[..24]);
-                let now = crate::clock::now_rfc3339();
-                let record = super::runs::RunRecord {
-                    run_id: run_id.clone(),
-                    seat: turn.seat.clone(),
-                    owner: self.incarnation.clone(),
-                    owner_epoch: turn.epoch,
-                    launcher: self.incarnation.clone(),
-                    launcher_node: turn.node.clone(),
-                    state: super::runs::RunState::Running,
-                    argv: argv.clone(),
-                    work_key: turn.work_key.clone(),
-                    result: None,
-                    resumed: false,
-                    created_at: now.clone(),
-                    updated_at: now,
-                };
-                let fresh = self
-                    .runs
-                    .create(&record)
-                    .await
-                    .map_err(|e| ToolError::Failed(format!("run_detached: {e}")))?;
-                if fresh {
-                    if let Err(e) = self
-                        .supervisor
-                        .launch(&record, std::time::Duration::from_secs(timeout))
-                    {
-                        let _ = self
-                            .runs
-                            .mutate(&turn.seat, &run_id, turn.epoch, |r| {
-                                r.state = super::runs::RunState::Failed;
-                                r.result = Some(super::runs::RunResult {
-                                    error: Some(e.clone()),
-                                    ..Default::default()
-                                });
-                                true
-                            })
-                            .await;
-                        return Err(ToolError::Failed(e));
-                    }
-                    self.events.emit(crate::events::Event::RunStarted {
-                        seat: turn.seat.clone(),
-                        run_id: run_id.clone(),
-                        argv,
-                    });
-                }
-                Ok(json!({"run_id": run_id, "parked": true, "started": fresh}))
-            }
+            "post_outbox" => self.post_outbox(turn, call).await,
+            "a2a_message" => self.a2a_message(turn, call).await,
+            "diary_write" => self.diary_write(turn, call).await,
+            "episode_write" => self.episode_write(turn, call).await,
+            "read_memory" => self.read_memory(turn, call).await,
+            "run_detached" => self.run_detached(turn, call).await,
             other => Err(ToolError::Refused(format!(
                 "no tool named {other:?}; the tools are post_outbox, a2a_message, diary_write, episode_write, read_memory, run_detached"
             ))),
         }
+    }
+
+    /// `post_outbox`: one effect in the outbox, keyed on the work.
+    async fn post_outbox(&self, turn: &TurnInput, call: &ToolCall) -> Result<Value, ToolError> {
+        let body = if call.args.is_null() {
+            json!({})
+        } else {
+            call.args.clone()
+        };
+        self.outbox
+            .post(
+                &self.effect(turn, "post_outbox", body),
+                &Self::effect_id(turn, call),
+            )
+            .await
+            .map_err(|e| ToolError::Failed(e.to_string()))?;
+        Ok(json!({"posted": true}))
+    }
+
+    /// `a2a_message`: mail to another seat of the company, routed by the org chart, its id keyed on the work.
+    async fn a2a_message(&self, turn: &TurnInput, call: &ToolCall) -> Result<Value, ToolError> {
+        let to = text_arg(call, "to")?;
+        let text = text_arg(call, "text")?;
+        let company = self.company.borrow().clone();
+        let Some(route) = routing::resolve(&company, &to) else {
+            return Err(ToolError::Refused(format!(
+                "a2a_message: no seat {to:?} in the company {:?}",
+                company.name
+            )));
+        };
+        let id = Self::a2a_id(turn, call, &to);
+        let envelope = Envelope {
+            id: id.clone(),
+            kind: "a2a_message".into(),
+            body: json!({
+                "text": text,
+                "from_seat": turn.seat,
+                "from_agent_id": routing::agent_id(&company.name, &turn.seat).to_string(),
+                "to_agent_id": route.agent_id.to_string(),
+            }),
+            thread: None,
+            message_id: None,
+            from: Some(turn.seat.clone()),
+            sent_at: Some(crate::clock::now_rfc3339()),
+        };
+        self.queue
+            .publish(
+                &route.inbox_subject,
+                Some(&id),
+                Bytes::from(envelope.encode()),
+            )
+            .await
+            .map_err(|e| ToolError::Failed(format!("a2a_message: {e}")))?;
+        let effect = json!({"to": to, "agent_id": route.agent_id.to_string(), "envelope_id": id});
+        if let Err(e) = self
+            .outbox
+            .post(
+                &self.effect(turn, "a2a_message", effect.clone()),
+                &Self::effect_id(turn, call),
+            )
+            .await
+        {
+            tracing::warn!(seat = %turn.seat, error = %e, "the a2a message went out; its outbox record did not");
+        }
+        Ok(effect)
+    }
+
+    /// `diary_write`: a line in the seat's diary.
+    async fn diary_write(&self, turn: &TurnInput, call: &ToolCall) -> Result<Value, ToolError> {
+        let text = text_arg(call, "text")?;
+        let written = self
+            .memory
+            .diary_write(&turn.seat, &text, turn.work_key.as_deref())
+            .await
+            .map_err(|e| ToolError::Failed(format!("diary_write: {e}")))?;
+        Ok(json!({"written": written}))
+    }
+
+    /// `episode_write`: the work's episode, keyed on the work.
+    async fn episode_write(&self, turn: &TurnInput, call: &ToolCall) -> Result<Value, ToolError> {
+        let summary = text_arg(call, "summary")?;
+        let written = self
+            .memory
+            .episode_write(
+                &turn.seat,
+                turn.work_key.as_deref(),
+                &summary,
+                &turn.turn_id,
+            )
+            .await
+            .map_err(|e| ToolError::Failed(format!("episode_write: {e}")))?;
+        Ok(json!({"written": written}))
+    }
+
+    /// `read_memory`: the seat's latest diary lines and episodes.
+    async fn read_memory(&self, turn: &TurnInput, call: &ToolCall) -> Result<Value, ToolError> {
+        let limit = call
+            .args
+            .get("limit")
+            .and_then(Value::as_u64)
+            .unwrap_or(20)
+            .min(200) as u32;
+        let diary = self
+            .memory
+            .diary(&turn.seat, limit)
+            .await
+            .map_err(|e| ToolError::Failed(format!("read_memory: {e}")))?;
+        let episodes = self
+            .memory
+            .episodes(&turn.seat, limit)
+            .await
+            .map_err(|e| ToolError::Failed(format!("read_memory: {e}")))?;
+        Ok(json!({"diary": diary, "episodes": episodes}))
+    }
+
+    /// `run_detached`: a child process the node's own file allows, keyed on the work so a re-run launches nothing twice; the turn parks on it.
+    async fn run_detached(&self, turn: &TurnInput, call: &ToolCall) -> Result<Value, ToolError> {
+        let argv: Vec<String> = match call.args.get("argv") {
+            Some(Value::Array(a)) if !a.is_empty() => a
+                .iter()
+                .map(|v| v.as_str().map(str::to_string))
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| {
+                    ToolError::Refused("run_detached: `argv` must be a list of strings".into())
+                })?,
+            _ => {
+                return Err(ToolError::Refused(
+                    "run_detached: `argv` is required (a non-empty list of strings)".into(),
+                ));
+            }
+        };
+        // Only what the node's own file allows, whatever the agent
+        // (or the mail it read) asked for.
+        self.runs_allowed
+            .admits(&argv)
+            .map_err(ToolError::Refused)?;
+        let timeout = call
+            .args
+            .get("timeout_seconds")
+            .and_then(Value::as_u64)
+            .unwrap_or(3600)
+            .clamp(1, 7 * 24 * 3600);
+        // Keyed on the work: a re-run of the same turn finds the
+        // run it started and launches nothing twice.
+        let work = turn.work_key.as_deref().unwrap_or(&turn.turn_id);
+        let mut h = Sha256::new();
+        for part in [work, turn.seat.as_str(), call.id.as_str()] {
+            h.update(part.as_bytes());
+            h.update([0u8]);
+        }
+        let run_id = format!("run-{}", &hex::encode(h.finalize())[..24]);
+        let now = crate::clock::now_rfc3339();
+        let record = super::runs::RunRecord {
+            run_id: run_id.clone(),
+            seat: turn.seat.clone(),
+            owner: self.incarnation.clone(),
+            owner_epoch: turn.epoch,
+            launcher: self.incarnation.clone(),
+            launcher_node: turn.node.clone(),
+            state: super::runs::RunState::Running,
+            argv: argv.clone(),
+            work_key: turn.work_key.clone(),
+            result: None,
+            resumed: false,
+            created_at: now.clone(),
+            updated_at: now,
+        };
+        let fresh = self
+            .runs
+            .create(&record)
+            .await
+            .map_err(|e| ToolError::Failed(format!("run_detached: {e}")))?;
+        if fresh {
+            if let Err(e) = self
+                .supervisor
+                .launch(&record, std::time::Duration::from_secs(timeout))
+            {
+                let _ = self
+                    .runs
+                    .mutate(&turn.seat, &run_id, turn.epoch, |r| {
+                        r.state = super::runs::RunState::Failed;
+                        r.result = Some(super::runs::RunResult {
+                            error: Some(e.clone()),
+                            ..Default::default()
+                        });
+                        true
+                    })
+                    .await;
+                return Err(ToolError::Failed(e));
+            }
+            self.events.emit(crate::events::Event::RunStarted {
+                seat: turn.seat.clone(),
+                run_id: run_id.clone(),
+                argv,
+            });
+        }
+        Ok(json!({"run_id": run_id, "parked": true, "started": fresh}))
     }
 }
 

@@ -1,6 +1,6 @@
 //! One turn: rounds between an agent and the engine's tools, the in-turn
 //! fence, a person's stop, and — as a pure function — what a turn's ending
-//! means for its triggers (seed § A turn that broke halfway, § Fencing).
+//! means for its triggers (spec § A turn that broke halfway, § Fencing).
 //!
 //! [`run`] drives the rounds. The fence (the epoch the turn was admitted
 //! under) is checked at the top of every round and again before each tool
@@ -470,7 +470,7 @@ mod tests {
     }
 
     #[test]
-    fn every_ending_settles_as_the_seed_says() {
+    fn every_ending_settles_as_the_spec_says() {
         for outside in [false, true] {
             let d = settle(&done(), outside);
             assert_eq!((d.record, d.verdict), (true, Verdict::Ack));

@@ -1,4 +1,4 @@
-//! The memory changelog (seed § A seat's memory follows it): every memory
+//! The memory changelog (spec § A seat's memory follows it): every memory
 //! row published on its own subject, `crewlet.memory.{handle}.{table}.{row
 //! id}`, on a stream that keeps exactly one message per subject — the
 //! current value of every row, not a log of every write.
@@ -349,7 +349,7 @@ pub struct Hydrated {
     pub unreadable: usize,
 }
 
-/// Replay the seat's subjects into the local store by the seed's rules.
+/// Replay the seat's subjects into the local store by the spec's rules.
 /// An unreachable changelog or an unwritable store is an error (the seat
 /// is refused); a row that collides, or that cannot be read, is skipped.
 pub async fn hydrate(

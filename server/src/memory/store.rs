@@ -1,7 +1,7 @@
 //! A seat's memory in this node's own database: what the engine and agents
 //! write through, what the dashboard reads, and the row-level edges the
 //! changelog needs (rows past a change sequence; a carried row applied by
-//! the seed's rules).
+//! the spec's rules).
 //!
 //! Every write that the changelog must carry — an inserted diary note,
 //! episode, skill version or conversation entry, an update of a small
@@ -9,7 +9,7 @@
 //! node's one change-sequence counter, in the same transaction. Never the
 //! rowid: SQLite hands a rowid out again once the newest row is deleted.
 //!
-//! An episode is keyed on the work, not fenced on the writer (seed § Keying
+//! An episode is keyed on the work, not fenced on the writer (spec § Keying
 //! a write on the work): a unique index on (agent_handle, work_key) and one
 //! `INSERT … ON CONFLICT DO NOTHING`, so a re-run of the same work collapses
 //! into one row, while an unkeyed turn (SQL NULL) is never deduplicated. A
@@ -188,7 +188,7 @@ pub type VectorId = (String, u32);
 /// A row's vector columns as stored: model, width, bytes.
 type StoredVector = (Option<String>, Option<i64>, Option<Vec<u8>>);
 
-/// Pure (seed § A seat's memory follows it): does a carried vector replace
+/// Pure (spec § A seat's memory follows it): does a carried vector replace
 /// the stored one? Only a carried vector of the company's current model
 /// and width, and only over a stored one of no model, another model or
 /// another width. Never the reverse: a carried row with no vector, or with
@@ -779,7 +779,7 @@ impl MemoryStore {
         Ok(())
     }
 
-    /// Apply one row carried by the changelog (hydration), by the seed's
+    /// Apply one row carried by the changelog (hydration), by the spec's
     /// rules. A hydrated row is stamped 0: it is already on the changelog,
     /// so this node does not publish it again.
     pub async fn apply_carried(&self, handle: &str, c: &CarriedRow) -> Result<Applied, ApplyError> {

@@ -1,4 +1,4 @@
-//! What ownership looks like from outside (seed § What ownership looks like
+//! What ownership looks like from outside (spec § What ownership looks like
 //! from outside): every live node with its seats, roles, labels, protocol,
 //! presence expiry and status, read from the coordination store.
 //!

@@ -2,7 +2,7 @@
 //! the interest-retained stream `CREWLET_AGENTS`, dead letters copied to
 //! `CREWLET_DEAD`.
 //!
-//! NATS 2.9 facts this relies on (NATS-NOTES.md): `create_consumer` is
+//! NATS 2.9 facts this relies on (docs/nats.md): `create_consumer` is
 //! create-OR-UPDATE, so settings are compared before anything is created;
 //! the server's own max-deliver leaves the message in an interest stream,
 //! so the budget is enforced by the shared loop (consumer `max_deliver` is
@@ -205,7 +205,7 @@ impl JetStreamQueue {
     ///
     /// A NATS 2.9 stream leader that does not know its consumers yet (just
     /// after an election) acknowledges a publish to an interest-retained
-    /// subject and then drops it for "no interest" (NATS-NOTES.md; the chaos
+    /// subject and then drops it for "no interest" (docs/nats.md; the chaos
     /// soak lost five messages so). After the acknowledgement the message is
     /// read back from the leader; one that is not there while the
     /// subscription covering its subject has not delivered that far is

@@ -8,7 +8,7 @@
 //! the delivery budget and dead letters behave identically by construction;
 //! a backend only fetches one message and settles it.
 //!
-//! Stated behaviour (seed § The unowned seat): a message published to a
+//! Stated behaviour (spec § The unowned seat): a message published to a
 //! subject that a subscription covers is kept until that subscription acks
 //! it, with nothing attached; a message published to a subject that no
 //! subscription covers is dropped at the publish. This module never decides
@@ -188,7 +188,7 @@ pub enum Disposition {
     /// Redeliver it, and keep consuming.
     Nak,
     /// Hand it back at once AND stop consuming until `resume()`: this node
-    /// is the wrong one to run it (seed § Deferring a delivery).
+    /// is the wrong one to run it (spec § Deferring a delivery).
     Defer(String),
     /// It can never be handled (it does not decode): dead-letter it now,
     /// never retry.
@@ -447,7 +447,7 @@ pub async fn ensure_seat_mailboxes(
     results.into_iter().collect()
 }
 
-/// The boot walk (seed § The unowned seat): before it claims anything, a
+/// The boot walk (spec § The unowned seat): before it claims anything, a
 /// node creates the mailboxes of EVERY seat of the company, not only its
 /// share, so no seat's mail is dropped for want of a subscription. What
 /// exists is compared, what is missing is created; a subscription that

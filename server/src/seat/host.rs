@@ -8,7 +8,7 @@
 //! teardown it could not prove (the seat goes undead instead, keeps being
 //! renewed, and the teardown is retried every heartbeat).
 //!
-//! The acquire hook runs the seed's steps in order — children, memory
+//! The acquire hook runs the spec's steps in order — children, memory
 //! hydration, reflection subscription, control subscription and run
 //! recovery, pause holds, inbox attach — and no turn is admitted until it
 //! returns. Releasing is voluntary (quiesce, bounded wait for the in-flight
@@ -481,7 +481,7 @@ impl SeatHost {
         }
     }
 
-    /// "Do I hold this seat?", answered by freshness (seed § Admission): the
+    /// "Do I hold this seat?", answered by freshness (spec § Admission): the
     /// epoch only when the last successful renew is within one heartbeat.
     pub fn may_start(&self, handle: &str) -> Option<u64> {
         let (epoch, age) = {
@@ -600,7 +600,7 @@ impl SeatHost {
         }
     }
 
-    /// The acquire hook, in the seed's order. Attachments land in the entry
+    /// The acquire hook, in the spec's order. Attachments land in the entry
     /// as they are made, so a failure part way detaches what was attached.
     /// The acquire hook's first steps, which need no epoch: what a
     /// successor does while the giver still holds the seat.
@@ -869,7 +869,7 @@ impl SeatHost {
                         }
                     }
                     // Ownership proven again: an inbox a deferral quiesced
-                    // consumes again (the edge the seed says must not be
+                    // consumes again (the edge the spec says must not be
                     // missed, or the seat is owned, attached and deaf).
                     if let Some(a) = &e.inbox
                         && a.is_quiesced()

@@ -1,5 +1,5 @@
 //! "Move this seat now": an operator's request that a seat run on a named
-//! node (seed 002 § 8, the force claim, made safe in the lease world).
+//! node (handoff § 8, the force claim, made safe in the lease world).
 //!
 //! It owns the move request — one record per seat, `move:{handle}` in the
 //! handoffs bucket (`crewlet_handoffs`) — and the pure rules about it. A

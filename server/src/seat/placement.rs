@@ -1,5 +1,5 @@
 //! Placement: which seats this node should claim and which it should give
-//! back, as a pure function of one snapshot (seed § Placement).
+//! back, as a pure function of one snapshot (spec § Placement).
 //!
 //! Placement is deliberately dumb. A node counts the live nodes from their
 //! presence rows, computes its fair share of every placement group it

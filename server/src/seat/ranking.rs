@@ -1,4 +1,4 @@
-//! The person-ordered node ranking (seed 002 § 8, "Overriding the order"):
+//! The person-ordered node ranking (handoff § 8, "Overriding the order"):
 //! which live node comes first when the fleet has a choice.
 //!
 //! It owns one record in the coordination store, `node-order` in the config

@@ -1117,13 +1117,13 @@ impl SeatEngine {
             Step::ClaimMoved { seat, revision } => {
                 let free = matches!(self.store.lease(&format!("seat:{seat}")).await, Ok(None));
                 progress();
-                if free && self.protocol_gate_open(progress).await {
-                    if let Ok(Acquired::Won {
+                if free
+                    && self.protocol_gate_open(progress).await
+                    && let Ok(Acquired::Won {
                         established: true, ..
                     }) = self.host.claim_with(seat, progress).await
-                    {
-                        moves::finish(&*self.store, seat, *revision).await;
-                    }
+                {
+                    moves::finish(&*self.store, seat, *revision).await;
                 }
             }
             Step::AnnounceBehind => self.events.emit(Event::SeatClaimsWithheld {

@@ -502,7 +502,7 @@ pub fn check(h: &History) -> Findings {
                             })
                         })
                         .collect();
-                    // The seed's other window: the effect shipped and its
+                    // The spec's other window: the effect shipped and its
                     // process died (killed, or the watchdog's exit) before
                     // the turn's completion was recorded — a record written
                     // after the effects cannot un-ship them.

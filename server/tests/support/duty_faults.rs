@@ -1,7 +1,7 @@
 //! A coordination store that fails (or never answers) the reads and
 //! writes a test names, in front of a fleet's real store, and a turn-fleet
 //! node built over it. The duty suites use it for the store errors and
-//! timeouts the sweep and the registration must survive (seed § The
+//! timeouts the sweep and the registration must survive (spec § The
 //! removed seat: unknown is never absent; a registration that fails still
 //! creates the mailbox).
 //!

@@ -2,7 +2,7 @@
 //! `crewlet_runs` fails) while a test says so, in front of a fleet's real
 //! store, and a turn-fleet node built over it. The run suite uses it for a
 //! seat whose interrupted runs cannot be recovered in the acquire hook
-//! (seed § Establishing a seat: handed back voluntarily, `unprepared`).
+//! (spec § Establishing a seat: handed back voluntarily, `unprepared`).
 //!
 //! Included by path (`#[path = "support/run_faults.rs"]`) from the suites
 //! that use it, next to `mod support;`.

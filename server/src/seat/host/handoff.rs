@@ -1,5 +1,5 @@
-//! The two-phase handoff on the seat host (seed 002 § 4–6 in the lease
-//! world of seed 000): how a voluntary move happens without a moment in
+//! The two-phase handoff on the seat host (handoff § 4–6 in the lease
+//! world of the spec): how a voluntary move happens without a moment in
 //! which nobody holds the seat.
 //!
 //! Giver, phase 1 ([`SeatHost::hand_off`]): quiesce — the inbox admits no

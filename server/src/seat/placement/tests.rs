@@ -1,4 +1,4 @@
-//! Every placement rule in the seed's words, and properties over random
+//! Every placement rule in the spec's words, and properties over random
 //! fleets: shares cover every group some eligible node matches, and
 //! simulated rounds converge without oscillating and never place a seat
 //! outside its placement.

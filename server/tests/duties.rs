@@ -4,6 +4,7 @@
 
 #[path = "support/duty_faults.rs"]
 mod duty_faults;
+#[macro_use]
 mod support;
 
 use std::sync::Arc;
@@ -25,27 +26,6 @@ use support::turnfleet::*;
 const WAIT: Duration = Duration::from_secs(20);
 const GRACE: Duration = Duration::from_secs(2);
 
-macro_rules! both {
-    ($($name:ident),* $(,)?) => {
-        // Real time on the twin too: SQLite work runs on a worker thread.
-        mod twin {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(super::Fleet::new(super::Kind::Twin).await).await;
-                }
-            )*
-        }
-        mod nats {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(super::Fleet::new(super::Kind::Nats).await).await;
-                }
-            )*
-        }
-    };
-}
 
 both!(
     a_removed_seats_mailbox_is_retired_after_the_grace_not_before_and_its_memory_is_kept,

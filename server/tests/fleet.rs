@@ -5,6 +5,7 @@
 
 #[path = "support/duty_faults.rs"]
 mod duty_faults;
+#[macro_use]
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -337,29 +338,10 @@ impl TestNode {
     }
 }
 
-macro_rules! both {
-    ($($name:ident),* $(,)?) => {
-        mod twin {
-            $(
-                #[tokio::test(start_paused = true)]
-                async fn $name() {
-                    super::$name(super::Fleet::new(super::Kind::Twin).await).await;
-                }
-            )*
-        }
-        mod nats {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(super::Fleet::new(super::Kind::Nats).await).await;
-                }
-            )*
-        }
-    };
-}
 
 both!(
-    drain_hands_every_seat_to_a_successor_that_takes_it_while_it_is_held,
+    paused_twin;
+        drain_hands_every_seat_to_a_successor_that_takes_it_while_it_is_held,
     a_rebalance_hands_seats_to_the_joiner_through_an_offer,
     a_successor_stuck_mid_prepare_leaves_the_giver_to_resume_with_no_gap,
     a_giver_that_dies_mid_handoff_is_replaced_after_the_ttl,

@@ -5,6 +5,7 @@
 //! stays fixed, a hydration that fails refuses the seat, and a turn's
 //! reflection is written where the seat is held.
 
+#[macro_use]
 mod support;
 
 use std::sync::Arc;
@@ -18,28 +19,6 @@ use support::turnfleet::*;
 
 const WAIT: Duration = Duration::from_secs(20);
 
-macro_rules! both {
-    ($($name:ident),* $(,)?) => {
-        // Real time on the twin too: SQLite work runs on a worker thread,
-        // and tokio's paused clock would jump past leases while it waits.
-        mod twin {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(super::Fleet::new(super::Kind::Twin).await).await;
-                }
-            )*
-        }
-        mod nats {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(super::Fleet::new(super::Kind::Nats).await).await;
-                }
-            )*
-        }
-    };
-}
 
 both!(
     a_cycle_publishes_only_what_is_new_and_an_idle_cycle_publishes_nothing,

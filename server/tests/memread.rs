@@ -5,6 +5,7 @@
 //! a silent or hydrating holder is unavailable, never empty; the overview
 //! is one request per holder and its coverage names who did not answer.
 
+#[macro_use]
 mod support;
 
 use std::collections::BTreeMap;
@@ -12,39 +13,18 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use crewlet::memory::SeatMemory;
-use crewlet::memory::memread::{
-    self, Answerer, Holder, MemRead, MemoryCounts, SeatAnswer, TwinScatter, Unavailable,
+use app::api::{
+    MemoryAnswer as SeatAnswer, MemoryAnswerer as Answerer, MemoryCounts, MemoryHolder as Holder,
+    MemoryOverview, MemoryUnavailable as Unavailable,
 };
+use crewlet::memory::SeatMemory;
+use crewlet::memory::memread::{self, MemRead, TwinScatter};
 use crewlet::queue::{Attachment, Handler};
 use crewlet::seat::host::{Fence, HookError, Phase, SeatContext, SeatHooks};
 use futures::StreamExt;
 use support::turnfleet::*;
 use tokio::sync::watch;
 
-macro_rules! both {
-    ($($name:ident),* $(,)?) => {
-        // The twin runs in real time here: the memory store is SQLite on a
-        // worker thread, and tokio's paused clock would jump ahead (past
-        // leases and the scatter budget) while it waits on one.
-        mod twin {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(super::Fleet::new(super::Kind::Twin).await).await;
-                }
-            )*
-        }
-        mod nats {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(super::Fleet::new(super::Kind::Nats).await).await;
-                }
-            )*
-        }
-    };
-}
 
 both!(
     a_read_served_by_a_non_holder_is_answered_by_the_holder_and_says_who,
@@ -358,7 +338,7 @@ impl Requests {
     }
 }
 
-fn counts(o: &memread::Overview, handle: &str) -> MemoryCounts {
+fn counts(o: &MemoryOverview, handle: &str) -> MemoryCounts {
     *o.seat(handle)
         .and_then(|s| s.memory())
         .unwrap_or_else(|| panic!("{handle} has counts: {o:?}"))

@@ -4,6 +4,7 @@
 //! a fleet's nodes are; the promise is that they all rank the fleet the same
 //! way — after a save, and after a node joins that never read the order.
 
+#[macro_use]
 mod support;
 
 use std::sync::Arc;
@@ -74,29 +75,10 @@ async fn nats() -> Fx {
     }
 }
 
-macro_rules! both {
-    ($($name:ident),* $(,)?) => {
-        mod twin {
-            $(
-                #[tokio::test]
-                async fn $name() {
-                    super::$name(super::twin().await).await;
-                }
-            )*
-        }
-        mod nats {
-            $(
-                #[tokio::test]
-                async fn $name() {
-                    super::$name(super::nats().await).await;
-                }
-            )*
-        }
-    };
-}
 
 both!(
-    the_order_is_the_same_on_every_node_after_a_save_and_after_a_node_joins_with_a_stale_view,
+    make twin, nats;
+        the_order_is_the_same_on_every_node_after_a_save_and_after_a_node_joins_with_a_stale_view,
     a_save_against_a_stale_revision_is_refused_and_changes_nothing,
     a_node_that_leaves_is_dropped_and_the_others_keep_their_places,
     a_repeated_or_empty_node_id_is_refused_before_anything_is_written,

@@ -8,6 +8,7 @@
 
 #[path = "support/run_faults.rs"]
 mod run_faults;
+#[macro_use]
 mod support;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -32,27 +33,6 @@ use support::turnfleet::*;
 
 const WAIT: Duration = Duration::from_secs(25);
 
-macro_rules! both {
-    ($($name:ident),* $(,)?) => {
-        // Real time on the twin too: runs are child processes.
-        mod twin {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(super::Fleet::new(super::Kind::Twin).await).await;
-                }
-            )*
-        }
-        mod nats {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(super::Fleet::new(super::Kind::Nats).await).await;
-                }
-            )*
-        }
-    };
-}
 
 both!(
     a_run_that_finishes_after_its_seat_moved_is_resumed_by_the_new_holder_not_the_old,

@@ -6,6 +6,7 @@
 //! § The completion ledger, § A turn that broke halfway and § Routing, as
 //! behaviour.
 
+#[macro_use]
 mod support;
 
 use std::time::Duration;
@@ -21,29 +22,6 @@ use crewlet::queue::inbox_subject;
 use serde_json::json;
 use support::turnfleet::*;
 
-macro_rules! both {
-    ($($name:ident),* $(,)?) => {
-        // The twin runs in real time here: a turn writes the node's SQLite
-        // store from a worker thread, and tokio's paused clock would jump
-        // ahead (past leases and pool timeouts) while it waits on one.
-        mod twin {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(super::Fleet::new(super::Kind::Twin).await).await;
-                }
-            )*
-        }
-        mod nats {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(super::Fleet::new(super::Kind::Nats).await).await;
-                }
-            )*
-        }
-    };
-}
 
 both!(
     a_turn_runs_once_and_its_effect_names_the_work_and_the_epoch,

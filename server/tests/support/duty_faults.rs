@@ -16,15 +16,13 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 use crewlet::config::RoleConfig;
-use crewlet::coord::{
-    Claim, ClaimRequest, ConnectionState, Entry, EventStream, KvError, Lease, Marker, Metadata,
-    Release, Renewal, Revision, StateBucket, Store, StoreError, StoreTime,
-};
+use crewlet::coord::{StateBucket, Store, StoreError};
 use crewlet::queue::{
     Attachment, DeadLetter, Handler, Queue, QueueError, SubscriptionInfo, SubscriptionSpec,
 };
 use tokio::sync::watch;
 
+use crate::support::faulty::{Call, Faults, Faulty};
 use crate::support::turnfleet::{Fleet, Node};
 
 /// One read or write the store fails.
@@ -49,27 +47,33 @@ pub enum Fault {
     HoldClaim(String),
 }
 
-/// The fleet's store with [`Fault`]s in front of it. A fault stands until
-/// [`FaultyStore::heal`]; every call it touched is counted in
-/// [`FaultyStore::hits`], so a test can prove the fault was reached.
-pub struct FaultyStore {
-    inner: Arc<dyn Store>,
+/// The [`Fault`]s standing in front of a fleet's store. A fault stands
+/// until [`DutyFaults::heal`]; every call it touched is counted in
+/// [`DutyFaults::hits`], so a test can prove the fault was reached.
+pub struct DutyFaults {
     faults: watch::Sender<Vec<Fault>>,
     hits: Mutex<Vec<Fault>>,
     /// Every `get` asked of the store, faulted or not.
     gets: Mutex<Vec<(StateBucket, String)>>,
 }
 
-impl FaultyStore {
-    pub fn new(inner: Arc<dyn Store>, faults: &[Fault]) -> Arc<FaultyStore> {
-        Arc::new(FaultyStore {
-            inner,
-            faults: watch::Sender::new(faults.to_vec()),
-            hits: Mutex::new(Vec::new()),
-            gets: Mutex::new(Vec::new()),
-        })
-    }
+/// The fleet's store with [`Fault`]s in front of it.
+pub type FaultyStore = Faulty<DutyFaults>;
 
+impl Faulty<DutyFaults> {
+    pub fn new(inner: Arc<dyn Store>, faults: &[Fault]) -> Arc<FaultyStore> {
+        Faulty::wrap(
+            inner,
+            DutyFaults {
+                faults: watch::Sender::new(faults.to_vec()),
+                hits: Mutex::new(Vec::new()),
+                gets: Mutex::new(Vec::new()),
+            },
+        )
+    }
+}
+
+impl DutyFaults {
     /// Every fault stops standing (a hung call answers).
     pub fn heal(&self) {
         self.faults.send_replace(Vec::new());
@@ -114,156 +118,54 @@ impl FaultyStore {
     fn injected(f: &Fault) -> StoreError {
         StoreError::Unavailable(format!("injected: {f:?}"))
     }
+
+    /// Fail with `f`'s error when it stands.
+    fn fail(&self, f: Fault, error: impl FnOnce(&Fault) -> StoreError) -> Result<(), StoreError> {
+        if self.stands(&f) {
+            return Err(error(&f));
+        }
+        Ok(())
+    }
+
+    /// Wait while `f` stands.
+    async fn hold(&self, f: Fault) {
+        if self.stands(&f) {
+            let mut rx = self.faults.subscribe();
+            let _ = rx.wait_for(|fs| !fs.contains(&f)).await;
+        }
+    }
+}
+
+fn timeout(_: &Fault) -> StoreError {
+    StoreError::Timeout(Duration::from_millis(2000))
 }
 
 #[async_trait]
-impl Store for FaultyStore {
-    fn lease_ttl(&self) -> Duration {
-        self.inner.lease_ttl()
-    }
-    fn connection(&self) -> ConnectionState {
-        self.inner.connection()
-    }
-    fn connection_changes(&self) -> watch::Receiver<ConnectionState> {
-        self.inner.connection_changes()
-    }
-    async fn now(&self) -> Result<StoreTime, StoreError> {
-        self.inner.now().await
-    }
-    async fn claim(&self, req: ClaimRequest) -> Result<Claim, StoreError> {
-        let f = Fault::Claim(req.resource.clone());
-        if self.stands(&f) {
-            return Err(Self::injected(&f));
+impl Faults for DutyFaults {
+    async fn before(&self, call: Call<'_>) -> Result<(), StoreError> {
+        match call {
+            Call::Claim(r) => {
+                self.fail(Fault::Claim(r.to_string()), Self::injected)?;
+                self.hold(Fault::HoldClaim(r.to_string())).await;
+                Ok(())
+            }
+            Call::Renew(r) => self.fail(Fault::Renew(r.to_string()), timeout),
+            Call::Lease(r) => self.fail(Fault::Lease(r.to_string()), timeout),
+            Call::Get(b, k) => {
+                self.gets
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push((b, k.to_string()));
+                self.fail(Fault::Get(b, k.to_string()), Self::injected)
+            }
+            Call::Create(b, k) => self.fail(Fault::Create(b, k.to_string()), Self::injected),
+            Call::Entries(b, _) => {
+                self.fail(Fault::Entries(b), Self::injected)?;
+                self.hold(Fault::HangEntries(b)).await;
+                Ok(())
+            }
+            _ => Ok(()),
         }
-        let hold = Fault::HoldClaim(req.resource.clone());
-        if self.stands(&hold) {
-            let mut rx = self.faults.subscribe();
-            let _ = rx.wait_for(|fs| !fs.contains(&hold)).await;
-        }
-        self.inner.claim(req).await
-    }
-    async fn renew(&self, lease: &Lease, owner: &str, metadata: Option<Metadata>) -> Renewal {
-        let f = Fault::Renew(lease.resource.clone());
-        if self.stands(&f) {
-            return Renewal::Unknown(StoreError::Timeout(Duration::from_millis(2000)));
-        }
-        self.inner.renew(lease, owner, metadata).await
-    }
-    async fn release(&self, lease: &Lease, owner: &str) -> Result<Release, StoreError> {
-        self.inner.release(lease, owner).await
-    }
-    async fn offer(
-        &self,
-        lease: &Lease,
-        owner: &str,
-        offer: Option<crewlet::coord::Offer>,
-    ) -> Renewal {
-        self.inner.offer(lease, owner, offer).await
-    }
-    async fn take(
-        &self,
-        resource: &str,
-        offer_id: &str,
-        owner: &str,
-        preferred: &str,
-        protocol: u32,
-    ) -> Result<Claim, StoreError> {
-        self.inner
-            .take(resource, offer_id, owner, preferred, protocol)
-            .await
-    }
-    async fn lease(&self, resource: &str) -> Result<Option<Lease>, StoreError> {
-        if self.stands(&Fault::Lease(resource.to_string())) {
-            return Err(StoreError::Timeout(Duration::from_millis(2000)));
-        }
-        self.inner.lease(resource).await
-    }
-    async fn epoch(&self, resource: &str) -> Result<u64, StoreError> {
-        self.inner.epoch(resource).await
-    }
-    async fn list(&self, prefix: &str) -> Result<Vec<Lease>, StoreError> {
-        self.inner.list(prefix).await
-    }
-    async fn holders(
-        &self,
-        prefix: &str,
-    ) -> Result<std::collections::BTreeMap<String, String>, StoreError> {
-        self.inner.holders(prefix).await
-    }
-    async fn view(&self, prefix: &str) -> Result<Vec<Lease>, StoreError> {
-        self.inner.view(prefix).await
-    }
-    async fn protocol_floor(&self, mine: u32) -> Result<Option<u32>, StoreError> {
-        self.inner.protocol_floor(mine).await
-    }
-    fn view_running(&self) -> bool {
-        self.inner.view_running()
-    }
-    async fn get(&self, bucket: StateBucket, key: &str) -> Result<Option<Entry>, StoreError> {
-        self.gets
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push((bucket, key.to_string()));
-        let f = Fault::Get(bucket, key.to_string());
-        if self.stands(&f) {
-            return Err(Self::injected(&f));
-        }
-        self.inner.get(bucket, key).await
-    }
-    async fn create(
-        &self,
-        bucket: StateBucket,
-        key: &str,
-        value: Bytes,
-    ) -> Result<Revision, KvError> {
-        let f = Fault::Create(bucket, key.to_string());
-        if self.stands(&f) {
-            return Err(KvError::Store(Self::injected(&f)));
-        }
-        self.inner.create(bucket, key, value).await
-    }
-    async fn update(
-        &self,
-        bucket: StateBucket,
-        key: &str,
-        value: Bytes,
-        expected: Revision,
-    ) -> Result<Revision, KvError> {
-        self.inner.update(bucket, key, value, expected).await
-    }
-    async fn delete(
-        &self,
-        bucket: StateBucket,
-        key: &str,
-        expected: Revision,
-    ) -> Result<(), KvError> {
-        self.inner.delete(bucket, key, expected).await
-    }
-    async fn entries(&self, bucket: StateBucket, prefix: &str) -> Result<Vec<Entry>, StoreError> {
-        let f = Fault::Entries(bucket);
-        if self.stands(&f) {
-            return Err(Self::injected(&f));
-        }
-        let hang = Fault::HangEntries(bucket);
-        if self.stands(&hang) {
-            let mut rx = self.faults.subscribe();
-            let _ = rx.wait_for(|fs| !fs.contains(&hang)).await;
-        }
-        self.inner.entries(bucket, prefix).await
-    }
-    async fn markers(&self, bucket: StateBucket, prefix: &str) -> Result<Vec<Marker>, StoreError> {
-        self.inner.markers(bucket, prefix).await
-    }
-    async fn purge_marker(
-        &self,
-        bucket: StateBucket,
-        key: &str,
-        revision: Revision,
-    ) -> Result<(), StoreError> {
-        self.inner.purge_marker(bucket, key, revision).await
-    }
-    async fn watch(&self, bucket: StateBucket, prefix: &str) -> Result<EventStream, StoreError> {
-        self.inner.watch(bucket, prefix).await
     }
 }
 

@@ -6,6 +6,7 @@
 
 #![allow(dead_code)]
 
+pub mod faulty;
 pub mod http_node;
 pub mod nats;
 pub mod process;
@@ -13,6 +14,58 @@ pub mod stranded;
 
 use std::future::Future;
 use std::time::Duration;
+
+/// Each named test runs twice, as `twin::name` on the in-process twins and
+/// `nats::name` on a real `nats-server`: the suite's `async fn name(f)` is
+/// given `Fleet::new(Kind::Twin)` or `Fleet::new(Kind::Nats)` (the suite's
+/// own `Fleet` and `Kind`), on a multi-threaded runtime with a real clock —
+/// SQLite work and child processes run on worker threads, and a paused
+/// clock would jump past leases while they do. `paused_twin;` first runs
+/// the twin half on tokio's paused clock instead (suites with no SQLite in
+/// the way); `make twin_fn, nats_fn;` first builds the fixture with those
+/// functions instead, on the default runtime.
+#[allow(unused_macros)]
+macro_rules! both {
+    (@emit [$twin:meta] [$nats:meta] $twin_fx:expr, $nats_fx:expr; $($name:ident),*) => {
+        mod twin {
+            $(
+                #[$twin]
+                async fn $name() {
+                    super::$name($twin_fx).await;
+                }
+            )*
+        }
+        mod nats {
+            $(
+                #[$nats]
+                async fn $name() {
+                    super::$name($nats_fx).await;
+                }
+            )*
+        }
+    };
+    (paused_twin; $($name:ident),* $(,)?) => {
+        both!(@emit
+            [tokio::test(start_paused = true)]
+            [tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            super::Fleet::new(super::Kind::Twin).await,
+            super::Fleet::new(super::Kind::Nats).await;
+            $($name),*);
+    };
+    (make $twin_fn:ident, $nats_fn:ident; $($name:ident),* $(,)?) => {
+        both!(@emit [tokio::test] [tokio::test]
+            super::$twin_fn().await, super::$nats_fn().await;
+            $($name),*);
+    };
+    ($($name:ident),* $(,)?) => {
+        both!(@emit
+            [tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            [tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            super::Fleet::new(super::Kind::Twin).await,
+            super::Fleet::new(super::Kind::Nats).await;
+            $($name),*);
+    };
+}
 
 /// A free TCP port on 127.0.0.1 (bound, then released for the server).
 pub fn free_port() -> u16 {

@@ -192,7 +192,20 @@ impl MailboxSweep {
                 report.registered.push(h.to_string());
             }
         }
-        // The broker's listing: mailboxes of seats nobody recorded.
+        self.discover(&in_company, &records, now, &mut report).await;
+        self.judge(records, &in_company, now, &mut report).await;
+        report
+    }
+
+    /// The broker's listing: mailboxes of seats nobody recorded are
+    /// registered as absent from now (their grace starts).
+    async fn discover(
+        &self,
+        in_company: &BTreeSet<&str>,
+        records: &BTreeMap<String, (MailboxRecord, Revision)>,
+        now: i64,
+        report: &mut SweepReport,
+    ) {
         match self.queue.list_subscriptions().await {
             Ok(list) => {
                 let found: BTreeSet<String> = list
@@ -235,6 +248,17 @@ impl MailboxSweep {
                 tracing::warn!(error = %e, "the broker's subscription listing failed; discovery waits for the next tick")
             }
         }
+    }
+
+    /// Each record's verdict, carried out: returned, stamped absent, or
+    /// retired (resumed when a retirement was cut short).
+    async fn judge(
+        &self,
+        records: BTreeMap<String, (MailboxRecord, Revision)>,
+        in_company: &BTreeSet<&str>,
+        now: i64,
+        report: &mut SweepReport,
+    ) {
         for (h, (rec, rev)) in records {
             match verdict(&rec, in_company.contains(h.as_str()), now, self.grace) {
                 Verdict::Nothing => {}
@@ -285,7 +309,6 @@ impl MailboxSweep {
                 }
             }
         }
-        report
     }
 
     async fn retire(&self, h: &str, rec: MailboxRecord, rev: Revision, now: i64) -> Retirement {

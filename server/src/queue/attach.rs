@@ -424,82 +424,93 @@ async fn consume(l: Loop) {
         if live.is_empty() {
             continue;
         }
-        let deliveries: Vec<Delivery> = live.iter().map(|(d, _)| d.clone()).collect();
-        let _ = l.busy.send(true);
-        let handler = l.handler.clone();
-        let mut run = crate::tasks::spawn_held("handler", async move {
-            AssertUnwindSafe(async {
-                if deliveries.len() == 1 {
-                    vec![handler.handle(deliveries[0].clone()).await]
-                } else {
-                    handler.handle_batch(deliveries).await
-                }
-            })
-            .catch_unwind()
-            .await
-        });
-        // The deliveries are kept while the handler runs (queued behind
-        // the seat's turn lock, or in its turn), each time the owner says
-        // the seat is still its own, and only until it is detached.
-        let mut extensions = l.extensions.clone();
-        extensions.mark_unchanged();
-        let mut every = tokio::time::interval(PULSE_EVERY);
-        let outcome = loop {
-            tokio::select! {
-                _ = l.cancel.cancelled() => break None,
-                r = &mut run => break Some(r),
-                _ = every.tick() => l.pulse.beat(),
-                Ok(()) = extensions.changed() => {
-                    for (d, settle) in &live {
-                        if let Err(e) = settle.progress().await {
-                            tracing::debug!(subscription = %l.subscription, seq = d.seq, error = %e, "cannot extend a delivery's ack window");
-                        }
+        if !handle_batch(&l, live).await {
+            return;
+        }
+    }
+}
+
+/// Run the handler on `live` and settle each delivery by its answer,
+/// beating and extending the deliveries' ack window while it runs. `false`
+/// when the loop was detached meanwhile and must end (what was in flight
+/// returned, or left to settle on its own task).
+async fn handle_batch(l: &Loop, live: Vec<(Delivery, Box<dyn Settle>)>) -> bool {
+    let deliveries: Vec<Delivery> = live.iter().map(|(d, _)| d.clone()).collect();
+    let _ = l.busy.send(true);
+    let handler = l.handler.clone();
+    let mut run = crate::tasks::spawn_held("handler", async move {
+        AssertUnwindSafe(async {
+            if deliveries.len() == 1 {
+                vec![handler.handle(deliveries[0].clone()).await]
+            } else {
+                handler.handle_batch(deliveries).await
+            }
+        })
+        .catch_unwind()
+        .await
+    });
+    // The deliveries are kept while the handler runs (queued behind
+    // the seat's turn lock, or in its turn), each time the owner says
+    // the seat is still its own, and only until it is detached.
+    let mut extensions = l.extensions.clone();
+    extensions.mark_unchanged();
+    let mut every = tokio::time::interval(PULSE_EVERY);
+    let outcome = loop {
+        tokio::select! {
+            _ = l.cancel.cancelled() => break None,
+            r = &mut run => break Some(r),
+            _ = every.tick() => l.pulse.beat(),
+            Ok(()) = extensions.changed() => {
+                for (d, settle) in &live {
+                    if let Err(e) = settle.progress().await {
+                        tracing::debug!(subscription = %l.subscription, seq = d.seq, error = %e, "cannot extend a delivery's ack window");
                     }
                 }
             }
-        };
-        let _ = l.busy.send(false);
-        let dispositions = match outcome {
-            None if l.drop_in_flight.load(std::sync::atomic::Ordering::SeqCst) => {
-                run.abort();
-                for (_, settle) in live {
-                    settle_or_log("return", &l.subscription, settle.nak().await).await;
-                }
-                return;
-            }
-            None => {
-                // Detached with these in flight: the handler finishes on
-                // its own and its answer settles them.
-                let (subscription, events) = (l.subscription.clone(), l.events.clone());
-                crate::tasks::spawn_held("detached settle", async move {
-                    let n = live.len();
-                    let dispositions = match run.await {
-                        Ok(Ok(d)) => d,
-                        _ => {
-                            tracing::error!(subscription = %subscription, "a handler panicked; the deliveries go back");
-                            vec![Disposition::Nak; n]
-                        }
-                    };
-                    settle_all(&subscription, &events, live, dispositions).await;
-                });
-                return;
-            }
-            Some(Ok(Ok(d))) => d,
-            Some(_) => {
-                tracing::error!(subscription = %l.subscription, "a handler panicked; the deliveries go back");
-                vec![Disposition::Nak; live.len()]
-            }
-        };
-        // Quiesce before any hand-back of a Defer, so the next fetch
-        // cannot race it.
-        if dispositions
-            .iter()
-            .any(|d| matches!(d, Disposition::Defer(_)))
-        {
-            l.gate.send_modify(|g| g.quiesced = true);
         }
-        settle_all(&l.subscription, &l.events, live, dispositions).await;
+    };
+    let _ = l.busy.send(false);
+    let dispositions = match outcome {
+        None if l.drop_in_flight.load(std::sync::atomic::Ordering::SeqCst) => {
+            run.abort();
+            for (_, settle) in live {
+                settle_or_log("return", &l.subscription, settle.nak().await).await;
+            }
+            return false;
+        }
+        None => {
+            // Detached with these in flight: the handler finishes on
+            // its own and its answer settles them.
+            let (subscription, events) = (l.subscription.clone(), l.events.clone());
+            crate::tasks::spawn_held("detached settle", async move {
+                let n = live.len();
+                let dispositions = match run.await {
+                    Ok(Ok(d)) => d,
+                    _ => {
+                        tracing::error!(subscription = %subscription, "a handler panicked; the deliveries go back");
+                        vec![Disposition::Nak; n]
+                    }
+                };
+                settle_all(&subscription, &events, live, dispositions).await;
+            });
+            return false;
+        }
+        Some(Ok(Ok(d))) => d,
+        Some(_) => {
+            tracing::error!(subscription = %l.subscription, "a handler panicked; the deliveries go back");
+            vec![Disposition::Nak; live.len()]
+        }
+    };
+    // Quiesce before any hand-back of a Defer, so the next fetch
+    // cannot race it.
+    if dispositions
+        .iter()
+        .any(|d| matches!(d, Disposition::Defer(_)))
+    {
+        l.gate.send_modify(|g| g.quiesced = true);
     }
+    settle_all(&l.subscription, &l.events, live, dispositions).await;
+    true
 }
 
 /// Settle each delivery as its handler answered (a missing answer hands

@@ -190,12 +190,7 @@ pub fn placeable<'a>(seats: &'a [SeatSpec], presence: &[Presence]) -> Vec<&'a Se
 
 /// Plan one pass.
 pub fn plan(snap: &Snapshot) -> Plan {
-    let me = snap.node_id.as_str();
     let live: Vec<&Presence> = snap.presence.iter().filter(|p| !p.withdrawn).collect();
-    let mine = |p: &PlacementConfig| matches_placement(me, &snap.labels, p);
-    let in_revision: BTreeMap<&str, &SeatSpec> =
-        snap.seats.iter().map(|s| (s.handle.as_str(), s)).collect();
-
     let mut plan = Plan {
         unplaceable: snap
             .seats
@@ -209,22 +204,67 @@ pub fn plan(snap: &Snapshot) -> Plan {
             .collect(),
         ..Plan::default()
     };
+    let forced = forced_releases(snap);
+    let forced_set: BTreeSet<String> = forced.iter().map(|(h, _)| h.clone()).collect();
+    let mut views = group_views(snap, &live, &forced_set);
 
-    // Seats held that this node must give back whatever the shares say.
-    let mut forced: Vec<(String, ReleaseReason)> = Vec::new();
+    // Undead seats are charged first; what is left goes to the groups most
+    // constrained first, each up to its share.
+    let capacity: usize = views.iter().map(|(g, _)| g.share).sum();
+    let mut left = capacity.saturating_sub(snap.undead.len());
+    for (g, _) in views.iter_mut() {
+        g.allowance = g.share.min(left);
+        left -= g.allowance;
+    }
+    plan.capacity = capacity;
+    plan.holding = snap.held.len() + snap.undead.len();
+    plan.releases = releases(snap, &views, forced, &forced_set);
+    plan.withheld = withheld(snap);
+    if plan.withheld.is_none() {
+        let mut claims = Vec::new();
+        for (g, seats) in &views {
+            if g.held < g.allowance {
+                claims.extend(group_claims(snap, &live, g, seats, &mut plan));
+            }
+        }
+        claims.truncate(snap.claim_limit);
+        plan.claims = claims;
+    }
+    plan.groups = views.into_iter().map(|(g, _)| g).collect();
+    plan
+}
+
+/// Seats held that this node must give back whatever the shares say: its
+/// role left the company, its placement no longer matches this node, or
+/// this node cannot serve.
+fn forced_releases(snap: &Snapshot) -> Vec<(String, ReleaseReason)> {
+    let me = snap.node_id.as_str();
+    let in_revision: BTreeMap<&str, &SeatSpec> =
+        snap.seats.iter().map(|s| (s.handle.as_str(), s)).collect();
+    let mut forced = Vec::new();
     for h in &snap.held {
         match in_revision.get(h.as_str()) {
             None => forced.push((h.clone(), ReleaseReason::RoleGone)),
-            Some(s) if !mine(&s.placement) => {
+            Some(s) if !matches_placement(me, &snap.labels, &s.placement) => {
                 forced.push((h.clone(), ReleaseReason::PlacementMoved))
             }
             Some(_) if snap.unserviceable => forced.push((h.clone(), ReleaseReason::Unserviceable)),
             Some(_) => {}
         }
     }
-    let forced_set: BTreeSet<String> = forced.iter().map(|(h, _)| h.clone()).collect();
+    forced
+}
 
-    // Placement groups: the seats that share one placement.
+/// The placement groups (the seats that share one placement) as this node
+/// sees them, most constrained first: fewest matching nodes, then the
+/// smaller group, then a stable order. Allowances are left at zero.
+fn group_views<'a>(
+    snap: &'a Snapshot,
+    live: &[&Presence],
+    forced: &BTreeSet<String>,
+) -> Vec<(GroupView, Vec<&'a SeatSpec>)> {
+    let me = snap.node_id.as_str();
+    let mine = |p: &PlacementConfig| matches_placement(me, &snap.labels, p);
     let mut groups: BTreeMap<PlacementKey, Vec<&SeatSpec>> = BTreeMap::new();
     for s in &snap.seats {
         groups
@@ -254,7 +294,7 @@ pub fn plan(snap: &Snapshot) -> Plan {
             };
             let held = seats
                 .iter()
-                .filter(|s| snap.held.contains(&s.handle) && !forced_set.contains(&s.handle))
+                .filter(|s| snap.held.contains(&s.handle) && !forced.contains(&s.handle))
                 .count();
             (
                 GroupView {
@@ -269,8 +309,6 @@ pub fn plan(snap: &Snapshot) -> Plan {
             )
         })
         .collect();
-    // Most constrained first: fewest matching nodes, then the smaller
-    // group, then a stable order.
     views.sort_by(|(a, _), (b, _)| {
         (a.matching_nodes, a.size, PlacementKey::of(&a.placement)).cmp(&(
             b.matching_nodes,
@@ -278,19 +316,19 @@ pub fn plan(snap: &Snapshot) -> Plan {
             PlacementKey::of(&b.placement),
         ))
     });
+    views
+}
 
-    // Undead seats are charged first; what is left goes to the groups most
-    // constrained first, each up to its share.
-    let capacity: usize = views.iter().map(|(g, _)| g.share).sum();
-    let mut left = capacity.saturating_sub(snap.undead.len());
-    for (g, _) in views.iter_mut() {
-        g.allowance = g.share.min(left);
-        left -= g.allowance;
-    }
-    plan.capacity = capacity;
-    plan.holding = snap.held.len() + snap.undead.len();
-
-    // Give back the excess, least constrained groups first.
+/// The forced releases first, then each group's excess over its allowance,
+/// least constrained groups first; the whole list bounded by the release
+/// limit.
+fn releases(
+    snap: &Snapshot,
+    views: &[(GroupView, Vec<&SeatSpec>)],
+    forced: Vec<(String, ReleaseReason)>,
+    forced_set: &BTreeSet<String>,
+) -> Vec<(String, ReleaseReason)> {
+    let me = snap.node_id.as_str();
     let mut releases = forced;
     for (g, seats) in views.iter().rev() {
         if g.held <= g.allowance {
@@ -311,12 +349,13 @@ pub fn plan(snap: &Snapshot) -> Plan {
             releases.push((s.handle.clone(), ReleaseReason::Rebalance));
         }
     }
-    // Forced releases first; the whole list bounded by the release limit.
     releases.truncate(snap.release_limit.max(1));
-    plan.releases = releases;
+    releases
+}
 
-    // Claims.
-    plan.withheld = if snap.unserviceable {
+/// Why this node claims nothing this pass, if it does not.
+fn withheld(snap: &Snapshot) -> Option<Withheld> {
+    if snap.unserviceable {
         Some(Withheld::Unserviceable)
     } else if snap.draining {
         Some(Withheld::Draining)
@@ -330,100 +369,101 @@ pub fn plan(snap: &Snapshot) -> Plan {
             .map(|p| p.seats_held.unwrap_or(0) as u64)
             .sum();
         (placeable_count > 0 && held_sum >= placeable_count as u64).then_some(Withheld::FleetFull)
-    };
-    if plan.withheld.is_none() {
-        let mut claims = Vec::new();
-        for (g, seats) in &views {
-            if g.held >= g.allowance {
-                continue;
-            }
-            let mut free: Vec<&&SeatSpec> = seats
-                .iter()
-                .filter(|s| {
-                    !snap.held.contains(&s.handle)
-                        && !snap.undead.contains(&s.handle)
-                        && !snap.held_elsewhere.contains(&s.handle)
-                })
-                .collect();
-            // A seat a person moved to another node is left to it.
-            free.retain(|s| snap.moves.get(&s.handle).is_none_or(|to| to == me));
-            // A seat this node could not establish is left to a peer that
-            // may run it: claiming it straight back could win every race
-            // for it and keep it dark (tried here again when no peer may).
-            free.retain(|s| {
-                !snap.handed_back.contains(&s.handle)
-                    || !live.iter().any(|p| {
-                        p.node_id != me && matches_placement(&p.node_id, &p.labels, &s.placement)
-                    })
-            });
-            // Seats a person moved here first, then stickiness (seats whose
-            // preferred hint names this node), then this node's own claim
-            // order.
-            free.sort_by_cached_key(|s| claim_order_key(me, s, &snap.moves));
-            // The ranking: a seat that prefers nobody here goes first to a
-            // better-ranked node with room, for a bounded number of passes —
-            // as many seats as those nodes have room for, no more: the rest
-            // would come back to this node anyway, and leaving them waits
-            // out passes with the seats dark (a dead node's seats among
-            // them). The seats left are the ones each such node tries
-            // first in its own claim order, so the two do not race for the
-            // same seats. It never changes how many seats this node may take.
-            let sticky = sticky_leave(snap, &g.placement, &free);
-            plan.rechecks
-                .extend(sticky.rechecks.iter().map(|h| h.to_string()));
-            let left_to_better: BTreeSet<&str> = {
-                let leavable: Vec<&SeatSpec> = free
-                    .iter()
-                    .map(|s| **s)
-                    .filter(|s| {
-                        s.preferred.as_deref() != Some(me)
-                            && snap.moves.get(&s.handle).map(String::as_str) != Some(me)
-                            && snap.deferred.get(&s.handle).copied().unwrap_or(0) < DEFER_PASSES
-                            && !sticky.rechecks.contains(s.handle.as_str())
-                    })
-                    .collect();
-                let mut left: BTreeSet<&str> = sticky.left;
-                for (node, room) in better_ranked_rooms(snap, &g.placement) {
-                    if left.len() == leavable.len() {
-                        break;
-                    }
-                    // The first `room` seats of that node's order (picked,
-                    // not sorted whole: thousands of free seats on a cold
-                    // fleet, one pick per better-ranked node).
-                    let mut theirs: Vec<(ClaimOrder, &SeatSpec)> = leavable
-                        .iter()
-                        .filter(|s| !left.contains(s.handle.as_str()))
-                        .map(|s| (claim_order_key(node, s, &snap.moves), *s))
-                        .collect();
-                    if room < theirs.len() {
-                        theirs.select_nth_unstable_by(room, |a, b| a.0.cmp(&b.0));
-                        theirs.truncate(room);
-                    }
-                    left.extend(theirs.into_iter().map(|(_, s)| s.handle.as_str()));
-                }
-                left
-            };
-            let mut take = Vec::new();
-            for s in free {
-                if take.len() >= g.allowance - g.held {
-                    break;
-                }
-                if sticky.rechecks.contains(s.handle.as_str()) {
-                    continue;
-                }
-                if left_to_better.contains(s.handle.as_str()) {
-                    plan.deferred.push(s.handle.clone());
-                    continue;
-                }
-                take.push(s.handle.clone());
-            }
-            claims.extend(take);
-        }
-        claims.truncate(snap.claim_limit);
-        plan.claims = claims;
     }
-    plan.groups = views.into_iter().map(|(g, _)| g).collect();
-    plan
+}
+
+/// The seats of one group (`g`, `seats`) this node claims, up to its room
+/// there; the ones it leaves to a better-ranked node or for a recheck are
+/// noted in `plan`.
+fn group_claims(
+    snap: &Snapshot,
+    live: &[&Presence],
+    g: &GroupView,
+    seats: &[&SeatSpec],
+    plan: &mut Plan,
+) -> Vec<String> {
+    let me = snap.node_id.as_str();
+    let mut free: Vec<&&SeatSpec> = seats
+        .iter()
+        .filter(|s| {
+            !snap.held.contains(&s.handle)
+                && !snap.undead.contains(&s.handle)
+                && !snap.held_elsewhere.contains(&s.handle)
+        })
+        .collect();
+    // A seat a person moved to another node is left to it.
+    free.retain(|s| snap.moves.get(&s.handle).is_none_or(|to| to == me));
+    // A seat this node could not establish is left to a peer that
+    // may run it: claiming it straight back could win every race
+    // for it and keep it dark (tried here again when no peer may).
+    free.retain(|s| {
+        !snap.handed_back.contains(&s.handle)
+            || !live
+                .iter()
+                .any(|p| p.node_id != me && matches_placement(&p.node_id, &p.labels, &s.placement))
+    });
+    // Seats a person moved here first, then stickiness (seats whose
+    // preferred hint names this node), then this node's own claim
+    // order.
+    free.sort_by_cached_key(|s| claim_order_key(me, s, &snap.moves));
+    // The ranking: a seat that prefers nobody here goes first to a
+    // better-ranked node with room, for a bounded number of passes —
+    // as many seats as those nodes have room for, no more: the rest
+    // would come back to this node anyway, and leaving them waits
+    // out passes with the seats dark (a dead node's seats among
+    // them). The seats left are the ones each such node tries
+    // first in its own claim order, so the two do not race for the
+    // same seats. It never changes how many seats this node may take.
+    let sticky = sticky_leave(snap, &g.placement, &free);
+    plan.rechecks
+        .extend(sticky.rechecks.iter().map(|h| h.to_string()));
+    let left_to_better: BTreeSet<&str> = {
+        let leavable: Vec<&SeatSpec> = free
+            .iter()
+            .map(|s| **s)
+            .filter(|s| {
+                s.preferred.as_deref() != Some(me)
+                    && snap.moves.get(&s.handle).map(String::as_str) != Some(me)
+                    && snap.deferred.get(&s.handle).copied().unwrap_or(0) < DEFER_PASSES
+                    && !sticky.rechecks.contains(s.handle.as_str())
+            })
+            .collect();
+        let mut left: BTreeSet<&str> = sticky.left;
+        for (node, room) in better_ranked_rooms(snap, &g.placement) {
+            if left.len() == leavable.len() {
+                break;
+            }
+            // The first `room` seats of that node's order (picked,
+            // not sorted whole: thousands of free seats on a cold
+            // fleet, one pick per better-ranked node).
+            let mut theirs: Vec<(ClaimOrder, &SeatSpec)> = leavable
+                .iter()
+                .filter(|s| !left.contains(s.handle.as_str()))
+                .map(|s| (claim_order_key(node, s, &snap.moves), *s))
+                .collect();
+            if room < theirs.len() {
+                theirs.select_nth_unstable_by(room, |a, b| a.0.cmp(&b.0));
+                theirs.truncate(room);
+            }
+            left.extend(theirs.into_iter().map(|(_, s)| s.handle.as_str()));
+        }
+        left
+    };
+    let mut take = Vec::new();
+    for s in free {
+        if take.len() >= g.allowance - g.held {
+            break;
+        }
+        if sticky.rechecks.contains(s.handle.as_str()) {
+            continue;
+        }
+        if left_to_better.contains(s.handle.as_str()) {
+            plan.deferred.push(s.handle.clone());
+            continue;
+        }
+        take.push(s.handle.clone());
+    }
+    take
 }
 
 /// What stickiness leaves of a group's free seats to other nodes.

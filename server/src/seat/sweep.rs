@@ -926,7 +926,6 @@ impl SeatEngine {
         &self,
         progress: &Progress<'_>,
     ) -> Option<(Snapshot, placement::Plan, Vec<(moves::MoveRequest, u64)>)> {
-        let company = self.company();
         let presence_leases = match self.store.list("node:").await {
             Ok(l) => l,
             Err(e) => {
@@ -935,6 +934,56 @@ impl SeatEngine {
             }
         };
         progress();
+        let mut snap = self.snapshot(&presence_leases, progress).await;
+        let standing = match moves::standing(&*self.store).await {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::warn!(error = %e, "move requests cannot be read; this pass acts on none");
+                Vec::new()
+            }
+        };
+        progress();
+        snap.moves = standing
+            .iter()
+            .map(|(m, _)| (m.seat.clone(), m.to.clone()))
+            .collect();
+        let mut plan = placement::plan(&snap);
+        // Only a pass that would claim reads the seat leases: a full node,
+        // or a fleet whose presence counts say it is full, reads the
+        // presence rows and nothing else (spec § Mixed-version fleets).
+        if !plan.claims.is_empty() {
+            let leases = self.store.list("seat:").await;
+            progress();
+            // The hint outlives the lease: a free seat's is its last
+            // holder's, kept beside its epoch. Unread, there is no hint
+            // this pass (stickiness, never a rule).
+            let holders = match self.store.holders("seat:").await {
+                Ok(h) => h,
+                Err(e) => {
+                    tracing::warn!(error = %e, "the seats' last holders cannot be read; no stickiness this pass");
+                    BTreeMap::new()
+                }
+            };
+            progress();
+            match leases {
+                Ok(leases) => {
+                    pass::with_seat_leases(&mut snap, &leases, &holders, &self.cfg.owner);
+                    plan = placement::plan(&snap);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "the seat leases cannot be read; claiming nothing this pass");
+                    plan.claims.clear();
+                }
+            }
+        }
+        Some((snap, plan, standing))
+    }
+
+    /// This pass's snapshot from the presence rows it read: this node as
+    /// it is now, what it holds, the counts and hints it keeps between
+    /// passes, and the fleet's priority order over the nodes present.
+    async fn snapshot(&self, presence_leases: &[Lease], progress: &Progress<'_>) -> Snapshot {
+        let company = self.company();
         let fading = self.fading(&presence_leases).await;
         progress();
         let mut presence: Vec<Presence> = presence_leases.iter().filter_map(presence_of).collect();
@@ -997,48 +1046,7 @@ impl SeatEngine {
             }
         }
         progress();
-        let standing = match moves::standing(&*self.store).await {
-            Ok(m) => m,
-            Err(e) => {
-                tracing::warn!(error = %e, "move requests cannot be read; this pass acts on none");
-                Vec::new()
-            }
-        };
-        progress();
-        snap.moves = standing
-            .iter()
-            .map(|(m, _)| (m.seat.clone(), m.to.clone()))
-            .collect();
-        let mut plan = placement::plan(&snap);
-        // Only a pass that would claim reads the seat leases: a full node,
-        // or a fleet whose presence counts say it is full, reads the
-        // presence rows and nothing else (spec § Mixed-version fleets).
-        if !plan.claims.is_empty() {
-            let leases = self.store.list("seat:").await;
-            progress();
-            // The hint outlives the lease: a free seat's is its last
-            // holder's, kept beside its epoch. Unread, there is no hint
-            // this pass (stickiness, never a rule).
-            let holders = match self.store.holders("seat:").await {
-                Ok(h) => h,
-                Err(e) => {
-                    tracing::warn!(error = %e, "the seats' last holders cannot be read; no stickiness this pass");
-                    BTreeMap::new()
-                }
-            };
-            progress();
-            match leases {
-                Ok(leases) => {
-                    pass::with_seat_leases(&mut snap, &leases, &holders, &self.cfg.owner);
-                    plan = placement::plan(&snap);
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "the seat leases cannot be read; claiming nothing this pass");
-                    plan.claims.clear();
-                }
-            }
-        }
-        Some((snap, plan, standing))
+        snap
     }
 
     /// Keep what the plan says for the next passes: the unplaceable seats

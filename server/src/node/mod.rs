@@ -245,23 +245,7 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
             "the lease TTL in force is the fleet's, adopted from the bucket a peer created"
         );
     }
-    let outbox: Arc<dyn Outbox> = match &client {
-        None => Arc::new(TwinOutbox::new()),
-        Some(c) => Arc::new(
-            NatsOutbox::new(
-                c.clone(),
-                crate::coord::NatsOptions::from_config(
-                    &config.stream,
-                    &config.coordination,
-                    &config.node.id,
-                )
-                .replicas,
-                Duration::from_millis(config.coordination.store_timeout_ms),
-            )
-            .await
-            .map_err(|e| NodeError::Queue(crate::queue::QueueError::Backend(e.to_string())))?,
-        ),
-    };
+    let outbox = outbox_for(&config, &client).await?;
     if let Some(c) = client.clone() {
         events
             .connect_fleet(c, &tasks)
@@ -272,23 +256,7 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
         .await
         .map_err(NodeError::Company)?;
     let company_rx = company::follow(store.clone(), first, &tasks);
-    let changelog: Arc<dyn Changelog> = match &client {
-        None => Arc::new(TwinChangelog::new()),
-        Some(c) => Arc::new(
-            NatsChangelog::new(
-                c.clone(),
-                crate::coord::NatsOptions::from_config(
-                    &config.stream,
-                    &config.coordination,
-                    &config.node.id,
-                )
-                .replicas,
-                Duration::from_millis(config.coordination.store_timeout_ms),
-            )
-            .await
-            .map_err(|e| NodeError::Queue(crate::queue::QueueError::Backend(e.to_string())))?,
-        ),
-    };
+    let changelog = changelog_for(&config, &client).await?;
     let memory = crate::memory::MemoryStore::new(pool.clone())
         .with_diary_days(config.memory.diary_days)
         .with_current_vector((!config.memory.vector_model.is_empty()).then(|| {
@@ -355,16 +323,7 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
     audit.serve(&tasks).await.map_err(NodeError::AuditRead)?;
 
     let site = site_root();
-    if !site
-        .join("pkg")
-        .join(format!("{}.js", web::OUTPUT_NAME))
-        .is_file()
-    {
-        tracing::warn!(
-            site_root = %site.display(),
-            "the dashboard's browser half is not built there: pages render but do not hydrate (run ./dev build, or set CREWLET_SITE_ROOT)"
-        );
-    }
+    warn_if_unbuilt(&site);
     let app = web::router(web::WebSetup {
         config: &config,
         info: info.clone(),
@@ -388,68 +347,10 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
         .await
     });
     engine.start();
-    let duties = crate::duty::Duties::new();
-    {
-        let ctx = crate::duty::DutyContext {
-            store: store.clone(),
-            node_id: info.node_id.clone(),
-            owner: info.incarnation.to_string(),
-            protocol: protocol(),
-            events: events.clone(),
-            watchdog: Some(engine.watchdog().clone()),
-        };
-        duties.start(
-            &tasks,
-            ctx.clone(),
-            Arc::new(crate::duty::maintenance::Maintenance {
-                every: Duration::from_secs(config.maintenance.every_seconds),
-                memory: turns.memory().clone(),
-                pool: pool.clone(),
-                diary_cap: config.memory.diary_cap,
-                audit_days: config.maintenance.audit_days,
-                marker_age: crate::duty::maintenance::MARKER_AGE,
-                sweep: crate::duty::mailboxes::MailboxSweep {
-                    store: store.clone(),
-                    queue: queue.clone(),
-                    events: events.clone(),
-                    company: engine.company_watch(),
-                    node_id: info.node_id.clone(),
-                    protocol: protocol(),
-                    grace: Duration::from_secs(config.maintenance.retirement_grace_seconds),
-                    queue_settings: engine.config().queue,
-                },
-            }),
-        );
-        duties.start(
-            &tasks,
-            ctx,
-            Arc::new(crate::duty::scheduler::Scheduler::new(
-                Duration::from_secs(config.scheduler.tick_seconds),
-                store.clone(),
-                queue.clone(),
-                events.clone(),
-                engine.company_watch(),
-            )),
-        );
-    }
-    {
-        // The memory changelog's cycle: each held seat's new rows.
-        let (engine, turns) = (engine.clone(), turns.clone());
-        let every = Duration::from_secs(config.memory.flush_seconds);
-        tasks.spawn("memory-flush", async move {
-            let mut tick = tokio::time::interval(every);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            tick.tick().await;
-            loop {
-                tick.tick().await;
-                let held = engine.host().held();
-                let n = turns.flush_memory(&held).await;
-                if n > 0 {
-                    tracing::debug!(rows = n, seats = held.len(), "memory changelog cycle");
-                }
-            }
-        });
-    }
+    let duties = start_duties(
+        &config, &info, &tasks, &store, &queue, &events, &engine, &turns, &pool,
+    );
+    start_memory_flush(&config, &tasks, &engine, &turns);
     if let Err(e) = engine.arm_watchdog() {
         tracing::warn!(error = %e, "cannot start the watchdog thread");
     }
@@ -482,6 +383,154 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
         tasks,
         server,
     })
+}
+
+/// The outbox this node posts effects to: the in-process twin, or the
+/// fleet's stream on NATS.
+async fn outbox_for(
+    config: &Config,
+    client: &Option<async_nats::Client>,
+) -> Result<Arc<dyn Outbox>, NodeError> {
+    Ok(match client {
+        None => Arc::new(TwinOutbox::new()),
+        Some(c) => Arc::new(
+            NatsOutbox::new(
+                c.clone(),
+                crate::coord::NatsOptions::from_config(
+                    &config.stream,
+                    &config.coordination,
+                    &config.node.id,
+                )
+                .replicas,
+                Duration::from_millis(config.coordination.store_timeout_ms),
+            )
+            .await
+            .map_err(|e| NodeError::Queue(crate::queue::QueueError::Backend(e.to_string())))?,
+        ),
+    })
+}
+
+/// The memory changelog: the in-process twin, or the fleet's stream.
+async fn changelog_for(
+    config: &Config,
+    client: &Option<async_nats::Client>,
+) -> Result<Arc<dyn Changelog>, NodeError> {
+    Ok(match client {
+        None => Arc::new(TwinChangelog::new()),
+        Some(c) => Arc::new(
+            NatsChangelog::new(
+                c.clone(),
+                crate::coord::NatsOptions::from_config(
+                    &config.stream,
+                    &config.coordination,
+                    &config.node.id,
+                )
+                .replicas,
+                Duration::from_millis(config.coordination.store_timeout_ms),
+            )
+            .await
+            .map_err(|e| NodeError::Queue(crate::queue::QueueError::Backend(e.to_string())))?,
+        ),
+    })
+}
+
+/// Say so when the dashboard's browser half is not built under `site`.
+fn warn_if_unbuilt(site: &std::path::Path) {
+    if !site
+        .join("pkg")
+        .join(format!("{}.js", web::OUTPUT_NAME))
+        .is_file()
+    {
+        tracing::warn!(
+            site_root = %site.display(),
+            "the dashboard's browser half is not built there: pages render but do not hydrate (run ./dev build, or set CREWLET_SITE_ROOT)"
+        );
+    }
+}
+
+/// Start the node's singleton duties: maintenance (with the mailbox
+/// sweep) and the scheduler, each under its own duty lease.
+#[allow(clippy::too_many_arguments)]
+fn start_duties(
+    config: &Config,
+    info: &NodeInfo,
+    tasks: &Tasks,
+    store: &Arc<dyn Store>,
+    queue: &Arc<dyn Queue>,
+    events: &EventBus,
+    engine: &Arc<SeatEngine>,
+    turns: &Arc<TurnEngine>,
+    pool: &sqlx::SqlitePool,
+) -> crate::duty::Duties {
+    let duties = crate::duty::Duties::new();
+    let ctx = crate::duty::DutyContext {
+        store: store.clone(),
+        node_id: info.node_id.clone(),
+        owner: info.incarnation.to_string(),
+        protocol: protocol(),
+        events: events.clone(),
+        watchdog: Some(engine.watchdog().clone()),
+    };
+    duties.start(
+        tasks,
+        ctx.clone(),
+        Arc::new(crate::duty::maintenance::Maintenance {
+            every: Duration::from_secs(config.maintenance.every_seconds),
+            memory: turns.memory().clone(),
+            pool: pool.clone(),
+            diary_cap: config.memory.diary_cap,
+            audit_days: config.maintenance.audit_days,
+            marker_age: crate::duty::maintenance::MARKER_AGE,
+            sweep: crate::duty::mailboxes::MailboxSweep {
+                store: store.clone(),
+                queue: queue.clone(),
+                events: events.clone(),
+                company: engine.company_watch(),
+                node_id: info.node_id.clone(),
+                protocol: protocol(),
+                grace: Duration::from_secs(config.maintenance.retirement_grace_seconds),
+                queue_settings: engine.config().queue,
+            },
+        }),
+    );
+    duties.start(
+        tasks,
+        ctx,
+        Arc::new(crate::duty::scheduler::Scheduler::new(
+            Duration::from_secs(config.scheduler.tick_seconds),
+            store.clone(),
+            queue.clone(),
+            events.clone(),
+            engine.company_watch(),
+        )),
+    );
+    duties
+}
+
+/// The memory changelog's cycle: each held seat's new rows, every
+/// `memory.flush_seconds`.
+fn start_memory_flush(
+    config: &Config,
+    tasks: &Tasks,
+    engine: &Arc<SeatEngine>,
+    turns: &Arc<TurnEngine>,
+) {
+    // The memory changelog's cycle: each held seat's new rows.
+    let (engine, turns) = (engine.clone(), turns.clone());
+    let every = Duration::from_secs(config.memory.flush_seconds);
+    tasks.spawn("memory-flush", async move {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await;
+        loop {
+            tick.tick().await;
+            let held = engine.host().held();
+            let n = turns.flush_memory(&held).await;
+            if n > 0 {
+                tracing::debug!(rows = n, seats = held.len(), "memory changelog cycle");
+            }
+        }
+    });
 }
 
 /// Hand the shared info to whoever needs it.

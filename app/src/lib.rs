@@ -13,6 +13,7 @@ pub mod error;
 pub mod fns;
 pub mod live;
 pub mod pages;
+pub mod view;
 
 use leptos::prelude::*;
 use leptos_meta::{MetaTags, Stylesheet, Title, provide_meta_context};

@@ -348,7 +348,10 @@ fn every_file_the_code_map_names_exists_and_every_module_says_what_it_owns() {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let map = std::fs::read_to_string(repo.join("ARCHITECTURE.md")).expect("ARCHITECTURE.md");
     let files = mapped_files(&map);
-    assert!(files.len() > 30, "the code map names too few files: {files:?}");
+    assert!(
+        files.len() > 30,
+        "the code map names too few files: {files:?}"
+    );
     let missing: Vec<&String> = files
         .iter()
         .filter(|f| {
@@ -357,7 +360,10 @@ fn every_file_the_code_map_names_exists_and_every_module_says_what_it_owns() {
                 .any(|base| repo.join(base).join(f).is_file())
         })
         .collect();
-    assert!(missing.is_empty(), "ARCHITECTURE.md names files that do not exist: {missing:?}");
+    assert!(
+        missing.is_empty(),
+        "ARCHITECTURE.md names files that do not exist: {missing:?}"
+    );
     let root = repo.join("server/src");
     let headless: Vec<String> = modules(&root)
         .into_iter()
@@ -368,7 +374,10 @@ fn every_file_the_code_map_names_exists_and_every_module_says_what_it_owns() {
         })
         .map(|(m, _)| m)
         .collect();
-    assert!(headless.is_empty(), "modules with no `//!` header saying what they own: {headless:?}");
+    assert!(
+        headless.is_empty(),
+        "modules with no `//!` header saying what they own: {headless:?}"
+    );
 }
 
 #[test]

@@ -26,7 +26,6 @@ use support::turnfleet::*;
 const WAIT: Duration = Duration::from_secs(20);
 const GRACE: Duration = Duration::from_secs(2);
 
-
 both!(
     a_removed_seats_mailbox_is_retired_after_the_grace_not_before_and_its_memory_is_kept,
     a_seat_restored_within_the_grace_comes_back_to_its_mail,

@@ -338,7 +338,6 @@ impl TestNode {
     }
 }
 
-
 both!(
     paused_twin;
         drain_hands_every_seat_to_a_successor_that_takes_it_while_it_is_held,

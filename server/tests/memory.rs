@@ -19,7 +19,6 @@ use support::turnfleet::*;
 
 const WAIT: Duration = Duration::from_secs(20);
 
-
 both!(
     a_cycle_publishes_only_what_is_new_and_an_idle_cycle_publishes_nothing,
     a_seat_moved_gracefully_keeps_every_row,

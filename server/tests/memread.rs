@@ -25,7 +25,6 @@ use futures::StreamExt;
 use support::turnfleet::*;
 use tokio::sync::watch;
 
-
 both!(
     a_read_served_by_a_non_holder_is_answered_by_the_holder_and_says_who,
     a_seat_nobody_holds_answers_empty_naming_no_holder,

@@ -75,7 +75,6 @@ async fn nats() -> Fx {
     }
 }
 
-
 both!(
     make twin, nats;
         the_order_is_the_same_on_every_node_after_a_save_and_after_a_node_joins_with_a_stale_view,

@@ -33,7 +33,6 @@ use support::turnfleet::*;
 
 const WAIT: Duration = Duration::from_secs(25);
 
-
 both!(
     a_run_that_finishes_after_its_seat_moved_is_resumed_by_the_new_holder_not_the_old,
     a_stale_epoch_write_to_a_run_record_is_refused,

@@ -22,7 +22,6 @@ use crewlet::queue::inbox_subject;
 use serde_json::json;
 use support::turnfleet::*;
 
-
 both!(
     a_turn_runs_once_and_its_effect_names_the_work_and_the_epoch,
     a_crash_after_the_effects_and_before_the_ack_is_skipped_on_the_new_holder,

@@ -15,10 +15,11 @@
 
 use leptos::prelude::*;
 
-use crate::api::{HANDOFFS_KEPT, HandoffView, NodeOrderView};
+use crate::api::NodeOrderView;
 use crate::components::notice::ErrorNotice;
 use crate::error::AppError;
 use crate::fns::save_node_order;
+use crate::view::{HANDOFFS_KEPT, HandoffView};
 
 /// Pure: `list` with the entry at `from` moved to position `to` (clamped
 /// to the list); `from` past the end changes nothing.
@@ -61,170 +62,128 @@ fn focus_later(id: String) {
     let _ = id;
 }
 
+/// The order being edited: the node's answer, the person's reordering
+/// not saved yet and the revision it was made from (what a save is
+/// compared against), the row being dragged, and the save.
+#[derive(Clone, Copy)]
+struct OrderDraft {
+    order: Resource<Result<NodeOrderView, AppError>>,
+    draft: RwSignal<Option<Vec<String>>>,
+    base: RwSignal<Option<u64>>,
+    dragging: RwSignal<Option<usize>>,
+    save: Action<(Vec<String>, Option<u64>), Result<NodeOrderView, AppError>>,
+}
+
+impl OrderDraft {
+    fn new(order: Resource<Result<NodeOrderView, AppError>>) -> OrderDraft {
+        let d = OrderDraft {
+            order,
+            draft: RwSignal::new(None),
+            base: RwSignal::new(None),
+            dragging: RwSignal::new(None),
+            save: Action::new(|(nodes, revision): &(Vec<String>, Option<u64>)| {
+                save_node_order(nodes.clone(), *revision)
+            }),
+        };
+        // After a save is answered: a saved draft is done with; the order is
+        // read again either way.
+        Effect::new(move |prev: Option<usize>| {
+            let v = d.save.version().get();
+            if prev.is_some_and(|p| p != v) {
+                if matches!(d.save.value().get_untracked(), Some(Ok(_))) {
+                    d.draft.set(None);
+                }
+                d.order.refetch();
+            }
+            v
+        });
+        d
+    }
+
+    /// The node's answer, when it could be read.
+    fn current(self) -> Option<NodeOrderView> {
+        self.order.get().and_then(|r| r.ok())
+    }
+
+    /// The order shown: the draft, else the effective order.
+    fn shown(self) -> Vec<String> {
+        self.draft
+            .get()
+            .or_else(|| self.current().map(|o| o.effective))
+            .unwrap_or_default()
+    }
+
+    /// Move the node at `from` to `to`, starting a draft from the order
+    /// read (and remembering its revision) when there is none.
+    fn reorder(self, from: usize, to: usize) {
+        let read = || self.order.get_untracked().and_then(|r| r.ok());
+        let now = self
+            .draft
+            .get_untracked()
+            .unwrap_or_else(|| read().map(|o| o.effective).unwrap_or_default());
+        if self.draft.get_untracked().is_none() {
+            self.base.set(read().and_then(|o| o.revision));
+        }
+        self.draft.set(Some(moved(&now, from, to)));
+    }
+
+    /// Save the order shown, against the revision it was made from.
+    fn submit(self) {
+        let revision = if self.draft.get_untracked().is_some() {
+            self.base.get_untracked()
+        } else {
+            self.current().and_then(|o| o.revision)
+        };
+        self.save.dispatch((self.shown(), revision));
+    }
+
+    /// Drop the draft and read the order again.
+    fn discard(self) {
+        self.draft.set(None);
+        self.save.value().set(None);
+        self.order.refetch();
+    }
+}
+
 #[component]
 pub fn PriorityOrder(
     order: Resource<Result<NodeOrderView, AppError>>,
     operator: Signal<bool>,
 ) -> impl IntoView {
-    // The person's reordering, not saved yet, and the revision it was
-    // made from (what a save is compared against).
-    let draft = RwSignal::new(None::<Vec<String>>);
-    let base = RwSignal::new(None::<u64>);
-    let dragging = RwSignal::new(None::<usize>);
-    let save = Action::new(|(nodes, revision): &(Vec<String>, Option<u64>)| {
-        save_node_order(nodes.clone(), *revision)
-    });
-    // After a save is answered: a saved draft is done with; the order is
-    // read again either way.
-    Effect::new(move |prev: Option<usize>| {
-        let v = save.version().get();
-        if prev.is_some_and(|p| p != v) {
-            if matches!(save.value().get_untracked(), Some(Ok(_))) {
-                draft.set(None);
-            }
-            order.refetch();
-        }
-        v
-    });
-
-    let current = move || order.get().and_then(|r| r.ok());
-    let shown = move || {
-        draft
-            .get()
-            .or_else(|| current().map(|o| o.effective))
-            .unwrap_or_default()
-    };
-    let reorder = move |from: usize, to: usize| {
-        let now = draft.get_untracked().unwrap_or_else(|| {
-            order
-                .get_untracked()
-                .and_then(|r| r.ok())
-                .map(|o| o.effective)
-                .unwrap_or_default()
-        });
-        if draft.get_untracked().is_none() {
-            base.set(
+    let d = OrderDraft::new(order);
+    view! {
+        <section class="panel priority-order" aria-labelledby="order-title">
+            <h2 id="order-title">"Priority order"</h2>
+            <p class="muted small">
+                "Top first. When the fleet has a choice of node for a seat, it picks the highest here, within each node's fair share. Every node reads this one order."
+            </p>
+            <SavedBy d />
+            {move || {
                 order
-                    .get_untracked()
-                    .and_then(|r| r.ok())
-                    .and_then(|o| o.revision),
-            );
-        }
-        draft.set(Some(moved(&now, from, to)));
-    };
-    let on_save = move |_| {
-        let revision = if draft.get_untracked().is_some() {
-            base.get_untracked()
-        } else {
-            current().and_then(|o| o.revision)
-        };
-        save.dispatch((shown(), revision));
-    };
-    let discard = move |_| {
-        draft.set(None);
-        save.value().set(None);
-        order.refetch();
-    };
+                    .get()
+                    .and_then(|r| r.err())
+                    .map(|e| view! { <ErrorNotice error=e /> })
+            }}
+            <ol class="node-order" aria-label="Node priority order, top first">
+                {move || order_rows(d, operator)}
+            </ol>
+            <ChangedSince d />
+            {move || {
+                d.save.value()
+                    .get()
+                    .and_then(|r| r.err())
+                    .map(|e| view! { <ErrorNotice error=e /> })
+            }}
+            <OrderActions d operator />
+        </section>
+    }
+}
 
-    let rows = move || {
-        let list = shown();
-        let len = list.len();
-        let saved = current().map(|o| o.saved).unwrap_or_default();
-        list.into_iter()
-            .enumerate()
-            .map(|(i, node)| {
-                let unsaved_newcomer = !saved.is_empty() && !saved.contains(&node);
-                let up_id = format!("order-up-{node}");
-                let down_id = format!("order-down-{node}");
-                let (n_up, n_down) = (node.clone(), node.clone());
-                let buttons = move || {
-                    let (n_up, n_down) = (n_up.clone(), n_down.clone());
-                    let (up_id, down_id) = (up_id.clone(), down_id.clone());
-                    operator.get().then(|| {
-                        view! {
-                            <span class="order-buttons">
-                                <button
-                                    type="button"
-                                    id=up_id
-                                    data-move="up"
-                                    aria-label=format!("Move {n_up} up")
-                                    disabled={i == 0}
-                                    on:click=move |_| {
-                                        reorder(i, i.saturating_sub(1));
-                                        focus_later(focus_after_move(&n_up, true, i.saturating_sub(1), len));
-                                    }
-                                >
-                                    "↑"
-                                </button>
-                                <button
-                                    type="button"
-                                    id=down_id
-                                    data-move="down"
-                                    aria-label=format!("Move {n_down} down")
-                                    disabled={i + 1 >= len}
-                                    on:click=move |_| {
-                                        reorder(i, i + 1);
-                                        focus_later(focus_after_move(&n_down, false, i + 1, len));
-                                    }
-                                >
-                                    "↓"
-                                </button>
-                            </span>
-                        }
-                    })
-                };
-                view! {
-                    <li
-                        data-node=node.clone()
-                        draggable=move || if operator.get() { "true" } else { "false" }
-                        class:dragging=move || dragging.get() == Some(i)
-                        on:dragstart=move |ev: leptos::ev::DragEvent| {
-                            if !operator.get_untracked() {
-                                ev.prevent_default();
-                                return;
-                            }
-                            dragging.set(Some(i));
-                            #[cfg(feature = "hydrate")]
-                            if let Some(dt) = ev.data_transfer() {
-                                dt.set_effect_allowed("move");
-                                let _ = dt.set_data("text/plain", &i.to_string());
-                            }
-                        }
-                        on:dragover=move |ev: leptos::ev::DragEvent| {
-                            if dragging.get_untracked().is_some() {
-                                ev.prevent_default();
-                            }
-                        }
-                        on:drop=move |ev: leptos::ev::DragEvent| {
-                            ev.prevent_default();
-                            if let Some(from) = dragging.get_untracked() {
-                                dragging.set(None);
-                                if from != i {
-                                    reorder(from, i);
-                                }
-                            }
-                        }
-                        on:dragend=move |_| dragging.set(None)
-                    >
-                        <span class="rank">{i + 1}</span>
-                        <span class="mono order-node">{node.clone()}</span>
-                        {unsaved_newcomer
-                            .then(|| {
-                                view! {
-                                    <span class="muted small">
-                                        " · new: not in the saved order (ranked by when it was first seen)"
-                                    </span>
-                                }
-                            })}
-                        {buttons}
-                    </li>
-                }
-            })
-            .collect_view()
-    };
-
-    let who = move || {
-        current().map(|o| match (o.set_by, o.set_at) {
+/// Who saved the order, and when; or that nobody has.
+#[component]
+fn SavedBy(d: OrderDraft) -> impl IntoView {
+    move || {
+        d.current().map(|o| match (o.set_by, o.set_at) {
             (Some(by), Some(at)) => view! {
                 <p class="muted small" data-order-set-by=by.clone()>
                     {format!("Saved by {by} at ")}
@@ -240,75 +199,182 @@ pub fn PriorityOrder(
             }
             .into_any(),
         })
-    };
-    let changed_since = move || {
-        let current_rev = current().and_then(|o| o.revision);
-        (draft.get().is_some() && current_rev != base.get()).then(|| {
+    }
+}
+
+/// A warning while the draft was made from a revision somebody has since
+/// replaced.
+#[component]
+fn ChangedSince(d: OrderDraft) -> impl IntoView {
+    move || {
+        let current_rev = d.current().and_then(|o| o.revision);
+        (d.draft.get().is_some() && current_rev != d.base.get()).then(|| {
             view! {
                 <p class="notice notice-warn" role="status">
                     "Somebody saved the order while you were changing it: saving now is refused. Discard your changes to see theirs."
                 </p>
             }
         })
-    };
+    }
+}
 
+/// The rows of the order shown, each with its rank.
+fn order_rows(d: OrderDraft, operator: Signal<bool>) -> impl IntoView {
+    let list = d.shown();
+    let len = list.len();
+    let saved = d.current().map(|o| o.saved).unwrap_or_default();
+    list.into_iter()
+        .enumerate()
+        .map(|(i, node)| {
+            let newcomer = !saved.is_empty() && !saved.contains(&node);
+            view! { <OrderRow d operator i node len newcomer /> }
+        })
+        .collect_view()
+}
+
+/// One node of the order: draggable (for operators) onto another's place.
+#[component]
+fn OrderRow(
+    d: OrderDraft,
+    operator: Signal<bool>,
+    i: usize,
+    node: String,
+    len: usize,
+    /// Not in the saved order.
+    newcomer: bool,
+) -> impl IntoView {
+    let dragging = d.dragging;
+    let named = node.clone();
     view! {
-        <section class="panel priority-order" aria-labelledby="order-title">
-            <h2 id="order-title">"Priority order"</h2>
-            <p class="muted small">
-                "Top first. When the fleet has a choice of node for a seat, it picks the highest here, within each node's fair share. Every node reads this one order."
-            </p>
-            {who}
-            {move || {
-                order
-                    .get()
-                    .and_then(|r| r.err())
-                    .map(|e| view! { <ErrorNotice error=e /> })
-            }}
-            <ol class="node-order" aria-label="Node priority order, top first">
-                {rows}
-            </ol>
-            {changed_since}
-            {move || {
-                save.value()
-                    .get()
-                    .and_then(|r| r.err())
-                    .map(|e| view! { <ErrorNotice error=e /> })
-            }}
-            {move || {
-                if operator.get() {
-                    let unsaved = draft.get().is_some();
-                    view! {
-                        <div class="order-actions">
-                            {unsaved.then(|| view! { <span class="small">"Unsaved changes"</span> })}
-                            <button
-                                type="button"
-                                class="primary"
-                                data-action="save-order"
-                                disabled=move || save.pending().get()
-                                on:click=on_save
-                            >
-                                "Save order"
-                            </button>
-                            <button type="button" data-action="discard-order" on:click=discard>
-                                "Discard changes"
-                            </button>
-                        </div>
-                        <p class="muted small">
-                            "Drag a node to its place, or use its ↑ and ↓ buttons, then save."
-                        </p>
-                    }
-                        .into_any()
-                } else {
-                    view! {
-                        <p class="muted small">
-                            "You are signed in as a viewer: only operators may change the order."
-                        </p>
-                    }
-                        .into_any()
+        <li
+            data-node=node.clone()
+            draggable=move || if operator.get() { "true" } else { "false" }
+            class:dragging=move || dragging.get() == Some(i)
+            on:dragstart=move |ev: leptos::ev::DragEvent| {
+                if !operator.get_untracked() {
+                    ev.prevent_default();
+                    return;
                 }
-            }}
-        </section>
+                dragging.set(Some(i));
+                #[cfg(feature = "hydrate")]
+                if let Some(dt) = ev.data_transfer() {
+                    dt.set_effect_allowed("move");
+                    let _ = dt.set_data("text/plain", &i.to_string());
+                }
+            }
+            on:dragover=move |ev: leptos::ev::DragEvent| {
+                if dragging.get_untracked().is_some() {
+                    ev.prevent_default();
+                }
+            }
+            on:drop=move |ev: leptos::ev::DragEvent| {
+                ev.prevent_default();
+                if let Some(from) = dragging.get_untracked() {
+                    dragging.set(None);
+                    if from != i {
+                        d.reorder(from, i);
+                    }
+                }
+            }
+            on:dragend=move |_| dragging.set(None)
+        >
+            <span class="rank">{i + 1}</span>
+            <span class="mono order-node">{node.clone()}</span>
+            {newcomer
+                .then(|| {
+                    view! {
+                        <span class="muted small">
+                            " · new: not in the saved order (ranked by when it was first seen)"
+                        </span>
+                    }
+                })}
+            <OrderButtons d operator i node=named len />
+        </li>
+    }
+}
+
+/// A row's ↑ and ↓ buttons (operators only); the pressed one keeps focus
+/// after the move unless the row reached its end.
+#[component]
+fn OrderButtons(
+    d: OrderDraft,
+    operator: Signal<bool>,
+    i: usize,
+    node: String,
+    len: usize,
+) -> impl IntoView {
+    move || {
+        let (n_up, n_down) = (node.clone(), node.clone());
+        operator.get().then(|| {
+            view! {
+                <span class="order-buttons">
+                    <button
+                        type="button"
+                        id=format!("order-up-{node}")
+                        data-move="up"
+                        aria-label=format!("Move {n_up} up")
+                        disabled={i == 0}
+                        on:click=move |_| {
+                            d.reorder(i, i.saturating_sub(1));
+                            focus_later(focus_after_move(&n_up, true, i.saturating_sub(1), len));
+                        }
+                    >
+                        "↑"
+                    </button>
+                    <button
+                        type="button"
+                        id=format!("order-down-{node}")
+                        data-move="down"
+                        aria-label=format!("Move {n_down} down")
+                        disabled={i + 1 >= len}
+                        on:click=move |_| {
+                            d.reorder(i, i + 1);
+                            focus_later(focus_after_move(&n_down, false, i + 1, len));
+                        }
+                    >
+                        "↓"
+                    </button>
+                </span>
+            }
+        })
+    }
+}
+
+/// Save and discard for operators; a sentence for viewers.
+#[component]
+fn OrderActions(d: OrderDraft, operator: Signal<bool>) -> impl IntoView {
+    move || {
+        if operator.get() {
+            let unsaved = d.draft.get().is_some();
+            view! {
+                <div class="order-actions">
+                    {unsaved.then(|| view! { <span class="small">"Unsaved changes"</span> })}
+                    <button
+                        type="button"
+                        class="primary"
+                        data-action="save-order"
+                        disabled=move || d.save.pending().get()
+                        on:click=move |_| d.submit()
+                    >
+                        "Save order"
+                    </button>
+                    <button type="button" data-action="discard-order" on:click=move |_| d.discard()>
+                        "Discard changes"
+                    </button>
+                </div>
+                <p class="muted small">
+                    "Drag a node to its place, or use its ↑ and ↓ buttons, then save."
+                </p>
+            }
+            .into_any()
+        } else {
+            view! {
+                <p class="muted small">
+                    "You are signed in as a viewer: only operators may change the order."
+                </p>
+            }
+            .into_any()
+        }
     }
 }
 

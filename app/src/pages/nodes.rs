@@ -22,15 +22,13 @@ use std::collections::BTreeSet;
 
 use leptos::prelude::*;
 
-use crate::api::{
-    FleetAlarm, FleetView, HandoffView, NodeView, apply_handoff_event, duration_words,
-    presence_left, unfollowed,
-};
+use crate::api::{FleetAlarm, FleetView, NodeView};
 use crate::components::notice::{ErrorNotice, InfoNotice};
 use crate::error::AppError;
 use crate::fns::{fleet, node_order, whoami};
 use crate::live::{Connection, HANDOFF_EVENTS, LiveBadge, NODE_EVENTS, refetch_on_and};
 use crate::pages::node_order::{Handoffs, PriorityOrder};
+use crate::view::{HandoffView, apply_handoff_event, duration_words, presence_left, unfollowed};
 
 /// How often the page reads the roster again while it cannot be read.
 pub const STALE_RETRY_SECS: u64 = 5;

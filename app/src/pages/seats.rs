@@ -9,12 +9,13 @@ use leptos::prelude::*;
 use leptos_router::components::Form;
 use leptos_router::hooks::use_query_map;
 
-use crate::api::{MoveRequestView, SeatActionResult, SeatList, SeatRow, SeatState, runs_summary};
+use crate::api::{FleetView, MoveRequestView, SeatActionResult, SeatList, SeatRow, SeatState};
 use crate::components::notice::ErrorNotice;
 use crate::components::pager::Pager;
 use crate::error::AppError;
 use crate::fns::{fleet, list_seats, move_seat, pause_seat, resume_seat, stop_seat_turn, whoami};
-use crate::live::{LiveBadge, SEAT_EVENTS, refetch_on};
+use crate::live::{Connection, LiveBadge, SEAT_EVENTS, refetch_on};
+use crate::view::runs_summary;
 
 /// What a person asks of a seat.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -92,14 +93,20 @@ fn seats_href(query: &str, state: &str, page: u32) -> String {
     super::page_href("/seats", &[("q", query), ("state", state)], page)
 }
 
+/// The seats as listed now.
+type Listed = Resource<Result<SeatList, AppError>>;
+
+/// An operator's pause, resume or stop, once confirmed.
+type SeatAct = Action<Request, Result<SeatActionResult, AppError>>;
+
 #[component]
 pub fn SeatsPage() -> impl IntoView {
     let query = use_query_map();
-    let text = move || query.with(|q| q.get("q").unwrap_or_default());
-    let state = move || query.with(|q| q.get("state").unwrap_or_default());
+    let text = Signal::derive(move || query.with(|q| q.get("q").unwrap_or_default()));
+    let state = Signal::derive(move || query.with(|q| q.get("state").unwrap_or_default()));
     let page = move || query.with(super::page_param);
-    let list = Resource::new(
-        move || (text(), state(), page()),
+    let list: Listed = Resource::new(
+        move || (text.get(), state.get(), page()),
         |(q, s, p)| list_seats(q, s, p),
     );
     let me = Resource::new(|| (), |_| whoami());
@@ -108,10 +115,54 @@ pub fn SeatsPage() -> impl IntoView {
             .and_then(|r| r.ok())
             .is_some_and(|p| p.is_operator())
     });
+    let (live, rows) = follow_seats(list);
 
-    // Turn and run events only matter for the seats on this page (their
-    // running turn, inbox depth, last error and detached runs); everything
-    // else may change any row or the counts.
+    let act: SeatAct = Action::new(|r: &Request| run(r.clone()));
+    // After an action the rows are read again (the event usually asks too).
+    Effect::new(move |prev: Option<usize>| {
+        let v = act.version().get();
+        if prev.is_some_and(|p| p != v) {
+            list.refetch();
+        }
+        v
+    });
+    let confirming = Confirming::new();
+    let moving = Moving::new(list);
+    let ask = Callback::new(move |c: Confirm| confirming.open(c));
+    let ask_move = Callback::new(move |m: MoveAsk| moving.open(m));
+
+    view! {
+        <section class="page">
+            <div class="page-head">
+                <h1>"Seats"</h1>
+                <LiveBadge state=live />
+            </div>
+            <SeatFilters text state />
+            <ActNotice act />
+            <MovedNotice moved=moving.moved />
+            <Transition fallback=|| view! { <p class="muted">"Reading the seats…"</p> }>
+                {move || {
+                    list.get()
+                        .map(|r| match r {
+                            Ok(l) => view! { <SeatSummary list=l operator=operator /> }.into_any(),
+                            Err(e) => view! { <ErrorNotice error=e /> }.into_any(),
+                        })
+                }}
+                <SeatsTable rows operator ask ask_move />
+                <SeatPager list text state />
+            </Transition>
+            <ConfirmDialog confirming act />
+            <MoveDialog moving />
+        </section>
+    }
+}
+
+/// Follow the seat events, reading `list` again when one may change it:
+/// the stream's state, and the rows shown (remembered, so that turn and
+/// run events only count for the seats on this page — their running turn,
+/// inbox depth, last error and detached runs; everything else may change
+/// any row or the counts).
+fn follow_seats(list: Listed) -> (ReadSignal<Connection>, Signal<Vec<SeatRow>>) {
     let on_page = StoredValue::new(Vec::<String>::new());
     let live = refetch_on(
         SEAT_EVENTS,
@@ -125,8 +176,7 @@ pub fn SeatsPage() -> impl IntoView {
         },
         move || list.refetch(),
     );
-
-    let rows = move || {
+    let rows = Signal::derive(move || {
         let rows = list
             .get()
             .and_then(|r| r.ok())
@@ -134,409 +184,483 @@ pub fn SeatsPage() -> impl IntoView {
             .unwrap_or_default();
         on_page.set_value(rows.iter().map(|r| r.handle.clone()).collect());
         rows
-    };
+    });
+    (live, rows)
+}
 
-    let act = Action::new(|r: &Request| run(r.clone()));
-    // After an action the rows are read again (the event usually asks too).
-    Effect::new(move |prev: Option<usize>| {
-        let v = act.version().get();
-        if prev.is_some_and(|p| p != v) {
-            list.refetch();
-        }
-        v
-    });
-
-    let dialog = NodeRef::<leptos::html::Dialog>::new();
-    let confirm = RwSignal::new(None::<Confirm>);
-    let reason = RwSignal::new(String::new());
-    let stop_too = RwSignal::new(false);
-    let ask = Callback::new(move |c: Confirm| {
-        reason.set(String::new());
-        stop_too.set(false);
-        confirm.set(Some(c));
-        if let Some(d) = dialog.get() {
-            let _ = d.show_modal();
-        }
-    });
-    let close = move || {
-        if let Some(d) = dialog.get() {
-            d.close();
-        }
-    };
-
-    // Move…: the live nodes are read when the dialog opens; a refusal
-    // stays in the dialog, a recorded request closes it.
-    let move_dialog = NodeRef::<leptos::html::Dialog>::new();
-    let moving = RwSignal::new(None::<MoveAsk>);
-    let move_to = RwSignal::new(String::new());
-    let move_reason = RwSignal::new(String::new());
-    let move_error = RwSignal::new(None::<AppError>);
-    let moved = RwSignal::new(None::<MoveRequestView>);
-    let live_nodes = Action::new(|_: &()| fleet());
-    let move_act = Action::new(|r: &MoveRequest| {
-        move_seat(r.handle.clone(), r.node.clone(), r.reason.clone())
-    });
-    let close_move = move || {
-        if let Some(d) = move_dialog.get() {
-            d.close();
-        }
-    };
-    let ask_move = Callback::new(move |m: MoveAsk| {
-        move_to.set(String::new());
-        move_reason.set(String::new());
-        move_error.set(None);
-        moving.set(Some(m));
-        live_nodes.dispatch(());
-        if let Some(d) = move_dialog.get() {
-            let _ = d.show_modal();
-        }
-    });
-    // The first live node that does not hold the seat is picked to start.
-    Effect::new(move |_| {
-        if let Some(Ok(f)) = live_nodes.value().get()
-            && move_to.get_untracked().is_empty()
-        {
-            let holder = moving.get_untracked().and_then(|m| m.holder);
-            let pick = f
-                .nodes
-                .iter()
-                .find(|n| Some(&n.node_id) != holder.as_ref())
-                .or(f.nodes.first())
-                .map(|n| n.node_id.clone());
-            if let Some(p) = pick {
-                move_to.set(p);
-            }
-        }
-    });
-    Effect::new(move |prev: Option<usize>| {
-        let v = move_act.version().get();
-        if prev.is_some_and(|p| p != v) {
-            match move_act.value().get_untracked() {
-                Some(Ok(req)) => {
-                    move_error.set(None);
-                    moved.set(Some(req));
-                    close_move();
-                    list.refetch();
-                }
-                Some(Err(e)) => move_error.set(Some(e)),
-                None => {}
-            }
-        }
-        v
-    });
-
+/// The search and state filter, submitted as the page's query.
+#[component]
+fn SeatFilters(text: Signal<String>, state: Signal<String>) -> impl IntoView {
     view! {
-        <section class="page">
-            <div class="page-head">
-                <h1>"Seats"</h1>
-                <LiveBadge state=live />
-            </div>
-            <Form method="get" action="/seats" attr:class="filters">
-                <label for="seat-q">"Search"</label>
-                <input
-                    id="seat-q"
-                    type="search"
-                    name="q"
-                    placeholder="handle or node"
-                    maxlength="200"
-                    value=text
-                />
-                <label for="seat-state">"State"</label>
-                <select id="seat-state" name="state">
-                    <option value="" selected=move || state().is_empty()>
-                        "any"
-                    </option>
-                    {SeatState::ALL
-                        .into_iter()
-                        .map(|st| {
-                            view! {
-                                <option value=st.as_str() selected=move || state() == st.as_str()>
-                                    {st.as_str()}
-                                </option>
-                            }
-                        })
-                        .collect_view()}
-                </select>
-                <button type="submit">"Filter"</button>
-            </Form>
-            {move || {
-                act.value()
-                    .get()
-                    .map(|r| match r {
-                        Ok(done) => {
-                            view! {
-                                <p class="notice notice-info" role="status" data-result=done.seat.clone()>
-                                    {format!("{}: {}", done.seat, done.result)}
-                                </p>
-                            }
-                                .into_any()
+        <Form method="get" action="/seats" attr:class="filters">
+            <label for="seat-q">"Search"</label>
+            <input
+                id="seat-q"
+                type="search"
+                name="q"
+                placeholder="handle or node"
+                maxlength="200"
+                value=text
+            />
+            <label for="seat-state">"State"</label>
+            <select id="seat-state" name="state">
+                <option value="" selected=move || state.get().is_empty()>
+                    "any"
+                </option>
+                {SeatState::ALL
+                    .into_iter()
+                    .map(|st| {
+                        view! {
+                            <option value=st.as_str() selected=move || state.get() == st.as_str()>
+                                {st.as_str()}
+                            </option>
                         }
-                        Err(e) => view! { <ErrorNotice error=e /> }.into_any(),
+                    })
+                    .collect_view()}
+            </select>
+            <button type="submit">"Filter"</button>
+        </Form>
+    }
+}
+
+/// What the last pause, resume or stop came to.
+#[component]
+fn ActNotice(act: SeatAct) -> impl IntoView {
+    move || {
+        act.value().get().map(|r| match r {
+            Ok(done) => view! {
+                <p class="notice notice-info" role="status" data-result=done.seat.clone()>
+                    {format!("{}: {}", done.seat, done.result)}
+                </p>
+            }
+            .into_any(),
+            Err(e) => view! { <ErrorNotice error=e /> }.into_any(),
+        })
+    }
+}
+
+/// The move last recorded.
+#[component]
+fn MovedNotice(moved: RwSignal<Option<MoveRequestView>>) -> impl IntoView {
+    move || {
+        moved.get().map(|m| {
+            view! {
+                <p class="notice notice-info" role="status" data-moved=m.seat.clone()>
+                    {format!(
+                        "{}: move to {} requested ({}). Its holder hands it over; Settings › Nodes shows the handoff.",
+                        m.seat,
+                        m.to,
+                        m.reason,
+                    )}
+                </p>
+            }
+        })
+    }
+}
+
+/// The rows of the page. They are keyed by their content: a refresh
+/// replaces only the rows that changed, so the others keep their place and
+/// focus.
+#[component]
+fn SeatsTable(
+    rows: Signal<Vec<SeatRow>>,
+    operator: Signal<bool>,
+    ask: Callback<Confirm>,
+    ask_move: Callback<MoveAsk>,
+) -> impl IntoView {
+    view! {
+        <div class="table-wrap" hidden=move || rows.get().is_empty()>
+            <table class="seats-table">
+                <thead>
+                    <tr>
+                        <th scope="col">"Seat"</th>
+                        <th scope="col">"Holder"</th>
+                        <th scope="col">"State"</th>
+                        <th scope="col">"Inbox"</th>
+                        <th scope="col">"Last turn error"</th>
+                        <th scope="col">"Actions"</th>
+                    </tr>
+                </thead>
+                <tbody>
+                    <For each=move || rows.get() key=|r| format!("{r:?}") let:r>
+                        <SeatRowView row=r operator=operator ask=ask ask_move=ask_move />
+                    </For>
+                </tbody>
+            </table>
+        </div>
+    }
+}
+
+/// Links to the other pages of the same query.
+#[component]
+fn SeatPager(list: Listed, text: Signal<String>, state: Signal<String>) -> impl IntoView {
+    move || {
+        list.get().and_then(|r| r.ok()).map(|l| {
+            let (query, state) = (text.get(), state.get());
+            view! {
+                <Pager
+                    label="Seat pages"
+                    page=l.page
+                    pages=l.pages
+                    matching=l.matching
+                    href=move |p| seats_href(&query, &state, p)
+                />
+            }
+        })
+    }
+}
+
+/// The pause / resume / stop confirmation: the seat it is about, and the
+/// reason and "also stop" being filled in.
+#[derive(Clone, Copy)]
+struct Confirming {
+    dialog: NodeRef<leptos::html::Dialog>,
+    confirm: RwSignal<Option<Confirm>>,
+    reason: RwSignal<String>,
+    stop_too: RwSignal<bool>,
+}
+
+impl Confirming {
+    fn new() -> Confirming {
+        Confirming {
+            dialog: NodeRef::new(),
+            confirm: RwSignal::new(None),
+            reason: RwSignal::new(String::new()),
+            stop_too: RwSignal::new(false),
+        }
+    }
+
+    fn open(self, c: Confirm) {
+        self.reason.set(String::new());
+        self.stop_too.set(false);
+        self.confirm.set(Some(c));
+        if let Some(d) = self.dialog.get() {
+            let _ = d.show_modal();
+        }
+    }
+
+    fn close(self) {
+        if let Some(d) = self.dialog.get() {
+            d.close();
+        }
+    }
+}
+
+/// The title and sentence of a confirmation, naming the seat and what its
+/// holder (if any) will do.
+fn confirm_words(c: &Confirm) -> (String, String) {
+    match (c.ask, &c.holder) {
+        (Ask::Pause, Some(n)) => (
+            format!("Pause {}?", c.handle),
+            format!(
+                "{n} holds it: it keeps the seat's mail and starts no new turn until a resume."
+            ),
+        ),
+        (Ask::Pause, None) => (
+            format!("Pause {}?", c.handle),
+            "Nobody holds it now: the node that takes it keeps its mail until a resume."
+                .to_string(),
+        ),
+        (Ask::Resume, Some(n)) => (
+            format!("Resume {}?", c.handle),
+            format!("{n} holds it: its turns start again."),
+        ),
+        (Ask::Resume, None) => (
+            format!("Resume {}?", c.handle),
+            "Nobody holds it now: the node that takes it runs its turns.".to_string(),
+        ),
+        (Ask::Stop, Some(n)) => (
+            format!("Stop {}'s running turn?", c.handle),
+            format!(
+                "{n} holds it: the running turn ends at its next round. The seat is not paused."
+            ),
+        ),
+        (Ask::Stop, None) => (
+            format!("Stop {}'s running turn?", c.handle),
+            "Nobody holds it now, so no turn is running.".to_string(),
+        ),
+    }
+}
+
+#[component]
+fn ConfirmDialog(confirming: Confirming, act: SeatAct) -> impl IntoView {
+    let Confirming {
+        dialog,
+        confirm,
+        reason,
+        stop_too,
+    } = confirming;
+    view! {
+        <dialog
+            node_ref=dialog
+            class="confirm"
+            aria-labelledby="confirm-title"
+            on:close=move |_| confirm.set(None)
+        >
+            {move || {
+                confirm
+                    .get()
+                    .map(|c| {
+                        let (title, body) = confirm_words(&c);
+                        let Confirm { ask, handle, .. } = c;
+                        view! {
+                            <form
+                                data-confirm=ask.name()
+                                on:submit=move |ev| {
+                                    ev.prevent_default();
+                                    act.dispatch(Request {
+                                        ask,
+                                        handle: handle.clone(),
+                                        reason: reason.get_untracked(),
+                                        stop_running_turn: ask == Ask::Pause && stop_too.get_untracked(),
+                                    });
+                                    confirming.close();
+                                }
+                            >
+                                <h2 id="confirm-title">{title}</h2>
+                                <p>{body}</p>
+                                <ConfirmFields ask reason stop_too />
+                                <div class="dialog-actions">
+                                    <button type="button" on:click=move |_| confirming.close()>"Cancel"</button>
+                                    <button type="submit" class="primary">{ask.button()}</button>
+                                </div>
+                            </form>
+                        }
                     })
             }}
+        </dialog>
+    }
+}
+
+/// A confirmation's optional reason (not for a resume) and, for a pause,
+/// "also stop the running turn".
+#[component]
+fn ConfirmFields(ask: Ask, reason: RwSignal<String>, stop_too: RwSignal<bool>) -> impl IntoView {
+    view! {
+        {(ask != Ask::Resume)
+            .then(|| {
+                view! {
+                    <label for="confirm-reason">"Reason (optional)"</label>
+                    <input
+                        id="confirm-reason"
+                        type="text"
+                        maxlength="500"
+                        autocomplete="off"
+                        bind:value=reason
+                    />
+                }
+            })}
+        {(ask == Ask::Pause)
+            .then(|| {
+                view! {
+                    <label class="check">
+                        <input id="confirm-stop" type="checkbox" bind:checked=stop_too />
+                        "Also stop the running turn"
+                    </label>
+                }
+            })}
+    }
+}
+
+/// Move…: the seat being moved, the live nodes (read when the dialog
+/// opens), the node and reason picked, and what the node answered. A
+/// refusal stays in the dialog; a recorded request closes it.
+#[derive(Clone, Copy)]
+struct Moving {
+    dialog: NodeRef<leptos::html::Dialog>,
+    moving: RwSignal<Option<MoveAsk>>,
+    to: RwSignal<String>,
+    reason: RwSignal<String>,
+    error: RwSignal<Option<AppError>>,
+    moved: RwSignal<Option<MoveRequestView>>,
+    live_nodes: Action<(), Result<FleetView, AppError>>,
+    act: Action<MoveRequest, Result<MoveRequestView, AppError>>,
+}
+
+impl Moving {
+    /// A move dialog whose recorded move reads `list` again.
+    fn new(list: Listed) -> Moving {
+        let m = Moving {
+            dialog: NodeRef::new(),
+            moving: RwSignal::new(None),
+            to: RwSignal::new(String::new()),
+            reason: RwSignal::new(String::new()),
+            error: RwSignal::new(None),
+            moved: RwSignal::new(None),
+            live_nodes: Action::new(|_: &()| fleet()),
+            act: Action::new(|r: &MoveRequest| {
+                move_seat(r.handle.clone(), r.node.clone(), r.reason.clone())
+            }),
+        };
+        // The first live node that does not hold the seat is picked to start.
+        Effect::new(move |_| {
+            if let Some(Ok(f)) = m.live_nodes.value().get()
+                && m.to.get_untracked().is_empty()
+            {
+                let holder = m.moving.get_untracked().and_then(|a| a.holder);
+                let pick = f
+                    .nodes
+                    .iter()
+                    .find(|n| Some(&n.node_id) != holder.as_ref())
+                    .or(f.nodes.first())
+                    .map(|n| n.node_id.clone());
+                if let Some(p) = pick {
+                    m.to.set(p);
+                }
+            }
+        });
+        Effect::new(move |prev: Option<usize>| {
+            let v = m.act.version().get();
+            if prev.is_some_and(|p| p != v) {
+                match m.act.value().get_untracked() {
+                    Some(Ok(req)) => {
+                        m.error.set(None);
+                        m.moved.set(Some(req));
+                        m.close();
+                        list.refetch();
+                    }
+                    Some(Err(e)) => m.error.set(Some(e)),
+                    None => {}
+                }
+            }
+            v
+        });
+        m
+    }
+
+    fn open(self, a: MoveAsk) {
+        self.to.set(String::new());
+        self.reason.set(String::new());
+        self.error.set(None);
+        self.moving.set(Some(a));
+        self.live_nodes.dispatch(());
+        if let Some(d) = self.dialog.get() {
+            let _ = d.show_modal();
+        }
+    }
+
+    fn close(self) {
+        if let Some(d) = self.dialog.get() {
+            d.close();
+        }
+    }
+}
+
+#[component]
+fn MoveDialog(moving: Moving) -> impl IntoView {
+    view! {
+        <dialog
+            node_ref=moving.dialog
+            class="move-dialog"
+            aria-labelledby="move-title"
+            on:close=move |_| moving.moving.set(None)
+        >
+            {move || moving.moving.get().map(|a| view! { <MoveForm moving a /> })}
+        </dialog>
+    }
+}
+
+/// The move form for one seat: the node to move it to and why.
+#[component]
+fn MoveForm(moving: Moving, a: MoveAsk) -> impl IntoView {
+    let body = match &a.holder {
+        Some(n) => format!(
+            "{n} holds it now. It hands the seat over once the node you pick has it ready; no turn runs on both."
+        ),
+        None => "Nobody holds it now: the node you pick claims it.".to_string(),
+    };
+    let MoveAsk { handle, holder } = a;
+    let title = format!("Move {handle}");
+    view! {
+        <form
+            data-confirm="move"
+            on:submit=move |ev| {
+                ev.prevent_default();
+                moving.error.set(None);
+                moving.act.dispatch(MoveRequest {
+                    handle: handle.clone(),
+                    node: moving.to.get_untracked(),
+                    reason: moving.reason.get_untracked(),
+                });
+            }
+        >
+            <h2 id="move-title">{title}</h2>
+            <p>{body}</p>
+            <label for="move-node">"To node"</label>
+            <select
+                id="move-node"
+                required
+                on:change=move |ev| moving.to.set(event_target_value(&ev))
+            >
+                <MoveTargets moving holder />
+            </select>
+            <label for="move-reason">"Reason (required; it is audited)"</label>
+            <input
+                id="move-reason"
+                type="text"
+                required
+                maxlength="500"
+                autocomplete="off"
+                bind:value=moving.reason
+            />
             {move || {
-                moved
+                moving
+                    .error
                     .get()
-                    .map(|m| {
+                    .map(|e| {
                         view! {
-                            <p class="notice notice-info" role="status" data-moved=m.seat.clone()>
-                                {format!(
-                                    "{}: move to {} requested ({}). Its holder hands it over; Settings › Nodes shows the handoff.",
-                                    m.seat,
-                                    m.to,
-                                    m.reason,
-                                )}
+                            <p class="notice notice-error" role="alert" data-move-error="true">
+                                {e.to_string()}
                             </p>
                         }
                     })
             }}
-            <Transition fallback=|| view! { <p class="muted">"Reading the seats…"</p> }>
-                {move || {
-                    list.get()
-                        .map(|r| match r {
-                            Ok(l) => view! { <SeatSummary list=l operator=operator /> }.into_any(),
-                            Err(e) => view! { <ErrorNotice error=e /> }.into_any(),
-                        })
-                }}
-                // Rows are keyed by their content: a refresh replaces only the
-                // rows that changed, so the others keep their place and focus.
-                <div class="table-wrap" hidden=move || rows().is_empty()>
-                    <table class="seats-table">
-                        <thead>
-                            <tr>
-                                <th scope="col">"Seat"</th>
-                                <th scope="col">"Holder"</th>
-                                <th scope="col">"State"</th>
-                                <th scope="col">"Inbox"</th>
-                                <th scope="col">"Last turn error"</th>
-                                <th scope="col">"Actions"</th>
-                            </tr>
-                        </thead>
-                        <tbody>
-                            <For each=rows key=|r| format!("{r:?}") let:r>
-                                <SeatRowView row=r operator=operator ask=ask ask_move=ask_move />
-                            </For>
-                        </tbody>
-                    </table>
-                </div>
-                {move || {
-                    list.get()
-                        .and_then(|r| r.ok())
-                        .map(|l| {
-                            let (query, state) = (text(), state());
-                            view! {
-                                <Pager
-                                    label="Seat pages"
-                                    page=l.page
-                                    pages=l.pages
-                                    matching=l.matching
-                                    href=move |p| seats_href(&query, &state, p)
-                                />
-                            }
-                        })
-                }}
-            </Transition>
-            <dialog
-                node_ref=dialog
-                class="confirm"
-                aria-labelledby="confirm-title"
-                on:close=move |_| confirm.set(None)
-            >
-                {move || {
-                    confirm
-                        .get()
-                        .map(|c| {
-                            let node = c.holder.clone();
-                            let (title, body) = match (c.ask, &node) {
-                                (Ask::Pause, Some(n)) => (
-                                    format!("Pause {}?", c.handle),
-                                    format!("{n} holds it: it keeps the seat's mail and starts no new turn until a resume."),
-                                ),
-                                (Ask::Pause, None) => (
-                                    format!("Pause {}?", c.handle),
-                                    "Nobody holds it now: the node that takes it keeps its mail until a resume.".to_string(),
-                                ),
-                                (Ask::Resume, Some(n)) => (
-                                    format!("Resume {}?", c.handle),
-                                    format!("{n} holds it: its turns start again."),
-                                ),
-                                (Ask::Resume, None) => (
-                                    format!("Resume {}?", c.handle),
-                                    "Nobody holds it now: the node that takes it runs its turns.".to_string(),
-                                ),
-                                (Ask::Stop, Some(n)) => (
-                                    format!("Stop {}'s running turn?", c.handle),
-                                    format!("{n} holds it: the running turn ends at its next round. The seat is not paused."),
-                                ),
-                                (Ask::Stop, None) => (
-                                    format!("Stop {}'s running turn?", c.handle),
-                                    "Nobody holds it now, so no turn is running.".to_string(),
-                                ),
-                            };
-                            let Confirm { ask, handle, .. } = c;
-                            view! {
-                                <form
-                                    data-confirm=ask.name()
-                                    on:submit=move |ev| {
-                                        ev.prevent_default();
-                                        act.dispatch(Request {
-                                            ask,
-                                            handle: handle.clone(),
-                                            reason: reason.get_untracked(),
-                                            stop_running_turn: ask == Ask::Pause && stop_too.get_untracked(),
-                                        });
-                                        close();
-                                    }
-                                >
-                                    <h2 id="confirm-title">{title}</h2>
-                                    <p>{body}</p>
-                                    {(ask != Ask::Resume)
-                                        .then(|| {
-                                            view! {
-                                                <label for="confirm-reason">"Reason (optional)"</label>
-                                                <input
-                                                    id="confirm-reason"
-                                                    type="text"
-                                                    maxlength="500"
-                                                    autocomplete="off"
-                                                    bind:value=reason
-                                                />
-                                            }
-                                        })}
-                                    {(ask == Ask::Pause)
-                                        .then(|| {
-                                            view! {
-                                                <label class="check">
-                                                    <input id="confirm-stop" type="checkbox" bind:checked=stop_too />
-                                                    "Also stop the running turn"
-                                                </label>
-                                            }
-                                        })}
-                                    <div class="dialog-actions">
-                                        <button type="button" on:click=move |_| close()>"Cancel"</button>
-                                        <button type="submit" class="primary">{ask.button()}</button>
-                                    </div>
-                                </form>
-                            }
-                        })
-                }}
-            </dialog>
-            <dialog
-                node_ref=move_dialog
-                class="move-dialog"
-                aria-labelledby="move-title"
-                on:close=move |_| moving.set(None)
-            >
-                {move || {
-                    moving
-                        .get()
-                        .map(|m| {
-                            let body = match &m.holder {
-                                Some(n) => format!(
-                                    "{n} holds it now. It hands the seat over once the node you pick has it ready; no turn runs on both."
-                                ),
-                                None => "Nobody holds it now: the node you pick claims it.".to_string(),
-                            };
-                            let holder = m.holder.clone();
-                            let handle = m.handle.clone();
-                            view! {
-                                <form
-                                    data-confirm="move"
-                                    on:submit=move |ev| {
-                                        ev.prevent_default();
-                                        move_error.set(None);
-                                        move_act.dispatch(MoveRequest {
-                                            handle: handle.clone(),
-                                            node: move_to.get_untracked(),
-                                            reason: move_reason.get_untracked(),
-                                        });
-                                    }
-                                >
-                                    <h2 id="move-title">{format!("Move {}", m.handle)}</h2>
-                                    <p>{body}</p>
-                                    <label for="move-node">"To node"</label>
-                                    <select
-                                        id="move-node"
-                                        required
-                                        on:change=move |ev| move_to.set(event_target_value(&ev))
-                                    >
-                                        {move || match live_nodes.value().get() {
-                                            None => {
-                                                view! {
-                                                    <option value="" disabled selected>
-                                                        "Reading the live nodes…"
-                                                    </option>
-                                                }
-                                                    .into_any()
-                                            }
-                                            Some(Err(_)) => {
-                                                view! {
-                                                    <option value="" disabled selected>
-                                                        "The live nodes cannot be read"
-                                                    </option>
-                                                }
-                                                    .into_any()
-                                            }
-                                            Some(Ok(f)) => {
-                                                let holder = holder.clone();
-                                                f.nodes
-                                                    .into_iter()
-                                                    .map(|n| {
-                                                        let id = n.node_id.clone();
-                                                        let here = holder.as_deref() == Some(id.as_str());
-                                                        let label = format!(
-                                                            "{id} ({}{})",
-                                                            n.status.as_str(),
-                                                            if here { ", holds it now" } else { "" },
-                                                        );
-                                                        let sel = id.clone();
-                                                        view! {
-                                                            <option value=id selected=move || move_to.get() == sel>
-                                                                {label}
-                                                            </option>
-                                                        }
-                                                    })
-                                                    .collect_view()
-                                                    .into_any()
-                                            }
-                                        }}
-                                    </select>
-                                    <label for="move-reason">"Reason (required; it is audited)"</label>
-                                    <input
-                                        id="move-reason"
-                                        type="text"
-                                        required
-                                        maxlength="500"
-                                        autocomplete="off"
-                                        bind:value=move_reason
-                                    />
-                                    {move || {
-                                        move_error
-                                            .get()
-                                            .map(|e| {
-                                                view! {
-                                                    <p class="notice notice-error" role="alert" data-move-error="true">
-                                                        {e.to_string()}
-                                                    </p>
-                                                }
-                                            })
-                                    }}
-                                    <div class="dialog-actions">
-                                        <button type="button" on:click=move |_| close_move()>"Cancel"</button>
-                                        <button
-                                            type="submit"
-                                            class="primary"
-                                            disabled=move || move_act.pending().get()
-                                        >
-                                            "Move"
-                                        </button>
-                                    </div>
-                                </form>
-                            }
-                        })
-                }}
-            </dialog>
-        </section>
+            <div class="dialog-actions">
+                <button type="button" on:click=move |_| moving.close()>"Cancel"</button>
+                <button type="submit" class="primary" disabled=move || moving.act.pending().get()>
+                    "Move"
+                </button>
+            </div>
+        </form>
+    }
+}
+
+/// The live nodes to move a seat to, the one holding it (`holder`) marked.
+#[component]
+fn MoveTargets(moving: Moving, holder: Option<String>) -> impl IntoView {
+    move || match moving.live_nodes.value().get() {
+        None => view! {
+            <option value="" disabled selected>
+                "Reading the live nodes…"
+            </option>
+        }
+        .into_any(),
+        Some(Err(_)) => view! {
+            <option value="" disabled selected>
+                "The live nodes cannot be read"
+            </option>
+        }
+        .into_any(),
+        Some(Ok(f)) => f
+            .nodes
+            .into_iter()
+            .map(|n| {
+                let id = n.node_id.clone();
+                let here = holder.as_deref() == Some(id.as_str());
+                let label = format!(
+                    "{id} ({}{})",
+                    n.status.as_str(),
+                    if here { ", holds it now" } else { "" },
+                );
+                let sel = id.clone();
+                view! {
+                    <option value=id selected=move || moving.to.get() == sel>
+                        {label}
+                    </option>
+                }
+            })
+            .collect_view()
+            .into_any(),
     }
 }
 

@@ -1,27 +1,27 @@
-//! Reads of a seat's memory, answered by the seat's holder (seed § A seat's
+//! Reads of a seat's memory, answered by the seat's holder (spec § A seat's
 //! memory follows it: "A read is answered by the holder").
 //!
 //! Every node that ever held a seat keeps a copy of its memory, and only
 //! the holder keeps it current. So a read is never answered from whichever
 //! node was asked: [`MemRead::read`] reads the seat's lease once and
 //!
-//! - no lease → [`SeatAnswer::Unheld`]: empty, naming no holder (a copy of
+//! - no lease → [`MemoryAnswer::Unheld`]: empty, naming no holder (a copy of
 //!   unknown age is not the seat's memory);
 //! - the lease is this process's and the seat is attached here → the
-//!   local store answers ([`SeatAnswer::Held`], `answered_by.local`);
+//!   local store answers ([`MemoryAnswer::Held`], `answered_by.local`);
 //! - the lease is this process's but the seat is still being established
-//!   (hydrating) or given back → [`SeatAnswer::Unavailable`];
+//!   (hydrating) or given back → [`MemoryAnswer::Unavailable`];
 //! - a peer's → that incarnation is asked within the scatter budget
 //!   (`memory.scatter_budget_ms`, two seconds by default). Silence, nobody
-//!   listening, or "not held here" is [`SeatAnswer::Unavailable`] naming
+//!   listening, or "not held here" is [`MemoryAnswer::Unavailable`] naming
 //!   the holder and why — never an empty answer.
 //!
 //! [`MemRead::overview`] follows the same rule in one round: the seat leases
 //! are listed once, this node's own seats are counted from its store, and
 //! ONE request goes to each other holder naming all of that holder's seats.
-//! Its [`Coverage`] names the holders that answered and those that did not
-//! (whose seats read unavailable, not empty); seats of the company nobody
-//! holds are listed as unheld.
+//! Its [`MemoryCoverage`] names the holders that answered and those that
+//! did not (whose seats read unavailable, not empty); seats of the company
+//! nobody holds are listed as unheld.
 //!
 //! # The subject
 //!
@@ -52,7 +52,7 @@
 //!
 //! # The answer shapes (what a screen gets)
 //!
-//! A seat ([`SeatRead`] for a read, [`SeatCounts`] per seat of an
+//! A seat ([`SeatRead`] for a read, [`SeatMemoryCounts`] per seat of an
 //! overview), tagged by `state`:
 //!
 //! ```json
@@ -70,7 +70,7 @@
 //! ```
 //!
 //! For a read `memory` is the seat's rows ([`SeatMemory`]); for an overview
-//! it is the rows per table ([`MemoryCounts`]). An [`Overview`] is
+//! it is the rows per table ([`MemoryCounts`]). A [`MemoryOverview`] is
 //! `{"node_id", "incarnation", "seats": [...], "coverage": {"answered":
 //! [...], "unanswered": [...]}}`, each coverage entry naming a holder, its
 //! seats, whether it is this node, and (unanswered) why.
@@ -79,6 +79,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
+use app::api::{
+    HolderCoverage, MemoryAnswer, MemoryAnswerer, MemoryCounts, MemoryCoverage, MemoryHolder,
+    MemoryOverview, MemoryUnavailable, SeatMemoryCounts,
+};
 use bytes::Bytes;
 use futures::stream::StreamExt;
 use serde::{Deserialize, Serialize};
@@ -107,262 +111,78 @@ pub fn subject(incarnation: &str) -> String {
 }
 
 // ---------------------------------------------------------------------------
-// The answers.
+// The answers. Their types are the dashboard's (`app::api`): the browser,
+// the JSON API and a holder's reply to another node all carry one shape.
+
+/// A read of one seat's memory: the seat's rows as its store keeps them
+/// (the web layer types them per table).
+pub type SeatRead = MemoryAnswer<SeatMemory>;
 
 /// The seat's lease holder: its node, its process incarnation, the epoch of
 /// its tenure.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Holder {
-    pub node_id: String,
-    pub incarnation: String,
-    pub epoch: u64,
+fn holder_of(lease: &Lease) -> MemoryHolder {
+    MemoryHolder {
+        node_id: lease.preferred.clone(),
+        incarnation: lease.owner.clone(),
+        epoch: lease.epoch,
+    }
 }
 
-impl Holder {
-    fn of(lease: &Lease) -> Holder {
-        Holder {
-            node_id: lease.preferred.clone(),
-            incarnation: lease.owner.clone(),
-            epoch: lease.epoch,
+/// What the holder did, as the end of a sentence naming it: "did not
+/// answer within 2000 ms".
+fn unavailable_words(reason: &MemoryUnavailable) -> String {
+    match reason {
+        MemoryUnavailable::Hydrating => "is still hydrating the seat's memory".into(),
+        MemoryUnavailable::Releasing => "is giving the seat back".into(),
+        MemoryUnavailable::NotHeldHere => {
+            "answered that it does not hold the seat (the lease moved)".into()
         }
-    }
-}
-
-/// Who gave an answer: its node and incarnation, the epoch of the tenure it
-/// answered under (none when it does not hold the seat), and whether it was
-/// the node that was asked.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Answerer {
-    pub node_id: String,
-    pub incarnation: String,
-    pub epoch: Option<u64>,
-    pub local: bool,
-}
-
-/// Why a held seat's memory cannot be had right now.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum Unavailable {
-    /// The holder is still establishing the seat: its acquire hook, which
-    /// replays the seat's memory from the changelog, has not returned.
-    Hydrating,
-    /// The holder is giving the seat back, or could not prove its teardown.
-    Releasing,
-    /// The holder says it does not hold the seat: the lease moved.
-    NotHeldHere,
-    /// The holder did not answer within the budget.
-    Silent { budget_ms: u64 },
-    /// Nothing answers for the holder's incarnation: its process is gone.
-    NoResponder,
-    /// The holder answered, but could not read the seat's memory.
-    HolderFailed { message: String },
-    /// The request could not be made, or its answer could not be read.
-    AskFailed { message: String },
-}
-
-impl std::fmt::Display for Unavailable {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Unavailable::Hydrating => f.write_str("is still hydrating the seat's memory"),
-            Unavailable::Releasing => f.write_str("is giving the seat back"),
-            Unavailable::NotHeldHere => {
-                f.write_str("answered that it does not hold the seat (the lease moved)")
-            }
-            Unavailable::Silent { budget_ms } => {
-                write!(f, "did not answer within {budget_ms} ms")
-            }
-            Unavailable::NoResponder => {
-                f.write_str("has nothing answering for it (its process is gone)")
-            }
-            Unavailable::HolderFailed { message } => {
-                write!(f, "cannot read the seat's memory: {message}")
-            }
-            Unavailable::AskFailed { message } => write!(f, "could not be asked: {message}"),
+        MemoryUnavailable::Silent { budget_ms } => {
+            format!("did not answer within {budget_ms} ms")
         }
-    }
-}
-
-/// A seat's rows per table, in the order [`SeatMemory::counts`] lists them.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct MemoryCounts {
-    pub diary: u64,
-    pub episodes: u64,
-    pub counterparty_profiles: u64,
-    pub skills: u64,
-    pub skill_versions: u64,
-    pub onboarding_markers: u64,
-    pub conversations: u64,
-}
-
-impl MemoryCounts {
-    /// The counts in [`SeatMemory::counts`] order.
-    pub fn as_array(&self) -> [u64; 7] {
-        [
-            self.diary,
-            self.episodes,
-            self.counterparty_profiles,
-            self.skills,
-            self.skill_versions,
-            self.onboarding_markers,
-            self.conversations,
-        ]
-    }
-
-    fn from_array(a: [u64; 7]) -> MemoryCounts {
-        MemoryCounts {
-            diary: a[0],
-            episodes: a[1],
-            counterparty_profiles: a[2],
-            skills: a[3],
-            skill_versions: a[4],
-            onboarding_markers: a[5],
-            conversations: a[6],
+        MemoryUnavailable::NoResponder => {
+            "has nothing answering for it (its process is gone)".into()
         }
-    }
-
-    pub fn total(&self) -> u64 {
-        self.as_array().iter().sum()
+        MemoryUnavailable::HolderFailed { message } => {
+            format!("cannot read the seat's memory: {message}")
+        }
+        MemoryUnavailable::AskFailed { message } => format!("could not be asked: {message}"),
     }
 }
 
-/// One seat's answer. `memory` is the seat's rows for a read
-/// ([`SeatRead`]) and its rows per table for an overview ([`SeatCounts`]).
-#[derive(Clone, Debug, PartialEq, Serialize)]
-#[serde(tag = "state", rename_all = "snake_case")]
-pub enum SeatAnswer<T> {
-    /// The holder's own copy, answered by the holder.
-    Held {
-        handle: String,
-        holder: Holder,
-        answered_by: Answerer,
-        memory: T,
-    },
-    /// No node holds the seat: empty, naming no holder.
-    Unheld {
-        handle: String,
-        answered_by: Answerer,
-        memory: T,
-    },
-    /// The seat is held, but its holder's copy cannot be had: never empty.
-    Unavailable {
-        handle: String,
-        holder: Holder,
-        answered_by: Answerer,
-        reason: Unavailable,
-        /// The reason in words, naming the holder's node.
-        why: String,
-    },
+/// Why the holder on `node_id` gave no memory, in words.
+fn why(node_id: &str, reason: &MemoryUnavailable) -> String {
+    format!("the holder {node_id} {}", unavailable_words(reason))
 }
 
-/// A read of one seat's memory.
-pub type SeatRead = SeatAnswer<SeatMemory>;
-/// One seat of an overview.
-pub type SeatCounts = SeatAnswer<MemoryCounts>;
-
-impl<T> SeatAnswer<T> {
-    pub fn handle(&self) -> &str {
-        match self {
-            SeatAnswer::Held { handle, .. }
-            | SeatAnswer::Unheld { handle, .. }
-            | SeatAnswer::Unavailable { handle, .. } => handle,
-        }
-    }
-
-    pub fn answered_by(&self) -> &Answerer {
-        match self {
-            SeatAnswer::Held { answered_by, .. }
-            | SeatAnswer::Unheld { answered_by, .. }
-            | SeatAnswer::Unavailable { answered_by, .. } => answered_by,
-        }
-    }
-
-    /// The lease holder (none when nobody holds the seat).
-    pub fn holder(&self) -> Option<&Holder> {
-        match self {
-            SeatAnswer::Held { holder, .. } | SeatAnswer::Unavailable { holder, .. } => {
-                Some(holder)
-            }
-            SeatAnswer::Unheld { .. } => None,
-        }
-    }
-
-    /// The memory (none when unavailable).
-    pub fn memory(&self) -> Option<&T> {
-        match self {
-            SeatAnswer::Held { memory, .. } | SeatAnswer::Unheld { memory, .. } => Some(memory),
-            SeatAnswer::Unavailable { .. } => None,
-        }
-    }
-
-    /// Why the memory cannot be had (unavailable only).
-    pub fn unavailable(&self) -> Option<&Unavailable> {
-        match self {
-            SeatAnswer::Unavailable { reason, .. } => Some(reason),
-            _ => None,
-        }
-    }
-
-    fn unavailable_from(
-        handle: &str,
-        holder: Holder,
-        answered_by: Answerer,
-        reason: Unavailable,
-    ) -> SeatAnswer<T> {
-        SeatAnswer::Unavailable {
-            why: format!("the holder {} {reason}", holder.node_id),
-            handle: handle.to_string(),
-            holder,
-            answered_by,
-            reason,
-        }
+/// A held seat whose holder's copy cannot be had: it names the holder and
+/// why, and carries no memory.
+fn unavailable<T>(
+    handle: &str,
+    holder: MemoryHolder,
+    answered_by: MemoryAnswerer,
+    reason: MemoryUnavailable,
+) -> MemoryAnswer<T> {
+    MemoryAnswer::Unavailable {
+        why: why(&holder.node_id, &reason),
+        handle: handle.to_string(),
+        holder,
+        answered_by,
+        reason,
     }
 }
 
-/// One holder in an overview's coverage.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct HolderCoverage {
-    pub node_id: String,
-    pub incarnation: String,
-    /// The node that was asked (its seats were read from its own store).
-    pub local: bool,
-    /// The seats it holds, by handle.
-    pub seats: Vec<String>,
-    /// Why it did not answer (unanswered only).
-    pub reason: Option<Unavailable>,
-    pub why: Option<String>,
-}
-
-/// Which holders answered an overview and which did not.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct Coverage {
-    pub answered: Vec<HolderCoverage>,
-    pub unanswered: Vec<HolderCoverage>,
-}
-
-/// Every seat's memory in one round: per-seat rows per table, who answered
-/// each, and which holders answered.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct Overview {
-    /// The node that was asked.
-    pub node_id: String,
-    pub incarnation: String,
-    /// Every seat held or in the company, by handle.
-    pub seats: Vec<SeatCounts>,
-    pub coverage: Coverage,
-}
-
-impl Overview {
-    pub fn seat(&self, handle: &str) -> Option<&SeatCounts> {
-        self.seats.iter().find(|s| s.handle() == handle)
-    }
-
-    /// The seats no node holds.
-    pub fn unheld(&self) -> Vec<&str> {
-        self.seats
-            .iter()
-            .filter(|s| matches!(s, SeatAnswer::Unheld { .. }))
-            .map(|s| s.handle())
-            .collect()
+/// A seat's rows per table, given in [`Table::ALL`] order (the order
+/// [`SeatMemory::counts`] lists them).
+fn counts_from(a: [u64; 7]) -> MemoryCounts {
+    MemoryCounts {
+        diary: a[0],
+        episodes: a[1],
+        counterparty_profiles: a[2],
+        skills: a[3],
+        skill_versions: a[4],
+        onboarding_markers: a[5],
+        conversations: a[6],
     }
 }
 
@@ -407,7 +227,7 @@ struct WireRequest {
 enum WireAnswer {
     Memory(SeatMemory),
     Counts(MemoryCounts),
-    Unavailable(Unavailable),
+    Unavailable(MemoryUnavailable),
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -435,7 +255,7 @@ enum Here {
     /// Attached under this epoch: the store answers.
     Attached(u64),
     /// Held here but not answerable.
-    Not(Option<u64>, Unavailable),
+    Not(Option<u64>, MemoryUnavailable),
 }
 
 /// Where a seat stands on this node, as the seat host knows it.
@@ -507,8 +327,8 @@ impl MemRead {
         self.engine.incarnation()
     }
 
-    fn me(&self, epoch: Option<u64>) -> Answerer {
-        Answerer {
+    fn me(&self, epoch: Option<u64>) -> MemoryAnswerer {
+        MemoryAnswerer {
             node_id: self.node_id().to_string(),
             incarnation: self.incarnation().to_string(),
             epoch,
@@ -544,9 +364,9 @@ impl MemRead {
     fn here(&self, handle: &str) -> Here {
         match self.engine.held_here(handle) {
             Some(HeldHere::Attached(e)) => Here::Attached(e),
-            Some(HeldHere::Establishing(e)) => Here::Not(Some(e), Unavailable::Hydrating),
-            Some(HeldHere::Releasing(e)) => Here::Not(Some(e), Unavailable::Releasing),
-            None => Here::Not(None, Unavailable::NotHeldHere),
+            Some(HeldHere::Establishing(e)) => Here::Not(Some(e), MemoryUnavailable::Hydrating),
+            Some(HeldHere::Releasing(e)) => Here::Not(Some(e), MemoryUnavailable::Releasing),
+            None => Here::Not(None, MemoryUnavailable::NotHeldHere),
         }
     }
 
@@ -554,24 +374,22 @@ impl MemRead {
     pub async fn read(&self, handle: &str) -> Result<SeatRead, MemReadError> {
         let lease = self.engine.store().lease(&format!("seat:{handle}")).await?;
         let Some(lease) = lease else {
-            return Ok(SeatAnswer::Unheld {
+            return Ok(MemoryAnswer::Unheld {
                 handle: handle.to_string(),
                 answered_by: self.me(None),
                 memory: SeatMemory::default(),
             });
         };
-        let holder = Holder::of(&lease);
+        let holder = holder_of(&lease);
         if lease.owner == self.incarnation() {
             return Ok(match self.here(handle) {
-                Here::Attached(epoch) => SeatAnswer::Held {
+                Here::Attached(epoch) => MemoryAnswer::Held {
                     handle: handle.to_string(),
                     holder,
                     answered_by: self.me(Some(epoch)),
                     memory: self.memory.seat_memory(handle, self.limit).await?,
                 },
-                Here::Not(epoch, reason) => {
-                    SeatAnswer::unavailable_from(handle, holder, self.me(epoch), reason)
-                }
+                Here::Not(epoch, reason) => unavailable(handle, holder, self.me(epoch), reason),
             });
         }
         let request = WireRequest {
@@ -581,12 +399,7 @@ impl MemRead {
         let mut answers = match self.ask(&holder, &request).await {
             Ok(reply) => reply,
             Err(reason) => {
-                return Ok(SeatAnswer::unavailable_from(
-                    handle,
-                    holder,
-                    self.me(None),
-                    reason,
-                ));
+                return Ok(unavailable(handle, holder, self.me(None), reason));
             }
         };
         Ok(take_seat(&mut answers, handle, holder, |a| match a {
@@ -598,19 +411,19 @@ impl MemRead {
     /// Every seat's memory, as rows per table, in one round: the seat
     /// leases listed once, this node's seats from its store, one request
     /// per other holder.
-    pub async fn overview(&self) -> Result<Overview, MemReadError> {
+    pub async fn overview(&self) -> Result<MemoryOverview, MemReadError> {
         let leases = self.engine.store().list("seat:").await?;
-        let mut by_owner: BTreeMap<String, Vec<(String, Holder)>> = BTreeMap::new();
+        let mut by_owner: BTreeMap<String, Vec<(String, MemoryHolder)>> = BTreeMap::new();
         for l in &leases {
             if let Some(handle) = l.resource.strip_prefix("seat:") {
                 by_owner
                     .entry(l.owner.clone())
                     .or_default()
-                    .push((handle.to_string(), Holder::of(l)));
+                    .push((handle.to_string(), holder_of(l)));
             }
         }
-        let mut seats: BTreeMap<String, SeatCounts> = BTreeMap::new();
-        let mut coverage = Coverage::default();
+        let mut seats: BTreeMap<String, SeatMemoryCounts> = BTreeMap::new();
+        let mut coverage = MemoryCoverage::default();
 
         // This node's own seats, from its own store.
         if let Some(mine) = by_owner.remove(self.incarnation()) {
@@ -621,12 +434,7 @@ impl MemRead {
                     Here::Not(epoch, reason) => {
                         seats.insert(
                             handle.clone(),
-                            SeatAnswer::unavailable_from(
-                                handle,
-                                holder.clone(),
-                                self.me(epoch),
-                                reason,
-                            ),
+                            unavailable(handle, holder.clone(), self.me(epoch), reason),
                         );
                     }
                 }
@@ -637,7 +445,7 @@ impl MemRead {
                 let memory = counts.remove(&handle).unwrap_or_default();
                 seats.insert(
                     handle.clone(),
-                    SeatAnswer::Held {
+                    MemoryAnswer::Held {
                         handle,
                         holder,
                         answered_by: self.me(Some(epoch)),
@@ -688,16 +496,11 @@ impl MemRead {
                     });
                 }
                 Err(reason) => {
-                    let why = format!("the holder {node_id} {reason}");
+                    let said = why(&node_id, &reason);
                     for (handle, holder) in held {
                         seats.insert(
                             handle.clone(),
-                            SeatAnswer::unavailable_from(
-                                &handle,
-                                holder,
-                                self.me(None),
-                                reason.clone(),
-                            ),
+                            unavailable(&handle, holder, self.me(None), reason.clone()),
                         );
                     }
                     coverage.unanswered.push(HolderCoverage {
@@ -706,7 +509,7 @@ impl MemRead {
                         local: false,
                         seats: handles,
                         reason: Some(reason),
-                        why: Some(why),
+                        why: Some(said),
                     });
                 }
             }
@@ -717,7 +520,7 @@ impl MemRead {
             if !seats.contains_key(&handle) {
                 seats.insert(
                     handle.to_string(),
-                    SeatAnswer::Unheld {
+                    MemoryAnswer::Unheld {
                         handle: handle.to_string(),
                         answered_by: self.me(None),
                         memory: MemoryCounts::default(),
@@ -725,7 +528,7 @@ impl MemRead {
                 );
             }
         }
-        Ok(Overview {
+        Ok(MemoryOverview {
             node_id: self.node_id().to_string(),
             incarnation: self.incarnation().to_string(),
             seats: seats.into_values().collect(),
@@ -735,8 +538,12 @@ impl MemRead {
 
     /// Put one request to `holder`'s incarnation; its answer by seat, or
     /// why there is none.
-    async fn ask(&self, holder: &Holder, request: &WireRequest) -> Result<AnsweredBy, Unavailable> {
-        let body = serde_json::to_vec(request).map_err(|e| Unavailable::AskFailed {
+    async fn ask(
+        &self,
+        holder: &MemoryHolder,
+        request: &WireRequest,
+    ) -> Result<AnsweredBy, MemoryUnavailable> {
+        let body = serde_json::to_vec(request).map_err(|e| MemoryUnavailable::AskFailed {
             message: e.to_string(),
         })?;
         let raw = self
@@ -748,18 +555,18 @@ impl MemRead {
             )
             .await
             .map_err(|e| match e {
-                ScatterError::TimedOut(_) => Unavailable::Silent {
+                ScatterError::TimedOut(_) => MemoryUnavailable::Silent {
                     budget_ms: self.budget.as_millis() as u64,
                 },
-                ScatterError::NoResponders(_) => Unavailable::NoResponder,
-                ScatterError::Failed(message) => Unavailable::AskFailed { message },
+                ScatterError::NoResponders(_) => MemoryUnavailable::NoResponder,
+                ScatterError::Failed(message) => MemoryUnavailable::AskFailed { message },
             })?;
         let reply: WireReply =
-            serde_json::from_slice(&raw).map_err(|e| Unavailable::AskFailed {
+            serde_json::from_slice(&raw).map_err(|e| MemoryUnavailable::AskFailed {
                 message: format!("the answer does not decode: {e}"),
             })?;
         if let Some(message) = reply.error {
-            return Err(Unavailable::HolderFailed { message });
+            return Err(MemoryUnavailable::HolderFailed { message });
         }
         Ok(AnsweredBy {
             node_id: reply.node_id,
@@ -818,7 +625,7 @@ impl MemRead {
                 for (handle, epoch) in attached {
                     let answer = match self.memory.seat_memory(&handle, limit).await {
                         Ok(m) => WireAnswer::Memory(m),
-                        Err(e) => WireAnswer::Unavailable(Unavailable::HolderFailed {
+                        Err(e) => WireAnswer::Unavailable(MemoryUnavailable::HolderFailed {
                             message: e.to_string(),
                         }),
                     };
@@ -847,7 +654,7 @@ impl MemRead {
                             seats.push(WireSeat {
                                 handle,
                                 epoch: Some(epoch),
-                                answer: WireAnswer::Unavailable(Unavailable::HolderFailed {
+                                answer: WireAnswer::Unavailable(MemoryUnavailable::HolderFailed {
                                     message: e.to_string(),
                                 }),
                             });
@@ -876,47 +683,45 @@ struct AnsweredBy {
 fn take_seat<T>(
     reply: &mut AnsweredBy,
     handle: &str,
-    holder: Holder,
+    holder: MemoryHolder,
     want: impl FnOnce(WireAnswer) -> Option<T>,
-) -> SeatAnswer<T> {
+) -> MemoryAnswer<T> {
     let Some(seat) = reply.seats.remove(handle) else {
-        let by = Answerer {
+        let by = MemoryAnswerer {
             node_id: reply.node_id.clone(),
             incarnation: reply.incarnation.clone(),
             epoch: None,
             local: false,
         };
-        return SeatAnswer::unavailable_from(
+        return unavailable(
             handle,
             holder,
             by,
-            Unavailable::HolderFailed {
+            MemoryUnavailable::HolderFailed {
                 message: "its answer left the seat out".into(),
             },
         );
     };
-    let answered_by = Answerer {
+    let answered_by = MemoryAnswerer {
         node_id: reply.node_id.clone(),
         incarnation: reply.incarnation.clone(),
         epoch: seat.epoch,
         local: false,
     };
     match seat.answer {
-        WireAnswer::Unavailable(reason) => {
-            SeatAnswer::unavailable_from(handle, holder, answered_by, reason)
-        }
+        WireAnswer::Unavailable(reason) => unavailable(handle, holder, answered_by, reason),
         other => match want(other) {
-            Some(memory) => SeatAnswer::Held {
+            Some(memory) => MemoryAnswer::Held {
                 handle: handle.to_string(),
                 holder,
                 answered_by,
                 memory,
             },
-            None => SeatAnswer::unavailable_from(
+            None => unavailable(
                 handle,
                 holder,
                 answered_by,
-                Unavailable::AskFailed {
+                MemoryUnavailable::AskFailed {
                     message: "the answer is not what was asked for".into(),
                 },
             ),
@@ -949,7 +754,7 @@ async fn count_rows(
     }
     Ok(counts
         .into_iter()
-        .map(|(h, a)| (h, MemoryCounts::from_array(a)))
+        .map(|(h, a)| (h, counts_from(a)))
         .collect())
 }
 
@@ -979,29 +784,30 @@ mod tests {
                 "conversations"
             ]
         );
-        let c = MemoryCounts::from_array([1, 2, 3, 4, 5, 6, 7]);
+        let c = counts_from([1, 2, 3, 4, 5, 6, 7]);
         assert_eq!(c.diary, 1);
         assert_eq!(c.conversations, 7);
-        assert_eq!(c.as_array(), [1, 2, 3, 4, 5, 6, 7]);
+        // The pages list the tables in the same order.
+        assert_eq!(c.named().map(|(_, n)| n), [1, 2, 3, 4, 5, 6, 7]);
         assert_eq!(c.total(), 28);
     }
 
     #[test]
     fn an_unavailable_answer_names_the_holder_and_why_and_carries_no_memory() {
-        let a: SeatRead = SeatAnswer::unavailable_from(
+        let a: SeatRead = unavailable(
             "s0",
-            Holder {
+            MemoryHolder {
                 node_id: "n1".into(),
                 incarnation: "n1:1".into(),
                 epoch: 3,
             },
-            Answerer {
+            MemoryAnswerer {
                 node_id: "n2".into(),
                 incarnation: "n2:1".into(),
                 epoch: None,
                 local: true,
             },
-            Unavailable::Silent { budget_ms: 2000 },
+            MemoryUnavailable::Silent { budget_ms: 2000 },
         );
         assert!(a.memory().is_none());
         let v = serde_json::to_value(&a).unwrap();
@@ -1029,9 +835,64 @@ mod tests {
         let s = WireSeat {
             handle: "a".into(),
             epoch: None,
-            answer: WireAnswer::Unavailable(Unavailable::NotHeldHere),
+            answer: WireAnswer::Unavailable(MemoryUnavailable::NotHeldHere),
         };
         let v = serde_json::to_value(&s).unwrap();
         assert_eq!(v["answer"]["unavailable"]["kind"], "not_held_here");
+    }
+
+    #[test]
+    fn a_holders_reply_keeps_its_shape() {
+        let reply = serde_json::json!({
+            "node_id": "n1", "incarnation": "n1:0a1b2c3d", "error": null,
+            "seats": [
+                {"handle": "bob", "epoch": 2, "answer": {"counts": {
+                    "diary": 3, "episodes": 0, "counterparty_profiles": 1, "skills": 0,
+                    "skill_versions": 0, "onboarding_markers": 2, "conversations": 5}}},
+                {"handle": "carol", "epoch": null,
+                 "answer": {"unavailable": {"kind": "silent", "budget_ms": 2000}}},
+                {"handle": "dan", "epoch": 1,
+                 "answer": {"unavailable": {"kind": "holder_failed", "message": "disk"}}}
+            ]
+        });
+        let back: WireReply = serde_json::from_value(reply.clone()).unwrap();
+        assert!(matches!(
+            &back.seats[0].answer,
+            WireAnswer::Counts(c) if c.diary == 3 && c.conversations == 5
+        ));
+        assert_eq!(serde_json::to_value(&back).unwrap(), reply);
+    }
+
+    #[test]
+    fn why_names_the_holder_and_what_it_did() {
+        for (reason, words) in [
+            (
+                MemoryUnavailable::Hydrating,
+                "is still hydrating the seat's memory",
+            ),
+            (MemoryUnavailable::Releasing, "is giving the seat back"),
+            (
+                MemoryUnavailable::NotHeldHere,
+                "answered that it does not hold the seat (the lease moved)",
+            ),
+            (
+                MemoryUnavailable::NoResponder,
+                "has nothing answering for it (its process is gone)",
+            ),
+            (
+                MemoryUnavailable::HolderFailed {
+                    message: "disk".into(),
+                },
+                "cannot read the seat's memory: disk",
+            ),
+            (
+                MemoryUnavailable::AskFailed {
+                    message: "no route".into(),
+                },
+                "could not be asked: no route",
+            ),
+        ] {
+            assert_eq!(why("n1", &reason), format!("the holder n1 {words}"));
+        }
     }
 }

@@ -984,7 +984,7 @@ impl SeatEngine {
     /// passes, and the fleet's priority order over the nodes present.
     async fn snapshot(&self, presence_leases: &[Lease], progress: &Progress<'_>) -> Snapshot {
         let company = self.company();
-        let fading = self.fading(&presence_leases).await;
+        let fading = self.fading(presence_leases).await;
         progress();
         let mut presence: Vec<Presence> = presence_leases.iter().filter_map(presence_of).collect();
         // This node as it is now, whatever its row said a heartbeat ago.
@@ -1029,7 +1029,7 @@ impl SeatEngine {
         };
         // The fleet's one priority order (never a private one), applied to
         // the nodes present; an unreadable order ranks nobody.
-        let mut present = first_seen(&presence_leases);
+        let mut present = first_seen(presence_leases);
         if !present.iter().any(|(id, _)| *id == self.cfg.node_id) && !self.host.is_draining() {
             present.push((
                 self.cfg.node_id.clone(),

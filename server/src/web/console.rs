@@ -392,7 +392,6 @@ impl Console for NodeConsole {
         self.memread
             .overview()
             .await
-            .map(crate::web::memory::overview)
             .map_err(|e| unavailable("read the seats' memory", e))
     }
 

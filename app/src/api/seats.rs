@@ -1,0 +1,143 @@
+//! The Seats page: one row per seat of the active company, the query that
+//! filters them, and the answer to a person's action on a seat.
+
+use serde::{Deserialize, Serialize};
+
+/// What a person's pause, resume or stop of a seat came to, as the JSON API
+/// answers it: `{"seat": "alpha", "result": "paused"}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SeatActionResult {
+    pub seat: String,
+    /// One short phrase: `paused`, `already paused (updated)`, `resumed`,
+    /// `was not paused` or `stop requested`.
+    pub result: String,
+}
+
+/// A seat's state, as the Seats page shows and filters it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SeatState {
+    /// Held and running its inbox.
+    Attached,
+    /// Claimed; the holder is still establishing it (no turn runs yet).
+    Establishing,
+    /// A person paused it: its holder holds the inbox until a resume.
+    Paused,
+    /// Its holder's teardown is failing: the lease is kept, nothing runs.
+    Undead,
+    /// Nobody holds it right now.
+    Unowned,
+}
+
+impl SeatState {
+    pub const ALL: [SeatState; 5] = [
+        SeatState::Attached,
+        SeatState::Establishing,
+        SeatState::Paused,
+        SeatState::Undead,
+        SeatState::Unowned,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SeatState::Attached => "attached",
+            SeatState::Establishing => "establishing",
+            SeatState::Paused => "paused",
+            SeatState::Undead => "undead",
+            SeatState::Unowned => "unowned",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<SeatState> {
+        SeatState::ALL.into_iter().find(|st| st.as_str() == s)
+    }
+}
+
+/// Who holds a seat, from its lease.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SeatHolder {
+    pub node_id: String,
+    pub incarnation: String,
+    pub epoch: u64,
+    /// RFC 3339: the tenure's start (the lease's `acquired_at`).
+    pub since: String,
+}
+
+/// A seat's pause: who, when, why.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SeatPauseView {
+    pub by: String,
+    /// RFC 3339.
+    pub at: String,
+    pub reason: Option<String>,
+    pub stop_running_turn: bool,
+}
+
+/// One row of the Seats page.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SeatRow {
+    pub handle: String,
+    /// Where the seat may run: `any node`, or the nodes and labels its
+    /// role's placement names.
+    pub placement: String,
+    pub holder: Option<SeatHolder>,
+    pub state: SeatState,
+    /// Messages waiting in (or delivered and not yet settled from) the
+    /// seat's inbox; `None` when the queue could not say.
+    pub pending: Option<u64>,
+    pub pause: Option<SeatPauseView>,
+    /// The last error that broke one of its turns, and the node it broke on.
+    pub last_error: Option<String>,
+    pub last_error_node: Option<String>,
+    /// The turn running now, when this node holds the seat and one runs
+    /// (its turn id); `None` otherwise, or when a peer holds the seat.
+    #[serde(default)]
+    pub running_turn: Option<String>,
+    /// The seat's detached runs (`crewlet_runs`), live ones first; read
+    /// for the seats of the page shown only.
+    #[serde(default)]
+    pub runs: Vec<SeatRunView>,
+}
+
+/// A detached run as the Seats page shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SeatRunView {
+    pub run_id: String,
+    /// `running`, `parked`, `finished`, `failed` or `ended`.
+    pub state: String,
+    /// The node whose child runs (or ran) the command.
+    pub launcher_node: String,
+}
+
+/// What the Seats page asks for: a search over handles and holder nodes,
+/// a state, and a page (1-based).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SeatQuery {
+    pub query: String,
+    pub state: Option<SeatState>,
+    pub page: u32,
+}
+
+/// One page of the active company's seats.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SeatList {
+    pub answered_by: String,
+    pub company: String,
+    pub revision: u64,
+    /// Seats in the active revision.
+    pub total: usize,
+    /// Seats matching the query (every page together).
+    pub matching: usize,
+    /// The page shown (1-based; the last page when the one asked for is
+    /// past the end).
+    pub page: u32,
+    pub pages: u32,
+    pub page_size: u32,
+    /// How many seats of the active revision are in each state (whatever
+    /// the query).
+    pub counts: Vec<(SeatState, usize)>,
+    pub rows: Vec<SeatRow>,
+}
+
+/// Seats on one page of the Seats page.
+pub const SEAT_PAGE_SIZE: u32 = 50;

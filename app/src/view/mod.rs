@@ -1,0 +1,12 @@
+//! The pages' pure view logic: how the data of [`crate::api`] reads in
+//! words and folds into what a page shows. Nothing here touches the DOM or
+//! the node, so every piece is tested as a plain function.
+
+mod fleet;
+mod handoffs;
+mod memory;
+mod seats;
+
+pub use fleet::{duration_words, presence_left, rfc3339_seconds, unfollowed};
+pub use handoffs::{HANDOFFS_KEPT, HandoffState, HandoffView, apply_handoff_event};
+pub use seats::runs_summary;

@@ -68,6 +68,7 @@ fn roles(n: usize) -> Vec<RoleConfig> {
             handle: format!("seat-{i:05}"),
             agent: Default::default(),
             placement: PlacementConfig::default(),
+            mcp: Vec::new(),
         })
         .collect()
 }

@@ -288,6 +288,25 @@ pub enum Event {
     SeatMailboxRetirementResumed {
         seat: String,
     },
+    /// A seat's MCP tool server started, initialised and listed its tools.
+    McpServerStarted {
+        seat: String,
+        server: String,
+        tools: usize,
+    },
+    /// A seat's MCP tool server could not start, initialise or list its
+    /// tools within its bound: the seat is refused here.
+    McpServerFailed {
+        seat: String,
+        server: String,
+        error: String,
+    },
+    /// A seat's MCP tool server stopped (given back) or was found gone.
+    McpServerExited {
+        seat: String,
+        server: String,
+        reason: String,
+    },
     /// A turn started a detached run.
     RunStarted {
         seat: String,

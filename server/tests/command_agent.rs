@@ -46,6 +46,7 @@ fn turn(turn_id: &str, triggers: &[&str]) -> TurnInput {
             })
             .collect(),
         delivered: 1,
+        tools: Vec::new(),
     }
 }
 

@@ -139,6 +139,7 @@ fn role(handle: &str, placement: PlacementConfig) -> RoleConfig {
         handle: handle.into(),
         agent: Default::default(),
         placement,
+        mcp: Vec::new(),
     }
 }
 

@@ -49,6 +49,7 @@ async fn tools() -> (Tools, tempfile::TempDir) {
         runs_allowed: crewlet::config::RunsSection {
             allow: vec!["/bin/true".into()],
         },
+        mcp: Default::default(),
     };
     (tools, dir)
 }
@@ -70,6 +71,7 @@ fn turn(seat: &str) -> TurnInput {
             sent_at: None,
         }],
         delivered: 1,
+        tools: Vec::new(),
     }
 }
 

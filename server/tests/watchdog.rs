@@ -115,6 +115,7 @@ async fn engine_on_twin(seats: usize, hooks: Arc<dyn SeatHooks>) -> (Arc<SeatEng
             handle: format!("s{i}"),
             agent: Default::default(),
             placement: PlacementConfig::default(),
+            mcp: Vec::new(),
         })
         .collect();
     company::apply(&*store, "Watchdog company", &roles)
@@ -295,6 +296,7 @@ async fn silent_store(ttl: Duration, timeout: Duration, silent_secs: u64, ghost_
             handle: format!("s{i}"),
             agent: Default::default(),
             placement: PlacementConfig::default(),
+            mcp: Vec::new(),
         })
         .collect();
     company::apply(&*store, "Watchdog company", &roles)

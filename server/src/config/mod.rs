@@ -453,6 +453,92 @@ pub struct RoleConfig {
     pub agent: AgentConfig,
     #[serde(default)]
     pub placement: PlacementConfig,
+    /// The seat's MCP tool servers (README § Tools), started first when
+    /// the seat is established and stopped when it is given back.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mcp: Vec<McpServerConfig>,
+}
+
+/// One MCP tool server of a role: a stdio child of the seat (`command`)
+/// or a shared server over streamable HTTP (`url`), never both.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct McpServerConfig {
+    /// Unique within the role; its tools are named `{name}.{tool}`.
+    pub name: String,
+    /// The program and its arguments (stdio transport).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub command: Vec<String>,
+    /// The server's streamable-HTTP endpoint (`http://…` or `https://…`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// Variables a stdio child gets, as written (it starts from a clean
+    /// environment: `PATH`, `HOME`, `LANG`, `CREWLET_SEAT`, `CREWLET_NODE`,
+    /// these and `env_from`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// Names of the node's environment variables passed to a stdio child.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env_from: Vec<String>,
+    /// HTTP headers for a `url` server, each read from the node's
+    /// environment variable named here (`Authorization = "SEARCH_TOKEN"`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub headers_from: BTreeMap<String, String>,
+    /// How long one tool call may take before it fails (`ok: false`).
+    #[serde(default = "default_call_timeout_seconds")]
+    pub call_timeout_seconds: u64,
+    /// How long starting, initialising and listing the tools may take
+    /// before the seat is refused here.
+    #[serde(default = "default_start_timeout_seconds")]
+    pub start_timeout_seconds: u64,
+    /// How long the release hook waits for a stdio child to exit after
+    /// SIGTERM before the teardown fails (the seat goes undead).
+    #[serde(default = "default_stop_wait_ms")]
+    pub stop_wait_ms: u64,
+}
+
+fn default_call_timeout_seconds() -> u64 {
+    60
+}
+
+fn default_start_timeout_seconds() -> u64 {
+    20
+}
+
+impl McpServerConfig {
+    /// A stdio server running `command`.
+    pub fn stdio(name: &str, command: &[&str]) -> McpServerConfig {
+        McpServerConfig {
+            name: name.into(),
+            command: command.iter().map(|s| s.to_string()).collect(),
+            url: None,
+            env: BTreeMap::new(),
+            env_from: Vec::new(),
+            headers_from: BTreeMap::new(),
+            call_timeout_seconds: default_call_timeout_seconds(),
+            start_timeout_seconds: default_start_timeout_seconds(),
+            stop_wait_ms: default_stop_wait_ms(),
+        }
+    }
+
+    /// Pure: a stdio child's environment (as a command agent's is built).
+    pub fn child_env(
+        &self,
+        seat: &str,
+        node: &str,
+        node_env: &dyn Fn(&str) -> Option<String>,
+    ) -> BTreeMap<String, String> {
+        let mut out = base_child_env(seat, node, node_env);
+        for name in &self.env_from {
+            if let Some(v) = node_env(name) {
+                out.insert(name.clone(), v);
+            }
+        }
+        for (k, v) in &self.env {
+            out.insert(k.clone(), v.clone());
+        }
+        out
+    }
 }
 
 /// What runs the seat's turns.

@@ -54,6 +54,7 @@ fn exemplar(agent: AgentConfig) -> Config {
                 nodes: vec!["n".into()],
                 labels: vec!["l".into()],
             },
+            mcp: Vec::new(),
         }],
         auth: AuthSection {
             users: vec![UserConfig {

@@ -391,6 +391,91 @@ fn check_roles(c: &Config, p: &mut Report<'_>) {
                 );
             }
         }
+        check_mcp(i, r, p);
+    }
+}
+
+/// `[[roles]] mcp`: each server named once, a name fit for a tool name,
+/// exactly one of `command` and `url`, a program to run, an http(s) URL,
+/// bounded timeouts.
+fn check_mcp(i: usize, r: &crate::config::RoleConfig, p: &mut Report<'_>) {
+    let mut names = HashSet::new();
+    for (j, m) in r.mcp.iter().enumerate() {
+        let key = |k: &str| format!("roles[{i}].mcp[{j}].{k}");
+        if !is_subject_safe(&m.name) {
+            p(
+                &key("name"),
+                q(&m.name),
+                "a tool server's name must be 1–64 letters, digits, `-` or `_` (its tools are named `{name}.{tool}`)",
+                "name it like \"fs\" or \"search\"".into(),
+            );
+        } else if !names.insert(m.name.as_str()) {
+            p(
+                &key("name"),
+                q(&m.name),
+                "is used by an earlier tool server of this role",
+                "give every tool server of a role its own name".into(),
+            );
+        }
+        match (m.command.is_empty(), &m.url) {
+            (true, None) => p(
+                &key("command"),
+                Some("[]".into()),
+                "a tool server needs a program to run (`command`) or an address (`url`)",
+                "set command = [\"mcp-server-time\"] or url = \"http://127.0.0.1:8811/mcp\"".into(),
+            ),
+            (false, Some(u)) => p(
+                &key("url"),
+                q(u),
+                "a tool server is either a child (`command`) or a shared server (`url`), not both",
+                "keep one of the two".into(),
+            ),
+            (false, None) if m.command[0].trim().is_empty() => p(
+                &key("command"),
+                q(&m.command[0]),
+                "the program to run is empty",
+                "name the program first, then its arguments".into(),
+            ),
+            (true, Some(u))
+                if !(u.starts_with("http://") || u.starts_with("https://"))
+                    || u.contains(char::is_whitespace)
+                    || u.trim_start_matches("https://")
+                        .trim_start_matches("http://")
+                        .is_empty() =>
+            {
+                p(
+                    &key("url"),
+                    q(u),
+                    "is not an http:// or https:// address",
+                    "write it as \"http://127.0.0.1:8811/mcp\"".into(),
+                )
+            }
+            _ => {}
+        }
+        if m.url.is_none() && !m.headers_from.is_empty() {
+            p(
+                &key("headers_from"),
+                None,
+                "headers are sent only to a `url` server",
+                "remove headers_from, or give the server a url".into(),
+            );
+        }
+        if !(1..=3600).contains(&m.call_timeout_seconds) {
+            p(
+                &key("call_timeout_seconds"),
+                Some(m.call_timeout_seconds.to_string()),
+                "must be between 1 and 3600",
+                "the default is 60".into(),
+            );
+        }
+        if !(1..=600).contains(&m.start_timeout_seconds) {
+            p(
+                &key("start_timeout_seconds"),
+                Some(m.start_timeout_seconds.to_string()),
+                "must be between 1 and 600",
+                "the default is 20".into(),
+            );
+        }
     }
 }
 

@@ -29,6 +29,23 @@ pub struct TurnInput {
     pub triggers: Vec<Envelope>,
     /// The highest delivery count among the triggers (1 on a first try).
     pub delivered: u64,
+    /// The seat's tools this turn: the built-ins and every tool of the
+    /// role's MCP servers (`{server}.{tool}`).
+    #[serde(default)]
+    pub tools: Vec<ToolSpec>,
+}
+
+/// One tool an agent may call, as it is told with each turn.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ToolSpec {
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    /// The JSON schema of the tool's arguments.
+    #[serde(default)]
+    pub input_schema: serde_json::Value,
+    #[serde(default)]
+    pub annotations: Annotations,
 }
 
 /// A tool's own classification. `None` is unclassified, which proves
@@ -39,6 +56,13 @@ pub struct Annotations {
     pub read_only: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub open_world: Option<bool>,
+    /// It may destroy what it touches (MCP `destructiveHint`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub destructive: Option<bool>,
+    /// Calling it twice with the same arguments does no more than once
+    /// (MCP `idempotentHint`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotent: Option<bool>,
 }
 
 /// Where a tool's implementation lives.
@@ -46,8 +70,7 @@ pub struct Annotations {
 pub enum Backing {
     /// Implemented by the engine itself.
     FirstParty,
-    /// Served by an MCP server (none ship with this build; the rule is
-    /// stated for them).
+    /// Served by one of the role's MCP servers.
     Mcp,
 }
 
@@ -177,6 +200,7 @@ mod tests {
                     let a = Annotations {
                         read_only,
                         open_world,
+                        ..Annotations::default()
                     };
                     let expected = open_world == Some(true)
                         || (backing == Backing::Mcp && read_only != Some(true));
@@ -194,7 +218,7 @@ mod tests {
             Backing::Mcp,
             Annotations {
                 read_only: Some(true),
-                open_world: None
+                ..Annotations::default()
             }
         ));
     }

@@ -13,7 +13,8 @@
 //! message ids the turn reports it answered in its thread) and `run` (the
 //! arguments of a `run_detached` call, asked for in the round `run.round`
 //! names — the last one, beside the outbound effect, by default; the turn
-//! is parked after that round, so the rounds after it never run). Without
+//! is parked after that round, so the rounds after it never run) and
+//! `tools` (calls of the seat's tools, each `{name, args, round}`). Without
 //! drills every body is only echoed back.
 
 use std::time::Duration;
@@ -120,6 +121,37 @@ fn runs_in(agent: &EchoAgent, turn: &TurnInput, round: u32, rounds: u32) -> Vec<
         .collect()
 }
 
+/// The calls a trigger's `tools` asks for in `round` — each `{name, args,
+/// round}` (round 1 by default, clamped to the turn's rounds) — none
+/// without drills. How the tests drive a seat's MCP tools.
+fn tools_in(agent: &EchoAgent, turn: &TurnInput, round: u32, rounds: u32) -> Vec<ToolCall> {
+    turn.triggers
+        .iter()
+        .enumerate()
+        .flat_map(|(i, t)| {
+            let asked = agent
+                .drill(&t.body, "tools")
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default();
+            asked.into_iter().enumerate().filter_map(move |(j, c)| {
+                let at = c
+                    .get("round")
+                    .and_then(Value::as_u64)
+                    .map_or(1, |r| r.clamp(1, u64::from(rounds)) as u32);
+                let name = c.get("name").and_then(Value::as_str)?;
+                (at == round).then(|| {
+                    call(
+                        format!("r{round}-tool-{i}-{j}"),
+                        name,
+                        c.get("args").cloned().unwrap_or(Value::Null),
+                    )
+                })
+            })
+        })
+        .collect()
+}
+
 fn outbound(turn: &TurnInput, round: u32) -> ToolCall {
     let ids: Vec<&str> = turn.triggers.iter().map(|t| t.id.as_str()).collect();
     call(
@@ -187,6 +219,7 @@ impl Agent for EchoAgent {
                 json!({"text": format!("turn {} round {round}: thinking", turn.turn_id)}),
             )];
             calls.extend(runs_in(self, turn, round, plan.rounds));
+            calls.extend(tools_in(self, turn, round, plan.rounds));
             return Ok(Step::Calls(calls));
         }
         if round == plan.rounds {
@@ -217,6 +250,7 @@ impl Agent for EchoAgent {
                 }
             }
             calls.extend(runs_in(self, turn, round, plan.rounds));
+            calls.extend(tools_in(self, turn, round, plan.rounds));
             calls.push(outbound(turn, round));
             return Ok(Step::Calls(calls));
         }
@@ -261,6 +295,7 @@ mod tests {
                 sent_at: None,
             }],
             delivered: 1,
+            tools: Vec::new(),
         }
     }
 

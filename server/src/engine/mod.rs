@@ -8,6 +8,7 @@ pub mod command;
 pub mod echo;
 pub mod envelope;
 pub mod ledger;
+pub mod mcp;
 pub mod outbox;
 pub mod partition;
 pub mod pause;

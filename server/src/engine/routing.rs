@@ -50,6 +50,7 @@ mod tests {
                     handle: h.to_string(),
                     agent: Default::default(),
                     placement: Default::default(),
+                    mcp: Vec::new(),
                 })
                 .collect(),
             schedules: vec![],

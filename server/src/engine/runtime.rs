@@ -166,6 +166,7 @@ impl TurnEngine {
                 memory: s.memory,
                 company: s.company.clone(),
                 runs_allowed: s.policy.runs.clone(),
+                mcp: Default::default(),
             },
             store: s.store,
             queue: s.queue,
@@ -424,6 +425,7 @@ impl TurnEngine {
             work_key: Some(resume_work_key(&env.id)),
             delivered,
             triggers: vec![trigger],
+            tools: self.tools.surface(handle),
         };
         let record = self.run_turn(rt, fence, &turn, received).await;
         let closed = closing(
@@ -737,6 +739,83 @@ impl TurnEngine {
         Ok(())
     }
 
+    /// Start the role's MCP servers for `handle` (a seat already holding
+    /// them, from a release not finished yet, keeps them). A server that
+    /// cannot start refuses the seat here, named in `mcp_server_failed`.
+    async fn start_tool_servers(&self, handle: &str) -> Result<(), HookError> {
+        if self.tools.mcp.get(handle).is_some() {
+            return Ok(());
+        }
+        let company = self.company.borrow().clone();
+        let cfgs = company
+            .roles
+            .iter()
+            .find(|r| r.handle == handle)
+            .map(|r| r.mcp.clone())
+            .unwrap_or_default();
+        if cfgs.is_empty() {
+            return Ok(());
+        }
+        let events = self.events.clone();
+        let started = |server: &str, tools: usize| {
+            events.emit(Event::McpServerStarted {
+                seat: handle.to_string(),
+                server: server.to_string(),
+                tools,
+            })
+        };
+        match super::mcp::SeatMcp::start(handle, &self.node_id, &cfgs, &started).await {
+            Ok(m) => {
+                self.tools.mcp.insert(handle, Arc::new(m));
+                Ok(())
+            }
+            Err(e) => {
+                self.events.emit(Event::McpServerFailed {
+                    seat: handle.to_string(),
+                    server: e.server.clone(),
+                    error: e.error.clone(),
+                });
+                Err(HookError::new("tool servers", e.to_string()))
+            }
+        }
+    }
+
+    /// Stop the seat's MCP servers. A child that will not exit keeps them
+    /// registered and fails the teardown (the seat stays undead and the
+    /// stop is tried again).
+    async fn stop_tool_servers(&self, handle: &str) -> Result<(), HookError> {
+        let Some(m) = self.tools.mcp.get(handle) else {
+            return Ok(());
+        };
+        m.stop()
+            .await
+            .map_err(|e| HookError::new("tool servers", e))?;
+        self.tools.mcp.remove(handle);
+        for server in m.server_names() {
+            self.events.emit(Event::McpServerExited {
+                seat: handle.to_string(),
+                server,
+                reason: "stopped".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The tools the agent of `handle` is told with each turn: the
+    /// built-ins and the seat's MCP tools while it holds them here.
+    pub fn tool_surface(&self, handle: &str) -> Vec<super::agent::ToolSpec> {
+        self.tools.surface(handle)
+    }
+
+    /// The process ids of the seat's MCP children on this node.
+    pub fn tool_server_pids(&self, handle: &str) -> Vec<u32> {
+        self.tools
+            .mcp
+            .get(handle)
+            .map(|m| m.child_pids())
+            .unwrap_or_default()
+    }
+
     fn runtime(&self, handle: &str) -> Option<Arc<SeatRuntime>> {
         lock(&self.seats).get(handle).cloned()
     }
@@ -919,6 +998,7 @@ impl TurnEngine {
             work_key: ledger::work_key(&plan.triggers),
             delivered: plan.delivered,
             triggers: plan.triggers,
+            tools: self.tools.surface(&handle),
         };
         *lock(&rt.stop) = None;
         let record = self.run_turn(rt, fence, &turn, received).await;
@@ -1150,15 +1230,18 @@ impl Handler for ControlHandler {
 #[async_trait::async_trait]
 impl SeatHooks for TurnEngine {
     async fn start_children(&self, seat: &SeatContext) -> Result<(), HookError> {
+        // The tool servers first: a seat whose tools are not up runs with
+        // none.
+        self.start_tool_servers(&seat.handle).await?;
         let agent = match self.runtime(&seat.handle) {
             // A runtime left by a release that has not finished yet.
             Some(rt) => rt.agent.clone(),
             None => self.agent_for(&seat.handle)?,
         };
-        agent
-            .start()
-            .await
-            .map_err(|e| HookError::new("children", e.to_string()))?;
+        if let Err(e) = agent.start().await {
+            self.stop_tool_servers(&seat.handle).await.ok();
+            return Err(HookError::new("children", e.to_string()));
+        }
         lock(&self.seats)
             .entry(seat.handle.clone())
             .or_insert_with(|| {
@@ -1289,7 +1372,7 @@ impl SeatHooks for TurnEngine {
                 .await
                 .map_err(|e| HookError::new("children", e.to_string()))?;
         }
-        Ok(())
+        self.stop_tool_servers(&seat.handle).await
     }
 
     async fn release(&self, seat: &SeatContext) -> Result<(), HookError> {
@@ -1299,6 +1382,7 @@ impl SeatHooks for TurnEngine {
                 .await
                 .map_err(|e| HookError::new("children", e.to_string()))?;
         }
+        self.stop_tool_servers(&seat.handle).await?;
         // The last flush, after the reflect subscription is gone: nothing
         // writes the seat's memory here after it.
         changelog::flush(&self.tools.memory, &*self.changelog, &seat.handle)

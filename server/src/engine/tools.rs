@@ -18,7 +18,9 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use tokio::sync::watch;
 
-use super::agent::{Annotations, Backing, ToolCall, ToolResult, TurnInput, reached_outside};
+use super::agent::{
+    Annotations, Backing, ToolCall, ToolResult, ToolSpec, TurnInput, reached_outside,
+};
 use super::envelope::Envelope;
 use super::outbox::{Effect, Outbox};
 use super::routing;
@@ -26,55 +28,68 @@ use crate::company::Company;
 use crate::memory::MemoryStore;
 use crate::queue::Queue;
 
+const fn own(read_only: bool, open_world: bool) -> Annotations {
+    Annotations {
+        read_only: Some(read_only),
+        open_world: Some(open_world),
+        destructive: None,
+        idempotent: None,
+    }
+}
+
 /// The built-in tools and their own annotations.
 pub const BUILT_IN: [(&str, Annotations); 6] = [
-    (
-        "run_detached",
-        Annotations {
-            read_only: Some(false),
-            open_world: Some(true),
-        },
-    ),
-    (
-        "post_outbox",
-        Annotations {
-            read_only: Some(false),
-            open_world: Some(true),
-        },
-    ),
-    (
-        "a2a_message",
-        Annotations {
-            read_only: Some(false),
-            open_world: Some(true),
-        },
-    ),
-    (
-        "diary_write",
-        Annotations {
-            read_only: Some(false),
-            open_world: Some(false),
-        },
-    ),
-    (
-        "episode_write",
-        Annotations {
-            read_only: Some(false),
-            open_world: Some(false),
-        },
-    ),
-    (
-        "read_memory",
-        Annotations {
-            read_only: Some(true),
-            open_world: Some(false),
-        },
-    ),
+    ("run_detached", own(false, true)),
+    ("post_outbox", own(false, true)),
+    ("a2a_message", own(false, true)),
+    ("diary_write", own(false, false)),
+    ("episode_write", own(false, false)),
+    ("read_memory", own(true, false)),
 ];
 
 /// A built-in tool's annotations; `None` for a name that is not one.
 pub fn annotations_of(name: &str) -> Option<Annotations> {
     BUILT_IN.iter().find(|(n, _)| *n == name).map(|(_, a)| *a)
+}
+
+/// The built-in tools as an agent is told them.
+pub fn built_in_specs() -> Vec<ToolSpec> {
+    let text =
+        |k: &str| json!({"type": "object", "properties": {k: {"type": "string"}}, "required": [k]});
+    let described = |name: &str| -> (&'static str, Value) {
+        match name {
+            "run_detached" => (
+                "Start a child process the node's [runs] allow, parking the turn until it finishes.",
+                json!({"type": "object", "properties": {"argv": {"type": "array", "items": {"type": "string"}}, "timeout_seconds": {"type": "integer"}}, "required": ["argv"]}),
+            ),
+            "post_outbox" => (
+                "Post one outbound effect on the seat's outbox.",
+                json!({"type": "object"}),
+            ),
+            "a2a_message" => (
+                "Send a message to another seat of the company.",
+                json!({"type": "object", "properties": {"to": {"type": "string"}, "text": {"type": "string"}}, "required": ["to", "text"]}),
+            ),
+            "diary_write" => ("Write a line in the seat's diary.", text("text")),
+            "episode_write" => ("Write this work's episode summary.", text("summary")),
+            _ => (
+                "Read the seat's latest diary lines and episodes.",
+                json!({"type": "object", "properties": {"limit": {"type": "integer"}}}),
+            ),
+        }
+    };
+    BUILT_IN
+        .iter()
+        .map(|(name, a)| {
+            let (description, input_schema) = described(name);
+            ToolSpec {
+                name: name.to_string(),
+                description: description.to_string(),
+                input_schema,
+                annotations: *a,
+            }
+        })
+        .collect()
 }
 
 /// The tool executor of one node.
@@ -90,6 +105,8 @@ pub struct Tools {
     pub company: watch::Receiver<Company>,
     /// What `run_detached` may start here (the node's own `[runs] allow`).
     pub runs_allowed: crate::config::RunsSection,
+    /// The MCP servers of the seats held here.
+    pub mcp: super::mcp::McpSeats,
 }
 
 /// Why a call failed: refused before any I/O (it reached nothing), or
@@ -373,13 +390,11 @@ impl Tools {
 #[async_trait::async_trait]
 impl super::turn::ToolRunner for Tools {
     async fn execute(&self, turn: &TurnInput, call: &ToolCall) -> (ToolResult, bool) {
-        // A built-in tool's own annotations rule; what the agent claimed
-        // about it cannot make an outbound effect read-only.
+        // A tool's own annotations rule (the built-in's, or what its MCP
+        // server listed); what the agent claimed about it cannot make an
+        // outbound effect read-only.
         let Some(own) = annotations_of(&call.name) else {
-            return (
-                ToolResult::err(&call.id, format!("no tool named {:?}", call.name)),
-                false,
-            );
+            return self.execute_mcp(turn, call).await;
         };
         let counts = reached_outside(Backing::FirstParty, own);
         match self.run(turn, call).await {
@@ -389,5 +404,45 @@ impl super::turn::ToolRunner for Tools {
             // reaches outside counts.
             Err(ToolError::Failed(e)) => (ToolResult::err(&call.id, e), counts),
         }
+    }
+}
+
+impl Tools {
+    /// A call of one of the seat's MCP tools: classified by the tool's
+    /// listed annotations; a call that was sent counts whether it
+    /// succeeded or not (whether it landed is unknown).
+    async fn execute_mcp(&self, turn: &TurnInput, call: &ToolCall) -> (ToolResult, bool) {
+        let seat = self.mcp.get(&turn.seat);
+        let Some(own) = seat.as_ref().and_then(|m| m.annotations(&call.name)) else {
+            return (
+                ToolResult::err(&call.id, format!("no tool named {:?}", call.name)),
+                false,
+            );
+        };
+        let Some(seat) = seat else {
+            return (
+                ToolResult::err(&call.id, "the seat has no tool servers"),
+                false,
+            );
+        };
+        let counts = reached_outside(Backing::Mcp, own);
+        match seat.call(&call.name, &call.args).await {
+            Ok(output) => (ToolResult::ok(&call.id, output), counts),
+            Err((super::mcp::CallError::Unknown(e), _)) => (ToolResult::err(&call.id, e), false),
+            Err((super::mcp::CallError::Failed(e), output)) => {
+                let mut r = ToolResult::err(&call.id, e);
+                r.output = output;
+                (r, counts)
+            }
+        }
+    }
+
+    /// The tools an agent of `seat` is told this turn.
+    pub fn surface(&self, seat: &str) -> Vec<ToolSpec> {
+        let mut tools = built_in_specs();
+        if let Some(m) = self.mcp.get(seat) {
+            tools.extend(m.tools());
+        }
+        tools
     }
 }

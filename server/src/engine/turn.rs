@@ -315,6 +315,7 @@ mod tests {
             work_key: None,
             triggers: vec![],
             delivered: 1,
+            tools: Vec::new(),
         }
     }
 

@@ -245,6 +245,7 @@ mod tests {
             handle: handle.into(),
             agent: Default::default(),
             placement: PlacementConfig::default(),
+            mcp: Vec::new(),
         }
     }
 

@@ -86,6 +86,7 @@ pub fn echo_role(handle: &str) -> RoleConfig {
             ..EchoConfig::default()
         }),
         placement: PlacementConfig::default(),
+        mcp: Vec::new(),
     }
 }
 

@@ -1,0 +1,286 @@
+//! A seat's MCP tool servers as behaviour, on the twin and on a real
+//! nats-server, against real servers nobody here wrote: npm's
+//! `@modelcontextprotocol/server-filesystem` (run with node) and PyPI's
+//! `mcp-server-time`, both installed by `./dev test` (README § Tools).
+//! The spec's § Establishing a seat (the tool servers first) and § A turn
+//! that broke halfway (an MCP call reached outside unless its tool is
+//! read-only), as behaviour.
+//!
+//! `CREWLET_MCP_FILESYSTEM` names the filesystem server's entry point and
+//! `CREWLET_MCP_TIME` the folder holding `mcp_server_time`; a test run
+//! without them fails, naming `./dev test`, rather than passing unseen.
+
+#[macro_use]
+mod support;
+
+use std::path::Path;
+use std::time::Duration;
+
+use crewlet::config::{McpServerConfig, RoleConfig};
+use crewlet::events::Event;
+use serde_json::json;
+use support::turnfleet::*;
+
+both!(
+    a_seats_tools_are_listed_before_its_first_turn_is_admitted,
+    a_turn_that_wrote_through_a_tool_server_and_then_broke_is_recorded_and_not_redelivered,
+    a_turn_that_only_read_and_then_broke_is_redelivered_and_runs_again,
+    a_tool_server_that_cannot_start_refuses_the_seat_naming_the_server_and_the_error,
+    a_seat_given_back_stops_its_tool_servers_and_the_taker_starts_its_own,
+);
+
+const WAIT: Duration = Duration::from_secs(30);
+
+fn filesystem_server() -> String {
+    std::env::var("CREWLET_MCP_FILESYSTEM").expect(
+        "CREWLET_MCP_FILESYSTEM is not set: run the tests with ./dev test, which installs the MCP servers",
+    )
+}
+
+fn time_server_path() -> String {
+    std::env::var("CREWLET_MCP_TIME").expect(
+        "CREWLET_MCP_TIME is not set: run the tests with ./dev test, which installs the MCP servers",
+    )
+}
+
+/// A seat whose tools are the filesystem server over `dir` and the time
+/// server.
+fn tooled(handle: &str, dir: &Path) -> RoleConfig {
+    let node = which("node");
+    let fs = filesystem_server();
+    let mut time = McpServerConfig::stdio("time", &["python3", "-m", "mcp_server_time"]);
+    time.env.insert("PYTHONPATH".into(), time_server_path());
+    RoleConfig {
+        mcp: vec![
+            McpServerConfig::stdio("fs", &[&node, &fs, dir.to_str().unwrap()]),
+            time,
+        ],
+        ..echo_role(handle)
+    }
+}
+
+fn which(program: &str) -> String {
+    std::env::var("PATH")
+        .unwrap_or_default()
+        .split(':')
+        .map(|d| Path::new(d).join(program))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| panic!("{program} is not on PATH (./dev test installs it)"))
+        .to_string_lossy()
+        .into_owned()
+}
+
+fn position(events: &[crewlet::events::FleetEvent], f: impl Fn(&Event) -> bool) -> Option<usize> {
+    events.iter().position(|e| f(&e.event))
+}
+
+async fn a_seats_tools_are_listed_before_its_first_turn_is_admitted(f: Fleet) {
+    let work = tempfile::tempdir().unwrap();
+    let mut a = f.node("a", &[tooled("s0", work.path())]).await;
+    f.until("a has s0 established", WAIT, || a.attached("s0"))
+        .await;
+    a.publish("s0", &trigger("T1", json!({}))).await;
+    f.until("T1 ran", WAIT, || !a.turns_of("T1").is_empty())
+        .await;
+    let events = a.events().to_vec();
+    let started = |server: &'static str| move |e: &Event| matches!(e, Event::McpServerStarted { seat, server: s, tools } if seat == "s0" && s == server && *tools > 0);
+    let fs = position(&events, started("fs")).expect("mcp_server_started for fs");
+    let time = position(&events, started("time")).expect("mcp_server_started for time");
+    let attached = position(
+        &events,
+        |e| matches!(e, Event::SeatAttached { seat, .. } if seat == "s0"),
+    )
+    .expect("seat_attached");
+    let turn = position(
+        &events,
+        |e| matches!(e, Event::TurnStarted { seat, .. } if seat == "s0"),
+    )
+    .expect("turn_started");
+    assert!(
+        fs < attached && time < attached,
+        "the tool servers come up before the seat attaches"
+    );
+    assert!(attached < turn);
+    let surface = a.turns.tool_surface("s0");
+    let named = |n: &str| surface.iter().find(|t| t.name == n).cloned();
+    let write =
+        named("fs.write_file").expect("the filesystem server's write_file, named by its server");
+    assert_eq!(write.annotations.read_only, Some(false));
+    assert_eq!(write.annotations.destructive, Some(true));
+    assert!(
+        write.input_schema.get("properties").is_some(),
+        "its input schema"
+    );
+    assert_eq!(
+        named("fs.read_text_file").unwrap().annotations.read_only,
+        Some(true)
+    );
+    assert!(named("time.get_current_time").is_some());
+    assert!(
+        named("diary_write").is_some(),
+        "the built-ins are in the surface too"
+    );
+}
+
+async fn a_turn_that_wrote_through_a_tool_server_and_then_broke_is_recorded_and_not_redelivered(
+    f: Fleet,
+) {
+    let work = tempfile::tempdir().unwrap();
+    let dir = std::fs::canonicalize(work.path()).unwrap();
+    let target = dir.join("report.txt");
+    let mut a = f.node("a", &[tooled("s0", &dir)]).await;
+    f.until("a has s0 established", WAIT, || a.attached("s0"))
+        .await;
+    a.publish(
+        "s0",
+        &trigger(
+            "W",
+            json!({
+                "tools": [{"name": "fs.write_file", "args": {"path": target.to_str().unwrap(), "content": "written by W"}}],
+                "echo": {"rounds": 2, "fail_round": 2, "fail": "before_outside"},
+            }),
+        ),
+    )
+    .await;
+    f.until("W ran", WAIT, || !a.turns_of("W").is_empty()).await;
+    assert_eq!(
+        a.turns_of("W"),
+        vec![("failed".into(), "ack".into(), true, 1, 2)],
+        "the write reached outside: the broken turn is recorded and acked, never handed back"
+    );
+    assert_eq!(std::fs::read_to_string(&target).unwrap(), "written by W");
+    f.until_async("W's delivery is settled", WAIT, || async {
+        a.pending("s0").await == 0
+    })
+    .await;
+    assert_eq!(a.turns_of("W").len(), 1, "and it did not run again");
+}
+
+async fn a_turn_that_only_read_and_then_broke_is_redelivered_and_runs_again(f: Fleet) {
+    let work = tempfile::tempdir().unwrap();
+    let dir = std::fs::canonicalize(work.path()).unwrap();
+    let source = dir.join("notes.txt");
+    std::fs::write(&source, "to be read").unwrap();
+    let mut a = f.node("a", &[tooled("s0", &dir)]).await;
+    f.until("a has s0 established", WAIT, || a.attached("s0"))
+        .await;
+    a.publish(
+        "s0",
+        &trigger(
+            "R",
+            json!({
+                "tools": [
+                    {"name": "fs.read_text_file", "args": {"path": source.to_str().unwrap()}},
+                    {"name": "time.get_current_time", "args": {"timezone": "UTC"}},
+                ],
+                "echo": {"rounds": 2, "fail_round": 2, "fail": "before_outside", "fail_deliveries": 1},
+            }),
+        ),
+    )
+    .await;
+    f.until("R ran twice", WAIT, || a.turns_of("R").len() >= 2)
+        .await;
+    assert_eq!(
+        a.turns_of("R"),
+        vec![
+            ("failed".into(), "nak".into(), false, 1, 2),
+            ("completed".into(), "ack".into(), true, 2, 3),
+        ],
+        "read-only calls prove nothing: the broken turn is handed back and runs again"
+    );
+}
+
+async fn a_tool_server_that_cannot_start_refuses_the_seat_naming_the_server_and_the_error(
+    f: Fleet,
+) {
+    let mut hangs = McpServerConfig::stdio("slow", &["/bin/sleep", "60"]);
+    hangs.start_timeout_seconds = 1;
+    let cases = [
+        (
+            "gone",
+            McpServerConfig::stdio("gone", &["/nonexistent/mcp-server"]),
+            "cannot start",
+        ),
+        (
+            "exits",
+            McpServerConfig::stdio("exits", &["/bin/true"]),
+            "did not initialise",
+        ),
+        (
+            "garbage",
+            McpServerConfig::stdio("garbage", &["/bin/sh", "-c", "echo 'not json'; sleep 60"]),
+            "",
+        ),
+        ("slow", hangs, "within 1s"),
+    ];
+    let roles: Vec<RoleConfig> = cases
+        .iter()
+        .enumerate()
+        .map(|(i, (_, cfg, _))| {
+            let mut r = echo_role(&format!("s{i}"));
+            let mut cfg = cfg.clone();
+            cfg.start_timeout_seconds = cfg.start_timeout_seconds.min(3);
+            r.mcp = vec![cfg];
+            r
+        })
+        .collect();
+    let mut a = f.node("a", &roles).await;
+    for (i, (server, _, says)) in cases.iter().enumerate() {
+        let seat = format!("s{i}");
+        f.until(&format!("mcp_server_failed for {server}"), WAIT, || {
+            !a.matching(|e| match e {
+                Event::McpServerFailed {
+                    seat: s,
+                    server: n,
+                    error,
+                } if *s == seat && n == server && error.contains(says) => Some(()),
+                _ => None,
+            })
+            .is_empty()
+        })
+        .await;
+        assert!(
+            !a.attached(&seat),
+            "{seat}: a seat whose tools cannot start is not established here"
+        );
+    }
+    assert!(a.turns.tool_server_pids("s0").is_empty());
+}
+
+async fn a_seat_given_back_stops_its_tool_servers_and_the_taker_starts_its_own(f: Fleet) {
+    let work = tempfile::tempdir().unwrap();
+    let role = tooled("s0", work.path());
+    let mut a = f.node("a", std::slice::from_ref(&role)).await;
+    f.until("a has s0 established", WAIT, || a.attached("s0"))
+        .await;
+    let pids = a.turns.tool_server_pids("s0");
+    assert_eq!(pids.len(), 2, "one child per stdio server");
+    let b = f.node("b", &[]).await;
+    a.engine.drain().await;
+    f.until("b has s0 established", WAIT, || b.attached("s0"))
+        .await;
+    assert!(
+        !a.matching(|e| match e {
+            Event::McpServerExited { seat, server, .. } if seat == "s0" && server == "fs" =>
+                Some(()),
+            _ => None,
+        })
+        .is_empty(),
+        "the giver says its servers stopped"
+    );
+    for pid in pids {
+        let alive = unsafe { libc::kill(pid as libc::pid_t, 0) } == 0;
+        assert!(!alive, "the giver's tool server {pid} is gone");
+    }
+    assert_eq!(
+        b.turns.tool_server_pids("s0").len(),
+        2,
+        "the taker runs its own"
+    );
+    assert!(
+        b.turns
+            .tool_surface("s0")
+            .iter()
+            .any(|t| t.name == "fs.write_file")
+    );
+}

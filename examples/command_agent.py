@@ -3,7 +3,9 @@
 
 The node writes one JSON object per line to stdin; this answers one JSON
 object per line on stdout. Each turn takes two rounds: round 1 asks for a
-diary note and an outbound post echoing the triggers, and when the results
+diary note and an outbound post echoing the triggers — and, when the seat
+has an MCP time server (a tool named `time.get_current_time` in the turn's
+`tools`, README § Tools), the current time in UTC — and when the results
 come back the turn is done. Anything else is ignored; EOF ends the program.
 """
 
@@ -21,16 +23,20 @@ def send(message):
 
 def on_turn(turn):
     ids = [trigger["id"] for trigger in turn["triggers"]]
-    note = f"{SEAT} took turn {turn['turn_id']} for {len(ids)} trigger(s)"
-    send({
-        "type": "calls",
-        "turn_id": turn["turn_id"],
-        "calls": [
-            {"id": "diary", "name": "diary_write", "args": {"text": note}},
-            {"id": "post", "name": "post_outbox",
-             "args": {"text": "echo of " + ", ".join(ids)}},
-        ],
-    })
+    offered = {tool["name"]: tool for tool in turn.get("tools", [])}
+    note = (f"{SEAT} took turn {turn['turn_id']} for {len(ids)} trigger(s); "
+            f"{len(offered)} tools offered")
+    calls = [
+        {"id": "diary", "name": "diary_write", "args": {"text": note}},
+        {"id": "post", "name": "post_outbox",
+         "args": {"text": "echo of " + ", ".join(ids)}},
+    ]
+    # A read-only tool (annotations.read_only): calling it proves nothing
+    # reached outside, so a turn that then broke would simply run again.
+    if "time.get_current_time" in offered:
+        calls.append({"id": "now", "name": "time.get_current_time",
+                      "args": {"timezone": "UTC"}})
+    send({"type": "calls", "turn_id": turn["turn_id"], "calls": calls})
 
 
 def on_results(message):

@@ -30,7 +30,7 @@ pub enum LoggingError {
 pub fn init(cfg: &LoggingSection) -> Result<(), LoggingError> {
     let filter = || {
         EnvFilter::try_from_default_env()
-            .unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn,tower_sessions=warn"))
+            .unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn,tower_sessions=warn,rmcp=warn"))
     };
     let json = cfg.format == LogFormat::Json;
     let stderr_layer = cfg.stderr.then(|| {

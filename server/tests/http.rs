@@ -1855,6 +1855,32 @@ async fn the_memory_of_a_seat_not_in_the_company_is_404_and_needs_sign_in() {
     n.stop().await;
 }
 
+#[tokio::test]
+async fn a_seats_tools_are_listed_with_their_annotations_to_a_viewer_and_to_nobody_unsigned() {
+    let n = TestNode::start().await;
+    wait_for_seats(&n, serde_json::json!(["alpha"])).await;
+    let (status, v) = viewer_get(&n, "/api/seats/alpha/tools").await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["seat"], "alpha");
+    assert_eq!(v["held_here"], true);
+    let tools = v["tools"].as_array().unwrap();
+    let post = tools
+        .iter()
+        .find(|t| t["name"] == "post_outbox")
+        .expect("the built-ins are listed");
+    assert_eq!(post["annotations"]["open_world"], true);
+    assert_eq!(post["annotations"]["read_only"], false);
+    let (status, _) = viewer_get(&n, "/api/seats/nobody/tools").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let r = client()
+        .get(n.url("/api/seats/alpha/tools"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    n.stop().await;
+}
+
 /// `/query/fleet` once `want` holds of it.
 async fn fleet_when(n: &TestNode, what: &str, want: impl Fn(&Value) -> bool) -> Value {
     support::wait_for(

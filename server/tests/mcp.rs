@@ -19,6 +19,7 @@ use std::time::Duration;
 use crewlet::config::{McpServerConfig, RoleConfig};
 use crewlet::events::Event;
 use serde_json::json;
+use support::process::NodeProcess;
 use support::turnfleet::*;
 
 both!(
@@ -283,4 +284,76 @@ async fn a_seat_given_back_stops_its_tool_servers_and_the_taker_starts_its_own(f
             .iter()
             .any(|t| t.name == "fs.write_file")
     );
+}
+
+fn gone(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/status")) {
+        Err(_) => true,
+        Ok(s) => s
+            .lines()
+            .any(|l| l.starts_with("State:") && l.contains('Z')),
+    }
+}
+
+/// The binary as a user runs it: the seat's stdio tool server (the real
+/// time server, behind a launcher that reports its pid and environment and
+/// then ignores SIGTERM) sees none of the node's secrets, and dies with the
+/// node on `kill -9`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_server_sees_only_its_own_environment_and_dies_with_its_node_on_kill_9() {
+    let dir = tempfile::tempdir().unwrap();
+    let report = dir.path().join("server.json");
+    let launcher = dir.path().join("launch.py");
+    std::fs::write(
+        &launcher,
+        format!(
+            "import json, os, signal\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\njson.dump({{'pid': os.getpid(), 'env': dict(os.environ)}}, open({r:?} + '.tmp', 'w'))\nos.rename({r:?} + '.tmp', {r:?})\nos.execvp('python3', ['python3', '-m', 'mcp_server_time'])\n",
+            r = report.display().to_string(),
+        ),
+    )
+    .unwrap();
+    let config = format!(
+        "[node]\nid = \"node-m\"\nlisten = \"{{listen}}\"\ndata_dir = \"{{data}}\"\n\n[[roles]]\nhandle = \"timed\"\nmcp = [{{ name = \"time\", command = [\"python3\", {:?}], env = {{ PYTHONPATH = {:?} }} }}]\n",
+        launcher.display().to_string(),
+        time_server_path(),
+    );
+    let mut node = NodeProcess::start_with_env(
+        &config,
+        &[
+            ("CREWLET_STREAM__USER", "crewlet-node"),
+            ("CREWLET_STREAM__PASSWORD", "the-fleets-nats-password"),
+            ("NODE_ONLY_SECRET", "not-for-tool-servers"),
+        ],
+    );
+    node.healthy(Duration::from_secs(60)).await;
+    let server: serde_json::Value = support::wait_for(
+        "the tool server to report its environment",
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || async {
+            std::fs::read_to_string(&report)
+                .ok()
+                .and_then(|t| serde_json::from_str(&t).ok())
+        },
+    )
+    .await;
+    let env = server["env"].as_object().unwrap();
+    for secret in [
+        "CREWLET_STREAM__USER",
+        "CREWLET_STREAM__PASSWORD",
+        "NODE_ONLY_SECRET",
+    ] {
+        assert!(!env.contains_key(secret), "the tool server saw {secret}");
+    }
+    assert_eq!(env["CREWLET_SEAT"], "timed");
+    let pid = server["pid"].as_u64().unwrap() as u32;
+    assert!(!gone(pid));
+    node.kill9();
+    support::wait_for(
+        "the tool server to die with its node",
+        Duration::from_secs(20),
+        Duration::from_millis(50),
+        || async { gone(pid).then_some(()) },
+    )
+    .await;
 }

@@ -475,14 +475,14 @@ pub struct McpServerConfig {
     /// Variables a stdio child gets, as written (it starts from a clean
     /// environment: `PATH`, `HOME`, `LANG`, `CREWLET_SEAT`, `CREWLET_NODE`,
     /// these and `env_from`).
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[serde(default)]
     pub env: BTreeMap<String, String>,
     /// Names of the node's environment variables passed to a stdio child.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub env_from: Vec<String>,
     /// HTTP headers for a `url` server, each read from the node's
     /// environment variable named here (`Authorization = "SEARCH_TOKEN"`).
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[serde(default)]
     pub headers_from: BTreeMap<String, String>,
     /// How long one tool call may take before it fails (`ok: false`).
     #[serde(default = "default_call_timeout_seconds")]

@@ -54,7 +54,11 @@ fn exemplar(agent: AgentConfig) -> Config {
                 nodes: vec!["n".into()],
                 labels: vec!["l".into()],
             },
-            mcp: Vec::new(),
+            mcp: vec![McpServerConfig {
+                url: Some("http://x".into()),
+                env_from: vec!["K".into()],
+                ..McpServerConfig::stdio("n", &["x"])
+            }],
         }],
         auth: AuthSection {
             users: vec![UserConfig {

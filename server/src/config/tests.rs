@@ -568,3 +568,58 @@ fn a_command_agents_env_takes_variable_names_and_never_passes_the_nodes_own() {
     );
     assert!(p.problem.contains("node's own"), "{p}");
 }
+
+#[test]
+fn a_roles_tool_servers_are_checked_by_name_transport_and_url() {
+    let ok = parse(
+        r#"
+[[roles]]
+handle = "ops"
+mcp = [
+  { name = "fs", command = ["mcp-server-filesystem", "/srv/work"], env = { A = "1" }, env_from = ["GITHUB_TOKEN"], call_timeout_seconds = 60 },
+  { name = "search", url = "http://127.0.0.1:8811/mcp", headers_from = { Authorization = "SEARCH_TOKEN" } },
+]
+"#,
+    )
+    .expect("a role with a stdio and an HTTP tool server");
+    assert_eq!(ok.roles[0].mcp.len(), 2);
+    assert_eq!(ok.roles[0].mcp[1].call_timeout_seconds, 60, "the default");
+    let dup = one(
+        r#"
+[[roles]]
+handle = "ops"
+mcp = [{ name = "fs", command = ["a"] }, { name = "fs", command = ["b"] }]
+"#,
+        "roles[0].mcp[1].name",
+    );
+    assert!(dup.problem.contains("earlier tool server"), "{dup:?}");
+    let none = one(
+        "[[roles]]\nhandle = \"ops\"\nmcp = [{ name = \"fs\" }]\n",
+        "roles[0].mcp[0].command",
+    );
+    assert!(none.fix.contains("command ="), "{none:?}");
+    let url = one(
+        "[[roles]]\nhandle = \"ops\"\nmcp = [{ name = \"s\", url = \"ftp://x/mcp\" }]\n",
+        "roles[0].mcp[0].url",
+    );
+    assert_eq!(url.value.as_deref(), Some("\"ftp://x/mcp\""));
+    let both = one(
+        "[[roles]]\nhandle = \"ops\"\nmcp = [{ name = \"s\", command = [\"a\"], url = \"http://x/mcp\" }]\n",
+        "roles[0].mcp[0].url",
+    );
+    assert!(both.problem.contains("not both"), "{both:?}");
+    let name = one(
+        "[[roles]]\nhandle = \"ops\"\nmcp = [{ name = \"f.s\", command = [\"a\"] }]\n",
+        "roles[0].mcp[0].name",
+    );
+    assert!(name.problem.contains("tools are named"), "{name:?}");
+    let own = one(
+        "[[roles]]\nhandle = \"ops\"\nmcp = [{ name = \"s\", url = \"http://x/mcp\", headers_from = { Authorization = \"CREWLET_AUTH__TOKEN\" } }]\n",
+        "roles[0].mcp[0].headers_from.Authorization",
+    );
+    assert!(own.problem.contains("never an agent's"), "{own:?}");
+    let unknown = problems(
+        "[[roles]]\nhandle = \"ops\"\nmcp = [{ name = \"s\", command = [\"a\"], cmd = 1 }]\n",
+    );
+    assert!(unknown.iter().any(|p| p.key.contains("mcp")), "{unknown:?}");
+}

@@ -3,7 +3,7 @@
 //!
 //! Pure functions over a parsed [`Config`]; no I/O.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 use std::net::SocketAddr;
 
@@ -731,34 +731,65 @@ fn check_trust(c: &Config) -> Vec<Problem> {
             && n.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
             && !n.as_bytes()[0].is_ascii_digit()
     };
+    let not_a_name = |key: String, value: Option<String>| {
+        Problem::new(
+            &key,
+            value,
+            "is not a variable name",
+            "use letters, digits and `_`, not starting with a digit",
+        )
+    };
+    // A child's variables (a command agent's, a tool server's): names
+    // only, and never the node's own configuration passed through.
+    let mut child_env =
+        |at: String,
+         env: &BTreeMap<String, String>,
+         from: &mut dyn Iterator<Item = (String, &String)>| {
+            for k in env.keys() {
+                if !env_name(k) {
+                    out.push(not_a_name(format!("{at}.env.{k}"), None));
+                }
+            }
+            for (key, n) in from {
+                if !env_name(n) {
+                    out.push(not_a_name(format!("{at}.{key}"), q(n)));
+                } else if n.starts_with("CREWLET_") {
+                    out.push(Problem::new(
+                        &format!("{at}.{key}"),
+                        q(n),
+                        "is the node's own configuration (its secrets among it), never an agent's",
+                        "pass the agent what it needs under a name of its own",
+                    ));
+                }
+            }
+        };
     for (i, r) in c.roles.iter().enumerate() {
-        let AgentConfig::Command(cmd) = &r.agent else {
-            continue;
-        };
-        let not_a_name = |key: String, value: Option<String>| {
-            Problem::new(
-                &key,
-                value,
-                "is not a variable name",
-                "use letters, digits and `_`, not starting with a digit",
-            )
-        };
-        for k in cmd.env.keys() {
-            if !env_name(k) {
-                out.push(not_a_name(format!("roles[{i}].agent.env.{k}"), None));
-            }
+        if let AgentConfig::Command(cmd) = &r.agent {
+            child_env(
+                format!("roles[{i}].agent"),
+                &cmd.env,
+                &mut cmd
+                    .env_from
+                    .iter()
+                    .enumerate()
+                    .map(|(j, n)| (format!("env_from[{j}]"), n)),
+            );
         }
-        for (j, n) in cmd.env_from.iter().enumerate() {
-            if !env_name(n) {
-                out.push(not_a_name(format!("roles[{i}].agent.env_from[{j}]"), q(n)));
-            } else if n.starts_with("CREWLET_") {
-                out.push(Problem::new(
-                    &format!("roles[{i}].agent.env_from[{j}]"),
-                    q(n),
-                    "is the node's own configuration (its secrets among it), never an agent's",
-                    "pass the agent what it needs under a name of its own",
-                ));
-            }
+        for (j, m) in r.mcp.iter().enumerate() {
+            child_env(
+                format!("roles[{i}].mcp[{j}]"),
+                &m.env,
+                &mut m
+                    .env_from
+                    .iter()
+                    .enumerate()
+                    .map(|(k, n)| (format!("env_from[{k}]"), n))
+                    .chain(
+                        m.headers_from
+                            .iter()
+                            .map(|(h, n)| (format!("headers_from.{h}"), n)),
+                    ),
+            );
         }
     }
     for (i, a) in c.runs.allow.iter().enumerate() {

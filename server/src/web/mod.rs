@@ -227,6 +227,7 @@ pub async fn router(setup: WebSetup<'_>) -> Result<Router, WebError> {
                 .layer(DefaultBodyLimit::max(SMALL_BODY)),
         )
         .route("/api/seats/{handle}/memory", get(seat_memory))
+        .route("/api/seats/{handle}/tools", get(seat_tools))
         .route("/api/memory", get(memory_overview))
         .leptos_routes_with_context(
             &leptos_options,
@@ -572,6 +573,33 @@ async fn seat_memory(
         Ok(m) => Json(m).into_response(),
         Err(e) => console_error(e),
     }
+}
+
+/// `GET /api/seats/{handle}/tools`: the seat's tools with their
+/// annotations, as this node tells its agent (README § Tools).
+/// 404 for a seat not in the active company; `held_here: false` (and no
+/// MCP tools) when another node holds it.
+async fn seat_tools(
+    Extension(info): Extension<Arc<NodeInfo>>,
+    Extension(engine): Extension<Arc<SeatEngine>>,
+    Extension(turns): Extension<Arc<crate::engine::runtime::TurnEngine>>,
+    axum::extract::Path(handle): axum::extract::Path<String>,
+) -> axum::response::Response {
+    let company = engine.company();
+    let Some(role) = company.roles.iter().find(|r| r.handle == handle) else {
+        return console_error(app::console::ConsoleError::NotFound(format!(
+            "seat {handle:?} is not in the active company; check the handle (the Seats page lists them)."
+        )));
+    };
+    let held_here = engine.host().held().contains(&handle);
+    Json(serde_json::json!({
+        "seat": handle,
+        "node": info.node_id,
+        "held_here": held_here,
+        "servers": role.mcp.iter().map(|m| m.name.clone()).collect::<Vec<_>>(),
+        "tools": if held_here { turns.tool_surface(&handle) } else { Vec::new() },
+    }))
+    .into_response()
 }
 
 /// `GET /api/memory`: every seat's rows per table in one round, with the

@@ -19,7 +19,7 @@ use std::time::Duration;
 use crewlet::config::{McpServerConfig, RoleConfig};
 use crewlet::events::Event;
 use serde_json::json;
-use support::process::NodeProcess;
+use support::process::{NodeProcess, gone};
 use support::turnfleet::*;
 
 both!(
@@ -254,8 +254,12 @@ async fn a_seat_given_back_stops_its_tool_servers_and_the_taker_starts_its_own(f
     let mut a = f.node("a", std::slice::from_ref(&role)).await;
     f.until("a has s0 established", WAIT, || a.attached("s0"))
         .await;
+    let turns = a.turns.clone();
+    f.until("a runs one child per stdio server", WAIT, || {
+        turns.tool_server_pids("s0").len() == 2
+    })
+    .await;
     let pids = a.turns.tool_server_pids("s0");
-    assert_eq!(pids.len(), 2, "one child per stdio server");
     let b = f.node("b", &[]).await;
     a.engine.drain().await;
     f.until("b has s0 established", WAIT, || b.attached("s0"))
@@ -270,29 +274,19 @@ async fn a_seat_given_back_stops_its_tool_servers_and_the_taker_starts_its_own(f
         "the giver says its servers stopped"
     );
     for pid in pids {
-        let alive = unsafe { libc::kill(pid as libc::pid_t, 0) } == 0;
-        assert!(!alive, "the giver's tool server {pid} is gone");
+        assert!(gone(pid), "the giver's tool server {pid} is gone");
     }
-    assert_eq!(
-        b.turns.tool_server_pids("s0").len(),
-        2,
-        "the taker runs its own"
-    );
+    let taker = b.turns.clone();
+    f.until("the taker runs its own", WAIT, || {
+        taker.tool_server_pids("s0").len() == 2
+    })
+    .await;
     assert!(
         b.turns
             .tool_surface("s0")
             .iter()
             .any(|t| t.name == "fs.write_file")
     );
-}
-
-fn gone(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/status")) {
-        Err(_) => true,
-        Ok(s) => s
-            .lines()
-            .any(|l| l.starts_with("State:") && l.contains('Z')),
-    }
 }
 
 /// The binary as a user runs it: the seat's stdio tool server (the real

@@ -13,7 +13,7 @@ use async_nats::jetstream::{self, consumer};
 use serde_json::json;
 
 use support::nats::NatsServer;
-use support::process::NodeProcess;
+use support::process::{NodeProcess, gone};
 use support::stranded::{self, SEATS, all_held_by, answered, fleet_config, servers};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -82,16 +82,6 @@ async fn a_turn_running_past_the_ack_window_on_a_live_owner_is_never_redelivered
         .filter(|l| l.contains("\"turn_started\"") && l.contains("long-1"))
         .count();
     assert_eq!(turns, 1, "one turn for the trigger");
-}
-
-/// Whether process `pid` is gone (or a zombie nobody reaped yet).
-fn gone(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/status")) {
-        Err(_) => true,
-        Ok(s) => s
-            .lines()
-            .any(|l| l.starts_with("State:") && l.contains('Z')),
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

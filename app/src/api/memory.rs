@@ -445,6 +445,29 @@ impl MemoryOverviewPage {
     }
 }
 
+/// Answers for the unit tests of the memory types and their views.
+#[cfg(test)]
+pub(crate) mod fixtures {
+    use super::{MemoryAnswerer, MemoryHolder};
+
+    pub fn holder(node: &str, epoch: u64) -> MemoryHolder {
+        MemoryHolder {
+            node_id: node.into(),
+            incarnation: format!("{node}:1"),
+            epoch,
+        }
+    }
+
+    pub fn by(node: &str, epoch: Option<u64>, local: bool) -> MemoryAnswerer {
+        MemoryAnswerer {
+            node_id: node.into(),
+            incarnation: format!("{node}:1"),
+            epoch,
+            local,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -494,22 +517,7 @@ mod tests {
         assert_eq!(p.total, 120, "the totals are of every seat");
     }
 
-    fn holder(node: &str, epoch: u64) -> MemoryHolder {
-        MemoryHolder {
-            node_id: node.into(),
-            incarnation: format!("{node}:1"),
-            epoch,
-        }
-    }
-
-    fn by(node: &str, epoch: Option<u64>, local: bool) -> MemoryAnswerer {
-        MemoryAnswerer {
-            node_id: node.into(),
-            incarnation: format!("{node}:1"),
-            epoch,
-            local,
-        }
-    }
+    use super::fixtures::{by, holder};
 
     #[test]
     fn memory_answers_keep_the_memread_json_shape() {

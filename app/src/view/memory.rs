@@ -77,24 +77,9 @@ impl MemoryCounts {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{MemoryAnswerer, MemoryHolder, SeatMemoryRead, SeatMemoryRows};
+    use crate::api::{SeatMemoryRead, SeatMemoryRows};
 
-    fn holder(node: &str, epoch: u64) -> MemoryHolder {
-        MemoryHolder {
-            node_id: node.into(),
-            incarnation: format!("{node}:1"),
-            epoch,
-        }
-    }
-
-    fn by(node: &str, epoch: Option<u64>, local: bool) -> MemoryAnswerer {
-        MemoryAnswerer {
-            node_id: node.into(),
-            incarnation: format!("{node}:1"),
-            epoch,
-            local,
-        }
-    }
+    use crate::api::fixtures::{by, holder};
 
     #[test]
     fn a_memory_answer_says_who_answered() {

@@ -528,16 +528,7 @@ impl McpServerConfig {
         node: &str,
         node_env: &dyn Fn(&str) -> Option<String>,
     ) -> BTreeMap<String, String> {
-        let mut out = base_child_env(seat, node, node_env);
-        for name in &self.env_from {
-            if let Some(v) = node_env(name) {
-                out.insert(name.clone(), v);
-            }
-        }
-        for (k, v) in &self.env {
-            out.insert(k.clone(), v.clone());
-        }
-        out
+        child_env_of(seat, node, node_env, &self.env, &self.env_from)
     }
 }
 
@@ -655,17 +646,30 @@ impl CommandConfig {
         node: &str,
         node_env: &dyn Fn(&str) -> Option<String>,
     ) -> BTreeMap<String, String> {
-        let mut out = base_child_env(seat, node, node_env);
-        for name in &self.env_from {
-            if let Some(v) = node_env(name) {
-                out.insert(name.clone(), v);
-            }
-        }
-        for (k, v) in &self.env {
-            out.insert(k.clone(), v.clone());
-        }
-        out
+        child_env_of(seat, node, node_env, &self.env, &self.env_from)
     }
+}
+
+/// Pure: a child's environment — [`base_child_env`], then the names
+/// `env_from` passes through from the node (a name it lacks is left out),
+/// then `env` as written.
+pub fn child_env_of(
+    seat: &str,
+    node: &str,
+    node_env: &dyn Fn(&str) -> Option<String>,
+    env: &BTreeMap<String, String>,
+    env_from: &[String],
+) -> BTreeMap<String, String> {
+    let mut out = base_child_env(seat, node, node_env);
+    for name in env_from {
+        if let Some(v) = node_env(name) {
+            out.insert(name.clone(), v);
+        }
+    }
+    for (k, v) in env {
+        out.insert(k.clone(), v.clone());
+    }
+    out
 }
 
 /// Variables every child the node starts (a command agent, a detached

@@ -385,29 +385,37 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
     })
 }
 
+/// A fleet stream's replicas and the store timeout, as the config says.
+fn stream_settings(config: &Config) -> (usize, Duration) {
+    (
+        crate::coord::NatsOptions::from_config(
+            &config.stream,
+            &config.coordination,
+            &config.node.id,
+        )
+        .replicas,
+        Duration::from_millis(config.coordination.store_timeout_ms),
+    )
+}
+
+fn stream_error(e: impl std::fmt::Display) -> NodeError {
+    NodeError::Queue(crate::queue::QueueError::Backend(e.to_string()))
+}
+
 /// The outbox this node posts effects to: the in-process twin, or the
 /// fleet's stream on NATS.
 async fn outbox_for(
     config: &Config,
     client: &Option<async_nats::Client>,
 ) -> Result<Arc<dyn Outbox>, NodeError> {
-    Ok(match client {
-        None => Arc::new(TwinOutbox::new()),
-        Some(c) => Arc::new(
-            NatsOutbox::new(
-                c.clone(),
-                crate::coord::NatsOptions::from_config(
-                    &config.stream,
-                    &config.coordination,
-                    &config.node.id,
-                )
-                .replicas,
-                Duration::from_millis(config.coordination.store_timeout_ms),
-            )
-            .await
-            .map_err(|e| NodeError::Queue(crate::queue::QueueError::Backend(e.to_string())))?,
-        ),
-    })
+    let Some(c) = client else {
+        return Ok(Arc::new(TwinOutbox::new()));
+    };
+    let (replicas, timeout) = stream_settings(config);
+    let outbox = NatsOutbox::new(c.clone(), replicas, timeout)
+        .await
+        .map_err(stream_error)?;
+    Ok(Arc::new(outbox))
 }
 
 /// The memory changelog: the in-process twin, or the fleet's stream.
@@ -415,23 +423,14 @@ async fn changelog_for(
     config: &Config,
     client: &Option<async_nats::Client>,
 ) -> Result<Arc<dyn Changelog>, NodeError> {
-    Ok(match client {
-        None => Arc::new(TwinChangelog::new()),
-        Some(c) => Arc::new(
-            NatsChangelog::new(
-                c.clone(),
-                crate::coord::NatsOptions::from_config(
-                    &config.stream,
-                    &config.coordination,
-                    &config.node.id,
-                )
-                .replicas,
-                Duration::from_millis(config.coordination.store_timeout_ms),
-            )
-            .await
-            .map_err(|e| NodeError::Queue(crate::queue::QueueError::Backend(e.to_string())))?,
-        ),
-    })
+    let Some(c) = client else {
+        return Ok(Arc::new(TwinChangelog::new()));
+    };
+    let (replicas, timeout) = stream_settings(config);
+    let changelog = NatsChangelog::new(c.clone(), replicas, timeout)
+        .await
+        .map_err(stream_error)?;
+    Ok(Arc::new(changelog))
 }
 
 /// Say so when the dashboard's browser half is not built under `site`.

@@ -146,3 +146,13 @@ impl Drop for NodeProcess {
         let _ = self.child.wait();
     }
 }
+
+/// Whether process `pid` is gone (or a zombie nobody reaped yet).
+pub fn gone(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/status")) {
+        Err(_) => true,
+        Ok(s) => s
+            .lines()
+            .any(|l| l.starts_with("State:") && l.contains('Z')),
+    }
+}

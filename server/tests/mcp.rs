@@ -28,6 +28,8 @@ both!(
     a_turn_that_only_read_and_then_broke_is_redelivered_and_runs_again,
     a_tool_server_that_cannot_start_refuses_the_seat_naming_the_server_and_the_error,
     a_seat_given_back_stops_its_tool_servers_and_the_taker_starts_its_own,
+    a_tool_server_that_died_between_turns_is_started_again_at_the_next_turn,
+    a_paused_seat_keeps_its_tool_servers_up,
 );
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -287,6 +289,93 @@ async fn a_seat_given_back_stops_its_tool_servers_and_the_taker_starts_its_own(f
             .iter()
             .any(|t| t.name == "fs.write_file")
     );
+}
+
+async fn a_tool_server_that_died_between_turns_is_started_again_at_the_next_turn(f: Fleet) {
+    let work = tempfile::tempdir().unwrap();
+    let dir = std::fs::canonicalize(work.path()).unwrap();
+    let target = dir.join("after.txt");
+    let mut a = f.node("a", &[tooled("s0", &dir)]).await;
+    f.until("a has s0 established", WAIT, || a.attached("s0"))
+        .await;
+    let turns = a.turns.clone();
+    f.until("a runs its tool servers", WAIT, || {
+        turns.tool_server_pids("s0").len() == 2
+    })
+    .await;
+    let before = a.turns.tool_server_pids("s0");
+    for pid in &before {
+        unsafe {
+            libc::kill(*pid as libc::pid_t, libc::SIGKILL);
+        }
+    }
+    support::wait_for(
+        "the tool servers to die",
+        WAIT,
+        Duration::from_millis(50),
+        || async { before.iter().all(|p| gone(*p)).then_some(()) },
+    )
+    .await;
+    a.publish(
+        "s0",
+        &trigger(
+            "A",
+            json!({"tools": [{"name": "fs.write_file", "args": {"path": target.to_str().unwrap(), "content": "after a restart"}}]}),
+        ),
+    )
+    .await;
+    f.until("A ran", WAIT, || !a.turns_of("A").is_empty()).await;
+    assert_eq!(
+        a.turns_of("A"),
+        vec![("completed".into(), "ack".into(), true, 1, 2)]
+    );
+    assert_eq!(std::fs::read_to_string(&target).unwrap(), "after a restart");
+    let died: Vec<String> = a.matching(|e| match e {
+        Event::McpServerExited { server, reason, .. } if reason.starts_with("died") => {
+            Some(server.clone())
+        }
+        _ => None,
+    });
+    assert!(died.contains(&"fs".to_string()), "{died:?}");
+    let after = a.turns.tool_server_pids("s0");
+    assert_eq!(after.len(), 2);
+    assert!(after.iter().all(|p| !before.contains(p)), "new children");
+}
+
+async fn a_paused_seat_keeps_its_tool_servers_up(f: Fleet) {
+    let work = tempfile::tempdir().unwrap();
+    let a = f.node("a", &[tooled("s0", work.path())]).await;
+    f.until("a has s0 established", WAIT, || a.attached("s0"))
+        .await;
+    let turns = a.turns.clone();
+    f.until("a runs its tool servers", WAIT, || {
+        turns.tool_server_pids("s0").len() == 2
+    })
+    .await;
+    let pids = a.turns.tool_server_pids("s0");
+    let record = crewlet::engine::pause::PauseRecord {
+        by: "ann".into(),
+        at: "2026-12-01T08:00:00Z".into(),
+        reason: Some("looking".into()),
+        stop_running_turn: false,
+    };
+    assert!(
+        crewlet::engine::pause::pause(&*a.store, &*a.queue, "s0", record)
+            .await
+            .unwrap()
+    );
+    let host = a.engine.host().clone();
+    f.until("the inbox is held", WAIT, || {
+        host.inbox_quiesced("s0") == Some(true)
+    })
+    .await;
+    assert!(a.attached("s0"), "a paused seat stays held");
+    assert_eq!(
+        a.turns.tool_server_pids("s0"),
+        pids,
+        "and its tool servers stay up"
+    );
+    assert!(pids.iter().all(|p| !gone(*p)));
 }
 
 /// The binary as a user runs it: the seat's stdio tool server (the real

@@ -64,6 +64,15 @@ struct Server {
     tools: Vec<Tool>,
 }
 
+/// A stdio server found dead between turns, and whether it was started
+/// again (`error` says why not).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Revival {
+    pub server: String,
+    pub ended: String,
+    pub error: Option<String>,
+}
+
 /// The MCP servers of one seat on this node.
 pub struct SeatMcp {
     seat: String,
@@ -189,6 +198,14 @@ impl SeatMcp {
             .collect()
     }
 
+    /// How many tools `server` listed.
+    pub fn tool_count(&self, server: &str) -> usize {
+        self.servers
+            .iter()
+            .find(|s| s.name == server)
+            .map_or(0, |s| s.tools.len())
+    }
+
     /// The names of the seat's servers.
     pub fn server_names(&self) -> Vec<String> {
         self.servers.iter().map(|s| s.name.clone()).collect()
@@ -282,19 +299,48 @@ impl SeatMcp {
         }
     }
 
-    /// Whether any server's child has exited (found and reaped now).
-    pub async fn exited(&self) -> Vec<String> {
-        let mut gone = Vec::new();
+    /// Start again every stdio server whose child died since it was
+    /// started (between turns), within its start bound. Answers, per
+    /// server found dead, its name, how it ended, and whether it is up
+    /// again; one that cannot be started again leaves its calls failing.
+    pub async fn revive(&self, node: &str) -> Vec<Revival> {
+        let mut out = Vec::new();
         for s in &self.servers {
+            if s.cfg.url.is_some() {
+                continue;
+            }
             let mut child = s.child.lock().await;
-            if let Some(c) = child.as_mut()
-                && let Ok(Some(status)) = c.try_wait()
-            {
-                gone.push(format!("{} ({status})", s.name));
+            let ended = match child.as_mut().map(|c| c.try_wait()) {
+                Some(Ok(Some(status))) => status.to_string(),
+                None => "it was not running".to_string(),
+                _ => continue,
+            };
+            let bound = Duration::from_secs(s.cfg.start_timeout_seconds);
+            let again = tokio::time::timeout(bound, spawn_stdio(&self.seat, node, &s.cfg)).await;
+            let mut session = s.session.lock().await;
+            let error = match again {
+                Ok(Ok((new_session, new_child))) => {
+                    *session = Some(new_session);
+                    *child = Some(new_child);
+                    None
+                }
+                Ok(Err(e)) => Some(e),
+                Err(_) => Some(format!(
+                    "did not start again within {}s",
+                    s.cfg.start_timeout_seconds
+                )),
+            };
+            if error.is_some() {
+                *session = None;
                 *child = None;
             }
+            out.push(Revival {
+                server: s.name.clone(),
+                ended,
+                error,
+            });
         }
-        gone
+        out
     }
 }
 

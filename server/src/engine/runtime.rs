@@ -780,6 +780,36 @@ impl TurnEngine {
         }
     }
 
+    /// Before a turn: a stdio tool server that died since the last one is
+    /// started again, with a warning and `mcp_server_exited` (reason
+    /// `died: …`), then `mcp_server_started` — or `mcp_server_failed`, its
+    /// calls failing this turn.
+    async fn revive_tool_servers(&self, handle: &str) {
+        let Some(m) = self.tools.mcp.get(handle) else {
+            return;
+        };
+        for r in m.revive(&self.node_id).await {
+            tracing::warn!(seat = handle, server = %r.server, ended = %r.ended, "a tool server died between turns; starting it again");
+            self.events.emit(Event::McpServerExited {
+                seat: handle.to_string(),
+                server: r.server.clone(),
+                reason: format!("died: {}", r.ended),
+            });
+            match r.error {
+                None => self.events.emit(Event::McpServerStarted {
+                    seat: handle.to_string(),
+                    tools: m.tool_count(&r.server),
+                    server: r.server,
+                }),
+                Some(error) => self.events.emit(Event::McpServerFailed {
+                    seat: handle.to_string(),
+                    server: r.server,
+                    error,
+                }),
+            }
+        }
+    }
+
     /// Stop the seat's MCP servers. A child that will not exit keeps them
     /// registered and fails the teardown (the seat stays undead and the
     /// stop is tried again).
@@ -990,6 +1020,7 @@ impl TurnEngine {
         if plan.triggers.is_empty() {
             return;
         }
+        self.revive_tool_servers(&handle).await;
         let turn = TurnInput {
             turn_id: uuid::Uuid::new_v4().to_string(),
             seat: handle.clone(),

@@ -73,6 +73,18 @@ fn which(program: &str) -> String {
         .into_owned()
 }
 
+/// The pids of `seat`'s stdio tool servers on `node`, once it runs `n`.
+async fn tool_servers_up(f: &Fleet, node: &Node, seat: &str, n: usize) -> Vec<u32> {
+    let turns = node.turns.clone();
+    f.until(
+        &format!("{} runs {n} tool servers for {seat}", node.id()),
+        WAIT,
+        || turns.tool_server_pids(seat).len() == n,
+    )
+    .await;
+    node.turns.tool_server_pids(seat)
+}
+
 fn position(events: &[crewlet::events::FleetEvent], f: impl Fn(&Event) -> bool) -> Option<usize> {
     events.iter().position(|e| f(&e.event))
 }
@@ -256,12 +268,7 @@ async fn a_seat_given_back_stops_its_tool_servers_and_the_taker_starts_its_own(f
     let mut a = f.node("a", std::slice::from_ref(&role)).await;
     f.until("a has s0 established", WAIT, || a.attached("s0"))
         .await;
-    let turns = a.turns.clone();
-    f.until("a runs one child per stdio server", WAIT, || {
-        turns.tool_server_pids("s0").len() == 2
-    })
-    .await;
-    let pids = a.turns.tool_server_pids("s0");
+    let pids = tool_servers_up(&f, &a, "s0", 2).await;
     let b = f.node("b", &[]).await;
     a.engine.drain().await;
     f.until("b has s0 established", WAIT, || b.attached("s0"))
@@ -278,11 +285,7 @@ async fn a_seat_given_back_stops_its_tool_servers_and_the_taker_starts_its_own(f
     for pid in pids {
         assert!(gone(pid), "the giver's tool server {pid} is gone");
     }
-    let taker = b.turns.clone();
-    f.until("the taker runs its own", WAIT, || {
-        taker.tool_server_pids("s0").len() == 2
-    })
-    .await;
+    tool_servers_up(&f, &b, "s0", 2).await;
     assert!(
         b.turns
             .tool_surface("s0")
@@ -298,12 +301,7 @@ async fn a_tool_server_that_died_between_turns_is_started_again_at_the_next_turn
     let mut a = f.node("a", &[tooled("s0", &dir)]).await;
     f.until("a has s0 established", WAIT, || a.attached("s0"))
         .await;
-    let turns = a.turns.clone();
-    f.until("a runs its tool servers", WAIT, || {
-        turns.tool_server_pids("s0").len() == 2
-    })
-    .await;
-    let before = a.turns.tool_server_pids("s0");
+    let before = tool_servers_up(&f, &a, "s0", 2).await;
     for pid in &before {
         unsafe {
             libc::kill(*pid as libc::pid_t, libc::SIGKILL);
@@ -347,12 +345,7 @@ async fn a_paused_seat_keeps_its_tool_servers_up(f: Fleet) {
     let a = f.node("a", &[tooled("s0", work.path())]).await;
     f.until("a has s0 established", WAIT, || a.attached("s0"))
         .await;
-    let turns = a.turns.clone();
-    f.until("a runs its tool servers", WAIT, || {
-        turns.tool_server_pids("s0").len() == 2
-    })
-    .await;
-    let pids = a.turns.tool_server_pids("s0");
+    let pids = tool_servers_up(&f, &a, "s0", 2).await;
     let record = crewlet::engine::pause::PauseRecord {
         by: "ann".into(),
         at: "2026-12-01T08:00:00Z".into(),
@@ -409,17 +402,8 @@ async fn a_tool_server_sees_only_its_own_environment_and_dies_with_its_node_on_k
         ],
     );
     node.healthy(Duration::from_secs(60)).await;
-    let server: serde_json::Value = support::wait_for(
-        "the tool server to report its environment",
-        Duration::from_secs(60),
-        Duration::from_millis(100),
-        || async {
-            std::fs::read_to_string(&report)
-                .ok()
-                .and_then(|t| serde_json::from_str(&t).ok())
-        },
-    )
-    .await;
+    let server: serde_json::Value =
+        support::process::report_of(&report, "the tool server to report its environment").await;
     let env = server["env"].as_object().unwrap();
     for secret in [
         "CREWLET_STREAM__USER",
@@ -430,13 +414,5 @@ async fn a_tool_server_sees_only_its_own_environment_and_dies_with_its_node_on_k
     }
     assert_eq!(env["CREWLET_SEAT"], "timed");
     let pid = server["pid"].as_u64().unwrap() as u32;
-    assert!(!gone(pid));
-    node.kill9();
-    support::wait_for(
-        "the tool server to die with its node",
-        Duration::from_secs(20),
-        Duration::from_millis(50),
-        || async { gone(pid).then_some(()) },
-    )
-    .await;
+    support::process::dies_with(&mut node, pid, "the tool server to die with its node").await;
 }

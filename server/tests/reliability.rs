@@ -13,7 +13,7 @@ use async_nats::jetstream::{self, consumer};
 use serde_json::json;
 
 use support::nats::NatsServer;
-use support::process::{NodeProcess, gone};
+use support::process::NodeProcess;
 use support::stranded::{self, SEATS, all_held_by, answered, fleet_config, servers};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -114,17 +114,8 @@ async fn a_command_agent_sees_only_its_own_environment_and_dies_with_its_node_on
         ],
     );
     node.healthy(Duration::from_secs(60)).await;
-    let child: serde_json::Value = support::wait_for(
-        "the agent to report its environment",
-        Duration::from_secs(60),
-        Duration::from_millis(100),
-        || async {
-            std::fs::read_to_string(&report)
-                .ok()
-                .and_then(|t| serde_json::from_str(&t).ok())
-        },
-    )
-    .await;
+    let child: serde_json::Value =
+        support::process::report_of(&report, "the agent to report its environment").await;
     let env = child["env"].as_object().unwrap();
     // Nothing of the node's own: its NATS login, its other variables.
     // (What the interpreter's launcher adds for itself — a pyenv shim's
@@ -152,15 +143,7 @@ async fn a_command_agent_sees_only_its_own_environment_and_dies_with_its_node_on
     assert_eq!(env["MODE"], "test");
     assert_eq!(env["GITHUB_TOKEN"], "ghp-passed-through");
     let pid = child["pid"].as_u64().unwrap() as u32;
-    assert!(!gone(pid));
-    node.kill9();
-    support::wait_for(
-        "the agent's process to die with its node",
-        Duration::from_secs(20),
-        Duration::from_millis(50),
-        || async { gone(pid).then_some(()) },
-    )
-    .await;
+    support::process::dies_with(&mut node, pid, "the agent's process to die with its node").await;
 }
 
 /// The nats-server releases this run has: Debian's (the default), and the

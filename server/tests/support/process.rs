@@ -156,3 +156,32 @@ pub fn gone(pid: u32) -> bool {
             .any(|l| l.starts_with("State:") && l.contains('Z')),
     }
 }
+
+/// The JSON a child wrote to `path` (written whole: to a temporary name,
+/// then renamed), once it is there.
+pub async fn report_of(path: &std::path::Path, what: &str) -> serde_json::Value {
+    super::wait_for(
+        what,
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || async {
+            std::fs::read_to_string(path)
+                .ok()
+                .and_then(|t| serde_json::from_str(&t).ok())
+        },
+    )
+    .await
+}
+
+/// Kill the node with SIGKILL and wait until process `pid` is gone too.
+pub async fn dies_with(node: &mut NodeProcess, pid: u32, what: &str) {
+    assert!(!gone(pid), "{what} was not running before the kill");
+    node.kill9();
+    super::wait_for(
+        what,
+        Duration::from_secs(20),
+        Duration::from_millis(50),
+        || async { gone(pid).then_some(()) },
+    )
+    .await;
+}

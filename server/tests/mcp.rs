@@ -62,6 +62,23 @@ fn tooled(handle: &str, dir: &Path) -> RoleConfig {
     }
 }
 
+/// Node `a` holding seat `s0`, its tools those of [`tooled`] over `dir`,
+/// once the seat is established.
+async fn tooled_node(f: &Fleet, dir: &Path) -> Node {
+    let a = f.node("a", &[tooled("s0", dir)]).await;
+    f.until("a has s0 established", WAIT, || a.attached("s0"))
+        .await;
+    a
+}
+
+/// A scratch folder for the filesystem server, by its real path (the
+/// server resolves symbolic links and refuses paths outside it).
+fn workdir() -> (tempfile::TempDir, std::path::PathBuf) {
+    let work = tempfile::tempdir().unwrap();
+    let dir = std::fs::canonicalize(work.path()).unwrap();
+    (work, dir)
+}
+
 fn which(program: &str) -> String {
     std::env::var("PATH")
         .unwrap_or_default()
@@ -90,10 +107,8 @@ fn position(events: &[crewlet::events::FleetEvent], f: impl Fn(&Event) -> bool) 
 }
 
 async fn a_seats_tools_are_listed_before_its_first_turn_is_admitted(f: Fleet) {
-    let work = tempfile::tempdir().unwrap();
-    let mut a = f.node("a", &[tooled("s0", work.path())]).await;
-    f.until("a has s0 established", WAIT, || a.attached("s0"))
-        .await;
+    let (_work, dir) = workdir();
+    let mut a = tooled_node(&f, &dir).await;
     a.publish("s0", &trigger("T1", json!({}))).await;
     f.until("T1 ran", WAIT, || !a.turns_of("T1").is_empty())
         .await;
@@ -140,12 +155,9 @@ async fn a_seats_tools_are_listed_before_its_first_turn_is_admitted(f: Fleet) {
 async fn a_turn_that_wrote_through_a_tool_server_and_then_broke_is_recorded_and_not_redelivered(
     f: Fleet,
 ) {
-    let work = tempfile::tempdir().unwrap();
-    let dir = std::fs::canonicalize(work.path()).unwrap();
+    let (_work, dir) = workdir();
     let target = dir.join("report.txt");
-    let mut a = f.node("a", &[tooled("s0", &dir)]).await;
-    f.until("a has s0 established", WAIT, || a.attached("s0"))
-        .await;
+    let mut a = tooled_node(&f, &dir).await;
     a.publish(
         "s0",
         &trigger(
@@ -172,13 +184,10 @@ async fn a_turn_that_wrote_through_a_tool_server_and_then_broke_is_recorded_and_
 }
 
 async fn a_turn_that_only_read_and_then_broke_is_redelivered_and_runs_again(f: Fleet) {
-    let work = tempfile::tempdir().unwrap();
-    let dir = std::fs::canonicalize(work.path()).unwrap();
+    let (_work, dir) = workdir();
     let source = dir.join("notes.txt");
     std::fs::write(&source, "to be read").unwrap();
-    let mut a = f.node("a", &[tooled("s0", &dir)]).await;
-    f.until("a has s0 established", WAIT, || a.attached("s0"))
-        .await;
+    let mut a = tooled_node(&f, &dir).await;
     a.publish(
         "s0",
         &trigger(
@@ -263,11 +272,8 @@ async fn a_tool_server_that_cannot_start_refuses_the_seat_naming_the_server_and_
 }
 
 async fn a_seat_given_back_stops_its_tool_servers_and_the_taker_starts_its_own(f: Fleet) {
-    let work = tempfile::tempdir().unwrap();
-    let role = tooled("s0", work.path());
-    let mut a = f.node("a", std::slice::from_ref(&role)).await;
-    f.until("a has s0 established", WAIT, || a.attached("s0"))
-        .await;
+    let (_work, dir) = workdir();
+    let mut a = tooled_node(&f, &dir).await;
     let pids = tool_servers_up(&f, &a, "s0", 2).await;
     let b = f.node("b", &[]).await;
     a.engine.drain().await;
@@ -295,12 +301,9 @@ async fn a_seat_given_back_stops_its_tool_servers_and_the_taker_starts_its_own(f
 }
 
 async fn a_tool_server_that_died_between_turns_is_started_again_at_the_next_turn(f: Fleet) {
-    let work = tempfile::tempdir().unwrap();
-    let dir = std::fs::canonicalize(work.path()).unwrap();
+    let (_work, dir) = workdir();
     let target = dir.join("after.txt");
-    let mut a = f.node("a", &[tooled("s0", &dir)]).await;
-    f.until("a has s0 established", WAIT, || a.attached("s0"))
-        .await;
+    let mut a = tooled_node(&f, &dir).await;
     let before = tool_servers_up(&f, &a, "s0", 2).await;
     for pid in &before {
         unsafe {
@@ -341,10 +344,8 @@ async fn a_tool_server_that_died_between_turns_is_started_again_at_the_next_turn
 }
 
 async fn a_paused_seat_keeps_its_tool_servers_up(f: Fleet) {
-    let work = tempfile::tempdir().unwrap();
-    let a = f.node("a", &[tooled("s0", work.path())]).await;
-    f.until("a has s0 established", WAIT, || a.attached("s0"))
-        .await;
+    let (_work, dir) = workdir();
+    let a = tooled_node(&f, &dir).await;
     let pids = tool_servers_up(&f, &a, "s0", 2).await;
     let record = crewlet::engine::pause::PauseRecord {
         by: "ann".into(),

@@ -23,7 +23,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command};
+use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout};
 use tokio::sync::Mutex;
 
 use super::agent::{Agent, AgentError, Step, ToolCall, ToolResult, TurnInput};
@@ -158,14 +158,10 @@ impl CommandAgent {
         let env = self
             .cfg
             .child_env(&self.seat, &self.node, &|k| std::env::var(k).ok());
-        let mut command = Command::new(program);
-        command.args(args).env_clear().envs(env);
-        super::children::die_with_the_node(&mut command);
-        let mut spawned = command
+        let mut spawned = super::children::clean_command(program, args, env)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
-            .kill_on_drop(true)
             .spawn()
             .map_err(|e| AgentError(format!("cannot start `{}`: {e}", self.program())))?;
         let (Some(stdin), Some(stdout)) = (spawned.stdin.take(), spawned.stdout.take()) else {
@@ -406,28 +402,18 @@ impl Agent for CommandAgent {
             self.drop_pipes();
             return Ok(());
         };
-        // The child is not reaped yet, so its pid cannot have been reused.
-        let sent = unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
-        if sent != 0 {
-            tracing::warn!(
-                seat = %self.seat,
-                pid,
-                error = %io::Error::last_os_error(),
-                "cannot send SIGTERM to the agent process"
-            );
-        }
         let wait = Duration::from_millis(self.cfg.stop_wait_ms);
-        match tokio::time::timeout(wait, c.wait()).await {
-            Ok(Ok(status)) => {
+        match super::children::terminate(c, wait).await {
+            Ok(status) => {
                 tracing::info!(seat = %self.seat, pid, "agent process stopped ({status})");
                 self.forget_child(&mut child);
                 self.drop_pipes();
                 Ok(())
             }
-            Ok(Err(e)) => Err(AgentError(format!(
+            Err(super::children::NotStopped::Wait(e)) => Err(AgentError(format!(
                 "cannot wait for the agent process (pid {pid}): {e}"
             ))),
-            Err(_) => Err(AgentError(format!(
+            Err(super::children::NotStopped::StillRunning) => Err(AgentError(format!(
                 "the agent process (pid {pid}) did not exit within {}ms of SIGTERM",
                 self.cfg.stop_wait_ms
             ))),

@@ -23,7 +23,7 @@ use rmcp::service::{RoleClient, RunningService, ServiceExt};
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use serde_json::{Value, json};
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 use tokio::sync::Mutex;
 
 use super::agent::{Annotations, ToolSpec};
@@ -380,17 +380,10 @@ async fn spawn_stdio(
         return Err("it has no program to run (command is empty)".into());
     };
     let env = cfg.child_env(seat, node, &|k| std::env::var(k).ok());
-    let mut command = Command::new(program);
-    command
-        .args(args)
-        .env_clear()
-        .envs(env)
+    let mut child = super::children::clean_command(program, args, env)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
-        .kill_on_drop(true);
-    super::children::die_with_the_node(&mut command);
-    let mut child = command
         .spawn()
         .map_err(|e| format!("cannot start `{program}`: {e}"))?;
     let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
@@ -432,19 +425,11 @@ async fn connect_http(url: &str, cfg: &McpServerConfig) -> Result<Session, Strin
 
 /// SIGTERM, then wait up to `wait` for the child to exit.
 async fn stop_child(c: &mut Child, wait: Duration) -> Result<(), String> {
-    if let Ok(Some(_)) = c.try_wait() {
-        return Ok(());
-    }
-    if let Some(pid) = c.id() {
-        // SAFETY: the child is not reaped yet, so its pid is still its own.
-        unsafe {
-            libc::kill(pid as libc::pid_t, libc::SIGTERM);
-        }
-    }
-    match tokio::time::timeout(wait, c.wait()).await {
-        Ok(Ok(_)) => Ok(()),
-        Ok(Err(e)) => Err(format!("cannot wait for it: {e}")),
-        Err(_) => Err(format!(
+    use super::children::{NotStopped, terminate};
+    match terminate(c, wait).await {
+        Ok(_) => Ok(()),
+        Err(NotStopped::Wait(e)) => Err(format!("cannot wait for it: {e}")),
+        Err(NotStopped::StillRunning) => Err(format!(
             "it did not exit within {}ms of SIGTERM",
             wait.as_millis()
         )),

@@ -520,21 +520,12 @@ impl Supervisor {
             .argv
             .split_first()
             .ok_or_else(|| "run_detached: `argv` is empty".to_string())?;
-        let mut command = tokio::process::Command::new(program);
-        command
-            .args(args)
-            .env_clear()
-            .envs(crate::config::base_child_env(
-                &r.seat,
-                &r.launcher_node,
-                &|k| std::env::var(k).ok(),
-            ));
-        super::children::die_with_the_node(&mut command);
-        let mut child = command
+        let env =
+            crate::config::base_child_env(&r.seat, &r.launcher_node, &|k| std::env::var(k).ok());
+        let mut child = super::children::clean_command(program, args, env)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
-            .kill_on_drop(true)
             .spawn()
             .map_err(|e| format!("run_detached: cannot start {program:?}: {e}"))?;
         let kill = self.tasks.token().child_token();

@@ -8,8 +8,8 @@
 use std::sync::Arc;
 
 use crate::api::{
-    AuditView, FleetView, MemoryOverview, MoveRequestView, NewPerson, NodeOrderView, Person,
-    PersonRole, PersonView, SeatActionResult, SeatList, SeatMemoryRead, SeatQuery,
+    ApprovalView, AuditView, FleetView, MemoryOverview, MoveRequestView, NewPerson, NodeOrderView,
+    Person, PersonRole, PersonView, SeatActionResult, SeatList, SeatMemoryRead, SeatQuery,
 };
 
 /// A failure the dashboard shows to a person as a sentence.
@@ -138,6 +138,20 @@ pub trait Console: Send + Sync + 'static {
         node: &str,
         reason: &str,
     ) -> Result<MoveRequestView, ConsoleError>;
+    /// The seat's approvals (README § Tools, Approvals), the newest first.
+    async fn approvals(&self, handle: &str) -> Result<Vec<ApprovalView>, ConsoleError>;
+    /// Answer one of the seat's approvals: `approve` runs the call once, on
+    /// whichever node holds the seat, else the agent is told it was denied
+    /// — operators only, audited with the reason (required). `Conflict`
+    /// when it was answered already.
+    async fn answer_approval(
+        &self,
+        actor: &Person,
+        handle: &str,
+        approval_id: &str,
+        approve: bool,
+        reason: &str,
+    ) -> Result<ApprovalView, ConsoleError>;
 }
 
 /// How the node hands the console to Leptos.

@@ -9,8 +9,8 @@
 use leptos::prelude::*;
 
 use crate::api::{
-    AuditView, FleetView, MemoryOverviewPage, MoveRequestView, NewPerson, NodeOrderView, Person,
-    PersonView, SeatActionResult, SeatList, SeatMemoryRead,
+    ApprovalView, AuditView, FleetView, MemoryOverviewPage, MoveRequestView, NewPerson,
+    NodeOrderView, Person, PersonView, SeatActionResult, SeatList, SeatMemoryRead,
 };
 use crate::error::AppError;
 
@@ -274,6 +274,22 @@ pub async fn move_seat(
     let actor = ssr::person().await?;
     ssr::console()?
         .move_seat(&actor, &handle, &node, &reason)
+        .await
+        .map_err(ssr::fail)
+}
+
+/// Approve or deny one of a seat's tool calls, with a reason (operators
+/// only; audited).
+#[server(endpoint = "answer_approval")]
+pub async fn answer_approval(
+    handle: String,
+    approval_id: String,
+    approve: bool,
+    #[server(default)] reason: String,
+) -> Result<ApprovalView, AppError> {
+    let actor = ssr::person().await?;
+    ssr::console()?
+        .answer_approval(&actor, &handle, &approval_id, approve, &reason)
         .await
         .map_err(ssr::fail)
 }

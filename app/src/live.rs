@@ -65,6 +65,9 @@ pub const EVENT_NAMES: &[&str] = &[
     "mcp_server_started",
     "mcp_server_failed",
     "mcp_server_exited",
+    "tool_approval_requested",
+    "tool_approval_answered",
+    "tool_approval_resumed",
     "run_started",
     "run_adopted",
     "run_resumed",
@@ -136,6 +139,9 @@ pub const SEAT_EVENTS: &[&str] = &[
     "mcp_server_started",
     "mcp_server_failed",
     "mcp_server_exited",
+    "tool_approval_requested",
+    "tool_approval_answered",
+    "tool_approval_resumed",
     "run_started",
     "run_adopted",
     "run_resumed",
@@ -150,6 +156,7 @@ pub const ACTION_EVENTS: &[&str] = &[
     "company_applied",
     "node_order_changed",
     "seat_move_requested",
+    "tool_approval_answered",
 ];
 
 /// After a refetch, events within this window are one more refetch at its

@@ -69,6 +69,7 @@ fn roles(n: usize) -> Vec<RoleConfig> {
             agent: Default::default(),
             placement: PlacementConfig::default(),
             mcp: Vec::new(),
+            ..Default::default()
         })
         .collect()
 }

@@ -307,6 +307,34 @@ pub enum Event {
         server: String,
         reason: String,
     },
+    /// A tool call waits for a person's approval (its turn parked).
+    ToolApprovalRequested {
+        seat: String,
+        approval_id: String,
+        tool: String,
+        /// The call's arguments (cut at 4 KiB, saying so).
+        arguments: serde_json::Value,
+        turn_id: String,
+    },
+    /// A person (or the timeout, `by: "timeout"`) answered an approval:
+    /// `decision` is `approved`, `denied` or `timed_out`.
+    ToolApprovalAnswered {
+        seat: String,
+        approval_id: String,
+        tool: String,
+        decision: String,
+        by: String,
+    },
+    /// The seat's holder resumed an answered approval: `ran` when it ran
+    /// the approved call (here, once), `ok` what the agent is told.
+    ToolApprovalResumed {
+        seat: String,
+        approval_id: String,
+        tool: String,
+        epoch: u64,
+        ran: bool,
+        ok: bool,
+    },
     /// A turn started a detached run.
     RunStarted {
         seat: String,

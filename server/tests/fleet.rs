@@ -140,6 +140,7 @@ fn role(handle: &str, placement: PlacementConfig) -> RoleConfig {
         agent: Default::default(),
         placement,
         mcp: Vec::new(),
+        ..Default::default()
     }
 }
 

@@ -554,6 +554,7 @@ async fn a_command_agents_tool_calls_run_in_the_engine_and_only_an_open_world_ca
         ])),
         placement: PlacementConfig::default(),
         mcp: Vec::new(),
+        ..Default::default()
     };
     let mut a = f.node("a", &[role]).await;
     f.until("a holds cmd", WAIT, || a.holds("cmd")).await;
@@ -740,6 +741,7 @@ async fn a_command_agent_that_ignores_sigterm_makes_the_seat_undead_until_it_die
         agent: AgentConfig::Command(cfg),
         placement: PlacementConfig::default(),
         mcp: Vec::new(),
+        ..Default::default()
     };
     let mut a = f.node("a", &[role, echo_role("other")]).await;
     f.until("a holds cmd", WAIT, || a.holds("cmd")).await;

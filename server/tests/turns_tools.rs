@@ -11,7 +11,7 @@ use crewlet::engine::envelope::Envelope;
 use crewlet::engine::outbox::{Outbox, TwinOutbox};
 use crewlet::engine::runs::{Runs, Supervisor};
 use crewlet::engine::tools::Tools;
-use crewlet::engine::turn::ToolRunner;
+use crewlet::engine::turn::{Executed, ToolRunner};
 use crewlet::events::EventBus;
 use crewlet::memory::MemoryStore;
 use crewlet::node::company::Company;
@@ -30,7 +30,8 @@ async fn tools() -> (Tools, tempfile::TempDir) {
     ));
     let queue: Arc<dyn Queue> = Arc::new(TwinQueue::new(log_events()));
     let outbox: Arc<dyn Outbox> = Arc::new(TwinOutbox::new());
-    let runs = Runs::new(store);
+    let runs = Runs::new(store.clone());
+    let events = EventBus::new("n1", "n1-inc");
     let (_, company) = tokio::sync::watch::channel(Company {
         revision: 1,
         name: "Tool company".into(),
@@ -41,7 +42,8 @@ async fn tools() -> (Tools, tempfile::TempDir) {
         incarnation: "n1-inc".into(),
         supervisor: Arc::new(Supervisor::new(runs.clone(), queue.clone())),
         runs,
-        events: EventBus::new("n1", "n1-inc"),
+        approvals: crewlet::engine::approvals::Approvals::new(store, queue.clone(), events.clone()),
+        events,
         outbox,
         queue,
         memory: MemoryStore::new(pool),
@@ -112,7 +114,9 @@ async fn read_memory_returns_the_seats_own_diary_and_episodes_newest_first_and_r
         .await
         .unwrap();
 
-    let (result, reached) = tools.execute(&turn("s0"), &read_memory(json!({}))).await;
+    let Executed {
+        result, reached, ..
+    } = tools.execute(&turn("s0"), &read_memory(json!({}))).await;
     assert!(result.ok, "{result:?}");
     assert_eq!(result.id, "recall");
     assert!(!reached, "read_memory is read-only: it reaches nothing");
@@ -126,7 +130,7 @@ async fn read_memory_returns_the_seats_own_diary_and_episodes_newest_first_and_r
     );
 
     // `limit` bounds each list.
-    let (result, _) = tools
+    let Executed { result, .. } = tools
         .execute(&turn("s0"), &read_memory(json!({"limit": 2})))
         .await;
     assert!(result.ok, "{result:?}");
@@ -142,16 +146,20 @@ async fn read_memory_returns_the_seats_own_diary_and_episodes_newest_first_and_r
         args: json!({"text": "written in this turn"}),
         annotations: Annotations::default(),
     };
-    let (written, reached) = tools.execute(&turn("s0"), &write).await;
+    let Executed {
+        result: written,
+        reached,
+        ..
+    } = tools.execute(&turn("s0"), &write).await;
     assert!(written.ok && !reached, "{written:?}");
-    let (result, _) = tools.execute(&turn("s0"), &read_memory(json!({}))).await;
+    let Executed { result, .. } = tools.execute(&turn("s0"), &read_memory(json!({}))).await;
     assert_eq!(
         contents(&result.output, "diary", "content")[0],
         "written in this turn"
     );
 
     // A seat with no memory reads empty lists, not an error.
-    let (result, _) = tools.execute(&turn("s2"), &read_memory(json!({}))).await;
+    let Executed { result, .. } = tools.execute(&turn("s2"), &read_memory(json!({}))).await;
     assert!(result.ok, "{result:?}");
     assert_eq!(result.output, json!({"diary": [], "episodes": []}));
 }
@@ -166,7 +174,9 @@ async fn run_detached_starts_only_a_program_on_the_nodes_allow_list_and_a_refusa
         args: json!({"argv": ["/bin/touch", marker.display().to_string()]}),
         annotations: Annotations::default(),
     };
-    let (result, reached) = tools.execute(&turn("s0"), &call).await;
+    let Executed {
+        result, reached, ..
+    } = tools.execute(&turn("s0"), &call).await;
     assert!(!result.ok, "a program off the list is refused: {result:?}");
     let why = result.error.clone().unwrap_or_default();
     assert!(

@@ -116,6 +116,7 @@ async fn engine_on_twin(seats: usize, hooks: Arc<dyn SeatHooks>) -> (Arc<SeatEng
             agent: Default::default(),
             placement: PlacementConfig::default(),
             mcp: Vec::new(),
+            ..Default::default()
         })
         .collect();
     company::apply(&*store, "Watchdog company", &roles)
@@ -297,6 +298,7 @@ async fn silent_store(ttl: Duration, timeout: Duration, silent_secs: u64, ghost_
             agent: Default::default(),
             placement: PlacementConfig::default(),
             mcp: Vec::new(),
+            ..Default::default()
         })
         .collect();
     company::apply(&*store, "Watchdog company", &roles)

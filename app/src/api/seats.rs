@@ -97,6 +97,53 @@ pub struct SeatRow {
     /// for the seats of the page shown only.
     #[serde(default)]
     pub runs: Vec<SeatRunView>,
+    /// The role's MCP tool servers, with their state on this node.
+    #[serde(default)]
+    pub tool_servers: Vec<ToolServerView>,
+    /// The seat's tool calls waiting for a person's approval; read for the
+    /// seats of the page shown only.
+    #[serde(default)]
+    pub approvals: Vec<ApprovalView>,
+}
+
+/// One of a seat's MCP tool servers as the Seats page shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolServerView {
+    pub name: String,
+    /// `stdio` (the seat's child) or `http` (a shared server).
+    pub transport: String,
+    /// `running` or `down` where this node holds the seat, `on {node}`
+    /// where a peer does, `not running` where nobody does.
+    pub state: String,
+    /// How many tools it listed, where this node holds the seat.
+    pub tools: Option<usize>,
+}
+
+/// A tool call a person approves before it runs, as the Seats page and
+/// `GET /api/seats/{handle}/approvals` show it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApprovalView {
+    pub approval_id: String,
+    pub seat: String,
+    /// The tool's full name (`fs.write_file`).
+    pub tool: String,
+    pub arguments: serde_json::Value,
+    /// The turn that asked.
+    pub turn_id: String,
+    /// `pending`, `answered`, `running` or `ran`.
+    pub state: String,
+    /// RFC 3339.
+    pub asked_at: String,
+    /// RFC 3339: when it is denied as timed out unless somebody answers.
+    pub deadline: String,
+    /// `approved`, `denied` or `timed_out`.
+    pub decision: Option<String>,
+    pub answered_by: Option<String>,
+    pub reason: Option<String>,
+    pub answered_at: Option<String>,
+    /// What the agent was told, once the seat's holder resumed.
+    pub outcome_ok: Option<bool>,
+    pub outcome_error: Option<String>,
 }
 
 /// A detached run as the Seats page shows it.

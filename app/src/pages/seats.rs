@@ -9,13 +9,17 @@ use leptos::prelude::*;
 use leptos_router::components::Form;
 use leptos_router::hooks::use_query_map;
 
-use crate::api::{FleetView, MoveRequestView, SeatActionResult, SeatList, SeatRow, SeatState};
+use crate::api::{
+    ApprovalView, FleetView, MoveRequestView, SeatActionResult, SeatList, SeatRow, SeatState,
+};
 use crate::components::notice::ErrorNotice;
 use crate::components::pager::Pager;
 use crate::error::AppError;
-use crate::fns::{fleet, list_seats, move_seat, pause_seat, resume_seat, stop_seat_turn, whoami};
+use crate::fns::{
+    answer_approval, fleet, list_seats, move_seat, pause_seat, resume_seat, stop_seat_turn, whoami,
+};
 use crate::live::{Connection, LiveBadge, SEAT_EVENTS, refetch_on};
-use crate::view::runs_summary;
+use crate::view::{clipped, runs_summary, tool_servers_summary};
 
 /// What a person asks of a seat.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -99,6 +103,18 @@ type Listed = Resource<Result<SeatList, AppError>>;
 /// An operator's pause, resume or stop, once confirmed.
 type SeatAct = Action<Request, Result<SeatActionResult, AppError>>;
 
+/// An operator's answer to an approval.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Answer {
+    handle: String,
+    approval_id: String,
+    approve: bool,
+    reason: String,
+}
+
+/// The answers given on this page.
+type Answering = Action<Answer, Result<ApprovalView, AppError>>;
+
 #[component]
 pub fn SeatsPage() -> impl IntoView {
     let query = use_query_map();
@@ -126,6 +142,17 @@ pub fn SeatsPage() -> impl IntoView {
         }
         v
     });
+    let answer: Answering = Action::new(|a: &Answer| {
+        let a = a.clone();
+        answer_approval(a.handle, a.approval_id, a.approve, a.reason)
+    });
+    Effect::new(move |prev: Option<usize>| {
+        let v = answer.version().get();
+        if prev.is_some_and(|p| p != v) {
+            list.refetch();
+        }
+        v
+    });
     let confirming = Confirming::new();
     let moving = Moving::new(list);
     let ask = Callback::new(move |c: Confirm| confirming.open(c));
@@ -139,6 +166,7 @@ pub fn SeatsPage() -> impl IntoView {
             </div>
             <SeatFilters text state />
             <ActNotice act />
+            <AnswerNotice answer />
             <MovedNotice moved=moving.moved />
             <Transition fallback=|| view! { <p class="muted">"Reading the seats…"</p> }>
                 {move || {
@@ -148,7 +176,7 @@ pub fn SeatsPage() -> impl IntoView {
                             Err(e) => view! { <ErrorNotice error=e /> }.into_any(),
                         })
                 }}
-                <SeatsTable rows operator ask ask_move />
+                <SeatsTable rows operator ask ask_move answer />
                 <SeatPager list text state />
             </Transition>
             <ConfirmDialog confirming act />
@@ -267,6 +295,7 @@ fn SeatsTable(
     operator: Signal<bool>,
     ask: Callback<Confirm>,
     ask_move: Callback<MoveAsk>,
+    answer: Answering,
 ) -> impl IntoView {
     view! {
         <div class="table-wrap" hidden=move || rows.get().is_empty()>
@@ -283,7 +312,7 @@ fn SeatsTable(
                 </thead>
                 <tbody>
                     <For each=move || rows.get() key=|r| format!("{r:?}") let:r>
-                        <SeatRowView row=r operator=operator ask=ask ask_move=ask_move />
+                        <SeatRowView row=r operator=operator ask=ask ask_move=ask_move answer=answer />
                     </For>
                 </tbody>
             </table>
@@ -709,6 +738,7 @@ fn SeatRowView(
     operator: Signal<bool>,
     ask: Callback<Confirm>,
     ask_move: Callback<MoveAsk>,
+    answer: Answering,
 ) -> impl IntoView {
     let state = row.state.as_str();
     let holder_node = row.holder.as_ref().map(|h| h.node_id.clone());
@@ -814,6 +844,19 @@ fn SeatRowView(
                             </div>
                         }
                     })}
+                {tool_servers_summary(&row.tool_servers)
+                    .map(|text| {
+                        let up = row.tool_servers.iter().filter(|s| s.state == "running").count();
+                        view! {
+                            <div
+                                class="muted small tool-servers"
+                                data-tool-servers=row.tool_servers.len()
+                                data-tool-servers-up=up
+                            >
+                                {text}
+                            </div>
+                        }
+                    })}
             </td>
             <td data-label="Inbox" class="num">
                 <span class="pending">
@@ -839,5 +882,103 @@ fn SeatRowView(
                 <div class="actions">{first} {stop} {move_button}</div>
             </td>
         </tr>
+        {(!row.approvals.is_empty())
+            .then(|| {
+                view! {
+                    <tr class="approvals-row" data-approvals-for=row.handle.clone()>
+                        <td colspan="6">
+                            <ul class="approvals">
+                                {row
+                                    .approvals
+                                    .clone()
+                                    .into_iter()
+                                    .map(|a| view! { <ApprovalItem a operator answer /> })
+                                    .collect_view()}
+                            </ul>
+                        </td>
+                    </tr>
+                }
+            })}
+    }
+}
+
+/// One tool call waiting for a person: what it would do, until when, and
+/// Approve / Deny with a reason (operators).
+#[component]
+fn ApprovalItem(a: ApprovalView, operator: Signal<bool>, answer: Answering) -> impl IntoView {
+    let reason = RwSignal::new(String::new());
+    let (handle, id) = (a.seat.clone(), a.approval_id.clone());
+    let send = Callback::new(move |approve: bool| {
+        answer.dispatch(Answer {
+            handle: handle.clone(),
+            approval_id: id.clone(),
+            approve,
+            reason: reason.get_untracked(),
+        });
+    });
+    let args = a.arguments.to_string();
+    let (asked, deadline) = (a.asked_at.clone(), a.deadline.clone());
+    let label = format!("Why approve or deny {}", a.tool);
+    view! {
+        <li class="approval" data-approval=a.approval_id.clone() data-tool=a.tool.clone()>
+            <strong>"Waiting for approval: "</strong>
+            <span class="mono">{a.tool.clone()}</span>
+            " "
+            <code class="small approval-args" title=args.clone()>{clipped(&args, 300)}</code>
+            <div class="muted small">
+                "asked "
+                <time datetime=asked.clone() title=asked.clone()>{hhmm(&asked)}</time>
+                " · denied as timed out at "
+                <time datetime=deadline.clone() title=deadline.clone()>{hhmm(&deadline)}</time>
+            </div>
+            <div class="actions">
+                <input
+                    type="text"
+                    name="reason"
+                    maxlength="500"
+                    placeholder="Why (required)"
+                    aria-label=label
+                    disabled=move || !operator.get()
+                    prop:value=move || reason.get()
+                    on:input=move |ev| reason.set(event_target_value(&ev))
+                />
+                <button
+                    type="button"
+                    data-action="approve"
+                    disabled=move || !operator.get() || reason.get().trim().is_empty()
+                    on:click=move |_| send.run(true)
+                >
+                    "Approve"
+                </button>
+                <button
+                    type="button"
+                    data-action="deny"
+                    disabled=move || !operator.get() || reason.get().trim().is_empty()
+                    on:click=move |_| send.run(false)
+                >
+                    "Deny"
+                </button>
+            </div>
+        </li>
+    }
+}
+
+/// What the last answer to an approval came to.
+#[component]
+fn AnswerNotice(answer: Answering) -> impl IntoView {
+    move || {
+        answer.value().get().map(|r| match r {
+            Ok(a) => {
+                let text = format!(
+                    "{} {} ({}).",
+                    a.tool,
+                    a.decision.as_deref().unwrap_or("answered"),
+                    a.seat
+                );
+                view! { <p class="notice notice-info" role="status" data-answered=a.approval_id>{text}</p> }
+                    .into_any()
+            }
+            Err(e) => view! { <ErrorNotice error=e /> }.into_any(),
+        })
     }
 }

@@ -1,6 +1,6 @@
 //! The Seats page's words for a row.
 
-use crate::api::SeatRunView;
+use crate::api::{SeatRunView, ToolServerView};
 
 /// The Seats row's line about a seat's detached runs: "1 run: running on
 /// node-a", "2 runs: running on node-a, finished on node-b"; `None` when
@@ -19,4 +19,61 @@ pub fn runs_summary(runs: &[SeatRunView]) -> Option<String> {
         if n == 1 { "" } else { "s" },
         each.join(", ")
     ))
+}
+
+/// The Seats row's line about a seat's tool servers: "tools: fs running
+/// (14), time on node-b"; `None` when its role has none.
+pub fn tool_servers_summary(servers: &[ToolServerView]) -> Option<String> {
+    if servers.is_empty() {
+        return None;
+    }
+    let each: Vec<String> = servers
+        .iter()
+        .map(|s| match s.tools {
+            Some(n) => format!("{} {} ({n})", s.name, s.state),
+            None => format!("{} {}", s.name, s.state),
+        })
+        .collect();
+    Some(format!("tools: {}", each.join(", ")))
+}
+
+/// At most `max` characters of `text`, cut with an ellipsis.
+pub fn clipped(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        Some((i, _)) => format!("{}…", &text[..i]),
+        None => text.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn server(name: &str, state: &str, tools: Option<usize>) -> ToolServerView {
+        ToolServerView {
+            name: name.into(),
+            transport: "stdio".into(),
+            state: state.into(),
+            tools,
+        }
+    }
+
+    #[test]
+    fn a_rows_tool_servers_read_with_their_state_and_tool_count_where_known() {
+        assert_eq!(tool_servers_summary(&[]), None);
+        assert_eq!(
+            tool_servers_summary(&[
+                server("fs", "running", Some(14)),
+                server("time", "on node-b", None)
+            ])
+            .as_deref(),
+            Some("tools: fs running (14), time on node-b")
+        );
+    }
+
+    #[test]
+    fn long_arguments_are_clipped_on_a_character_boundary() {
+        assert_eq!(clipped("abc", 5), "abc");
+        assert_eq!(clipped("ééééé", 2), "éé…");
+    }
 }

@@ -457,6 +457,44 @@ pub struct RoleConfig {
     /// the seat is established and stopped when it is given back.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mcp: Vec<McpServerConfig>,
+    /// Tool calls a person approves before they run (README § Tools,
+    /// Approvals): a tool's full name (`fs.write_file`), a server's every
+    /// tool (`git.*`), or `*`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub approve: Vec<String>,
+    /// Also every MCP tool that may be destructive (annotated
+    /// `destructiveHint: true`, or saying nothing of it and not read-only,
+    /// as the MCP defaults have it).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub approve_destructive: bool,
+    /// How long an approval waits for a person before it is denied as
+    /// timed out.
+    #[serde(default = "default_approval_timeout_seconds")]
+    pub approval_timeout_seconds: u64,
+}
+
+/// An hour: long enough for a person to look, short enough that a turn's
+/// continuation is not forgotten.
+pub const DEFAULT_APPROVAL_TIMEOUT_SECONDS: u64 = 3600;
+
+fn default_approval_timeout_seconds() -> u64 {
+    DEFAULT_APPROVAL_TIMEOUT_SECONDS
+}
+
+impl Default for RoleConfig {
+    /// A role with no handle yet: the default agent and placement, no
+    /// tool servers, nothing to approve.
+    fn default() -> Self {
+        RoleConfig {
+            handle: String::new(),
+            agent: AgentConfig::default(),
+            placement: PlacementConfig::default(),
+            mcp: Vec::new(),
+            approve: Vec::new(),
+            approve_destructive: false,
+            approval_timeout_seconds: DEFAULT_APPROVAL_TIMEOUT_SECONDS,
+        }
+    }
 }
 
 /// One MCP tool server of a role: a stdio child of the seat (`command`)

@@ -59,6 +59,9 @@ fn exemplar(agent: AgentConfig) -> Config {
                 env_from: vec!["K".into()],
                 ..McpServerConfig::stdio("n", &["x"])
             }],
+            approve: vec!["n.x".into()],
+            approve_destructive: true,
+            approval_timeout_seconds: 1,
         }],
         auth: AuthSection {
             users: vec![UserConfig {

@@ -392,6 +392,52 @@ fn check_roles(c: &Config, p: &mut Report<'_>) {
             }
         }
         check_mcp(i, r, p);
+        check_approvals(i, r, p);
+    }
+}
+
+/// `[[roles]] approve`, `approval_timeout_seconds`: each pattern names a
+/// tool server of the role (`fs.write_file`, `git.*`) or is `*`; the wait
+/// is bounded.
+fn check_approvals(i: usize, r: &crate::config::RoleConfig, p: &mut Report<'_>) {
+    for (j, pattern) in r.approve.iter().enumerate() {
+        let server = pattern.split_once('.').map(|(s, _)| s);
+        let known = server.is_some_and(|s| r.mcp.iter().any(|m| m.name == s));
+        let tool_ok = pattern
+            .split_once('.')
+            .is_some_and(|(_, t)| !t.is_empty() && !t.chars().any(char::is_whitespace));
+        if pattern == "*" || (known && tool_ok) {
+            continue;
+        }
+        let names: Vec<&str> = r.mcp.iter().map(|m| m.name.as_str()).collect();
+        let why = match server {
+            Some(s) if !known => format!(
+                "names no tool server of this role ({s:?}; the role has {})",
+                if names.is_empty() {
+                    "none".to_string()
+                } else {
+                    names.join(", ")
+                }
+            ),
+            _ => "is not a tool's full name (`server.tool`), a server's every tool (`server.*`) or `*`".into(),
+        };
+        p(
+            &format!("roles[{i}].approve[{j}]"),
+            q(pattern),
+            &why,
+            "write it as \"fs.write_file\", \"fs.*\" or \"*\"".into(),
+        );
+    }
+    if !(1..=7 * 24 * 3600).contains(&r.approval_timeout_seconds) {
+        p(
+            &format!("roles[{i}].approval_timeout_seconds"),
+            Some(r.approval_timeout_seconds.to_string()),
+            "must be between 1 and 604800 (a week)",
+            format!(
+                "the default is {}",
+                crate::config::DEFAULT_APPROVAL_TIMEOUT_SECONDS
+            ),
+        );
     }
 }
 

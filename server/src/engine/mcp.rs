@@ -211,6 +211,23 @@ impl SeatMcp {
         self.servers.iter().map(|s| s.name.clone()).collect()
     }
 
+    /// Each server: its name, whether it is up (a session, and for a
+    /// stdio server a child that has not exited), and how many tools it
+    /// listed. A server busy being started or stopped reads as down.
+    pub fn states(&self) -> Vec<(String, bool, usize)> {
+        self.servers
+            .iter()
+            .map(|s| {
+                let session = s.session.try_lock().is_ok_and(|g| g.is_some());
+                let child = s.cfg.url.is_some()
+                    || s.child.try_lock().is_ok_and(|mut g| {
+                        g.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+                    });
+                (s.name.clone(), session && child, s.tools.len())
+            })
+            .collect()
+    }
+
     /// Call `name` (`{server}.{tool}`) with `args`, within the server's
     /// call timeout. A result the server marks as an error is `Failed`,
     /// carrying its output.

@@ -3,6 +3,7 @@
 //! from running twice ([`ledger`]).
 
 pub mod agent;
+pub mod approvals;
 pub mod children;
 pub mod command;
 pub mod echo;

@@ -247,7 +247,7 @@ mod tests {
     fn a_parked_turn_is_complete_for_now_and_a_panic_is_a_guard_breach() {
         let parked = closing(
             &Ending::Parked {
-                runs: vec!["r".into()],
+                on: vec!["r".into()],
             },
             true,
             "ceo",

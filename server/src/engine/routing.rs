@@ -51,6 +51,7 @@ mod tests {
                     agent: Default::default(),
                     placement: Default::default(),
                     mcp: Vec::new(),
+                    ..Default::default()
                 })
                 .collect(),
             schedules: vec![],

@@ -350,6 +350,9 @@ pub enum ControlMessage {
     /// A detached run's command finished (published by its launcher):
     /// the holder resumes it.
     RunCompleted(RunCompletion),
+    /// A person answered one of the seat's approvals (the record holds
+    /// the answer): the holder resumes it.
+    ApprovalAnswered { approval_id: String },
 }
 
 /// The completion a launcher publishes on the seat's control subject.

@@ -18,6 +18,10 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use super::agent::{Agent, TurnInput};
+use super::approvals::{
+    APPROVAL_ANSWERED, ApprovalRecord, ApprovalState, CallOutcome, Resume, Updated, lost,
+    resume_plan,
+};
 use super::command::CommandAgent;
 use super::echo::EchoAgent;
 use super::envelope::Envelope;
@@ -167,6 +171,11 @@ impl TurnEngine {
                 company: s.company.clone(),
                 runs_allowed: s.policy.runs.clone(),
                 mcp: Default::default(),
+                approvals: super::approvals::Approvals::new(
+                    s.store.clone(),
+                    s.queue.clone(),
+                    s.events.clone(),
+                ),
             },
             store: s.store,
             queue: s.queue,
@@ -190,6 +199,12 @@ impl TurnEngine {
     /// The run records in the coordination store.
     pub fn runs(&self) -> &Runs {
         &self.runs
+    }
+
+    /// The approvals asked for and answered (a person's answer is taken
+    /// here on any node).
+    pub fn approvals(&self) -> &super::approvals::Approvals {
+        &self.tools.approvals
     }
 
     pub fn outbox(&self) -> &Arc<dyn Outbox> {
@@ -368,6 +383,27 @@ impl TurnEngine {
             from: Some("run".into()),
             sent_at: Some(crate::clock::now_rfc3339()),
         };
+        self.forward(handle, env).await
+    }
+
+    /// A person's answer to an approval reached the seat's holder: it
+    /// becomes a `tool_approval_answered` trigger in the seat's inbox (the
+    /// record, not this message, holds the answer).
+    async fn forward_answer(&self, handle: &str, approval_id: String) -> Disposition {
+        let env = Envelope {
+            id: format!("approval:{approval_id}"),
+            kind: APPROVAL_ANSWERED.into(),
+            body: serde_json::json!({ "approval_id": approval_id }),
+            thread: None,
+            message_id: None,
+            from: Some("approval".into()),
+            sent_at: Some(crate::clock::now_rfc3339()),
+        };
+        self.forward(handle, env).await
+    }
+
+    /// Hand `env` from the control subscription to the seat's inbox.
+    async fn forward(&self, handle: &str, env: Envelope) -> Disposition {
         match self
             .queue
             .publish(
@@ -379,10 +415,224 @@ impl TurnEngine {
         {
             Ok(_) => Disposition::Ack,
             Err(e) => {
-                tracing::warn!(seat = handle, run_id = %c.run_id, error = %e, "cannot hand a run's completion to the inbox; trying again");
+                tracing::warn!(seat = handle, trigger_id = %env.id, error = %e, "cannot hand a continuation to the inbox; trying again");
                 Disposition::Nak
             }
         }
+    }
+
+    /// Resume an answered approval (a `tool_approval_answered` trigger):
+    /// the record's answer, never the trigger's body, decides
+    /// ([`resume_plan`]). An approved call is claimed under this epoch and
+    /// run here, its outcome recorded before the turn; a denial, a recorded
+    /// outcome or a call an earlier holder began is delivered as it is.
+    /// The turn that follows is recorded in the completion ledger like a
+    /// run's resume.
+    async fn resume_approval(
+        &self,
+        rt: &Arc<SeatRuntime>,
+        fence: &Fence,
+        env: &Envelope,
+        delivered: u64,
+        received: std::time::Instant,
+    ) -> Disposition {
+        let handle = rt.handle.as_str();
+        let Some(id) = env.body.get("approval_id").and_then(|v| v.as_str()) else {
+            return Disposition::Poison("not an approval's answer: no approval_id".into());
+        };
+        let epoch = match fence.may_start() {
+            Some(e) if e == fence.epoch() => e,
+            _ => return Disposition::Defer(format!("seat {handle:?} is not owned here")),
+        };
+        let _turn = rt.turn_lock.lock().await;
+        if self.resume_done(handle, &env.id).await {
+            self.events.emit(Event::TurnTriggerSkipped {
+                seat: handle.to_string(),
+                trigger_id: env.id.clone(),
+                reason: "already_done".into(),
+                turn_id: None,
+            });
+            return Disposition::Ack;
+        }
+        let record = match self.tools.approvals.get(handle, id).await {
+            Ok(Some(r)) => r,
+            Ok(None) => {
+                tracing::info!(
+                    seat = handle,
+                    approval_id = id,
+                    "no such approval; the answer is dropped"
+                );
+                return Disposition::Ack;
+            }
+            Err(e) => {
+                tracing::warn!(seat = handle, approval_id = id, error = %e, "cannot read an approval; trying again");
+                return Disposition::Nak;
+            }
+        };
+        let (outcome, ran) = match self.approval_outcome(handle, &record, epoch).await {
+            Ok(o) => o,
+            Err(d) => return d,
+        };
+        self.events.emit(Event::ToolApprovalResumed {
+            seat: handle.to_string(),
+            approval_id: id.to_string(),
+            tool: record.tool.clone(),
+            epoch,
+            ran,
+            ok: outcome.ok,
+        });
+        let mut trigger = env.clone();
+        trigger.body = serde_json::json!({
+            "approval_id": id,
+            "tool": record.tool,
+            "arguments": record.arguments,
+            "call_id": record.call_id,
+            "decision": record.decision,
+            "answered_by": record.answered_by,
+            "reason": record.reason,
+            "result": outcome,
+        });
+        let turn = TurnInput {
+            turn_id: uuid::Uuid::new_v4().to_string(),
+            seat: handle.to_string(),
+            epoch,
+            node: self.node_id.clone(),
+            work_key: Some(resume_work_key(&env.id)),
+            delivered,
+            triggers: vec![trigger],
+            tools: self.tools.surface(handle),
+        };
+        let done = self.run_turn(rt, fence, &turn, received).await;
+        let closed = closing(
+            &done.ending,
+            done.reached_outside,
+            handle,
+            &turn.turn_id,
+            true,
+        );
+        if closed.record {
+            let within = record_budget(self.ack_wait);
+            self.record_resume(handle, &env.id, &turn.turn_id, within)
+                .await;
+        }
+        if closed.abort {
+            rt.agent.abort(&turn.turn_id, done.ending.name()).await;
+        }
+        self.announce_closing(rt, &turn, &done, &closed);
+        closed.disposition
+    }
+
+    /// What an answered approval's resume tells the agent, and whether it
+    /// ran the call here: `Err` is the delivery's disposition when there is
+    /// nothing to resume (yet).
+    async fn approval_outcome(
+        &self,
+        handle: &str,
+        record: &ApprovalRecord,
+        epoch: u64,
+    ) -> Result<(CallOutcome, bool), Disposition> {
+        let id = record.approval_id.as_str();
+        let me = self.tools.incarnation.clone();
+        let approvals = &self.tools.approvals;
+        let keep = |o: CallOutcome, from: ApprovalState| {
+            let me = me.clone();
+            async move {
+                let written = approvals
+                    .update(handle, id, |r| {
+                        if r.state != from {
+                            return Ok::<bool, ()>(false);
+                        }
+                        r.state = ApprovalState::Ran;
+                        r.outcome = Some(o.clone());
+                        r.owner = me.clone();
+                        r.owner_epoch = epoch;
+                        Ok(true)
+                    })
+                    .await;
+                if let Err(e) = written {
+                    tracing::warn!(seat = handle, approval_id = id, error = ?e, "cannot record an approval's outcome; the turn is told it all the same");
+                }
+                o
+            }
+        };
+        match resume_plan(record, epoch) {
+            Resume::Nothing(why) => {
+                tracing::info!(
+                    seat = handle,
+                    approval_id = id,
+                    "an approval's answer with nothing to resume: {why}"
+                );
+                Err(Disposition::Ack)
+            }
+            Resume::Deliver(o) if record.state == ApprovalState::Answered => {
+                Ok((keep(o, ApprovalState::Answered).await, false))
+            }
+            Resume::Deliver(o) => Ok((o, false)),
+            Resume::Lost => Ok((keep(lost(record), ApprovalState::Running).await, false)),
+            Resume::Run => {
+                let claimed = approvals
+                    .update(handle, id, |r| {
+                        if resume_plan(r, epoch) != Resume::Run {
+                            return Err(());
+                        }
+                        r.state = ApprovalState::Running;
+                        r.owner = me.clone();
+                        r.owner_epoch = epoch;
+                        Ok(true)
+                    })
+                    .await;
+                match claimed {
+                    Ok(_) => {}
+                    // Changed under the claim: the next delivery reads it again.
+                    Err(Updated::Refused(())) => return Err(Disposition::Nak),
+                    Err(Updated::NotFound) => return Err(Disposition::Ack),
+                    Err(Updated::Store(e)) => {
+                        tracing::warn!(seat = handle, approval_id = id, error = %e, "cannot claim an approved call; trying again");
+                        return Err(Disposition::Nak);
+                    }
+                }
+                self.revive_tool_servers(handle).await;
+                let call = super::agent::ToolCall {
+                    id: record.call_id.clone(),
+                    name: record.tool.clone(),
+                    args: record.arguments.clone(),
+                    annotations: Default::default(),
+                };
+                let r = self.tools.call_mcp(handle, &call).await.result;
+                let o = CallOutcome {
+                    ok: r.ok,
+                    output: r.output,
+                    error: r.error,
+                };
+                Ok((keep(o, ApprovalState::Running).await, true))
+            }
+        }
+    }
+
+    /// Interrupted-approval recovery (the acquire hook, with the control
+    /// subscription): a pending approval's timer is armed here; an answer
+    /// never resumed, or a call an earlier holder began, is told to this
+    /// holder again.
+    async fn recover_approvals(&self, seat: &SeatContext) -> Result<(), String> {
+        for r in self.tools.approvals.list(&seat.handle).await? {
+            match r.state {
+                ApprovalState::Pending => self.tools.approvals.arm(&r),
+                ApprovalState::Answered => {
+                    self.tools
+                        .approvals
+                        .tell_holder(&seat.handle, &r.approval_id)
+                        .await
+                }
+                ApprovalState::Running if r.owner_epoch < seat.epoch => {
+                    self.tools
+                        .approvals
+                        .tell_holder(&seat.handle, &r.approval_id)
+                        .await
+                }
+                _ => {}
+            }
+        }
+        Ok(())
     }
 
     /// Resume a finished run: claim its answer once (a CAS flipping the
@@ -837,6 +1087,12 @@ impl TurnEngine {
         self.tools.surface(handle)
     }
 
+    /// The seat's MCP servers here (name, up, tools listed); `None` when
+    /// it holds none here.
+    pub fn tool_server_states(&self, handle: &str) -> Option<Vec<(String, bool, usize)>> {
+        self.tools.mcp.get(handle).map(|m| m.states())
+    }
+
     /// The process ids of the seat's MCP children on this node.
     pub fn tool_server_pids(&self, handle: &str) -> Vec<u32> {
         self.tools
@@ -917,6 +1173,9 @@ impl TurnEngine {
                 }
             },
             ControlMessage::RunCompleted(c) => self.forward_completion(handle, c).await,
+            ControlMessage::ApprovalAnswered { approval_id } => {
+                self.forward_answer(handle, approval_id).await
+            }
             ControlMessage::Stop { by, .. } => {
                 match self.runtime(handle) {
                     Some(rt) => match lock(&rt.running).clone() {
@@ -951,10 +1210,12 @@ impl TurnEngine {
         // (index, envelope, delivered) of the triggers that run a turn.
         let mut partition: Vec<Entry> = Vec::new();
         let mut resumes: Vec<Entry> = Vec::new();
+        let mut answers: Vec<Entry> = Vec::new();
         for (i, d) in ds.iter().enumerate() {
             match Envelope::decode(&d.payload) {
                 Err(e) => out[i] = Some(Disposition::Poison(e.to_string())),
                 Ok(env) if env.kind == RUN_COMPLETED => resumes.push((i, env, d.delivered)),
+                Ok(env) if env.kind == APPROVAL_ANSWERED => answers.push((i, env, d.delivered)),
                 Ok(env) if !env.is_ledgered() => {
                     self.events.emit(Event::TurnTriggerIgnored {
                         seat: handle.clone(),
@@ -968,6 +1229,12 @@ impl TurnEngine {
         }
         for (i, env, delivered) in resumes {
             out[i] = Some(self.resume_run(rt, fence, &env, delivered, received).await);
+        }
+        for (i, env, delivered) in answers {
+            out[i] = Some(
+                self.resume_approval(rt, fence, &env, delivered, received)
+                    .await,
+            );
         }
         if !partition.is_empty() {
             self.run_partition(rt, fence, partition, received, &mut out)
@@ -1322,6 +1589,9 @@ impl SeatHooks for TurnEngine {
         self.recover_runs(seat)
             .await
             .map_err(|e| HookError::new("run recovery", e))?;
+        self.recover_approvals(seat)
+            .await
+            .map_err(|e| HookError::new("approval recovery", e))?;
         let handler = Arc::new(ControlHandler {
             engine: self.me.clone(),
             handle: seat.handle.clone(),

@@ -24,7 +24,9 @@ use super::agent::{
 use super::envelope::Envelope;
 use super::outbox::{Effect, Outbox};
 use super::routing;
+use super::turn::Executed;
 use crate::company::Company;
+use crate::config::RoleConfig;
 use crate::memory::MemoryStore;
 use crate::queue::Queue;
 
@@ -107,6 +109,8 @@ pub struct Tools {
     pub runs_allowed: crate::config::RunsSection,
     /// The MCP servers of the seats held here.
     pub mcp: super::mcp::McpSeats,
+    /// The calls waiting for a person's approval.
+    pub approvals: super::approvals::Approvals,
 }
 
 /// Why a call failed: refused before any I/O (it reached nothing), or
@@ -389,7 +393,7 @@ impl Tools {
 
 #[async_trait::async_trait]
 impl super::turn::ToolRunner for Tools {
-    async fn execute(&self, turn: &TurnInput, call: &ToolCall) -> (ToolResult, bool) {
+    async fn execute(&self, turn: &TurnInput, call: &ToolCall) -> Executed {
         // A tool's own annotations rule (the built-in's, or what its MCP
         // server listed); what the agent claimed about it cannot make an
         // outbound effect read-only.
@@ -397,36 +401,124 @@ impl super::turn::ToolRunner for Tools {
             return self.execute_mcp(turn, call).await;
         };
         let counts = reached_outside(Backing::FirstParty, own);
-        match self.run(turn, call).await {
+        let (result, reached) = match self.run(turn, call).await {
             Ok(output) => (ToolResult::ok(&call.id, output), counts),
             Err(ToolError::Refused(e)) => (ToolResult::err(&call.id, e), false),
             // The call left: whether it landed is unknown, so a tool that
             // reaches outside counts.
             Err(ToolError::Failed(e)) => (ToolResult::err(&call.id, e), counts),
+        };
+        Executed {
+            parks: super::turn::parks(call, &result),
+            result,
+            reached,
         }
     }
 }
 
 impl Tools {
-    /// A call of one of the seat's MCP tools: classified by the tool's
-    /// listed annotations; a call that was sent counts whether it
-    /// succeeded or not (whether it landed is unknown).
-    async fn execute_mcp(&self, turn: &TurnInput, call: &ToolCall) -> (ToolResult, bool) {
-        let seat = self.mcp.get(&turn.seat);
-        let Some(own) = seat.as_ref().and_then(|m| m.annotations(&call.name)) else {
-            return (
+    /// A call of one of the seat's MCP tools: one its role says a person
+    /// approves first is asked for and parks the turn; any other is called.
+    async fn execute_mcp(&self, turn: &TurnInput, call: &ToolCall) -> Executed {
+        let own = self
+            .mcp
+            .get(&turn.seat)
+            .and_then(|m| m.annotations(&call.name));
+        let role = {
+            let company = self.company.borrow();
+            company
+                .roles
+                .iter()
+                .find(|r| r.handle == turn.seat)
+                .cloned()
+        };
+        if let (Some(own), Some(role)) = (own, role)
+            && super::approvals::needs_approval(&role, &call.name, &own)
+        {
+            return self.ask_approval(turn, call, &role).await;
+        }
+        self.call_mcp(&turn.seat, call).await
+    }
+
+    /// Ask a person to approve `call`: its record is written (once for the
+    /// same work) and the turn parks on it. A call asked for before whose
+    /// outcome is recorded is answered with it.
+    async fn ask_approval(&self, turn: &TurnInput, call: &ToolCall, role: &RoleConfig) -> Executed {
+        use super::approvals::{ApprovalRecord, ApprovalState, approval_id};
+        let work = turn.work_key.as_deref().unwrap_or(&turn.turn_id);
+        let now = crate::clock::now_rfc3339();
+        let now_ms = super::approvals::now_ms();
+        let record = ApprovalRecord {
+            approval_id: approval_id(work, &turn.seat, &call.id),
+            seat: turn.seat.clone(),
+            tool: call.name.clone(),
+            arguments: call.args.clone(),
+            call_id: call.id.clone(),
+            turn_id: turn.turn_id.clone(),
+            owner: self.incarnation.clone(),
+            owner_epoch: turn.epoch,
+            state: ApprovalState::Pending,
+            asked_at: now.clone(),
+            deadline_ms: now_ms.saturating_add(role.approval_timeout_seconds.saturating_mul(1000)),
+            timeout_seconds: role.approval_timeout_seconds,
+            decision: None,
+            answered_by: None,
+            reason: None,
+            answered_at: None,
+            outcome: None,
+            updated_at: now,
+        };
+        match self.approvals.ask(record).await {
+            Ok(r) if r.state == ApprovalState::Ran => {
+                let o = r.outcome.unwrap_or_else(|| {
+                    super::approvals::CallOutcome::failed("its outcome was not recorded")
+                });
+                let mut result = ToolResult::ok(&call.id, o.output);
+                result.ok = o.ok;
+                result.error = o.error;
+                Executed::of(result, false)
+            }
+            Ok(r) => Executed {
+                result: ToolResult::ok(
+                    &call.id,
+                    json!({
+                        "approval_id": r.approval_id,
+                        "parked": true,
+                        "waiting_for": "approval",
+                    }),
+                ),
+                reached: false,
+                parks: Some(r.approval_id),
+            },
+            Err(e) => Executed::of(
+                ToolResult::err(
+                    &call.id,
+                    format!("{}: cannot ask for approval: {e}", call.name),
+                ),
+                false,
+            ),
+        }
+    }
+
+    /// Call one of `seat`'s MCP tools: classified by the tool's listed
+    /// annotations; a call that was sent counts whether it succeeded or
+    /// not (whether it landed is unknown).
+    pub async fn call_mcp(&self, seat: &str, call: &ToolCall) -> Executed {
+        let servers = self.mcp.get(seat);
+        let Some(own) = servers.as_ref().and_then(|m| m.annotations(&call.name)) else {
+            return Executed::of(
                 ToolResult::err(&call.id, format!("no tool named {:?}", call.name)),
                 false,
             );
         };
-        let Some(seat) = seat else {
-            return (
+        let Some(servers) = servers else {
+            return Executed::of(
                 ToolResult::err(&call.id, "the seat has no tool servers"),
                 false,
             );
         };
         let counts = reached_outside(Backing::Mcp, own);
-        match seat.call(&call.name, &call.args).await {
+        let (result, reached) = match servers.call(&call.name, &call.args).await {
             Ok(output) => (ToolResult::ok(&call.id, output), counts),
             Err((super::mcp::CallError::Unknown(e), _)) => (ToolResult::err(&call.id, e), false),
             Err((super::mcp::CallError::Failed(e), output)) => {
@@ -434,7 +526,8 @@ impl Tools {
                 r.output = output;
                 (r, counts)
             }
-        }
+        };
+        Executed::of(result, reached)
     }
 
     /// The tools an agent of `seat` is told this turn.

@@ -6,9 +6,10 @@
 //! under) is checked at the top of every round and again before each tool
 //! call; a person's stop is honoured at the round boundary, after the
 //! ownership check (a turn on a seat that moved is the successor's to stop
-//! or not). A round that started a detached run ([`parks`]) is the turn's
-//! last: the turn is parked, and its continuation is the run's resume
-//! turn. A panic anywhere in the turn is caught here and never unwinds
+//! or not). A round that started a detached run ([`parks`]) or asked a
+//! person to approve a call ([`Executed::parks`]) is the turn's last: the
+//! turn is parked, and its continuation is the run's (or the approval's)
+//! resume turn. A panic anywhere in the turn is caught here and never unwinds
 //! into the queue. [`settle`] turns the ending and the turn's own record of
 //! whether it reached outside the engine into: record in the ledger or
 //! not, and Ack, Nak or Defer.
@@ -36,10 +37,11 @@ pub enum Ending {
     Fenced,
     /// A person stopped it (`ErrStoppedByPerson`).
     Stopped { by: String },
-    /// A round started a detached run (`run_detached`): the turn ends
-    /// after that round, complete for now; its continuation is the resume
-    /// turn carrying the run's result.
-    Parked { runs: Vec<String> },
+    /// A round started a detached run (`run_detached`) or asked for an
+    /// approval: the turn ends after that round, complete for now; its
+    /// continuation is the resume turn carrying the run's result (or the
+    /// approved call's). `on`: the run and approval ids.
+    Parked { on: Vec<String> },
     /// It panicked.
     Panicked(String),
 }
@@ -129,11 +131,32 @@ pub trait TurnGuard: Send + Sync {
     fn stop_requested(&self) -> Option<String>;
 }
 
-/// What executes one tool call: its result, and whether the call reached
-/// outside the engine.
+/// What executing one tool call came to.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Executed {
+    pub result: ToolResult,
+    /// Whether the call reached outside the engine.
+    pub reached: bool,
+    /// The run or approval the call parked the turn on — said by the
+    /// engine, never read from a tool's output.
+    pub parks: Option<String>,
+}
+
+impl Executed {
+    /// A call that parked nothing.
+    pub fn of(result: ToolResult, reached: bool) -> Executed {
+        Executed {
+            result,
+            reached,
+            parks: None,
+        }
+    }
+}
+
+/// What executes one tool call.
 #[async_trait::async_trait]
 pub trait ToolRunner: Send + Sync {
-    async fn execute(&self, turn: &TurnInput, call: &ToolCall) -> (ToolResult, bool);
+    async fn execute(&self, turn: &TurnInput, call: &ToolCall) -> Executed;
 }
 
 /// A turn's own record.
@@ -201,16 +224,16 @@ pub async fn run(
                             return Ending::Fenced;
                         }
                         calls.fetch_add(1, Ordering::SeqCst);
-                        let (result, reached) = tools.execute(turn, call).await;
-                        if reached {
+                        let ex = tools.execute(turn, call).await;
+                        if ex.reached {
                             outside.store(true, Ordering::SeqCst);
                         }
-                        parked.extend(parks(call, &result));
-                        results.push(result);
+                        parked.extend(ex.parks);
+                        results.push(ex.result);
                     }
                     // The round's other calls ran; no round comes after it.
                     if !parked.is_empty() {
-                        return Ending::Parked { runs: parked };
+                        return Ending::Parked { on: parked };
                     }
                 }
             }
@@ -283,9 +306,9 @@ mod tests {
 
     #[async_trait::async_trait]
     impl ToolRunner for Recorder {
-        async fn execute(&self, _turn: &TurnInput, call: &ToolCall) -> (ToolResult, bool) {
+        async fn execute(&self, _turn: &TurnInput, call: &ToolCall) -> Executed {
             self.0.lock().unwrap().push(call.id.clone());
-            (ToolResult::ok(&call.id, serde_json::Value::Null), true)
+            Executed::of(ToolResult::ok(&call.id, serde_json::Value::Null), true)
         }
     }
 
@@ -408,10 +431,15 @@ mod tests {
 
     #[async_trait::async_trait]
     impl ToolRunner for Starter {
-        async fn execute(&self, _turn: &TurnInput, call: &ToolCall) -> (ToolResult, bool) {
+        async fn execute(&self, _turn: &TurnInput, call: &ToolCall) -> Executed {
             self.0.lock().unwrap().push(call.id.clone());
             let out = serde_json::json!({"run_id": "run-1", "parked": true, "started": true});
-            (ToolResult::ok(&call.id, out), call.name != "diary_write")
+            let result = ToolResult::ok(&call.id, out);
+            Executed {
+                parks: parks(call, &result),
+                result,
+                reached: call.name != "diary_write",
+            }
         }
     }
 
@@ -427,7 +455,7 @@ mod tests {
         assert_eq!(
             r.ending,
             Ending::Parked {
-                runs: vec!["run-1".into()]
+                on: vec!["run-1".into()]
             }
         );
         assert_eq!(r.ending.name(), "parked");

@@ -111,6 +111,7 @@ impl RunningNode {
         // The children of detached runs go with the process; their runs
         // are failed (launcher lost) by the seat's next holder.
         self.turns.supervisor().shutdown().await;
+        self.turns.approvals().shutdown().await;
         self.tasks.shutdown().await;
         let served = self.server.await;
         self.engine
@@ -127,6 +128,7 @@ impl RunningNode {
     pub async fn crash(self) {
         self.duties.abandon();
         self.turns.supervisor().shutdown().await;
+        self.turns.approvals().shutdown().await;
         self.engine.crash().await;
         self.tasks.shutdown().await;
         let _ = self.server.await;

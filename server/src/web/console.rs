@@ -9,8 +9,8 @@ use std::sync::Arc;
 use sqlx::SqlitePool;
 
 use app::api::{
-    AuditView, FleetView, MemoryOverview, MoveRequestView, NewPerson, NodeOrderView, Person,
-    PersonRole, PersonView, SeatActionResult, SeatList, SeatMemoryRead, SeatQuery,
+    ApprovalView, AuditView, FleetView, MemoryOverview, MoveRequestView, NewPerson, NodeOrderView,
+    Person, PersonRole, PersonView, SeatActionResult, SeatList, SeatMemoryRead, SeatQuery,
 };
 use app::console::{Console, ConsoleError};
 
@@ -451,7 +451,25 @@ impl Console for NodeConsole {
                 .map(|r| async move { runs.list(&r.handle).await.ok() }),
         )
         .await;
-        for ((row, depth), records) in paged.rows.iter_mut().zip(depths).zip(records) {
+        let handles: Vec<String> = paged.rows.iter().map(|r| r.handle.clone()).collect();
+        let approvals = crate::web::approvals::pending_of(self.turns.approvals(), &handles).await;
+        for row in paged.rows.iter_mut() {
+            let role = company.roles.iter().find(|r| r.handle == row.handle);
+            let here = self.turns.tool_server_states(&row.handle);
+            row.tool_servers = crate::web::seats::tool_server_views(
+                role.map(|r| r.mcp.as_slice()).unwrap_or_default(),
+                here.as_deref(),
+                row.holder.as_ref().map(|h| h.node_id.as_str()),
+            );
+        }
+        for (((row, depth), records), approvals) in paged
+            .rows
+            .iter_mut()
+            .zip(depths)
+            .zip(records)
+            .zip(approvals)
+        {
+            row.approvals = approvals;
             row.pending = depth;
             row.runs = crate::web::seats::run_views(
                 records
@@ -989,6 +1007,101 @@ impl Console for NodeConsole {
                 let (e, result) = crate::web::ranking::move_failure(e);
                 audit_row(result).await?;
                 Err(e)
+            }
+        }
+    }
+
+    async fn approvals(&self, handle: &str) -> Result<Vec<ApprovalView>, ConsoleError> {
+        if !self.engine.company().handles().any(|h| h == handle) {
+            return Err(seat_failure(
+                handle,
+                PauseError::NoSuchSeat(handle.to_string()),
+            ));
+        }
+        self.turns
+            .approvals()
+            .list(handle)
+            .await
+            .map(|v| v.iter().map(crate::web::approvals::approval_view).collect())
+            .map_err(|e| unavailable("read the seat's approvals", e))
+    }
+
+    async fn answer_approval(
+        &self,
+        actor: &Person,
+        handle: &str,
+        approval_id: &str,
+        approve: bool,
+        reason: &str,
+    ) -> Result<ApprovalView, ConsoleError> {
+        use crate::engine::approvals::{AnswerRefused, Decision};
+        let action = if approve { "tool.approve" } else { "tool.deny" };
+        let reason = reason.trim();
+        let n = reason.chars().count();
+        let why = Some(reason).filter(|r| !r.is_empty() && n <= MAX_REASON_CHARS);
+        let audit_row = |result: String| {
+            let pool = self.pool.clone();
+            let person = actor.name.clone();
+            async move {
+                audit::record(&pool, &person, action, Some(handle), why, &result)
+                    .await
+                    .map_err(|e| unavailable("write the audit log", e))
+            }
+        };
+        if !actor.is_operator() {
+            audit_row(format!("refused: not an operator ({approval_id})")).await?;
+            return Err(ConsoleError::Forbidden(format!(
+                "{} is a viewer: only operators may answer an approval.",
+                actor.name
+            )));
+        }
+        if reason.is_empty() || n > MAX_REASON_CHARS {
+            audit_row(format!(
+                "refused: no reason or too long a one ({approval_id})"
+            ))
+            .await?;
+            return Err(ConsoleError::Invalid(format!(
+                "reason: say why, in 1 to {MAX_REASON_CHARS} characters (this one has {n})."
+            )));
+        }
+        if !self.engine.company().handles().any(|h| h == handle) {
+            audit_row(format!("refused: no such seat ({approval_id})")).await?;
+            return Err(seat_failure(
+                handle,
+                PauseError::NoSuchSeat(handle.to_string()),
+            ));
+        }
+        let decision = if approve {
+            Decision::Approved
+        } else {
+            Decision::Denied
+        };
+        match self
+            .turns
+            .approvals()
+            .answer(handle, approval_id, decision, &actor.name, reason)
+            .await
+        {
+            Ok(r) => {
+                audit_row(format!("{} {} ({approval_id})", decision.name(), r.tool)).await?;
+                Ok(crate::web::approvals::approval_view(&r))
+            }
+            Err(AnswerRefused::NotFound(_)) => {
+                audit_row(format!("refused: no such approval ({approval_id})")).await?;
+                Err(ConsoleError::NotFound(format!(
+                    "seat {handle:?} has no approval {approval_id:?}; GET /api/seats/{handle}/approvals lists them."
+                )))
+            }
+            Err(e @ AnswerRefused::AlreadyAnswered { .. }) => {
+                audit_row(format!("refused: already answered ({approval_id})")).await?;
+                Err(ConsoleError::Conflict(format!("{e}; reload to see it.")))
+            }
+            Err(AnswerRefused::Store(e)) => {
+                audit_row(format!(
+                    "failed: the coordination store is unavailable ({approval_id})"
+                ))
+                .await?;
+                Err(unavailable("reach the coordination store", e))
             }
         }
     }

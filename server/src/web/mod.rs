@@ -5,6 +5,7 @@
 //! Routes here are public contracts (README § HTTP). This module renders
 //! and routes; what it shows comes from the node through [`NodeConsole`].
 
+pub mod approvals;
 pub mod auth;
 pub mod console;
 pub mod headers;
@@ -228,6 +229,11 @@ pub async fn router(setup: WebSetup<'_>) -> Result<Router, WebError> {
         )
         .route("/api/seats/{handle}/memory", get(seat_memory))
         .route("/api/seats/{handle}/tools", get(seat_tools))
+        .route("/api/seats/{handle}/approvals", get(approvals::list))
+        .route(
+            "/api/seats/{handle}/approvals/{approval_id}",
+            post(approvals::answer).layer(DefaultBodyLimit::max(SMALL_BODY)),
+        )
         .route("/api/memory", get(memory_overview))
         .leptos_routes_with_context(
             &leptos_options,

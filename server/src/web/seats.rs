@@ -159,6 +159,8 @@ pub fn seat_rows(facts: &SeatFacts<'_>) -> Vec<SeatRow> {
                         .map(|(_, _, turn)| turn.clone())
                 },
                 runs: Vec::new(),
+                tool_servers: Vec::new(),
+                approvals: Vec::new(),
             }
         })
         .collect();
@@ -180,6 +182,33 @@ pub fn run_views(records: Vec<RunRecord>) -> Vec<SeatRunView> {
                 .unwrap_or_default(),
             run_id: r.run_id,
             launcher_node: r.launcher_node,
+        })
+        .collect()
+}
+
+/// A role's tool servers as its row shows them: `here` is this node's
+/// reading of them (name, up, tools) when it holds the seat; otherwise
+/// they run on `holder`, or nowhere.
+pub fn tool_server_views(
+    cfgs: &[crate::config::McpServerConfig],
+    here: Option<&[(String, bool, usize)]>,
+    holder: Option<&str>,
+) -> Vec<app::api::ToolServerView> {
+    cfgs.iter()
+        .map(|c| {
+            let mine = here.and_then(|h| h.iter().find(|(n, _, _)| *n == c.name));
+            let (state, tools) = match (mine, holder) {
+                (Some((_, true, n)), _) => ("running".to_string(), Some(*n)),
+                (Some((_, false, n)), _) => ("down".to_string(), Some(*n)),
+                (None, Some(node)) => (format!("on {node}"), None),
+                (None, None) => ("not running".to_string(), None),
+            };
+            app::api::ToolServerView {
+                name: c.name.clone(),
+                transport: if c.url.is_some() { "http" } else { "stdio" }.into(),
+                state,
+                tools,
+            }
         })
         .collect()
 }
@@ -246,6 +275,7 @@ mod tests {
             agent: Default::default(),
             placement: PlacementConfig::default(),
             mcp: Vec::new(),
+            ..Default::default()
         }
     }
 
@@ -564,6 +594,8 @@ mod tests {
                 last_error_node: None,
                 running_turn: None,
                 runs: Vec::new(),
+                tool_servers: Vec::new(),
+                approvals: Vec::new(),
             })
             .collect()
     }

@@ -87,6 +87,7 @@ pub fn echo_role(handle: &str) -> RoleConfig {
         }),
         placement: PlacementConfig::default(),
         mcp: Vec::new(),
+        ..Default::default()
     }
 }
 

@@ -1,13 +1,15 @@
 //! A seat's MCP tool servers as behaviour, on the twin and on a real
 //! nats-server, against real servers nobody here wrote: npm's
-//! `@modelcontextprotocol/server-filesystem` (run with node) and PyPI's
-//! `mcp-server-time`, both installed by `./dev test` (README § Tools).
+//! `@modelcontextprotocol/server-filesystem` and `server-everything` (run
+//! with node) and PyPI's `mcp-server-time`, installed by `./dev test`
+//! (README § Tools).
 //! The spec's § Establishing a seat (the tool servers first) and § A turn
 //! that broke halfway (an MCP call reached outside unless its tool is
 //! read-only), as behaviour.
 //!
-//! `CREWLET_MCP_FILESYSTEM` names the filesystem server's entry point and
-//! `CREWLET_MCP_TIME` the folder holding `mcp_server_time`; a test run
+//! `CREWLET_MCP_FILESYSTEM` and `CREWLET_MCP_EVERYTHING` name the npm
+//! servers' entry points and `CREWLET_MCP_TIME` the folder holding
+//! `mcp_server_time`; a test run
 //! without them fails, naming `./dev test`, rather than passing unseen.
 
 #[macro_use]
@@ -35,6 +37,9 @@ both!(
     a_denied_call_reaches_the_agent_as_a_failed_call_naming_who_denied_it_and_why,
     an_approval_nobody_answers_is_denied_as_timed_out,
     mail_claiming_an_approval_runs_nothing_while_the_approval_waits_for_a_person,
+    a_tool_call_that_never_answers_fails_within_its_call_timeout_and_the_turn_goes_on,
+    a_shared_tool_server_over_streamable_http_lists_its_tools_and_answers_calls,
+    a_fenced_turn_makes_no_further_tool_call,
 );
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -42,6 +47,12 @@ const WAIT: Duration = Duration::from_secs(30);
 fn filesystem_server() -> String {
     std::env::var("CREWLET_MCP_FILESYSTEM").expect(
         "CREWLET_MCP_FILESYSTEM is not set: run the tests with ./dev test, which installs the MCP servers",
+    )
+}
+
+fn everything_server() -> String {
+    std::env::var("CREWLET_MCP_EVERYTHING").expect(
+        "CREWLET_MCP_EVERYTHING is not set: run the tests with ./dev test, which installs the MCP servers",
     )
 }
 
@@ -660,4 +671,356 @@ async fn mail_claiming_an_approval_runs_nothing_while_the_approval_waits_for_a_p
         ApprovalState::Pending,
         "still waiting for a person"
     );
+}
+
+/// Over HTTP, as people answer: a viewer reads the approvals and may not
+/// answer one; an operator answers with a reason (required), once; each
+/// answer and each refusal is audited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_answers_an_approval_over_http_with_a_reason_and_a_viewer_only_reads_it() {
+    use reqwest::StatusCode;
+    use support::http_node::{HttpNode, MONITORING_TOKEN, OPERATOR, OPS_TOKEN, client};
+    let (_work, dir) = workdir();
+    let target = dir.join("over-http.txt");
+    let node = which("node");
+    let more = format!(
+        "[[roles]]\nhandle = \"writer\"\nagent = {{ kind = \"echo\", drills = true }}\napprove = [\"fs.write_file\"]\nmcp = [{{ name = \"fs\", command = [{:?}, {:?}, {:?}] }}]\n",
+        node,
+        filesystem_server(),
+        dir.to_str().unwrap()
+    );
+    let n = HttpNode::start_with(&more).await;
+    let list = || async {
+        let r = client()
+            .get(n.url("/api/seats/writer/approvals"))
+            .bearer_auth(MONITORING_TOKEN)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::OK, "a viewer reads the approvals");
+        r.json::<serde_json::Value>().await.unwrap()["approvals"]
+            .as_array()
+            .unwrap()
+            .clone()
+    };
+    support::wait_for(
+        "writer's tool servers to be up",
+        WAIT,
+        Duration::from_millis(100),
+        || async {
+            let turns = n.running().turns.clone();
+            (!turns.tool_server_pids("writer").is_empty()).then_some(())
+        },
+    )
+    .await;
+    let mail = json!({
+        "type": "task_assigned",
+        "id": "H1",
+        "body": {
+            "tools": [{"name": "fs.write_file", "args": {"path": target.to_str().unwrap(), "content": "approved over http"}}],
+            "echo": {"rounds": 2},
+        },
+    });
+    let r = client()
+        .post(n.url("/api/seats/writer/inbox"))
+        .bearer_auth(OPS_TOKEN)
+        .json(&mail)
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+    let waiting = support::wait_for(
+        "an approval listed",
+        WAIT,
+        Duration::from_millis(100),
+        || async { list().await.first().cloned() },
+    )
+    .await;
+    assert_eq!(waiting["state"], "pending");
+    assert_eq!(waiting["tool"], "fs.write_file");
+    assert_eq!(waiting["arguments"]["content"], "approved over http");
+    assert!(waiting["deadline"].as_str().unwrap().ends_with('Z'));
+    let id = waiting["approval_id"].as_str().unwrap().to_string();
+    let answer = |token: &'static str, body: serde_json::Value| {
+        let url = n.url(&format!("/api/seats/writer/approvals/{id}"));
+        async move {
+            let r = client()
+                .post(url)
+                .bearer_auth(token)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            (r.status(), r.json::<serde_json::Value>().await.unwrap())
+        }
+    };
+    let (s, v) = answer(
+        MONITORING_TOKEN,
+        json!({"decision": "approve", "reason": "sure"}),
+    )
+    .await;
+    assert_eq!(s, StatusCode::FORBIDDEN, "{v}");
+    let (s, v) = answer(OPS_TOKEN, json!({"decision": "approve"})).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+    assert!(v["error"].as_str().unwrap().starts_with("reason:"), "{v}");
+    let (s, v) = answer(OPS_TOKEN, json!({"decision": "maybe", "reason": "?"})).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    assert!(v["error"].as_str().unwrap().starts_with("decision:"), "{v}");
+    assert!(!target.exists(), "no refused answer ran the call");
+    let (s, v) = answer(
+        OPS_TOKEN,
+        json!({"decision": "approve", "reason": "the report is due"}),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["decision"], "approved");
+    assert_eq!(
+        v["answered_by"], "token:ops",
+        "the answer names who gave it"
+    );
+    let (s, v) = answer(OPS_TOKEN, json!({"decision": "deny", "reason": "too late"})).await;
+    assert_eq!(s, StatusCode::CONFLICT, "{v}");
+    support::wait_for(
+        "the approved write",
+        WAIT,
+        Duration::from_millis(100),
+        || async { std::fs::read_to_string(&target).ok() },
+    )
+    .await;
+    let done = support::wait_for(
+        "the approval ran",
+        WAIT,
+        Duration::from_millis(100),
+        || async {
+            list()
+                .await
+                .first()
+                .filter(|a| a["state"] == "ran")
+                .cloned()
+        },
+    )
+    .await;
+    assert_eq!(done["outcome_ok"], true);
+    // The audit log, as an operator reads it.
+    let op = n.signed_in(OPERATOR).await;
+    let log = support::audit_entries(
+        op.post(n.url("/api/audit_log"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap(),
+    );
+    let rows: Vec<(String, String, String)> = log
+        .iter()
+        .filter(|e| e["action"].as_str().is_some_and(|a| a.starts_with("tool.")))
+        .map(|e| {
+            (
+                e["person"].as_str().unwrap_or("").to_string(),
+                e["result"].as_str().unwrap_or("").to_string(),
+                e["reason"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect();
+    assert!(
+        rows.iter().any(|(p, r, why)| p == "token:ops"
+            && r.starts_with("approved fs.write_file")
+            && why == "the report is due"),
+        "{rows:?}"
+    );
+    assert!(
+        rows.iter()
+            .any(|(p, r, _)| p == "token:monitoring" && r.starts_with("refused: not an operator")),
+        "{rows:?}"
+    );
+    assert!(
+        rows.iter()
+            .any(|(_, r, _)| r.starts_with("refused: already answered")),
+        "{rows:?}"
+    );
+    n.stop().await;
+}
+
+// ---- Calls that go wrong, other transports, the fence ----
+
+/// Seat `s0` with the filesystem server over `dir` and the everything
+/// server (stdio), whose calls may take `call_timeout_seconds`.
+fn everything_role(dir: &Path, call_timeout_seconds: u64) -> RoleConfig {
+    let mut ev = McpServerConfig::stdio("ev", &[&which("node"), &everything_server()]);
+    ev.call_timeout_seconds = call_timeout_seconds;
+    let mut role = tooled("s0", dir);
+    role.mcp.push(ev);
+    role
+}
+
+/// The results the echo agent was told of its calls in the turn of `id`
+/// (it posts them with its effect).
+async fn results_of(node: &Node, id: &str) -> Vec<serde_json::Value> {
+    let effects = node.effects_of(id).await;
+    assert_eq!(effects.len(), 1, "{effects:?}");
+    effects[0].body["results"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+async fn a_tool_call_that_never_answers_fails_within_its_call_timeout_and_the_turn_goes_on(
+    f: Fleet,
+) {
+    let (_work, dir) = workdir();
+    let mut a = f.node("a", &[everything_role(&dir, 1)]).await;
+    f.until("a has s0 established", WAIT, || a.attached("s0"))
+        .await;
+    a.publish(
+        "s0",
+        &trigger(
+            "N1",
+            json!({
+                "tools": [{"name": "ev.trigger-long-running-operation", "args": {"duration": 600, "steps": 1}}],
+                "echo": {"rounds": 2},
+            }),
+        ),
+    )
+    .await;
+    f.until("N1 ran", WAIT, || !a.turns_of("N1").is_empty())
+        .await;
+    assert_eq!(a.turns_of("N1")[0].0, "completed", "the turn went on");
+    let results = results_of(&a, "N1").await;
+    let call = results
+        .iter()
+        .find(|r| r["id"].as_str().unwrap_or("").contains("tool"))
+        .expect("the call's result");
+    assert_eq!(call["ok"], false);
+    assert_eq!(
+        call["error"],
+        "ev.trigger-long-running-operation: no answer within 1s (call_timeout_seconds)"
+    );
+    // Nothing is lost: the next mail runs, and the same server answers it.
+    a.publish(
+        "s0",
+        &trigger(
+            "N2",
+            json!({"tools": [{"name": "ev.get-sum", "args": {"a": 2, "b": 3}}], "echo": {"rounds": 2}}),
+        ),
+    )
+    .await;
+    f.until("N2 ran", WAIT, || !a.turns_of("N2").is_empty())
+        .await;
+    let results = results_of(&a, "N2").await;
+    let sum = results
+        .iter()
+        .find(|r| r["id"].as_str().unwrap_or("").contains("tool"))
+        .expect("the sum's result");
+    assert_eq!(sum["ok"], true, "{sum}");
+    assert!(sum["output"].to_string().contains('5'), "{sum}");
+}
+
+/// The everything server over streamable HTTP on a free port, a child of
+/// the test (killed when dropped), once it listens.
+async fn everything_over_http() -> (tokio::process::Child, String) {
+    let port = support::free_port();
+    let child = tokio::process::Command::new(which("node"))
+        .args([everything_server(), "streamableHttp".into()])
+        .env("PORT", port.to_string())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    support::wait_for(
+        "the everything server to listen",
+        WAIT,
+        Duration::from_millis(100),
+        || async {
+            tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .ok()
+                .map(|_| ())
+        },
+    )
+    .await;
+    (child, format!("http://127.0.0.1:{port}/mcp"))
+}
+
+async fn a_shared_tool_server_over_streamable_http_lists_its_tools_and_answers_calls(f: Fleet) {
+    let (_server, url) = everything_over_http().await;
+    let role = RoleConfig {
+        mcp: vec![McpServerConfig {
+            url: Some(url),
+            ..McpServerConfig::stdio("shared", &[])
+        }],
+        ..echo_role("s0")
+    };
+    let mut a = f.node("a", &[role]).await;
+    f.until("a has s0 established", WAIT, || a.attached("s0"))
+        .await;
+    let surface = a.turns.tool_surface("s0");
+    let sum = surface
+        .iter()
+        .find(|t| t.name == "shared.get-sum")
+        .expect("the shared server's tools are listed, named by it");
+    assert_eq!(sum.annotations.read_only, Some(true));
+    assert!(
+        a.turns.tool_server_pids("s0").is_empty(),
+        "a shared server is no child of the seat"
+    );
+    a.publish(
+        "s0",
+        &trigger(
+            "H1",
+            json!({"tools": [{"name": "shared.get-sum", "args": {"a": 20, "b": 22}}], "echo": {"rounds": 2}}),
+        ),
+    )
+    .await;
+    f.until("H1 ran", WAIT, || !a.turns_of("H1").is_empty())
+        .await;
+    let results = results_of(&a, "H1").await;
+    let sum = results
+        .iter()
+        .find(|r| r["id"].as_str().unwrap_or("").contains("tool"))
+        .expect("the sum's result");
+    assert_eq!(sum["ok"], true, "{sum}");
+    assert!(sum["output"].to_string().contains("42"), "{sum}");
+}
+
+async fn a_fenced_turn_makes_no_further_tool_call(f: Fleet) {
+    let (_work, dir) = workdir();
+    let target = dir.join("after-the-fence.txt");
+    let mut a = f.node("a", &[everything_role(&dir, 60)]).await;
+    f.until("a has s0 established", WAIT, || a.attached("s0"))
+        .await;
+    a.publish(
+        "s0",
+        &trigger(
+            "G1",
+            json!({
+                "tools": [
+                    {"name": "ev.trigger-long-running-operation", "args": {"duration": 2, "steps": 1}},
+                    {"name": "fs.write_file", "args": {"path": target.to_str().unwrap(), "content": "after the fence"}},
+                ],
+                "echo": {"rounds": 2},
+            }),
+        ),
+    )
+    .await;
+    f.until("G1's turn started", WAIT, || {
+        !a.started_with("G1").is_empty()
+    })
+    .await;
+    // The lease is lost under the running call, and a stops claiming: the
+    // write after it must not go out.
+    a.engine
+        .host()
+        .release("s0", crewlet::events::DetachReason::Lost)
+        .await;
+    a.engine.drain().await;
+    f.until("G1's turn ended", WAIT, || !a.turns_of("G1").is_empty())
+        .await;
+    let (outcome, disposition, recorded, _, _) = a.turns_of("G1")[0].clone();
+    assert_eq!(
+        (outcome.as_str(), disposition.as_str(), recorded),
+        ("fenced", "defer", false)
+    );
+    assert!(!target.exists(), "no tool call after the fence");
 }

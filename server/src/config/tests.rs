@@ -623,3 +623,47 @@ mcp = [{ name = "fs", command = ["a"] }, { name = "fs", command = ["b"] }]
     );
     assert!(unknown.iter().any(|p| p.key.contains("mcp")), "{unknown:?}");
 }
+
+#[test]
+fn a_roles_approvals_name_its_own_tool_servers_and_wait_a_bounded_time() {
+    let ok = parse(
+        r#"
+[[roles]]
+handle = "ops"
+mcp = [{ name = "fs", command = ["a"] }, { name = "git", command = ["b"] }]
+approve = ["fs.write_file", "git.*", "*"]
+approve_destructive = true
+approval_timeout_seconds = 600
+"#,
+    )
+    .expect("a role whose approvals name its servers");
+    assert_eq!(ok.roles[0].approve.len(), 3);
+    assert!(ok.roles[0].approve_destructive);
+    let plain = parse("[[roles]]\nhandle = \"ops\"\n").unwrap();
+    assert_eq!(
+        plain.roles[0].approval_timeout_seconds,
+        crate::config::DEFAULT_APPROVAL_TIMEOUT_SECONDS,
+        "an hour unless the role says"
+    );
+    let stranger = one(
+        "[[roles]]\nhandle = \"ops\"\nmcp = [{ name = \"fs\", command = [\"a\"] }]\napprove = [\"gh.create_issue\"]\n",
+        "roles[0].approve[0]",
+    );
+    assert!(
+        stranger.problem.contains("\"gh\"") && stranger.problem.contains("the role has fs"),
+        "{stranger:?}"
+    );
+    let bare = one(
+        "[[roles]]\nhandle = \"ops\"\nmcp = [{ name = \"fs\", command = [\"a\"] }]\napprove = [\"write_file\"]\n",
+        "roles[0].approve[0]",
+    );
+    assert!(bare.fix.contains("fs.write_file"), "{bare:?}");
+    let forever = one(
+        "[[roles]]\nhandle = \"ops\"\napproval_timeout_seconds = 0\n",
+        "roles[0].approval_timeout_seconds",
+    );
+    assert!(
+        forever.problem.contains("between 1 and 604800"),
+        "{forever:?}"
+    );
+}

@@ -152,7 +152,10 @@ fn tools_in(agent: &EchoAgent, turn: &TurnInput, round: u32, rounds: u32) -> Vec
         .collect()
 }
 
-fn outbound(turn: &TurnInput, round: u32) -> ToolCall {
+/// The outbound effect: the turn's triggers echoed, and what the round
+/// before told it of its calls (each call's id, whether it succeeded, its
+/// output and its error).
+fn outbound(turn: &TurnInput, round: u32, results: &[ToolResult]) -> ToolCall {
     let ids: Vec<&str> = turn.triggers.iter().map(|t| t.id.as_str()).collect();
     call(
         format!("r{round}-post"),
@@ -160,6 +163,7 @@ fn outbound(turn: &TurnInput, round: u32) -> ToolCall {
         json!({
             "text": format!("echo of {}", ids.join(", ")),
             "triggers": turn.triggers.iter().map(|t| json!({"id": t.id, "type": t.kind, "body": t.body, "from": t.from, "sent_at": t.sent_at})).collect::<Vec<_>>(),
+            "results": results.iter().map(|r| json!({"id": r.id, "ok": r.ok, "output": r.output, "error": r.error})).collect::<Vec<_>>(),
         }),
     )
 }
@@ -201,7 +205,7 @@ impl Agent for EchoAgent {
                         panic!("echo: round {round} panics, as configured");
                     }
                     EchoFailure::AfterOutside => {
-                        return Ok(Step::Calls(vec![outbound(turn, round)]));
+                        return Ok(Step::Calls(vec![outbound(turn, round, &results)]));
                     }
                 }
             }
@@ -251,7 +255,7 @@ impl Agent for EchoAgent {
             }
             calls.extend(runs_in(self, turn, round, plan.rounds));
             calls.extend(tools_in(self, turn, round, plan.rounds));
-            calls.push(outbound(turn, round));
+            calls.push(outbound(turn, round, &results));
             return Ok(Step::Calls(calls));
         }
         let failed: Vec<&str> = results

@@ -6,7 +6,7 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { join } from 'node:path';
-import { mkdtempSync, writeFileSync, readFileSync } from 'node:fs';
+import { mkdtempSync, writeFileSync, readFileSync, existsSync, realpathSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { spawn } from 'node:child_process';
 import { createServer, connect } from 'node:net';
@@ -886,4 +886,61 @@ test('moving a seat to the node that already runs it is refused, and the dialog 
   // The refusal itself is the one error the browser logs.
   assert.deepEqual(problems.filter((p) => !/status of 400/.test(p)), []);
   await context.close();
+});
+
+test("an operator approves a seat's waiting tool call from the Seats page: the call runs once, and the row shows the seat's tool server", async () => {
+  const fsServer = process.env.CREWLET_MCP_FILESYSTEM;
+  assert.ok(fsServer, 'CREWLET_MCP_FILESYSTEM names the filesystem server (./dev test installs it)');
+  const work = realpathSync(mkdtempSync(join(tmpdir(), 'crewlet-e2e-fs-')));
+  const target = join(work, 'approved.txt');
+  const command = [process.execPath, fsServer, work].map((a) => JSON.stringify(a)).join(', ');
+  const tooled = await startNode({
+    id: 'node-e2e-tools',
+    people: [OPERATOR, VIEWER],
+    roles: [],
+    more: `[[roles]]\nhandle = "writer-agent"\nagent = { kind = "echo", drills = true }\napprove = ["fs.write_file"]\nmcp = [{ name = "fs", command = [${command}] }]\n`,
+  });
+  try {
+    const p = await strictPage(browser);
+    const { page, context, problems } = p;
+    await signIn(page, tooled.url, OPERATOR.name, OPERATOR.password);
+    await page.goto(`${tooled.url}/seats`);
+    await page.waitForSelector('html[data-hydrated]');
+    await page.locator('.live.live-open').waitFor();
+    const row = page.locator('tr[data-seat="writer-agent"]');
+    await row.waitFor();
+    const servers = row.locator('.tool-servers');
+    await until('the row to show the running tool server', async () => /tools: fs running \(\d+\)/.test(await servers.innerText().catch(() => '')), 20000);
+    const sent = await publish(page, 'writer-agent', {
+      id: 'evt-e2e-approval',
+      type: 'task_assigned',
+      body: {
+        tools: [{ name: 'fs.write_file', args: { path: target, content: 'approved in the browser' } }],
+        echo: { rounds: 2 },
+      },
+    });
+    assert.equal(sent.status, 200, sent.body);
+    const waiting = page.locator('tr[data-approvals-for="writer-agent"] li[data-tool="fs.write_file"]');
+    await waiting.waitFor({ timeout: 20000 });
+    assert.match(await waiting.innerText(), /Waiting for approval: fs\.write_file/);
+    assert.match(await waiting.innerText(), /approved in the browser/, 'the arguments are shown');
+    assert.equal(existsSync(target), false, 'nothing is written before a person approves');
+    const approve = waiting.locator('button[data-action="approve"]');
+    assert.equal(await approve.isDisabled(), true, 'a reason comes first');
+    await waiting.getByRole('textbox').fill('the report is due');
+    await page.screenshot({ path: join(resultsDir, 'seats-approval-1280.png'), fullPage: true });
+    await approve.click();
+    await page.locator('p[data-answered]').waitFor();
+    assert.match(await page.locator('p[data-answered]').innerText(), /fs\.write_file approved \(writer-agent\)/);
+    await until('the approved write', () => existsSync(target) && readFileSync(target, 'utf8') === 'approved in the browser', 20000);
+    await waiting.waitFor({ state: 'detached', timeout: 20000 });
+    const audit = await serverFn(page, 'audit_log', {});
+    assert.match(audit.body, /tool\.approve/);
+    assert.match(audit.body, /the report is due/);
+    assert.deepEqual(problems, []);
+    await context.close();
+  } finally {
+    const code = await tooled.stop();
+    assert.equal(code, 0, `the tooled node exits 0 on SIGTERM; its log:\n${tooled.log()}`);
+  }
 });

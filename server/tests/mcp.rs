@@ -40,6 +40,8 @@ both!(
     a_tool_call_that_never_answers_fails_within_its_call_timeout_and_the_turn_goes_on,
     a_shared_tool_server_over_streamable_http_lists_its_tools_and_answers_calls,
     a_fenced_turn_makes_no_further_tool_call,
+    a_seat_whose_tool_server_cannot_start_on_one_node_is_taken_by_a_peer_that_can,
+    a_tool_server_that_dies_during_a_call_fails_that_call_and_is_started_again_for_the_next_turn,
 );
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -252,7 +254,17 @@ async fn a_tool_server_that_cannot_start_refuses_the_seat_naming_the_server_and_
             "",
         ),
         ("slow", hangs, "within 1s"),
+        (
+            "nobody",
+            McpServerConfig {
+                url: Some(format!("http://127.0.0.1:{}/mcp", support::free_port())),
+                ..McpServerConfig::stdio("nobody", &[])
+            },
+            "did not initialise",
+        ),
     ];
+    // More failing seats than a pass claims (4): a seat that keeps
+    // failing must not starve the ones behind it.
     let roles: Vec<RoleConfig> = cases
         .iter()
         .enumerate()
@@ -1023,4 +1035,102 @@ async fn a_fenced_turn_makes_no_further_tool_call(f: Fleet) {
         ("fenced", "defer", false)
     );
     assert!(!target.exists(), "no tool call after the fence");
+}
+
+async fn a_seat_whose_tool_server_cannot_start_on_one_node_is_taken_by_a_peer_that_can(f: Fleet) {
+    let (_work, dir) = workdir();
+    // The server starts only where CREWLET_NODE (every child's) is b.
+    let script = format!(
+        "test \"$CREWLET_NODE\" = b && exec {} {} {}",
+        which("node"),
+        filesystem_server(),
+        dir.to_str().unwrap()
+    );
+    let role = RoleConfig {
+        mcp: vec![McpServerConfig::stdio("fs", &["/bin/sh", "-c", &script])],
+        ..echo_role("s0")
+    };
+    let mut a = f.node("a", &[role]).await;
+    f.until("a refuses s0", WAIT, || {
+        !a.matching(|e| match e {
+            Event::McpServerFailed { seat, server, .. } if seat == "s0" && server == "fs" => {
+                Some(())
+            }
+            _ => None,
+        })
+        .is_empty()
+    })
+    .await;
+    assert!(!a.attached("s0"));
+    let b = f.node("b", &[]).await;
+    f.until("b has s0 established", WAIT, || b.attached("s0"))
+        .await;
+    assert!(
+        b.turns
+            .tool_surface("s0")
+            .iter()
+            .any(|t| t.name == "fs.write_file"),
+        "the peer that could start the server runs the seat with its tools"
+    );
+    assert!(!a.attached("s0"));
+}
+
+async fn a_tool_server_that_dies_during_a_call_fails_that_call_and_is_started_again_for_the_next_turn(
+    f: Fleet,
+) {
+    let (_work, dir) = workdir();
+    let mut a = f.node("a", &[everything_role(&dir, 60)]).await;
+    f.until("a has s0 established", WAIT, || a.attached("s0"))
+        .await;
+    let before = tool_servers_up(&f, &a, "s0", 3).await;
+    a.publish(
+        "s0",
+        &trigger(
+            "K1",
+            json!({
+                "tools": [{"name": "ev.trigger-long-running-operation", "args": {"duration": 30, "steps": 1}}],
+                "echo": {"rounds": 2},
+            }),
+        ),
+    )
+    .await;
+    f.until("K1's turn started", WAIT, || {
+        !a.started_with("K1").is_empty()
+    })
+    .await;
+    // Every child of the seat is killed while the call runs (the turn has
+    // made its diary call and is in the long one).
+    for pid in &before {
+        unsafe {
+            libc::kill(*pid as libc::pid_t, libc::SIGKILL);
+        }
+    }
+    f.until("K1 ran", WAIT, || !a.turns_of("K1").is_empty())
+        .await;
+    assert_eq!(a.turns_of("K1")[0].0, "completed", "the turn went on");
+    let results = results_of(&a, "K1").await;
+    let call = results
+        .iter()
+        .find(|r| r["id"].as_str().unwrap_or("").contains("tool"))
+        .expect("the call's result");
+    assert_eq!(call["ok"], false, "{call}");
+    // The next turn starts the servers again and their calls answer.
+    a.publish(
+        "s0",
+        &trigger(
+            "K2",
+            json!({"tools": [{"name": "ev.get-sum", "args": {"a": 1, "b": 1}}], "echo": {"rounds": 2}}),
+        ),
+    )
+    .await;
+    f.until("K2 ran", WAIT, || !a.turns_of("K2").is_empty())
+        .await;
+    let results = results_of(&a, "K2").await;
+    let sum = results
+        .iter()
+        .find(|r| r["id"].as_str().unwrap_or("").contains("tool"))
+        .expect("the sum's result");
+    assert_eq!(sum["ok"], true, "{sum}");
+    let after = tool_servers_up(&f, &a, "s0", 3).await;
+    assert!(after.iter().all(|p| !before.contains(p)), "new children");
 }

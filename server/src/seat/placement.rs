@@ -404,8 +404,16 @@ fn group_claims(
     });
     // Seats a person moved here first, then stickiness (seats whose
     // preferred hint names this node), then this node's own claim
-    // order.
-    free.sort_by_cached_key(|s| claim_order_key(me, s, &snap.moves));
+    // order — and a seat this node could not establish (tried again
+    // here because no peer may run it) after every seat not tried yet,
+    // so seats that keep failing never take the whole claim limit and
+    // starve the ones behind them.
+    free.sort_by_cached_key(|s| {
+        (
+            snap.handed_back.contains(&s.handle),
+            claim_order_key(me, s, &snap.moves),
+        )
+    });
     // The ranking: a seat that prefers nobody here goes first to a
     // better-ranked node with room, for a bounded number of passes —
     // as many seats as those nodes have room for, no more: the rest

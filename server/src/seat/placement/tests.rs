@@ -822,3 +822,21 @@ fn a_seat_this_node_could_not_establish_is_left_to_a_peer_and_retried_when_none_
     pinned.handed_back = set(&["g000"]);
     assert_eq!(plan(&pinned).claims, ["g000"]);
 }
+
+#[test]
+fn seats_this_node_could_not_establish_are_tried_after_every_seat_not_tried_yet() {
+    let a = node("a", &[]);
+    let mut alone = snap(&a, std::slice::from_ref(&a), seats("s", 6, &pl(&[], &[])));
+    alone.claim_limit = 4;
+    // Four seats failed here, more than a pass's claims: the two never
+    // tried come first, whatever the order would have been.
+    alone.handed_back = set(&["s000", "s001", "s002", "s003"]);
+    let p = plan(&alone);
+    assert_eq!(p.claims.len(), 4);
+    assert_eq!(
+        p.claims[..2].iter().collect::<BTreeSet<_>>(),
+        ["s004".to_string(), "s005".to_string()].iter().collect(),
+        "{:?}",
+        p.claims
+    );
+}

@@ -603,6 +603,17 @@ async fn a_denied_call_reaches_the_agent_as_a_failed_call_naming_who_denied_it_a
         .answer("s0", &id, Decision::Approved, "bob", "changed my mind")
         .await;
     assert!(again.is_err(), "an answered approval is not answered again");
+    // A resumed approval's record goes once it is older than it is kept
+    // (a week as the holder prunes; nothing here).
+    assert_eq!(
+        a.turns
+            .approvals()
+            .prune("s0", Duration::ZERO)
+            .await
+            .unwrap(),
+        1
+    );
+    assert!(a.turns.approvals().list("s0").await.unwrap().is_empty());
 }
 
 async fn an_approval_nobody_answers_is_denied_as_timed_out(f: Fleet) {

@@ -46,8 +46,9 @@ pub const APPROVAL_ANSWERED: &str = "tool_approval_answered";
 /// whole).
 pub const ARGUMENTS_SHOWN: usize = 4 * 1024;
 
-/// The longest reason a person may give.
-pub const REASON_MAX: usize = 1024;
+/// How long a resumed approval's record is kept (for the page and the
+/// route) before the seat's next holder removes it.
+pub const RAN_KEPT: Duration = Duration::from_secs(7 * 24 * 3600);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -461,6 +462,41 @@ impl Approvals {
             approval_id = id,
             "the seat's holder was not told of an answered approval; its next holder resumes it"
         );
+    }
+
+    /// Remove `seat`'s approvals resumed more than `kept` ago ([`RAN_KEPT`]
+    /// as the holder calls it); how many went. A record changed meanwhile
+    /// stays (its revision moved); one still waiting is never removed.
+    pub async fn prune(&self, seat: &str, kept: Duration) -> Result<usize, String> {
+        let cutoff = time::OffsetDateTime::now_utc() - kept;
+        let es = self
+            .store
+            .entries(StateBucket::Runs, &format!("approval:{seat}:"))
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut gone = 0;
+        for e in es {
+            let Some(r) = decoded(&e.key, &e.value) else {
+                continue;
+            };
+            let old = time::OffsetDateTime::parse(
+                &r.updated_at,
+                &time::format_description::well_known::Rfc3339,
+            )
+            .is_ok_and(|t| t <= cutoff);
+            if r.state == ApprovalState::Ran && old {
+                match self
+                    .store
+                    .delete(StateBucket::Runs, &e.key, e.revision)
+                    .await
+                {
+                    Ok(()) => gone += 1,
+                    Err(KvError::WrongRevision) => {}
+                    Err(err) => return Err(err.to_string()),
+                }
+            }
+        }
+        Ok(gone)
     }
 
     /// Deny `r` as timed out at its deadline (the wall clock's, read now),

@@ -612,8 +612,20 @@ impl TurnEngine {
     /// Interrupted-approval recovery (the acquire hook, with the control
     /// subscription): a pending approval's timer is armed here; an answer
     /// never resumed, or a call an earlier holder began, is told to this
-    /// holder again.
+    /// holder again; records resumed a week ago are removed.
     async fn recover_approvals(&self, seat: &SeatContext) -> Result<(), String> {
+        match self
+            .tools
+            .approvals
+            .prune(&seat.handle, super::approvals::RAN_KEPT)
+            .await
+        {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(seat = %seat.handle, removed = n, "old approvals removed"),
+            Err(e) => {
+                tracing::warn!(seat = %seat.handle, error = %e, "cannot remove old approvals; kept")
+            }
+        }
         for r in self.tools.approvals.list(&seat.handle).await? {
             match r.state {
                 ApprovalState::Pending => self.tools.approvals.arm(&r),

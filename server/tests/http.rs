@@ -432,17 +432,7 @@ async fn an_admin_token_applies_a_company_and_the_new_seat_is_held() {
     assert_eq!(v["revision"], 2);
     wait_for_seats(&n, serde_json::json!(["alpha", "beta"])).await;
     // Audited under the token's name.
-    let op = client();
-    sign_in(&n, &op, "olivia", "op-pass").await;
-    let log = support::audit_entries(
-        op.post(n.url("/api/audit_log"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap(),
-    );
+    let log = n.audit_log().await;
     assert!(log.iter().any(|e| e["person"] == "token:deploy"
         && e["action"] == "apply_company"
         && e["reason"] == "revision 2: 2 seats"
@@ -752,17 +742,7 @@ async fn crewlet_send_publishes_one_envelope_through_a_node() {
 
 /// The newest audit rows for `action`, oldest first, read by an operator.
 async fn audit_rows(n: &TestNode, action: &str) -> Vec<Value> {
-    let op = client();
-    sign_in(n, &op, "olivia", "op-pass").await;
-    let mut log = support::audit_entries(
-        op.post(n.url("/api/audit_log"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap(),
-    );
+    let mut log = n.audit_log().await;
     log.retain(|e| e["action"] == action);
     log.reverse();
     log

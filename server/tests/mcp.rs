@@ -702,7 +702,7 @@ async fn mail_claiming_an_approval_runs_nothing_while_the_approval_waits_for_a_p
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operator_answers_an_approval_over_http_with_a_reason_and_a_viewer_only_reads_it() {
     use reqwest::StatusCode;
-    use support::http_node::{HttpNode, MONITORING_TOKEN, OPERATOR, OPS_TOKEN, client};
+    use support::http_node::{HttpNode, MONITORING_TOKEN, OPS_TOKEN, client};
     let (_work, dir) = workdir();
     let target = dir.join("over-http.txt");
     let node = which("node");
@@ -824,17 +824,7 @@ async fn an_operator_answers_an_approval_over_http_with_a_reason_and_a_viewer_on
     )
     .await;
     assert_eq!(done["outcome_ok"], true);
-    // The audit log, as an operator reads it.
-    let op = n.signed_in(OPERATOR).await;
-    let log = support::audit_entries(
-        op.post(n.url("/api/audit_log"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap(),
-    );
+    let log = n.audit_log().await;
     let rows: Vec<(String, String, String)> = log
         .iter()
         .filter(|e| e["action"].as_str().is_some_and(|a| a.starts_with("tool.")))

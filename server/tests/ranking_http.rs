@@ -70,16 +70,7 @@ async fn alpha_held(n: &HttpNode) {
 
 /// The audit rows for `action`, oldest first.
 async fn audit_rows(n: &HttpNode, action: &str) -> Vec<Value> {
-    let op = n.signed_in(OPERATOR).await;
-    let mut log = support::audit_entries(
-        op.post(n.url("/api/audit_log"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap(),
-    );
+    let mut log = n.audit_log().await;
     log.retain(|e| e["action"] == action);
     log.reverse();
     log

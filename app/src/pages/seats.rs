@@ -916,6 +916,24 @@ fn ApprovalItem(a: ApprovalView, operator: Signal<bool>, answer: Answering) -> i
             reason: reason.get_untracked(),
         });
     });
+    // Approve or Deny: only for operators, once a reason is given.
+    let button = move |approve: bool| {
+        let (action, text) = if approve {
+            ("approve", "Approve")
+        } else {
+            ("deny", "Deny")
+        };
+        view! {
+            <button
+                type="button"
+                data-action=action
+                disabled=move || !operator.get() || reason.get().trim().is_empty()
+                on:click=move |_| send.run(approve)
+            >
+                {text}
+            </button>
+        }
+    };
     let args = a.arguments.to_string();
     let (asked, deadline) = (a.asked_at.clone(), a.deadline.clone());
     let label = format!("Why approve or deny {}", a.tool);
@@ -942,22 +960,8 @@ fn ApprovalItem(a: ApprovalView, operator: Signal<bool>, answer: Answering) -> i
                     prop:value=move || reason.get()
                     on:input=move |ev| reason.set(event_target_value(&ev))
                 />
-                <button
-                    type="button"
-                    data-action="approve"
-                    disabled=move || !operator.get() || reason.get().trim().is_empty()
-                    on:click=move |_| send.run(true)
-                >
-                    "Approve"
-                </button>
-                <button
-                    type="button"
-                    data-action="deny"
-                    disabled=move || !operator.get() || reason.get().trim().is_empty()
-                    on:click=move |_| send.run(false)
-                >
-                    "Deny"
-                </button>
+                {button(true)}
+                {button(false)}
             </div>
         </li>
     }

@@ -492,32 +492,9 @@ impl TurnEngine {
             "reason": record.reason,
             "result": outcome,
         });
-        let turn = TurnInput {
-            turn_id: uuid::Uuid::new_v4().to_string(),
-            seat: handle.to_string(),
-            epoch,
-            node: self.node_id.clone(),
-            work_key: Some(resume_work_key(&env.id)),
-            delivered,
-            triggers: vec![trigger],
-            tools: self.tools.surface(handle),
-        };
-        let done = self.run_turn(rt, fence, &turn, received).await;
-        let closed = closing(
-            &done.ending,
-            done.reached_outside,
-            handle,
-            &turn.turn_id,
-            true,
-        );
-        if closed.record {
-            let within = record_budget(self.ack_wait);
-            self.record_resume(handle, &env.id, &turn.turn_id, within)
-                .await;
-        }
-        if closed.abort {
-            rt.agent.abort(&turn.turn_id, done.ending.name()).await;
-        }
+        let (turn, done, closed) = self
+            .continue_turn(rt, fence, env, trigger, delivered, received)
+            .await;
         self.announce_closing(rt, &turn, &done, &closed);
         closed.disposition
     }
@@ -679,34 +656,9 @@ impl TurnEngine {
             result: claimed.result.clone().unwrap_or(c.result.clone()),
         })
         .unwrap_or_else(|_| env.body.clone());
-        let turn = TurnInput {
-            turn_id: uuid::Uuid::new_v4().to_string(),
-            seat: handle.to_string(),
-            epoch,
-            node: self.node_id.clone(),
-            work_key: Some(resume_work_key(&env.id)),
-            delivered,
-            triggers: vec![trigger],
-            tools: self.tools.surface(handle),
-        };
-        let record = self.run_turn(rt, fence, &turn, received).await;
-        let closed = closing(
-            &record.ending,
-            record.reached_outside,
-            handle,
-            &turn.turn_id,
-            true,
-        );
-        if closed.record {
-            // Right behind the effects: a holder that dies before the claim
-            // is settled leaves a resume its successor skips.
-            let within = record_budget(self.ack_wait);
-            self.record_resume(handle, &env.id, &turn.turn_id, within)
-                .await;
-        }
-        if closed.abort {
-            rt.agent.abort(&turn.turn_id, record.ending.name()).await;
-        }
+        let (turn, record, closed) = self
+            .continue_turn(rt, fence, env, trigger, delivered, received)
+            .await;
         // The claim stands unless the resume proved nothing (it did not
         // act, and did not panic): then it is given back and comes again.
         let keep = closed.keep_claim;
@@ -736,6 +688,52 @@ impl TurnEngine {
             outcome: record.ending.name().into(),
         });
         closed.disposition
+    }
+
+    /// The turn that continues a parked one (a run's resume, an
+    /// approval's): `trigger` under the fence's epoch (the one the resume
+    /// claimed under), its work key from the
+    /// trigger id (the same on every re-run), closed as a resume — recorded
+    /// in the completion ledger right behind its effects (a holder that dies
+    /// before it settles the rest leaves a resume its successor skips), and
+    /// the agent told when it ended early.
+    async fn continue_turn(
+        &self,
+        rt: &Arc<SeatRuntime>,
+        fence: &Fence,
+        env: &Envelope,
+        trigger: Envelope,
+        delivered: u64,
+        received: std::time::Instant,
+    ) -> (TurnInput, turn::TurnRecord, Closing) {
+        let handle = rt.handle.as_str();
+        let turn = TurnInput {
+            turn_id: uuid::Uuid::new_v4().to_string(),
+            seat: handle.to_string(),
+            epoch: fence.epoch(),
+            node: self.node_id.clone(),
+            work_key: Some(resume_work_key(&env.id)),
+            delivered,
+            triggers: vec![trigger],
+            tools: self.tools.surface(handle),
+        };
+        let record = self.run_turn(rt, fence, &turn, received).await;
+        let closed = closing(
+            &record.ending,
+            record.reached_outside,
+            handle,
+            &turn.turn_id,
+            true,
+        );
+        if closed.record {
+            let within = record_budget(self.ack_wait);
+            self.record_resume(handle, &env.id, &turn.turn_id, within)
+                .await;
+        }
+        if closed.abort {
+            rt.agent.abort(&turn.turn_id, record.ending.name()).await;
+        }
+        (turn, record, closed)
     }
 
     /// Claim a finished run's resume for this epoch: `Err` is the

@@ -185,6 +185,20 @@ role = "operator"
         self.node.as_ref().unwrap()
     }
 
+    /// The fleet's audit log, newest first, as an operator reads it.
+    pub async fn audit_log(&self) -> Vec<serde_json::Value> {
+        let op = self.signed_in(OPERATOR).await;
+        super::audit_entries(
+            op.post(self.url("/api/audit_log"))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap(),
+        )
+    }
+
     /// A client signed in as `who` (name, password).
     pub async fn signed_in(&self, who: (&str, &str)) -> reqwest::Client {
         let c = client();

@@ -867,6 +867,37 @@ fn everything_role(dir: &Path, call_timeout_seconds: u64) -> RoleConfig {
     role
 }
 
+/// Mail `id` whose turn calls `tool` with `args`, once that turn ran: what
+/// the agent was told of the call.
+async fn called(
+    f: &Fleet,
+    node: &mut Node,
+    id: &str,
+    tool: &str,
+    args: serde_json::Value,
+) -> serde_json::Value {
+    node.publish(
+        "s0",
+        &trigger(
+            id,
+            json!({"tools": [{"name": tool, "args": args}], "echo": {"rounds": 2}}),
+        ),
+    )
+    .await;
+    f.until(&format!("{id} ran"), WAIT, || !node.turns_of(id).is_empty())
+        .await;
+    tool_result(node, id).await
+}
+
+/// What the agent was told of the one tool call in the turn of `id`.
+async fn tool_result(node: &Node, id: &str) -> serde_json::Value {
+    results_of(node, id)
+        .await
+        .into_iter()
+        .find(|r| r["id"].as_str().unwrap_or("").contains("tool"))
+        .expect("the call's result")
+}
+
 /// The results the echo agent was told of its calls in the turn of `id`
 /// (it posts them with its effect).
 async fn results_of(node: &Node, id: &str) -> Vec<serde_json::Value> {
@@ -885,46 +916,16 @@ async fn a_tool_call_that_never_answers_fails_within_its_call_timeout_and_the_tu
     let mut a = f.node("a", &[everything_role(&dir, 1)]).await;
     f.until("a has s0 established", WAIT, || a.attached("s0"))
         .await;
-    a.publish(
-        "s0",
-        &trigger(
-            "N1",
-            json!({
-                "tools": [{"name": "ev.trigger-long-running-operation", "args": {"duration": 600, "steps": 1}}],
-                "echo": {"rounds": 2},
-            }),
-        ),
-    )
-    .await;
-    f.until("N1 ran", WAIT, || !a.turns_of("N1").is_empty())
-        .await;
+    let args = json!({"duration": 600, "steps": 1});
+    let call = called(&f, &mut a, "N1", "ev.trigger-long-running-operation", args).await;
     assert_eq!(a.turns_of("N1")[0].0, "completed", "the turn went on");
-    let results = results_of(&a, "N1").await;
-    let call = results
-        .iter()
-        .find(|r| r["id"].as_str().unwrap_or("").contains("tool"))
-        .expect("the call's result");
     assert_eq!(call["ok"], false);
     assert_eq!(
         call["error"],
         "ev.trigger-long-running-operation: no answer within 1s (call_timeout_seconds)"
     );
     // Nothing is lost: the next mail runs, and the same server answers it.
-    a.publish(
-        "s0",
-        &trigger(
-            "N2",
-            json!({"tools": [{"name": "ev.get-sum", "args": {"a": 2, "b": 3}}], "echo": {"rounds": 2}}),
-        ),
-    )
-    .await;
-    f.until("N2 ran", WAIT, || !a.turns_of("N2").is_empty())
-        .await;
-    let results = results_of(&a, "N2").await;
-    let sum = results
-        .iter()
-        .find(|r| r["id"].as_str().unwrap_or("").contains("tool"))
-        .expect("the sum's result");
+    let sum = called(&f, &mut a, "N2", "ev.get-sum", json!({"a": 2, "b": 3})).await;
     assert_eq!(sum["ok"], true, "{sum}");
     assert!(sum["output"].to_string().contains('5'), "{sum}");
 }
@@ -978,21 +979,14 @@ async fn a_shared_tool_server_over_streamable_http_lists_its_tools_and_answers_c
         a.turns.tool_server_pids("s0").is_empty(),
         "a shared server is no child of the seat"
     );
-    a.publish(
-        "s0",
-        &trigger(
-            "H1",
-            json!({"tools": [{"name": "shared.get-sum", "args": {"a": 20, "b": 22}}], "echo": {"rounds": 2}}),
-        ),
+    let sum = called(
+        &f,
+        &mut a,
+        "H1",
+        "shared.get-sum",
+        json!({"a": 20, "b": 22}),
     )
     .await;
-    f.until("H1 ran", WAIT, || !a.turns_of("H1").is_empty())
-        .await;
-    let results = results_of(&a, "H1").await;
-    let sum = results
-        .iter()
-        .find(|r| r["id"].as_str().unwrap_or("").contains("tool"))
-        .expect("the sum's result");
     assert_eq!(sum["ok"], true, "{sum}");
     assert!(sum["output"].to_string().contains("42"), "{sum}");
 }
@@ -1109,28 +1103,10 @@ async fn a_tool_server_that_dies_during_a_call_fails_that_call_and_is_started_ag
     f.until("K1 ran", WAIT, || !a.turns_of("K1").is_empty())
         .await;
     assert_eq!(a.turns_of("K1")[0].0, "completed", "the turn went on");
-    let results = results_of(&a, "K1").await;
-    let call = results
-        .iter()
-        .find(|r| r["id"].as_str().unwrap_or("").contains("tool"))
-        .expect("the call's result");
+    let call = tool_result(&a, "K1").await;
     assert_eq!(call["ok"], false, "{call}");
     // The next turn starts the servers again and their calls answer.
-    a.publish(
-        "s0",
-        &trigger(
-            "K2",
-            json!({"tools": [{"name": "ev.get-sum", "args": {"a": 1, "b": 1}}], "echo": {"rounds": 2}}),
-        ),
-    )
-    .await;
-    f.until("K2 ran", WAIT, || !a.turns_of("K2").is_empty())
-        .await;
-    let results = results_of(&a, "K2").await;
-    let sum = results
-        .iter()
-        .find(|r| r["id"].as_str().unwrap_or("").contains("tool"))
-        .expect("the sum's result");
+    let sum = called(&f, &mut a, "K2", "ev.get-sum", json!({"a": 1, "b": 1})).await;
     assert_eq!(sum["ok"], true, "{sum}");
     let after = tool_servers_up(&f, &a, "s0", 3).await;
     assert!(after.iter().all(|p| !before.contains(p)), "new children");

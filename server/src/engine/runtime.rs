@@ -374,36 +374,46 @@ impl TurnEngine {
     /// so its resume is a turn like any other (one at a time, stoppable,
     /// fenced), and the control subscription is never held up by it.
     async fn forward_completion(&self, handle: &str, c: RunCompletion) -> Disposition {
-        let env = Envelope {
-            id: format!("run:{}", c.run_id),
-            kind: RUN_COMPLETED.into(),
-            body: serde_json::to_value(&c).unwrap_or_default(),
-            thread: None,
-            message_id: None,
-            from: Some("run".into()),
-            sent_at: Some(crate::clock::now_rfc3339()),
-        };
-        self.forward(handle, env).await
+        let body = serde_json::to_value(&c).unwrap_or_default();
+        self.forward(
+            handle,
+            format!("run:{}", c.run_id),
+            RUN_COMPLETED,
+            body,
+            "run",
+        )
+        .await
     }
 
     /// A person's answer to an approval reached the seat's holder: it
     /// becomes a `tool_approval_answered` trigger in the seat's inbox (the
     /// record, not this message, holds the answer).
     async fn forward_answer(&self, handle: &str, approval_id: String) -> Disposition {
-        let env = Envelope {
-            id: format!("approval:{approval_id}"),
-            kind: APPROVAL_ANSWERED.into(),
-            body: serde_json::json!({ "approval_id": approval_id }),
-            thread: None,
-            message_id: None,
-            from: Some("approval".into()),
-            sent_at: Some(crate::clock::now_rfc3339()),
-        };
-        self.forward(handle, env).await
+        let body = serde_json::json!({ "approval_id": approval_id });
+        let id = format!("approval:{approval_id}");
+        self.forward(handle, id, APPROVAL_ANSWERED, body, "approval")
+            .await
     }
 
-    /// Hand `env` from the control subscription to the seat's inbox.
-    async fn forward(&self, handle: &str, env: Envelope) -> Disposition {
+    /// Hand a continuation from the control subscription to the seat's
+    /// inbox as a trigger: `id`, of type `kind`, from `from`.
+    async fn forward(
+        &self,
+        handle: &str,
+        id: String,
+        kind: &str,
+        body: serde_json::Value,
+        from: &str,
+    ) -> Disposition {
+        let env = Envelope {
+            id,
+            kind: kind.into(),
+            body,
+            thread: None,
+            message_id: None,
+            from: Some(from.into()),
+            sent_at: Some(crate::clock::now_rfc3339()),
+        };
         match self
             .queue
             .publish(

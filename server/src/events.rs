@@ -201,6 +201,9 @@ pub enum Event {
         delivered: u64,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         error: Option<String>,
+        /// What the turn's completions spent (a model agent's).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        tokens: Option<u64>,
     },
     /// A trigger that will not run (again), and why: `already_done`,
     /// `answered_in_thread`, `broke_after_outside_call`,

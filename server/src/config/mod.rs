@@ -580,6 +580,67 @@ pub enum AgentConfig {
     /// The seat's own child process, speaking JSON lines (README § The
     /// command agent).
     Command(CommandConfig),
+    /// A model behind an OpenAI-compatible chat-completions endpoint
+    /// (README § The model agent).
+    Model(ModelConfig),
+}
+
+/// The model agent's settings.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    /// The endpoint's base, up to and including `/v1`
+    /// (`https://api.openai.com/v1`, `http://127.0.0.1:11434/v1`).
+    pub base_url: String,
+    pub model: String,
+    /// The name of the node's variable holding the key (never the key).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key_env: Option<String>,
+    /// What the seat is for, as the model's system message.
+    #[serde(default)]
+    pub instructions: String,
+    /// The same, read from a file when the seat is taken.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instructions_file: Option<PathBuf>,
+    /// Completions per turn before it is broken off.
+    #[serde(default = "default_max_rounds")]
+    pub max_rounds: u32,
+    #[serde(default = "default_max_output_tokens")]
+    pub max_output_tokens: u32,
+    #[serde(default)]
+    pub temperature: f32,
+    /// How long one completion may take.
+    #[serde(default = "default_request_timeout_seconds")]
+    pub request_timeout_seconds: u64,
+}
+
+fn default_max_rounds() -> u32 {
+    8
+}
+
+fn default_max_output_tokens() -> u32 {
+    1024
+}
+
+fn default_request_timeout_seconds() -> u64 {
+    120
+}
+
+impl ModelConfig {
+    /// `model` at `base_url`, every other setting its default.
+    pub fn new(base_url: &str, model: &str) -> ModelConfig {
+        ModelConfig {
+            base_url: base_url.into(),
+            model: model.into(),
+            api_key_env: None,
+            instructions: String::new(),
+            instructions_file: None,
+            max_rounds: default_max_rounds(),
+            max_output_tokens: default_max_output_tokens(),
+            temperature: 0.0,
+            request_timeout_seconds: default_request_timeout_seconds(),
+        }
+    }
 }
 
 impl Default for AgentConfig {

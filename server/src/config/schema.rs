@@ -138,6 +138,11 @@ fn known() -> BTreeMap<String, Shape> {
     for agent in [
         AgentConfig::Echo(EchoConfig::default()),
         AgentConfig::Command(CommandConfig::new(vec!["x".into()])),
+        AgentConfig::Model(ModelConfig {
+            api_key_env: Some("K".into()),
+            instructions_file: Some(PathBuf::from("i.md")),
+            ..ModelConfig::new("http://x/v1", "m")
+        }),
     ] {
         let v = toml::Value::try_from(exemplar(agent)).expect("exemplar config serializes");
         if let Shape::Table(t) = shape_of(&v) {

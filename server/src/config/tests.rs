@@ -667,3 +667,55 @@ approval_timeout_seconds = 600
         "{forever:?}"
     );
 }
+
+#[test]
+fn a_model_agent_names_an_http_endpoint_a_model_and_the_variable_holding_its_key() {
+    let ok = parse(
+        r#"
+[[roles]]
+handle = "desk"
+agent = { kind = "model", base_url = "http://127.0.0.1:11434/v1", model = "llama3.2", api_key_env = "OPENAI_API_KEY", instructions = "Answer the help desk.", max_rounds = 6 }
+"#,
+    )
+    .expect("a model seat");
+    let crate::config::AgentConfig::Model(m) = &ok.roles[0].agent else {
+        panic!("a model agent");
+    };
+    assert_eq!(m.max_rounds, 6);
+    assert_eq!(m.max_output_tokens, 1024, "the default");
+    assert_eq!(m.request_timeout_seconds, 120, "the default");
+    let url = one(
+        "[[roles]]\nhandle = \"d\"\nagent = { kind = \"model\", base_url = \"api.openai.com\", model = \"m\" }\n",
+        "roles[0].agent.base_url",
+    );
+    assert!(url.fix.contains("https://api.openai.com/v1"), "{url:?}");
+    let model = one(
+        "[[roles]]\nhandle = \"d\"\nagent = { kind = \"model\", base_url = \"http://x/v1\", model = \" \" }\n",
+        "roles[0].agent.model",
+    );
+    assert!(model.problem.contains("names no model"), "{model:?}");
+    let both = one(
+        "[[roles]]\nhandle = \"d\"\nagent = { kind = \"model\", base_url = \"http://x/v1\", model = \"m\", instructions = \"a\", instructions_file = \"b.md\" }\n",
+        "roles[0].agent.instructions_file",
+    );
+    assert!(both.problem.contains("not both"), "{both:?}");
+    let own = one(
+        "[[roles]]\nhandle = \"d\"\nagent = { kind = \"model\", base_url = \"http://x/v1\", model = \"m\", api_key_env = \"CREWLET_AUTH__TOKEN\" }\n",
+        "roles[0].agent.api_key_env",
+    );
+    assert!(own.problem.contains("never an agent's"), "{own:?}");
+    let hot = one(
+        "[[roles]]\nhandle = \"d\"\nagent = { kind = \"model\", base_url = \"http://x/v1\", model = \"m\", temperature = 3.5 }\n",
+        "roles[0].agent.temperature",
+    );
+    assert!(hot.problem.contains("between 0 and 2"), "{hot:?}");
+    let rounds = one(
+        "[[roles]]\nhandle = \"d\"\nagent = { kind = \"model\", base_url = \"http://x/v1\", model = \"m\", max_rounds = 0 }\n",
+        "roles[0].agent.max_rounds",
+    );
+    assert!(rounds.problem.contains("between 1 and 60"), "{rounds:?}");
+    let stray = problems(
+        "[[roles]]\nhandle = \"d\"\nagent = { kind = \"model\", base_url = \"http://x/v1\", model = \"m\", api_key = \"sk-1\" }\n",
+    );
+    assert!(stray.iter().any(|p| p.key.contains("api_key")), "{stray:?}");
+}

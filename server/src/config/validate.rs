@@ -393,6 +393,86 @@ fn check_roles(c: &Config, p: &mut Report<'_>) {
         }
         check_mcp(i, r, p);
         check_approvals(i, r, p);
+        if let AgentConfig::Model(m) = &r.agent {
+            check_model(i, m, p);
+        }
+    }
+}
+
+/// `[[roles]] agent = { kind = "model", … }`: an http(s) endpoint, a
+/// model, one source of instructions, bounded rounds, tokens, temperature
+/// and wait.
+fn check_model(i: usize, m: &crate::config::ModelConfig, p: &mut Report<'_>) {
+    let key = |k: &str| format!("roles[{i}].agent.{k}");
+    let u = m.base_url.as_str();
+    if !(u.starts_with("http://") || u.starts_with("https://"))
+        || u.contains(char::is_whitespace)
+        || u.trim_start_matches("https://")
+            .trim_start_matches("http://")
+            .is_empty()
+    {
+        p(
+            &key("base_url"),
+            q(u),
+            "is not an http:// or https:// address",
+            "write it as \"https://api.openai.com/v1\" or \"http://127.0.0.1:11434/v1\" (Ollama)"
+                .into(),
+        );
+    }
+    if m.model.trim().is_empty() {
+        p(
+            &key("model"),
+            q(&m.model),
+            "names no model",
+            "name the endpoint's model, e.g. \"gpt-4o-mini\" or \"llama3.2\"".into(),
+        );
+    }
+    if !m.instructions.trim().is_empty() && m.instructions_file.is_some() {
+        p(
+            &key("instructions_file"),
+            m.instructions_file
+                .as_ref()
+                .map(|f| format!("{:?}", f.display().to_string())),
+            "the instructions are either written here or read from a file, not both",
+            "keep one of instructions and instructions_file".into(),
+        );
+    }
+    // At most 60 completions: with the round that posts the answer, a
+    // turn stays inside the engine's 64 rounds.
+    let bounded: [(&str, u64, u64, u64, &str); 3] = [
+        ("max_rounds", u64::from(m.max_rounds), 1, 60, "8"),
+        (
+            "max_output_tokens",
+            u64::from(m.max_output_tokens),
+            1,
+            1_000_000,
+            "1024",
+        ),
+        (
+            "request_timeout_seconds",
+            m.request_timeout_seconds,
+            1,
+            3600,
+            "120",
+        ),
+    ];
+    for (k, v, lo, hi, default) in bounded {
+        if !(lo..=hi).contains(&v) {
+            p(
+                &key(k),
+                Some(v.to_string()),
+                &format!("must be between {lo} and {hi}"),
+                format!("the default is {default}"),
+            );
+        }
+    }
+    if !(0.0..=2.0).contains(&m.temperature) {
+        p(
+            &key("temperature"),
+            Some(m.temperature.to_string()),
+            "must be between 0 and 2",
+            "the default is 0".into(),
+        );
     }
 }
 
@@ -810,6 +890,16 @@ fn check_trust(c: &Config) -> Vec<Problem> {
             }
         };
     for (i, r) in c.roles.iter().enumerate() {
+        if let AgentConfig::Model(m) = &r.agent
+            && let Some(k) = &m.api_key_env
+        {
+            let no_env = BTreeMap::new();
+            child_env(
+                format!("roles[{i}].agent"),
+                &no_env,
+                &mut std::iter::once(("api_key_env".to_string(), k)),
+            );
+        }
         if let AgentConfig::Command(cmd) = &r.agent {
             child_env(
                 format!("roles[{i}].agent"),

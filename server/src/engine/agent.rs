@@ -179,6 +179,13 @@ pub trait Agent: Send + Sync + 'static {
     /// broken): drop whatever it keeps for it.
     async fn abort(&self, _turn_id: &str, _reason: &str) {}
 
+    /// The tokens the turn spent (a model agent's completions, as its
+    /// endpoint reported them), once it has ended; `None` for an agent
+    /// that spends none.
+    fn tokens(&self, _turn_id: &str) -> Option<u64> {
+        None
+    }
+
     /// The release hook: stop what `start` started. An error (a child that
     /// will not die) makes the seat undead; it is called again on every
     /// heartbeat until it succeeds.

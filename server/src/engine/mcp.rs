@@ -422,12 +422,7 @@ async fn spawn_stdio(
 /// A session with a shared server over streamable HTTP, its headers read
 /// from the node's environment.
 async fn connect_http(url: &str, cfg: &McpServerConfig) -> Result<Session, String> {
-    // The HTTP client's TLS needs a process-wide crypto provider: ring,
-    // installed once (an earlier install, ours or another's, stands).
-    static TLS: std::sync::Once = std::sync::Once::new();
-    TLS.call_once(|| {
-        let _ = rustls::crypto::ring::default_provider().install_default();
-    });
+    super::ensure_tls_provider();
     let mut headers = std::collections::HashMap::new();
     for (name, var) in &cfg.headers_from {
         let value = std::env::var(var)

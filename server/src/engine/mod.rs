@@ -10,6 +10,7 @@ pub mod echo;
 pub mod envelope;
 pub mod ledger;
 pub mod mcp;
+pub mod model;
 pub mod outbox;
 pub mod partition;
 pub mod pause;
@@ -18,3 +19,13 @@ pub mod runs;
 pub mod runtime;
 pub mod tools;
 pub mod turn;
+
+/// The process-wide TLS crypto provider the engine's HTTP clients (a `url`
+/// tool server, a model endpoint) need: ring, as async-nats's, installed
+/// once (an earlier install, ours or another's, stands).
+pub(crate) fn ensure_tls_provider() {
+    static TLS: std::sync::Once = std::sync::Once::new();
+    TLS.call_once(|| {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
+}

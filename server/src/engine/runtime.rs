@@ -1160,6 +1160,13 @@ impl TurnEngine {
                 ));
             }
             AgentConfig::Command(c) => Arc::new(CommandAgent::new(handle, &self.node_id, c)),
+            AgentConfig::Model(c) => Arc::new(super::model::ModelAgent::new(
+                handle,
+                &self.node_id,
+                &company.name,
+                c,
+                self.tools.memory.clone(),
+            )),
         })
     }
 
@@ -1418,6 +1425,7 @@ impl TurnEngine {
             disposition: disposition_name(&c.disposition).into(),
             delivered: turn.delivered,
             error: record.ending.error(),
+            tokens: rt.agent.tokens(&turn.turn_id),
         });
         if let Some(reason) = c.given_up {
             for t in &turn.triggers {
@@ -1428,6 +1436,9 @@ impl TurnEngine {
                     turn_id: Some(turn.turn_id.clone()),
                 });
             }
+        }
+        if let Ending::Broke(e) = &record.ending {
+            *lock(&rt.last_error) = Some(e.clone());
         }
         if c.guard_breach {
             let error = record.ending.error().unwrap_or_default();

@@ -597,6 +597,27 @@ impl MemoryStore {
         Ok(done.rows_affected() == 1)
     }
 
+    /// The newest `limit` entries of one of the seat's conversation
+    /// threads, oldest first: (author, text, at).
+    pub async fn thread(
+        &self,
+        handle: &str,
+        thread: &str,
+        limit: u32,
+    ) -> Result<Vec<(String, String, String)>, sqlx::Error> {
+        let mut rows: Vec<(String, String, String)> = sqlx::query_as(
+            "SELECT author, text, at FROM conversations \
+             WHERE agent_handle = ? AND thread = ? ORDER BY at DESC, rowid DESC LIMIT ?",
+        )
+        .bind(handle)
+        .bind(thread)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.reverse();
+        Ok(rows)
+    }
+
     /// The seat's newest diary notes, newest first.
     pub async fn diary(&self, handle: &str, limit: u32) -> Result<Vec<DiaryNote>, sqlx::Error> {
         let rows: Vec<(String, String, Option<String>, String, i64)> = sqlx::query_as(

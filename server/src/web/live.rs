@@ -682,6 +682,7 @@ mod tests {
                 disposition: "ack".into(),
                 delivered: 1,
                 error: None,
+                tokens: None,
             })
         };
         notes.learn(&at(Event::TurnStarted {

@@ -10,6 +10,7 @@ pub mod faulty;
 pub mod http_node;
 pub mod nats;
 pub mod process;
+pub mod provider;
 pub mod stranded;
 
 use std::future::Future;

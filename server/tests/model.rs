@@ -1,0 +1,361 @@
+//! The model agent as behaviour, on the twin and on a real nats-server,
+//! against the model provider's stand-in (`support::provider`: a scripted
+//! OpenAI-compatible endpoint the node's real HTTP client talks to): the
+//! round protocol (a tool call decoded, executed by the engine, its result
+//! sent back, the loop ending with the reply posted), what reaches the
+//! prompt, the key, and the failures.
+
+#[macro_use]
+mod support;
+
+use std::time::Duration;
+
+use crewlet::config::{AgentConfig, ModelConfig, RoleConfig};
+use crewlet::events::Event;
+use serde_json::{Value, json};
+use support::provider::{self, Provider};
+use support::turnfleet::*;
+
+both!(
+    a_two_round_turn_calls_a_built_in_tool_and_posts_the_models_answer,
+    the_prompt_carries_the_instructions_the_seats_memory_and_its_conversation,
+    the_key_goes_only_to_the_endpoint,
+    a_refused_key_breaks_the_turn_with_a_readable_error,
+    an_endpoint_that_failed_hands_the_turn_back_and_the_next_delivery_answers,
+    an_unreachable_endpoint_is_named_in_the_error,
+    a_turn_that_wants_more_than_max_rounds_completions_is_broken_off,
+);
+
+const WAIT: Duration = Duration::from_secs(30);
+
+/// Seat `s0` run by the model at `p`, its key in the node's variable `key_env`.
+fn model_role(p: &Provider, key_env: &str) -> RoleConfig {
+    RoleConfig {
+        agent: AgentConfig::Model(ModelConfig {
+            api_key_env: Some(key_env.into()),
+            instructions: "You answer the help desk's mail.".into(),
+            ..ModelConfig::new(&p.url, "stand-in")
+        }),
+        ..echo_role("s0")
+    }
+}
+
+/// Put `key` in the node's variable `name` (each test its own name).
+fn set_key(name: &str, key: &str) {
+    // SAFETY: each test sets a variable of its own, before its node reads it.
+    unsafe { std::env::set_var(name, key) };
+}
+
+/// The first turn of trigger `id` once it ended: (outcome, disposition,
+/// recorded, delivered, rounds).
+async fn ended(f: &Fleet, a: &mut Node, id: &str) -> (String, String, bool, u64, u32) {
+    f.until(&format!("{id}'s turn ended"), WAIT, || {
+        !a.turns_of(id).is_empty()
+    })
+    .await;
+    a.turns_of(id)[0].clone()
+}
+
+/// The error and tokens of the turns of trigger `id`, in order.
+fn errors_and_tokens(a: &mut Node, id: &str) -> Vec<(Option<String>, Option<u64>)> {
+    let started: Vec<String> = a.matching(|e| match e {
+        Event::TurnStarted {
+            turn_id,
+            trigger_ids,
+            ..
+        } if trigger_ids.iter().any(|t| t == id) => Some(turn_id.clone()),
+        _ => None,
+    });
+    a.matching(|e| match e {
+        Event::TurnCompleted {
+            turn_id,
+            error,
+            tokens,
+            ..
+        } if started.contains(turn_id) => Some((error.clone(), *tokens)),
+        _ => None,
+    })
+}
+
+fn mail(id: &str, text: &str) -> crewlet::engine::envelope::Envelope {
+    trigger(id, json!({"text": text}))
+}
+
+async fn a_two_round_turn_calls_a_built_in_tool_and_posts_the_models_answer(f: Fleet) {
+    let p = Provider::start().await;
+    set_key("MODEL_TEST_KEY_TWO_ROUNDS", "sk-two-rounds");
+    p.script(vec![
+        provider::calls(&[("call-1", "read_memory", json!({}))], (50, 7)),
+        provider::text("Nothing to report yet.", (80, 9)),
+    ]);
+    let mut a = f
+        .node("a", &[model_role(&p, "MODEL_TEST_KEY_TWO_ROUNDS")])
+        .await;
+    f.until("a has s0 established", WAIT, || a.attached("s0"))
+        .await;
+    a.publish("s0", &mail("T1", "What do you remember?")).await;
+    let (outcome, disposition, recorded, _, _) = ended(&f, &mut a, "T1").await;
+    assert_eq!(
+        (outcome.as_str(), disposition.as_str(), recorded),
+        ("completed", "ack", true)
+    );
+    // The reply is the seat's outbound effect, naming the trigger.
+    let effects = a.effects_of("T1").await;
+    assert_eq!(effects.len(), 1, "{effects:?}");
+    assert_eq!(effects[0].body["text"], "Nothing to report yet.");
+    assert_eq!(effects[0].body["in_reply_to"], json!(["T1"]));
+    // The protocol, as the endpoint saw it.
+    let asked = p.requests();
+    assert_eq!(asked.len(), 2, "one completion a round: {asked:#?}");
+    let tools: Vec<&str> = asked[0]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t["function"]["name"].as_str())
+        .collect();
+    assert!(
+        tools.contains(&"read_memory") && tools.contains(&"post_outbox"),
+        "{tools:?}"
+    );
+    let second = asked[1]["messages"].as_array().unwrap();
+    let last = second.last().unwrap();
+    assert_eq!(last["role"], "tool");
+    assert_eq!(last["tool_call_id"], "call-1");
+    let told: Value = serde_json::from_str(last["content"].as_str().unwrap()).unwrap();
+    assert_eq!(told["ok"], true, "the engine executed the call: {told}");
+    assert!(told["output"].get("diary").is_some(), "{told}");
+    assert_eq!(
+        second[second.len() - 2]["tool_calls"][0]["id"],
+        "call-1",
+        "the model's own call goes back with its result"
+    );
+    assert_eq!(
+        errors_and_tokens(&mut a, "T1"),
+        vec![(None, Some(146))],
+        "turn_completed carries what the completions spent"
+    );
+}
+
+async fn the_prompt_carries_the_instructions_the_seats_memory_and_its_conversation(f: Fleet) {
+    let p = Provider::start().await;
+    set_key("MODEL_TEST_KEY_PROMPT", "sk-prompt");
+    p.script(vec![provider::text(
+        "The report is in the blue folder.",
+        (10, 5),
+    )]);
+    let mut a = f
+        .node("a", &[model_role(&p, "MODEL_TEST_KEY_PROMPT")])
+        .await;
+    f.until("a has s0 established", WAIT, || a.attached("s0"))
+        .await;
+    let memory = a.turns.memory().clone();
+    memory
+        .diary_write("s0", "the quarterly report lives in the blue folder", None)
+        .await
+        .unwrap();
+    memory
+        .conversation_add(
+            "s0",
+            "thread-9",
+            Some("m-1"),
+            "bob",
+            "Did anyone find the report?",
+        )
+        .await
+        .unwrap();
+    let mut t = mail("P1", "Where is the report?");
+    t.thread = Some("thread-9".into());
+    a.publish("s0", &t).await;
+    ended(&f, &mut a, "P1").await;
+    let asked = p.requests();
+    let messages = asked[0]["messages"].as_array().unwrap();
+    let text = |i: usize| {
+        messages[i]["content"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert_eq!(messages[0]["role"], "system");
+    assert!(
+        text(0).starts_with("You answer the help desk's mail."),
+        "{}",
+        text(0)
+    );
+    assert!(
+        text(0).contains("seat \"s0\""),
+        "who the seat is: {}",
+        text(0)
+    );
+    assert!(
+        text(1).contains("the quarterly report lives in the blue folder"),
+        "the diary: {}",
+        text(1)
+    );
+    assert!(
+        text(1).contains("bob: Did anyone find the report?"),
+        "the conversation: {}",
+        text(1)
+    );
+    let last = messages.last().unwrap();
+    assert_eq!(last["role"], "user");
+    assert!(
+        last["content"]
+            .as_str()
+            .unwrap()
+            .contains("Where is the report?")
+            && last["content"].as_str().unwrap().contains("Message P1"),
+        "{last}"
+    );
+    assert_eq!(asked[0]["model"], "stand-in");
+    assert_eq!(asked[0]["temperature"], 0.0);
+}
+
+async fn the_key_goes_only_to_the_endpoint(f: Fleet) {
+    let p = Provider::start().await;
+    let key = "sk-the-secret-key-4711";
+    set_key("MODEL_TEST_KEY_SECRET", key);
+    p.script(vec![
+        provider::error(401, "invalid api key"),
+        provider::text("fine", (1, 1)),
+    ]);
+    let mut a = f
+        .node("a", &[model_role(&p, "MODEL_TEST_KEY_SECRET")])
+        .await;
+    f.until("a has s0 established", WAIT, || a.attached("s0"))
+        .await;
+    a.publish("s0", &mail("K1", "hello")).await;
+    f.until("K1 answered", WAIT, || {
+        a.turns_of("K1").iter().any(|t| t.0 == "completed")
+    })
+    .await;
+    assert_eq!(p.authorizations()[0], format!("Bearer {key}"));
+    let events: Vec<String> = a
+        .events()
+        .iter()
+        .map(|e| serde_json::to_string(e).unwrap())
+        .collect();
+    assert!(
+        events.iter().all(|e| !e.contains(key)),
+        "no event carries the key"
+    );
+    let seats = format!("{:?}", a.turns.seats());
+    assert!(!seats.contains(key), "nor the seat's last error: {seats}");
+    assert!(!seats.contains("MODEL_TEST_KEY_SECRET=") && !seats.contains("sk-"));
+}
+
+async fn a_refused_key_breaks_the_turn_with_a_readable_error(f: Fleet) {
+    let p = Provider::start().await;
+    set_key("MODEL_TEST_KEY_REFUSED", "sk-wrong");
+    p.script(vec![provider::error(401, "Incorrect API key provided")]);
+    let mut a = f
+        .node("a", &[model_role(&p, "MODEL_TEST_KEY_REFUSED")])
+        .await;
+    f.until("a has s0 established", WAIT, || a.attached("s0"))
+        .await;
+    a.publish("s0", &mail("R1", "hello")).await;
+    let (outcome, _, recorded, _, _) = ended(&f, &mut a, "R1").await;
+    assert_eq!((outcome.as_str(), recorded), ("failed", false));
+    let said = "the model endpoint refused the key: 401 Incorrect API key provided";
+    assert_eq!(errors_and_tokens(&mut a, "R1")[0].0.as_deref(), Some(said));
+    let seat = a
+        .turns
+        .seats()
+        .into_iter()
+        .find(|s| s.handle == "s0")
+        .unwrap();
+    assert!(
+        seat.last_error.is_some(),
+        "the seat's last error names it: {seat:?}"
+    );
+}
+
+async fn an_endpoint_that_failed_hands_the_turn_back_and_the_next_delivery_answers(f: Fleet) {
+    let p = Provider::start().await;
+    set_key("MODEL_TEST_KEY_FAILED", "sk-failed");
+    // The client tries a failing endpoint again three times within the
+    // round (0.1, 0.2, 0.4 s) before the turn gives up.
+    let overloaded = || (503, json!({"error": {"message": "overloaded"}}));
+    p.script(vec![
+        overloaded(),
+        overloaded(),
+        overloaded(),
+        overloaded(),
+        provider::text("Back again.", (3, 2)),
+    ]);
+    let mut a = f
+        .node("a", &[model_role(&p, "MODEL_TEST_KEY_FAILED")])
+        .await;
+    f.until("a has s0 established", WAIT, || a.attached("s0"))
+        .await;
+    a.publish("s0", &mail("F1", "are you there?")).await;
+    f.until("F1 answered", WAIT, || {
+        a.turns_of("F1").iter().any(|t| t.0 == "completed")
+    })
+    .await;
+    let turns = a.turns_of("F1");
+    assert_eq!(turns[0].0, "failed");
+    assert_eq!(turns[0].1, "nak", "nothing reached outside: handed back");
+    assert_eq!(turns[1].3, 2, "the next delivery answered");
+    assert_eq!(
+        p.requests().len(),
+        5,
+        "four tries, then the next delivery's"
+    );
+    assert!(
+        errors_and_tokens(&mut a, "F1")[0]
+            .0
+            .as_deref()
+            .unwrap()
+            .starts_with("the model endpoint failed: 503"),
+    );
+    assert_eq!(a.effects_of("F1").await[0].body["text"], "Back again.");
+}
+
+async fn an_unreachable_endpoint_is_named_in_the_error(f: Fleet) {
+    set_key("MODEL_TEST_KEY_NOWHERE", "sk-nowhere");
+    let nowhere = format!("http://127.0.0.1:{}/v1", support::free_port());
+    let role = RoleConfig {
+        agent: AgentConfig::Model(ModelConfig {
+            api_key_env: Some("MODEL_TEST_KEY_NOWHERE".into()),
+            ..ModelConfig::new(&nowhere, "stand-in")
+        }),
+        ..echo_role("s0")
+    };
+    let mut a = f.node("a", &[role]).await;
+    f.until("a has s0 established", WAIT, || a.attached("s0"))
+        .await;
+    a.publish("s0", &mail("U1", "hello")).await;
+    let (outcome, disposition, _, _, _) = ended(&f, &mut a, "U1").await;
+    assert_eq!((outcome.as_str(), disposition.as_str()), ("failed", "nak"));
+    let error = errors_and_tokens(&mut a, "U1")[0].0.clone().unwrap();
+    assert!(
+        error.starts_with(&format!("the model endpoint {nowhere} cannot be reached")),
+        "{error}"
+    );
+}
+
+async fn a_turn_that_wants_more_than_max_rounds_completions_is_broken_off(f: Fleet) {
+    let p = Provider::start().await;
+    set_key("MODEL_TEST_KEY_ROUNDS", "sk-rounds");
+    let again = || provider::calls(&[("c", "read_memory", json!({}))], (1, 1));
+    p.script(vec![again(), again(), again()]);
+    let role = RoleConfig {
+        agent: AgentConfig::Model(ModelConfig {
+            api_key_env: Some("MODEL_TEST_KEY_ROUNDS".into()),
+            max_rounds: 2,
+            ..ModelConfig::new(&p.url, "stand-in")
+        }),
+        ..echo_role("s0")
+    };
+    let mut a = f.node("a", &[role]).await;
+    f.until("a has s0 established", WAIT, || a.attached("s0"))
+        .await;
+    a.publish("s0", &mail("M1", "loop")).await;
+    let (outcome, _, _, _, rounds) = ended(&f, &mut a, "M1").await;
+    assert_eq!(outcome, "failed");
+    assert_eq!(rounds, 3, "two completions, then the round that broke off");
+    assert_eq!(
+        errors_and_tokens(&mut a, "M1")[0].0.as_deref(),
+        Some("the model did not finish within max_rounds (2) completions")
+    );
+}

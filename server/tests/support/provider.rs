@@ -1,0 +1,146 @@
+//! The model provider's stand-in: a small OpenAI-compatible
+//! chat-completions endpoint (`POST {url}/chat/completions`) on a free
+//! loopback port, scripted per test — the one stand-in the suites use, for
+//! a paid external service (README § The model agent). Each test scripts
+//! the replies, in order, and reads back every request as it arrived (its
+//! body and its `Authorization` header). The node's real HTTP client talks
+//! to it end to end. A request with nothing scripted is answered 500.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::post;
+use serde_json::{Value, json};
+
+#[derive(Default)]
+struct Script {
+    replies: VecDeque<(u16, Value)>,
+    asked: Vec<(String, Value)>,
+}
+
+pub struct Provider {
+    /// The base a role's `base_url` names (`http://127.0.0.1:{port}/v1`).
+    pub url: String,
+    script: Arc<Mutex<Script>>,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Provider {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+async fn completions(
+    State(script): State<Arc<Mutex<Script>>>,
+    headers: HeaderMap,
+    Json(body): Json<Value>,
+) -> (StatusCode, Json<Value>) {
+    let mut s = script.lock().unwrap();
+    let auth = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    s.asked.push((auth, body));
+    let (status, reply) = s.replies.pop_front().unwrap_or_else(|| {
+        (
+            500,
+            json!({"error": {"message": "no reply scripted", "type": "server_error"}}),
+        )
+    });
+    (StatusCode::from_u16(status).unwrap(), Json(reply))
+}
+
+impl Provider {
+    pub async fn start() -> Provider {
+        let script: Arc<Mutex<Script>> = Default::default();
+        let app = axum::Router::new()
+            .route("/v1/chat/completions", post(completions))
+            .with_state(script.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let server = tokio::spawn(async move {
+            axum::serve(listener, app).await.unwrap();
+        });
+        Provider {
+            url: format!("http://127.0.0.1:{port}/v1"),
+            script,
+            server,
+        }
+    }
+
+    /// Answer the next requests with these, in order.
+    pub fn script(&self, replies: Vec<(u16, Value)>) {
+        self.script.lock().unwrap().replies.extend(replies);
+    }
+
+    /// Every request's body, in arrival order.
+    pub fn requests(&self) -> Vec<Value> {
+        self.script
+            .lock()
+            .unwrap()
+            .asked
+            .iter()
+            .map(|(_, b)| b.clone())
+            .collect()
+    }
+
+    /// Every request's `Authorization` header, in arrival order.
+    pub fn authorizations(&self) -> Vec<String> {
+        self.script
+            .lock()
+            .unwrap()
+            .asked
+            .iter()
+            .map(|(a, _)| a.clone())
+            .collect()
+    }
+}
+
+/// A completion answering `text`, having spent `tokens` (prompt, completion).
+pub fn text(content: &str, tokens: (u64, u64)) -> (u16, Value) {
+    (
+        200,
+        json!({
+            "id": "chatcmpl-standin",
+            "object": "chat.completion",
+            "created": 0,
+            "model": "stand-in",
+            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}],
+            "usage": {"prompt_tokens": tokens.0, "completion_tokens": tokens.1, "total_tokens": tokens.0 + tokens.1},
+        }),
+    )
+}
+
+/// A completion asking for these calls: (id, function name, arguments).
+pub fn calls(calls: &[(&str, &str, Value)], tokens: (u64, u64)) -> (u16, Value) {
+    let tool_calls: Vec<Value> = calls
+        .iter()
+        .map(|(id, name, args)| {
+            json!({"id": id, "type": "function", "function": {"name": name, "arguments": args.to_string()}})
+        })
+        .collect();
+    (
+        200,
+        json!({
+            "id": "chatcmpl-standin",
+            "object": "chat.completion",
+            "created": 0,
+            "model": "stand-in",
+            "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {"role": "assistant", "content": null, "tool_calls": tool_calls}}],
+            "usage": {"prompt_tokens": tokens.0, "completion_tokens": tokens.1, "total_tokens": tokens.0 + tokens.1},
+        }),
+    )
+}
+
+/// An error answer, as OpenAI words one.
+pub fn error(status: u16, message: &str) -> (u16, Value) {
+    (
+        status,
+        json!({"error": {"message": message, "type": "invalid_request_error", "param": null, "code": null}}),
+    )
+}

@@ -30,9 +30,17 @@ pub fn revision_key(n: u64) -> String {
 pub struct Company {
     pub revision: u64,
     pub name: String,
+    /// The company's clock (`company.timezone`), UTC for a revision
+    /// written before it was kept.
+    #[serde(default = "utc")]
+    pub timezone: String,
     pub roles: Vec<RoleConfig>,
     #[serde(default)]
     pub schedules: Vec<crate::config::ScheduleConfig>,
+}
+
+fn utc() -> String {
+    "UTC".into()
 }
 
 impl Company {
@@ -94,14 +102,30 @@ pub async fn apply(
     apply_with_schedules(store, name, roles, &[]).await
 }
 
-/// Write `name` + `roles` + `schedules` as the next revision and make it
-/// active.
+/// Write `name` + `roles` + `schedules` as the next revision (on UTC's
+/// clock) and make it active.
 pub async fn apply_with_schedules(
     store: &dyn Store,
     name: &str,
     roles: &[RoleConfig],
     schedules: &[crate::config::ScheduleConfig],
 ) -> Result<u64, CompanyError> {
+    let head = crate::config::CompanySection {
+        name: name.to_string(),
+        timezone: utc(),
+    };
+    apply_company(store, &head, roles, schedules).await
+}
+
+/// Write a company file's `[company]`, roles and schedules as the next
+/// revision and make it active.
+pub async fn apply_company(
+    store: &dyn Store,
+    head: &crate::config::CompanySection,
+    roles: &[RoleConfig],
+    schedules: &[crate::config::ScheduleConfig],
+) -> Result<u64, CompanyError> {
+    let name = head.name.as_str();
     for _ in 0..16 {
         let current = store.get(StateBucket::Config, ACTIVE_KEY).await?;
         let at = match &current {
@@ -116,6 +140,7 @@ pub async fn apply_with_schedules(
         let company = Company {
             revision: n,
             name: name.to_string(),
+            timezone: head.timezone.clone(),
             roles: roles.to_vec(),
             schedules: schedules.to_vec(),
         };
@@ -167,14 +192,7 @@ pub async fn boot(store: &dyn Store, config: &Config) -> Result<Company, Company
         }
         return Ok(c);
     }
-    match apply_with_schedules(
-        store,
-        &config.company.name,
-        &config.roles,
-        &config.schedules,
-    )
-    .await
-    {
+    match apply_company(store, &config.company, &config.roles, &config.schedules).await {
         Ok(_) => {}
         Err(e) => return Err(e),
     }

@@ -338,6 +338,24 @@ pub enum Event {
         ran: bool,
         ok: bool,
     },
+    /// A model seat reached one of its token caps: it is held (its mail
+    /// kept) until `reopens_at` (RFC 3339), when that window rolls over,
+    /// or until a company revision raises the cap.
+    SeatBudgetExhausted {
+        seat: String,
+        /// `tokens_per_day`, `tokens_per_week` or `tokens_per_month`.
+        cap: String,
+        limit: u64,
+        spent: u64,
+        /// The window on the company's clock (`2026-12-01`, `2026-W49`,
+        /// `2026-12`).
+        window: String,
+        reopens_at: String,
+    },
+    /// The seat's caps have room again: its hold is released.
+    SeatBudgetRestored {
+        seat: String,
+    },
     /// A turn started a detached run.
     RunStarted {
         seat: String,

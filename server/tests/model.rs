@@ -10,7 +10,8 @@ mod support;
 
 use std::time::Duration;
 
-use crewlet::config::{AgentConfig, ModelConfig, RoleConfig};
+use crewlet::config::{AgentConfig, BudgetConfig, ModelConfig, RoleConfig};
+use crewlet::engine::budget::{Budgets, windows};
 use crewlet::events::Event;
 use serde_json::{Value, json};
 use support::provider::{self, Provider};
@@ -24,6 +25,9 @@ both!(
     an_endpoint_that_failed_hands_the_turn_back_and_the_next_delivery_answers,
     an_unreachable_endpoint_is_named_in_the_error,
     a_turn_that_wants_more_than_max_rounds_completions_is_broken_off,
+    a_seat_that_reaches_its_daily_cap_is_held_with_its_mail_kept_until_a_revision_raises_the_cap,
+    a_seat_whose_cap_was_reached_elsewhere_is_held_by_the_node_that_takes_it,
+    two_nodes_charging_one_seat_at_once_lose_nothing,
 );
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -357,5 +361,137 @@ async fn a_turn_that_wants_more_than_max_rounds_completions_is_broken_off(f: Fle
     assert_eq!(
         errors_and_tokens(&mut a, "M1")[0].0.as_deref(),
         Some("the model did not finish within max_rounds (2) completions")
+    );
+}
+
+/// [`model_role`] with a daily cap of `per_day` tokens.
+fn capped(p: &Provider, key_env: &str, per_day: u64) -> RoleConfig {
+    RoleConfig {
+        budget: Some(BudgetConfig {
+            tokens_per_day: Some(per_day),
+            ..Default::default()
+        }),
+        ..model_role(p, key_env)
+    }
+}
+
+/// The `seat_budget_exhausted` events seen on `a`: (cap, limit, spent).
+fn exhausted(a: &mut Node) -> Vec<(String, u64, u64)> {
+    a.matching(|e| match e {
+        Event::SeatBudgetExhausted {
+            cap, limit, spent, ..
+        } => Some((cap.clone(), *limit, *spent)),
+        _ => None,
+    })
+}
+
+/// The position in `a`'s events of the first one `f` picks.
+fn first(a: &mut Node, f: impl Fn(&Event) -> bool) -> Option<usize> {
+    a.events().iter().position(|e| f(&e.event))
+}
+
+/// Raise s0's cap with a new company revision.
+async fn raise_cap(a: &Node, role: RoleConfig) {
+    crewlet::company::apply(&*a.store, "Model company", &[role])
+        .await
+        .unwrap();
+}
+
+async fn a_seat_that_reaches_its_daily_cap_is_held_with_its_mail_kept_until_a_revision_raises_the_cap(
+    f: Fleet,
+) {
+    let p = Provider::start().await;
+    set_key("MODEL_TEST_KEY_CAP", "sk-cap");
+    p.script(vec![
+        provider::text("one", (50, 10)),
+        provider::text("two", (50, 10)),
+        provider::text("three", (50, 10)),
+    ]);
+    let mut a = f.node("a", &[capped(&p, "MODEL_TEST_KEY_CAP", 100)]).await;
+    f.until("a has s0 established", WAIT, || a.attached("s0"))
+        .await;
+    a.publish("s0", &mail("B1", "first")).await;
+    ended(&f, &mut a, "B1").await;
+    assert!(exhausted(&mut a).is_empty(), "60 of 100: room");
+    a.publish("s0", &mail("B2", "second")).await;
+    ended(&f, &mut a, "B2").await;
+    f.until("the cap is reached", WAIT, || !exhausted(&mut a).is_empty())
+        .await;
+    assert_eq!(
+        exhausted(&mut a),
+        vec![("tokens_per_day".to_string(), 100, 120)],
+        "the round that crossed the cap finished; the cap names what was spent"
+    );
+    // Mail meanwhile is kept, not consumed.
+    a.publish("s0", &mail("B3", "third")).await;
+    f.until_async("B3 waits in the inbox", WAIT, || async {
+        a.pending("s0").await == 1
+    })
+    .await;
+    raise_cap(&a, capped(&p, "MODEL_TEST_KEY_CAP", 1_000)).await;
+    f.until("the hold is released", WAIT, || {
+        !a.matching(|e| {
+            matches!(e, Event::SeatBudgetRestored { seat } if seat == "s0").then_some(())
+        })
+        .is_empty()
+    })
+    .await;
+    ended(&f, &mut a, "B3").await;
+    let restored = first(&mut a, |e| matches!(e, Event::SeatBudgetRestored { .. })).unwrap();
+    let third = first(&mut a, |e| {
+        matches!(e, Event::TurnStarted { trigger_ids, .. } if trigger_ids.iter().any(|t| t == "B3"))
+    })
+    .unwrap();
+    assert!(restored < third, "B3 ran only once the hold was released");
+    assert_eq!(a.effects_of("B3").await[0].body["text"], "three");
+}
+
+async fn a_seat_whose_cap_was_reached_elsewhere_is_held_by_the_node_that_takes_it(f: Fleet) {
+    let p = Provider::start().await;
+    set_key("MODEL_TEST_KEY_ELSEWHERE", "sk-elsewhere");
+    p.script(vec![provider::text("at last", (5, 5))]);
+    // What another node charged this seat today, as the store keeps it.
+    let (backends, _client) = f.connect("elsewhere").await;
+    let spent_elsewhere = Budgets::new(backends.0.clone());
+    let now = windows(chrono::Utc::now(), chrono_tz::UTC);
+    spent_elsewhere.charge("s0", &now, 500).await.unwrap();
+    let mut a = f
+        .node("a", &[capped(&p, "MODEL_TEST_KEY_ELSEWHERE", 100)])
+        .await;
+    f.until("a is holding s0 for its cap", WAIT, || {
+        !exhausted(&mut a).is_empty()
+    })
+    .await;
+    assert_eq!(exhausted(&mut a)[0].2, 500, "the spend followed the seat");
+    a.publish("s0", &mail("E1", "hello")).await;
+    f.until_async("E1 waits in the inbox", WAIT, || async {
+        a.pending("s0").await == 1
+    })
+    .await;
+    assert!(p.requests().is_empty(), "no completion while over the cap");
+    raise_cap(&a, capped(&p, "MODEL_TEST_KEY_ELSEWHERE", 10_000)).await;
+    ended(&f, &mut a, "E1").await;
+    assert_eq!(p.requests().len(), 1);
+}
+
+async fn two_nodes_charging_one_seat_at_once_lose_nothing(f: Fleet) {
+    let (one, _c1) = f.connect("one").await;
+    let (two, _c2) = f.connect("two").await;
+    let now = windows(chrono::Utc::now(), chrono_tz::UTC);
+    let charge = |store: std::sync::Arc<dyn crewlet::coord::Store>| {
+        let now = now.clone();
+        async move {
+            let b = Budgets::new(store);
+            for _ in 0..25 {
+                b.charge("s0", &now, 7).await.unwrap();
+            }
+        }
+    };
+    tokio::join!(charge(one.0.clone()), charge(two.0.clone()));
+    let spent = Budgets::new(one.0.clone()).spent("s0", &now).await.unwrap();
+    assert_eq!(
+        spent,
+        [350, 350, 350],
+        "every charge counted, in every window"
     );
 }

@@ -35,6 +35,7 @@ async fn tools() -> (Tools, tempfile::TempDir) {
     let (_, company) = tokio::sync::watch::channel(Company {
         revision: 1,
         name: "Tool company".into(),
+        timezone: "UTC".into(),
         roles: vec![],
         schedules: vec![],
     });

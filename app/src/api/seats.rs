@@ -104,6 +104,20 @@ pub struct SeatRow {
     /// seats of the page shown only.
     #[serde(default)]
     pub approvals: Vec<ApprovalView>,
+    /// A model seat's spend in the current windows against its caps; read
+    /// for the seats of the page shown only.
+    #[serde(default)]
+    pub spend: Option<SeatSpendView>,
+}
+
+/// A model seat's tokens this day, ISO week and month (the company's
+/// clock), each beside its cap when the role sets one.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SeatSpendView {
+    /// `[(window id, spent, cap)]` for the day, the week and the month.
+    pub windows: Vec<(String, u64, Option<u64>)>,
+    /// Held for a reached cap.
+    pub held: bool,
 }
 
 /// One of a seat's MCP tool servers as the Seats page shows it.

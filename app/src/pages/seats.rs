@@ -19,7 +19,7 @@ use crate::fns::{
     answer_approval, fleet, list_seats, move_seat, pause_seat, resume_seat, stop_seat_turn, whoami,
 };
 use crate::live::{Connection, LiveBadge, SEAT_EVENTS, refetch_on};
-use crate::view::{clipped, runs_summary, tool_servers_summary};
+use crate::view::{clipped, runs_summary, spend_summary, tool_servers_summary};
 
 /// What a person asks of a seat.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -841,6 +841,17 @@ fn SeatRowView(
                         view! {
                             <div class="muted small runs" data-runs=row.runs.len() data-live-runs=live>
                                 {text}
+                            </div>
+                        }
+                    })}
+                {row
+                    .spend
+                    .clone()
+                    .map(|s| {
+                        let held = s.held;
+                        view! {
+                            <div class="muted small spend" data-held=held.to_string()>
+                                {spend_summary(&s)}
                             </div>
                         }
                     })}

@@ -9,4 +9,4 @@ mod seats;
 
 pub use fleet::{duration_words, presence_left, rfc3339_seconds, unfollowed};
 pub use handoffs::{HANDOFFS_KEPT, HandoffState, HandoffView, apply_handoff_event};
-pub use seats::{clipped, runs_summary, tool_servers_summary};
+pub use seats::{clipped, runs_summary, spend_summary, tool_servers_summary};

@@ -1,6 +1,6 @@
 //! The Seats page's words for a row.
 
-use crate::api::{SeatRunView, ToolServerView};
+use crate::api::{SeatRunView, SeatSpendView, ToolServerView};
 
 /// The Seats row's line about a seat's detached runs: "1 run: running on
 /// node-a", "2 runs: running on node-a, finished on node-b"; `None` when
@@ -37,6 +37,30 @@ pub fn tool_servers_summary(servers: &[ToolServerView]) -> Option<String> {
     Some(format!("tools: {}", each.join(", ")))
 }
 
+/// The Seats row's line about a model seat's spend: "tokens: 120 / 100
+/// today, 120 this week, 120 / 5000 this month".
+pub fn spend_summary(s: &SeatSpendView) -> String {
+    let names = ["today", "this week", "this month"];
+    let each: Vec<String> = s
+        .windows
+        .iter()
+        .zip(names)
+        .map(|((_, spent, cap), name)| match cap {
+            Some(c) => format!("{spent} / {c} {name}"),
+            None => format!("{spent} {name}"),
+        })
+        .collect();
+    format!(
+        "tokens: {}{}",
+        each.join(", "),
+        if s.held {
+            " — held: a cap is reached"
+        } else {
+            ""
+        }
+    )
+}
+
 /// At most `max` characters of `text`, cut with an ellipsis.
 pub fn clipped(text: &str, max: usize) -> String {
     match text.char_indices().nth(max) {
@@ -68,6 +92,22 @@ mod tests {
             ])
             .as_deref(),
             Some("tools: fs running (14), time on node-b")
+        );
+    }
+
+    #[test]
+    fn a_model_seats_spend_reads_against_the_caps_it_has() {
+        let s = SeatSpendView {
+            windows: vec![
+                ("2026-12-01".into(), 120, Some(100)),
+                ("2026-W49".into(), 120, None),
+                ("2026-12".into(), 120, Some(5000)),
+            ],
+            held: true,
+        };
+        assert_eq!(
+            spend_summary(&s),
+            "tokens: 120 / 100 today, 120 this week, 120 / 5000 this month — held: a cap is reached"
         );
     }
 

@@ -434,12 +434,16 @@ impl Default for StreamSection {
 #[serde(default, deny_unknown_fields)]
 pub struct CompanySection {
     pub name: String,
+    /// The company's clock (an IANA name, `Europe/Berlin`): the days,
+    /// weeks and months token budgets count in.
+    pub timezone: String,
 }
 
 impl Default for CompanySection {
     fn default() -> Self {
         CompanySection {
             name: "crewlet".into(),
+            timezone: "UTC".into(),
         }
     }
 }
@@ -471,6 +475,22 @@ pub struct RoleConfig {
     /// timed out.
     #[serde(default = "default_approval_timeout_seconds")]
     pub approval_timeout_seconds: u64,
+    /// What a model seat may spend per day, ISO week and month on the
+    /// company's clock (README § The model agent, Budgets).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<BudgetConfig>,
+}
+
+/// A model seat's token caps, each per window; a cap left out is none.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BudgetConfig {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_per_day: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_per_week: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_per_month: Option<u64>,
 }
 
 /// An hour: long enough for a person to look, short enough that a turn's
@@ -493,6 +513,7 @@ impl Default for RoleConfig {
             approve: Vec::new(),
             approve_destructive: false,
             approval_timeout_seconds: DEFAULT_APPROVAL_TIMEOUT_SECONDS,
+            budget: None,
         }
     }
 }

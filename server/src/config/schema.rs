@@ -62,6 +62,11 @@ fn exemplar(agent: AgentConfig) -> Config {
             approve: vec!["n.x".into()],
             approve_destructive: true,
             approval_timeout_seconds: 1,
+            budget: Some(BudgetConfig {
+                tokens_per_day: Some(1),
+                tokens_per_week: Some(1),
+                tokens_per_month: Some(1),
+            }),
         }],
         auth: AuthSection {
             users: vec![UserConfig {

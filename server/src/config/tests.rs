@@ -719,3 +719,39 @@ agent = { kind = "model", base_url = "http://127.0.0.1:11434/v1", model = "llama
     );
     assert!(stray.iter().any(|p| p.key.contains("api_key")), "{stray:?}");
 }
+
+#[test]
+fn a_budget_caps_a_model_seat_on_the_companys_clock() {
+    let ok = parse(
+        r#"
+[company]
+name = "Acme"
+timezone = "Europe/Berlin"
+
+[[roles]]
+handle = "desk"
+agent = { kind = "model", base_url = "http://x/v1", model = "m" }
+budget = { tokens_per_day = 1000, tokens_per_month = 20000 }
+"#,
+    )
+    .expect("a capped model seat");
+    assert_eq!(ok.company.timezone, "Europe/Berlin");
+    let b = ok.roles[0].budget.clone().unwrap();
+    assert_eq!((b.tokens_per_day, b.tokens_per_week), (Some(1000), None));
+    assert_eq!(parse("").unwrap().company.timezone, "UTC", "the default");
+    let tz = one(
+        "[company]\ntimezone = \"Mars/Olympus\"\n",
+        "company.timezone",
+    );
+    assert!(tz.fix.contains("Europe/Berlin"), "{tz:?}");
+    let echo = one(
+        "[[roles]]\nhandle = \"e\"\nbudget = { tokens_per_day = 5 }\n",
+        "roles[0].budget",
+    );
+    assert!(echo.problem.contains("spends none"), "{echo:?}");
+    let zero = one(
+        "[[roles]]\nhandle = \"d\"\nagent = { kind = \"model\", base_url = \"http://x/v1\", model = \"m\" }\nbudget = { tokens_per_week = 0 }\n",
+        "roles[0].budget.tokens_per_week",
+    );
+    assert!(zero.problem.contains("for good"), "{zero:?}");
+}

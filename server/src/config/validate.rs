@@ -319,6 +319,14 @@ fn check_company(c: &Config, p: &mut Report<'_>) {
             "name the company, e.g. \"Acme\"".into(),
         );
     }
+    if c.company.timezone.parse::<chrono_tz::Tz>().is_err() {
+        p(
+            "company.timezone",
+            q(&c.company.timezone),
+            "is not a time zone name",
+            "write an IANA name, e.g. \"UTC\" or \"Europe/Berlin\"".into(),
+        );
+    }
 }
 
 /// `[[roles]]`: handles, agents, placement.
@@ -395,6 +403,30 @@ fn check_roles(c: &Config, p: &mut Report<'_>) {
         check_approvals(i, r, p);
         if let AgentConfig::Model(m) = &r.agent {
             check_model(i, m, p);
+        }
+        if let Some(b) = &r.budget {
+            if !matches!(r.agent, AgentConfig::Model(_)) {
+                p(
+                    &format!("roles[{i}].budget"),
+                    None,
+                    "caps a model agent's tokens, and this role's agent spends none",
+                    "remove the budget, or give the role agent = { kind = \"model\", … }".into(),
+                );
+            }
+            for (k, v) in [
+                ("tokens_per_day", b.tokens_per_day),
+                ("tokens_per_week", b.tokens_per_week),
+                ("tokens_per_month", b.tokens_per_month),
+            ] {
+                if v == Some(0) {
+                    p(
+                        &format!("roles[{i}].budget.{k}"),
+                        Some("0".into()),
+                        "a cap of 0 would hold the seat for good",
+                        "give at least 1, or leave the cap out for none".into(),
+                    );
+                }
+            }
         }
     }
 }

@@ -35,15 +35,20 @@ pub enum BucketId {
     Runs,
     /// Handoff notices and move requests (an hour's age).
     Handoffs,
+    /// The seats' windowed token counters (forty days' age: past the
+    /// longest window, a month).
+    Budgets,
 }
 
 /// The completion ledger's age: seven days.
 pub const LEDGER_MAX_AGE: Duration = Duration::from_secs(7 * 24 * 3600);
 /// Handoff notices and move requests age out after an hour.
 pub const HANDOFFS_MAX_AGE: Duration = Duration::from_secs(3600);
+/// A token counter ages out forty days after its last charge.
+pub const BUDGETS_MAX_AGE: Duration = Duration::from_secs(40 * 24 * 3600);
 
 impl BucketId {
-    pub const ALL: [BucketId; 9] = [
+    pub const ALL: [BucketId; 10] = [
         BucketId::Leases,
         BucketId::Epochs,
         BucketId::Duties,
@@ -53,6 +58,7 @@ impl BucketId {
         BucketId::Config,
         BucketId::Runs,
         BucketId::Handoffs,
+        BucketId::Budgets,
     ];
 
     pub fn name(self) -> &'static str {
@@ -66,6 +72,7 @@ impl BucketId {
             BucketId::Config => "crewlet_config",
             BucketId::Runs => "crewlet_runs",
             BucketId::Handoffs => "crewlet_handoffs",
+            BucketId::Budgets => "crewlet_budgets",
         }
     }
 
@@ -75,6 +82,7 @@ impl BucketId {
             BucketId::Leases => Some(lease_ttl),
             BucketId::Ledger => Some(LEDGER_MAX_AGE),
             BucketId::Handoffs => Some(HANDOFFS_MAX_AGE),
+            BucketId::Budgets => Some(BUDGETS_MAX_AGE),
             _ => None,
         }
     }

@@ -224,6 +224,8 @@ pub enum StateBucket {
     Runs,
     /// Handoff notices and move requests, `crewlet_handoffs` (an hour).
     Handoffs,
+    /// The seats' windowed token counters, `crewlet_budgets` (forty days).
+    Budgets,
 }
 
 impl StateBucket {
@@ -235,6 +237,7 @@ impl StateBucket {
             StateBucket::Config => BucketId::Config,
             StateBucket::Runs => BucketId::Runs,
             StateBucket::Handoffs => BucketId::Handoffs,
+            StateBucket::Budgets => BucketId::Budgets,
         }
     }
 }

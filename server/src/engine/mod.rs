@@ -4,6 +4,7 @@
 
 pub mod agent;
 pub mod approvals;
+pub mod budget;
 pub mod children;
 pub mod command;
 pub mod echo;

@@ -21,7 +21,8 @@
 //! never into config, logs, events, pages or an error ([`describe`] words
 //! what went wrong without it). What each completion spent (as the
 //! endpoint reports it) is kept per turn for `turn_completed`
-//! ([`Agent::tokens`]).
+//! ([`Agent::tokens`]) and charged to the seat's windowed token counters
+//! ([`super::budget`]) as soon as the completion answers.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
@@ -272,6 +273,9 @@ pub struct ModelAgent {
     company: String,
     cfg: ModelConfig,
     memory: MemoryStore,
+    /// The seat's windowed token counters, on the company's clock.
+    budgets: super::budget::Budgets,
+    clock: chrono_tz::Tz,
     turns: Mutex<HashMap<String, Conversation>>,
     /// Tokens spent per turn, until `turn_completed` reads them.
     spent: Mutex<HashMap<String, u64>>,
@@ -285,16 +289,19 @@ impl ModelAgent {
     pub fn new(
         seat: &str,
         node: &str,
-        company: &str,
+        company: &crate::company::Company,
         cfg: &ModelConfig,
         memory: MemoryStore,
+        budgets: super::budget::Budgets,
     ) -> ModelAgent {
         ModelAgent {
             seat: seat.into(),
             node: node.into(),
-            company: company.into(),
+            company: company.name.clone(),
             cfg: cfg.clone(),
             memory,
+            budgets,
+            clock: company.timezone.parse().unwrap_or(chrono_tz::UTC),
             turns: Mutex::new(HashMap::new()),
             spent: Mutex::new(HashMap::new()),
         }
@@ -513,6 +520,13 @@ impl Agent for ModelAgent {
         let (message, tokens) = self.complete(&conv.messages, &tools).await?;
         conv.completions += 1;
         *lock(&self.spent).entry(turn.turn_id.clone()).or_default() += tokens;
+        // Charged where the seat runs, to the counters every holder reads;
+        // a charge the store refuses is logged (the cap then binds late by
+        // that much) rather than failing a completion already spent.
+        let windows = super::budget::windows(chrono::Utc::now(), self.clock);
+        if let Err(e) = self.budgets.charge(&self.seat, &windows, tokens).await {
+            tracing::warn!(seat = %self.seat, tokens, error = %e, "cannot charge the seat's token counters");
+        }
         let calls = calls_of(&message, &conv.names);
         conv.messages.push(message.clone());
         let step = if calls.is_empty() {

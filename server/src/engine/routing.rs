@@ -44,6 +44,7 @@ mod tests {
         Company {
             revision: 1,
             name: "Acme".into(),
+            timezone: "UTC".into(),
             roles: handles
                 .iter()
                 .map(|h| RoleConfig {

@@ -51,6 +51,10 @@ use crate::seat::host::{Fence, HookError, SeatContext, SeatHooks};
 /// The inbox type a detached run's completion is resumed as.
 pub const RUN_COMPLETED: &str = "run_completed";
 
+/// How often a seat held for a reached cap looks again (a company
+/// revision may have raised the cap before its window reopens).
+pub const BUDGET_RECHECK: Duration = Duration::from_secs(2);
+
 /// Waiting deliveries of one seat coalesced into one partition, at most.
 pub const PARTITION_LIMIT: usize = 16;
 
@@ -147,6 +151,12 @@ pub struct TurnEngine {
     supervisor: Arc<Supervisor>,
     /// Each held seat's change sequence at its last complete flush.
     flushed_at: Mutex<HashMap<String, i64>>,
+    /// The seats' windowed token counters.
+    budgets: super::budget::Budgets,
+    /// The seats held for a reached cap, each with a timer that releases
+    /// the hold once there is room.
+    budget_held: Mutex<std::collections::BTreeSet<String>>,
+    timers: crate::tasks::Tasks,
     pub faults: Faults,
     policy: crate::config::AgentPolicy,
 }
@@ -154,6 +164,7 @@ pub struct TurnEngine {
 impl TurnEngine {
     pub fn new(s: TurnSetup) -> Arc<TurnEngine> {
         let runs = Runs::new(s.store.clone());
+        let budgets = super::budget::Budgets::new(s.store.clone());
         let supervisor = Arc::new(Supervisor::new(runs.clone(), s.queue.clone()));
         Arc::new_cyclic(|me| TurnEngine {
             me: me.clone(),
@@ -186,6 +197,9 @@ impl TurnEngine {
             ack_wait: s.ack_wait,
             seats: Mutex::new(HashMap::new()),
             flushed_at: Mutex::new(HashMap::new()),
+            budgets,
+            budget_held: Mutex::new(Default::default()),
+            timers: crate::tasks::Tasks::new(),
             faults: Faults::default(),
             policy: s.policy,
         })
@@ -1101,6 +1115,127 @@ impl TurnEngine {
         Ok(())
     }
 
+    /// Has `handle` reached one of its role's token caps? `None` for a
+    /// seat with no budget (nothing read), with room, or whose counters
+    /// cannot be read (a turn is not refused on a figure nobody can read).
+    async fn budget_reached(&self, handle: &str) -> Option<super::budget::Exhausted> {
+        let (caps, tz) = {
+            let company = self.company.borrow();
+            let caps = company
+                .roles
+                .iter()
+                .find(|r| r.handle == handle)
+                .and_then(|r| r.budget.clone())?;
+            (caps, company.timezone.parse().unwrap_or(chrono_tz::UTC))
+        };
+        let windows = super::budget::windows(chrono::Utc::now(), tz);
+        match self.budgets.spent(handle, &windows).await {
+            Ok(spent) => super::budget::over(&caps, &windows, &spent),
+            Err(e) => {
+                tracing::warn!(seat = handle, error = %e, "cannot read the seat's token counters; its turns go on");
+                None
+            }
+        }
+    }
+
+    /// Hold `handle` for a reached cap (its mail kept, nothing consumed),
+    /// say so, and arm the timer that releases it once there is room —
+    /// the window rolled over, or a company revision raised the cap
+    /// (looked at every [`BUDGET_RECHECK`]).
+    fn hold_for_budget(&self, handle: &str, ex: &super::budget::Exhausted) {
+        if let Some(fence) = self.runtime(handle).and_then(|r| lock(&r.fence).clone()) {
+            fence.hold(super::budget::BUDGET_HOLD, true);
+        }
+        if !lock(&self.budget_held).insert(handle.to_string()) {
+            return;
+        }
+        let window = {
+            let company = self.company.borrow();
+            let tz = company.timezone.parse().unwrap_or(chrono_tz::UTC);
+            super::budget::windows(chrono::Utc::now(), tz)
+                .into_iter()
+                .find(|w| w.span == ex.span)
+                .map(|w| w.id)
+                .unwrap_or_default()
+        };
+        tracing::warn!(
+            seat = handle,
+            cap = ex.span.cap_key(),
+            limit = ex.cap,
+            spent = ex.spent,
+            "the seat reached a token cap; held until its window reopens"
+        );
+        self.events.emit(Event::SeatBudgetExhausted {
+            seat: handle.to_string(),
+            cap: ex.span.cap_key().into(),
+            limit: ex.cap,
+            spent: ex.spent,
+            window,
+            reopens_at: ex
+                .reopens_at
+                .to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        });
+        let (me, seat) = (self.me.clone(), handle.to_string());
+        let mut until = ex.reopens_at;
+        self.timers.spawn("budget hold", async move {
+            loop {
+                let left = (until - chrono::Utc::now()).to_std().unwrap_or_default();
+                tokio::time::sleep(left.min(BUDGET_RECHECK)).await;
+                let Some(engine) = me.upgrade() else { return };
+                let Some(fence) = engine.runtime(&seat).and_then(|r| lock(&r.fence).clone()) else {
+                    // Given back meanwhile: its next holder judges it.
+                    lock(&engine.budget_held).remove(&seat);
+                    return;
+                };
+                match engine.budget_reached(&seat).await {
+                    Some(ex) => until = ex.reopens_at,
+                    None => {
+                        lock(&engine.budget_held).remove(&seat);
+                        fence.hold(super::budget::BUDGET_HOLD, false);
+                        tracing::info!(seat, "the seat's token caps have room again");
+                        engine
+                            .events
+                            .emit(Event::SeatBudgetRestored { seat: seat.clone() });
+                        return;
+                    }
+                }
+            }
+        });
+    }
+
+    /// A model seat's spend in its current windows (day, week, month: id,
+    /// spent, cap) and whether it is held for a cap; `None` for a seat
+    /// whose agent is no model, or whose counters cannot be read.
+    pub async fn spend(&self, handle: &str) -> Option<(Vec<(String, u64, Option<u64>)>, bool)> {
+        let (caps, tz) = {
+            let company = self.company.borrow();
+            let role = company.roles.iter().find(|r| r.handle == handle)?;
+            if !matches!(role.agent, AgentConfig::Model(_)) {
+                return None;
+            }
+            (
+                role.budget.clone().unwrap_or_default(),
+                company.timezone.parse().unwrap_or(chrono_tz::UTC),
+            )
+        };
+        let windows = super::budget::windows(chrono::Utc::now(), tz);
+        let spent = self.budgets.spent(handle, &windows).await.ok()?;
+        let held = super::budget::over(&caps, &windows, &spent).is_some();
+        Some((
+            windows
+                .iter()
+                .zip(spent)
+                .map(|(w, s)| (w.id.clone(), s, w.span.cap(&caps)))
+                .collect(),
+            held,
+        ))
+    }
+
+    /// Stop the budget holds' timers (the node is stopping).
+    pub async fn stop_timers(&self) {
+        self.timers.shutdown().await;
+    }
+
     /// The tools the agent of `handle` is told with each turn: the
     /// built-ins and the seat's MCP tools while it holds them here.
     pub fn tool_surface(&self, handle: &str) -> Vec<super::agent::ToolSpec> {
@@ -1163,9 +1298,10 @@ impl TurnEngine {
             AgentConfig::Model(c) => Arc::new(super::model::ModelAgent::new(
                 handle,
                 &self.node_id,
-                &company.name,
+                &company,
                 c,
                 self.tools.memory.clone(),
+                self.budgets.clone(),
             )),
         })
     }
@@ -1314,6 +1450,15 @@ impl TurnEngine {
         if plan.triggers.is_empty() {
             return;
         }
+        // A turn starts only while every cap has room: a seat over one is
+        // held, and its mail goes back to wait for the hold's release.
+        if let Some(ex) = self.budget_reached(&handle).await {
+            self.hold_for_budget(&handle, &ex);
+            for i in &plan.runs {
+                out[*i] = Some(Disposition::Nak);
+            }
+            return;
+        }
         self.revive_tool_servers(&handle).await;
         let turn = TurnInput {
             turn_id: uuid::Uuid::new_v4().to_string(),
@@ -1370,6 +1515,10 @@ impl TurnEngine {
         }
         for i in plan.runs {
             out[i] = Some(c.disposition.clone());
+        }
+        // The turn's completions may have reached a cap: the next turn waits.
+        if let Some(ex) = self.budget_reached(&handle).await {
+            self.hold_for_budget(&handle, &ex);
         }
     }
 
@@ -1635,15 +1784,22 @@ impl SeatHooks for TurnEngine {
     }
 
     async fn pause_holds(&self, seat: &SeatContext) -> Result<Vec<String>, HookError> {
-        match pause::read(&*self.store, &seat.handle).await {
+        let mut holds = match pause::read(&*self.store, &seat.handle).await {
             Ok(Some(p)) => {
                 tracing::info!(seat = %seat.handle, by = %p.by, "the seat is paused; its inbox attaches held");
-                Ok(vec![PAUSE_HOLD.to_string()])
+                vec![PAUSE_HOLD.to_string()]
             }
-            Ok(None) => Ok(Vec::new()),
+            Ok(None) => Vec::new(),
             // Unknown is not "not paused".
-            Err(e) => Err(HookError::new("pause holds", e.to_string())),
+            Err(e) => return Err(HookError::new("pause holds", e.to_string())),
+        };
+        // A seat that reached a cap on its last holder stays held here.
+        if let Some(ex) = self.budget_reached(&seat.handle).await {
+            holds.push(super::budget::BUDGET_HOLD.to_string());
+            lock(&self.budget_held).remove(&seat.handle);
+            self.hold_for_budget(&seat.handle, &ex);
         }
+        Ok(holds)
     }
 
     fn inbox_handler(&self, seat: &SeatContext, fence: Fence) -> Arc<dyn Handler> {

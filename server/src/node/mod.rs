@@ -112,6 +112,7 @@ impl RunningNode {
         // are failed (launcher lost) by the seat's next holder.
         self.turns.supervisor().shutdown().await;
         self.turns.approvals().shutdown().await;
+        self.turns.stop_timers().await;
         self.tasks.shutdown().await;
         let served = self.server.await;
         self.engine
@@ -129,6 +130,7 @@ impl RunningNode {
         self.duties.abandon();
         self.turns.supervisor().shutdown().await;
         self.turns.approvals().shutdown().await;
+        self.turns.stop_timers().await;
         self.engine.crash().await;
         self.tasks.shutdown().await;
         let _ = self.server.await;

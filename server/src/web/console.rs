@@ -453,7 +453,10 @@ impl Console for NodeConsole {
         .await;
         let handles: Vec<String> = paged.rows.iter().map(|r| r.handle.clone()).collect();
         let approvals = crate::web::approvals::pending_of(self.turns.approvals(), &handles).await;
-        for row in paged.rows.iter_mut() {
+        let spends =
+            futures::future::join_all(paged.rows.iter().map(|r| self.turns.spend(&r.handle))).await;
+        for (row, spend) in paged.rows.iter_mut().zip(spends) {
+            row.spend = spend.map(|(windows, held)| app::api::SeatSpendView { windows, held });
             let role = company.roles.iter().find(|r| r.handle == row.handle);
             let here = self.turns.tool_server_states(&row.handle);
             row.tool_servers = crate::web::seats::tool_server_views(
@@ -689,9 +692,9 @@ impl Console for NodeConsole {
             )));
         }
         let store = self.engine.store().clone();
-        match crate::company::apply_with_schedules(
+        match crate::company::apply_company(
             &*store,
-            &config.company.name,
+            &config.company,
             &config.roles,
             &config.schedules,
         )

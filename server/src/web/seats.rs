@@ -160,6 +160,7 @@ pub fn seat_rows(facts: &SeatFacts<'_>) -> Vec<SeatRow> {
                 },
                 runs: Vec::new(),
                 tool_servers: Vec::new(),
+                spend: None,
                 approvals: Vec::new(),
             }
         })
@@ -595,6 +596,7 @@ mod tests {
                 running_turn: None,
                 runs: Vec::new(),
                 tool_servers: Vec::new(),
+                spend: None,
                 approvals: Vec::new(),
             })
             .collect()

@@ -279,6 +279,10 @@ pub struct ModelAgent {
     turns: Mutex<HashMap<String, Conversation>>,
     /// Tokens spent per turn, until `turn_completed` reads them.
     spent: Mutex<HashMap<String, u64>>,
+    /// The endpoint's client (its connections kept between completions),
+    /// for the key it was built with: a key changed in the node's
+    /// environment gets a new one.
+    client: Mutex<Option<(String, Client<OpenAIConfig>)>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -304,6 +308,7 @@ impl ModelAgent {
             clock: company.timezone.parse().unwrap_or(chrono_tz::UTC),
             turns: Mutex::new(HashMap::new()),
             spent: Mutex::new(HashMap::new()),
+            client: Mutex::new(None),
         }
     }
 
@@ -386,12 +391,22 @@ impl ModelAgent {
                 self.cfg.api_key_env.as_deref().unwrap_or("api_key_env")
             )));
         }
-        let config = OpenAIConfig::new()
-            .with_api_base(self.cfg.base_url.trim_end_matches('/'))
-            .with_api_key(key)
-            .with_org_id("")
-            .with_project_id("");
-        let client = Client::with_config(config);
+        let client = {
+            let mut kept = lock(&self.client);
+            match kept.as_ref() {
+                Some((k, c)) if *k == key => c.clone(),
+                _ => {
+                    let config = OpenAIConfig::new()
+                        .with_api_base(self.cfg.base_url.trim_end_matches('/'))
+                        .with_api_key(key.clone())
+                        .with_org_id("")
+                        .with_project_id("");
+                    let c = Client::with_config(config);
+                    *kept = Some((key, c.clone()));
+                    c
+                }
+            }
+        };
         let mut request = json!({
             "model": self.cfg.model,
             "messages": messages,

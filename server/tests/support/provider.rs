@@ -19,6 +19,8 @@ use serde_json::{Value, json};
 struct Script {
     replies: VecDeque<(u16, Value)>,
     asked: Vec<(String, Value)>,
+    /// How long answering took, since it was last read.
+    answering: std::time::Duration,
 }
 
 pub struct Provider {
@@ -39,6 +41,7 @@ async fn completions(
     headers: HeaderMap,
     Json(body): Json<Value>,
 ) -> (StatusCode, Json<Value>) {
+    let began = std::time::Instant::now();
     let mut s = script.lock().unwrap();
     let auth = headers
         .get("authorization")
@@ -52,6 +55,7 @@ async fn completions(
             json!({"error": {"message": "no reply scripted", "type": "server_error"}}),
         )
     });
+    s.answering += began.elapsed();
     (StatusCode::from_u16(status).unwrap(), Json(reply))
 }
 
@@ -87,6 +91,12 @@ impl Provider {
             .iter()
             .map(|(_, b)| b.clone())
             .collect()
+    }
+
+    /// How long the endpoint took to answer, since this was last asked
+    /// (the model's time, for a bench to subtract).
+    pub fn answer_time(&self) -> std::time::Duration {
+        std::mem::take(&mut self.script.lock().unwrap().answering)
     }
 
     /// Every request's `Authorization` header, in arrival order.

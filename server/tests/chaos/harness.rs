@@ -1459,6 +1459,13 @@ pub async fn run(sched: Schedule, dir: PathBuf) -> Outcome {
     // Everything comes back within the ack window; allow three.
     let until = Instant::now() + Duration::from_secs(3 * ACK_WAIT_S + 30);
     let mut last_read = Instant::now() - Duration::from_secs(10);
+    // Only what the streams keep answers a message: the live subscription
+    // can see an effect the outbox stream never stored (a publish during a
+    // leader's restart, its node killed before it published again), and
+    // ending the wait on it stopped the fleet before the ack window gave
+    // the message to the seat's next holder — the checker, which reads the
+    // stream, then counted it lost.
+    let mut stored: HashSet<String> = HashSet::new();
     loop {
         c.reap();
         // A publish still being tried may yet be acknowledged: the run
@@ -1470,17 +1477,17 @@ pub async fn run(sched: Schedule, dir: PathBuf) -> Outcome {
             .filter(|p| p.acked)
             .map(|p| p.id.clone())
             .collect();
-        let seen = lock(&shared.effect_ids).clone();
-        let mut open: Vec<&String> = acked.iter().filter(|id| !seen.contains(*id)).collect();
-        if !open.is_empty() && last_read.elapsed() > Duration::from_secs(5) {
-            // The live subscription can miss effects while its server
-            // restarts; the streams have them.
+        let live = lock(&shared.effect_ids).clone();
+        let mut open: Vec<&String> = acked.iter().filter(|id| !stored.contains(*id)).collect();
+        // Read the streams every 5 s, and at once when the live
+        // subscription has seen an effect for every open message.
+        let all_seen = open.iter().all(|id| live.contains(*id));
+        if !open.is_empty() && (all_seen || last_read.elapsed() > Duration::from_secs(5)) {
             last_read = Instant::now();
-            let mut found: HashSet<String> = HashSet::new();
             if let Ok(v) = read_stream(&js, "CREWLET_OUTBOX").await {
                 for (p, _, _) in v {
                     if let Ok(e) = serde_json::from_slice::<crewlet::engine::outbox::Effect>(&p) {
-                        found.extend(e.trigger_ids);
+                        stored.extend(e.trigger_ids);
                     }
                 }
             }
@@ -1489,12 +1496,11 @@ pub async fn run(sched: Schedule, dir: PathBuf) -> Outcome {
                     if let Ok(e) = serde_json::from_slice::<serde_json::Value>(&p)
                         && let Some(id) = e["id"].as_str()
                     {
-                        found.insert(id.to_string());
+                        stored.insert(id.to_string());
                     }
                 }
             }
-            lock(&shared.effect_ids).extend(found.iter().cloned());
-            open.retain(|id| !found.contains(*id));
+            open.retain(|id| !stored.contains(*id));
         }
         if open.is_empty() && in_flight == 0 {
             break;

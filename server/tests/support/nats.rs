@@ -239,6 +239,19 @@ impl NatsServer {
         self.child = Some(child);
     }
 
+    /// Does JetStream answer through `urls` within the readiness bound?
+    async fn ready_within_bound(&self, urls: &[String]) -> bool {
+        let urls = urls.to_vec();
+        let login = self.login.clone();
+        super::poll_until(READY, Duration::from_millis(50), || {
+            let urls = urls.clone();
+            let login = login.clone();
+            async move { jetstream_ready(&urls, login).await.then_some(()) }
+        })
+        .await
+        .is_some()
+    }
+
     /// Wait until JetStream answers through `urls`.
     async fn await_ready(&self, urls: &[String]) {
         let urls = urls.to_vec();
@@ -412,15 +425,16 @@ impl NatsCluster {
     /// (`no_advertise: true`, say: clients learn no other server's address,
     /// so a client given proxies stays behind them).
     pub async fn start_with(n: usize, cluster_extra: &str) -> NatsCluster {
-        // A cluster that cannot place a replicated stream in time (a route
-        // port another test took between picking and binding it, a meta
-        // leader slow on a loaded machine) is started again on fresh ports.
+        // A cluster that does not serve JetStream or cannot place a
+        // replicated stream in time (a route port another test took between
+        // picking and binding it, a meta leader slow on a loaded machine) is
+        // started again on fresh ports.
         for attempt in 1..=3 {
             if let Some(c) = NatsCluster::try_start(n, cluster_extra).await {
                 return c;
             }
             eprintln!(
-                "the {n}-server cluster placed no replicated stream in time (attempt {attempt}); starting it again on fresh ports"
+                "the {n}-server cluster was not ready in time (attempt {attempt}); starting it again on fresh ports"
             );
         }
         panic!("a {n}-server cluster could not place a replicated stream, three times");
@@ -446,11 +460,23 @@ impl NatsCluster {
             .collect();
         let c = NatsCluster { servers };
         let urls = c.urls();
+        // A server that does not serve JetStream in time (its cluster port
+        // taken by another process between picking and binding it, so the
+        // cluster never forms) is a cluster to start again, not a failure.
         for s in &c.servers {
-            s.await_ready(&[s.url()]).await;
+            if !s.ready_within_bound(&[s.url()]).await {
+                eprintln!(
+                    "nats-server {} did not serve JetStream in time (log: {})",
+                    s.name,
+                    s.log.display()
+                );
+                return None;
+            }
         }
         // And through the whole list, the way a node connects.
-        c.servers[0].await_ready(&urls).await;
+        if !c.servers[0].ready_within_bound(&urls).await {
+            return None;
+        }
         // A meta leader answers before every peer has joined it: wait until
         // a stream replicated on every server can be placed.
         let n = c.servers.len();

@@ -28,6 +28,8 @@ both!(
     a_seat_that_reaches_its_daily_cap_is_held_with_its_mail_kept_until_a_revision_raises_the_cap,
     a_seat_whose_cap_was_reached_elsewhere_is_held_by_the_node_that_takes_it,
     two_nodes_charging_one_seat_at_once_lose_nothing,
+    a_persons_stop_ends_a_model_turn_before_its_next_completion,
+    a_fenced_model_turn_asks_for_no_further_completion,
 );
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -494,4 +496,57 @@ async fn two_nodes_charging_one_seat_at_once_lose_nothing(f: Fleet) {
         [350, 350, 350],
         "every charge counted, in every window"
     );
+}
+
+/// A model seat whose endpoint takes two seconds a completion, and a
+/// turn of mail `id` in flight in its first completion.
+async fn slow_turn(f: &Fleet, p: &Provider, key_env: &str, id: &str) -> Node {
+    p.slow(Duration::from_secs(2));
+    p.script(vec![
+        provider::calls(&[("c1", "read_memory", json!({}))], (5, 1)),
+        provider::text("never sent", (5, 1)),
+    ]);
+    let mut a = f.node("a", &[model_role(p, key_env)]).await;
+    f.until("a has s0 established", WAIT, || a.attached("s0"))
+        .await;
+    a.publish("s0", &mail(id, "take your time")).await;
+    f.until(&format!("{id}'s turn started"), WAIT, || {
+        !a.started_with(id).is_empty()
+    })
+    .await;
+    a
+}
+
+async fn a_persons_stop_ends_a_model_turn_before_its_next_completion(f: Fleet) {
+    let p = Provider::start().await;
+    set_key("MODEL_TEST_KEY_STOP", "sk-stop");
+    let mut a = slow_turn(&f, &p, "MODEL_TEST_KEY_STOP", "S1").await;
+    crewlet::engine::pause::stop(&*a.queue, "s0", "ann")
+        .await
+        .unwrap();
+    let (outcome, disposition, recorded, _, _) = ended(&f, &mut a, "S1").await;
+    assert_eq!(
+        (outcome.as_str(), disposition.as_str(), recorded),
+        ("stopped", "ack", true)
+    );
+    assert_eq!(p.requests().len(), 1, "no completion after the stop");
+    assert!(a.effects_of("S1").await.is_empty(), "and no reply posted");
+}
+
+async fn a_fenced_model_turn_asks_for_no_further_completion(f: Fleet) {
+    let p = Provider::start().await;
+    set_key("MODEL_TEST_KEY_FENCE", "sk-fence");
+    let mut a = slow_turn(&f, &p, "MODEL_TEST_KEY_FENCE", "G1").await;
+    // The lease is lost under the turn, and a stops claiming.
+    a.engine
+        .host()
+        .release("s0", crewlet::events::DetachReason::Lost)
+        .await;
+    a.engine.drain().await;
+    let (outcome, disposition, recorded, _, _) = ended(&f, &mut a, "G1").await;
+    assert_eq!(
+        (outcome.as_str(), disposition.as_str(), recorded),
+        ("fenced", "defer", false)
+    );
+    assert_eq!(p.requests().len(), 1, "no completion after the fence");
 }

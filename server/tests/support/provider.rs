@@ -21,6 +21,8 @@ struct Script {
     asked: Vec<(String, Value)>,
     /// How long answering took, since it was last read.
     answering: std::time::Duration,
+    /// How long each answer is held back (a slow model).
+    delay: std::time::Duration,
 }
 
 pub struct Provider {
@@ -42,6 +44,8 @@ async fn completions(
     Json(body): Json<Value>,
 ) -> (StatusCode, Json<Value>) {
     let began = std::time::Instant::now();
+    let delay = script.lock().unwrap().delay;
+    tokio::time::sleep(delay).await;
     let mut s = script.lock().unwrap();
     let auth = headers
         .get("authorization")
@@ -75,6 +79,11 @@ impl Provider {
             script,
             server,
         }
+    }
+
+    /// Hold every answer back this long from now on.
+    pub fn slow(&self, delay: std::time::Duration) {
+        self.script.lock().unwrap().delay = delay;
     }
 
     /// Answer the next requests with these, in order.

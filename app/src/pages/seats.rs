@@ -809,66 +809,7 @@ fn SeatRowView(
                     None => view! { <span class="muted">"nobody"</span> }.into_any(),
                 }}
             </td>
-            <td data-label="State">
-                <span class=format!("badge badge-{state}")>{state}</span>
-                {row
-                    .pause
-                    .clone()
-                    .map(|p| {
-                        let at = p.at.clone();
-                        view! {
-                            <div class="muted small pause-note">
-                                {format!("paused by {} · ", p.by)}
-                                <time datetime=at.clone() title=at.clone()>{hhmm(&at)}</time>
-                                {p.reason.map(|r| format!(" · {r}"))}
-                                {p.stop_running_turn.then_some(" · turn stopped")}
-                            </div>
-                        }
-                    })}
-                {row
-                    .running_turn
-                    .clone()
-                    .map(|t| {
-                        view! {
-                            <div class="small running-turn" data-turn=t.clone() title=t>
-                                "running turn"
-                            </div>
-                        }
-                    })}
-                {runs_summary(&row.runs)
-                    .map(|text| {
-                        let live = row.runs.iter().filter(|r| r.state == "running" || r.state == "parked").count();
-                        view! {
-                            <div class="muted small runs" data-runs=row.runs.len() data-live-runs=live>
-                                {text}
-                            </div>
-                        }
-                    })}
-                {row
-                    .spend
-                    .clone()
-                    .map(|s| {
-                        let held = s.held;
-                        view! {
-                            <div class="muted small spend" data-held=held.to_string()>
-                                {spend_summary(&s)}
-                            </div>
-                        }
-                    })}
-                {tool_servers_summary(&row.tool_servers)
-                    .map(|text| {
-                        let up = row.tool_servers.iter().filter(|s| s.state == "running").count();
-                        view! {
-                            <div
-                                class="muted small tool-servers"
-                                data-tool-servers=row.tool_servers.len()
-                                data-tool-servers-up=up
-                            >
-                                {text}
-                            </div>
-                        }
-                    })}
-            </td>
+            <SeatStateCell row=row.clone() />
             <td data-label="Inbox" class="num">
                 <span class="pending">
                     {match row.pending {
@@ -893,24 +834,98 @@ fn SeatRowView(
                 <div class="actions">{first} {stop} {move_button}</div>
             </td>
         </tr>
-        {(!row.approvals.is_empty())
-            .then(|| {
-                view! {
-                    <tr class="approvals-row" data-approvals-for=row.handle.clone()>
-                        <td colspan="6">
-                            <ul class="approvals">
-                                {row
-                                    .approvals
-                                    .clone()
-                                    .into_iter()
-                                    .map(|a| view! { <ApprovalItem a operator answer /> })
-                                    .collect_view()}
-                            </ul>
-                        </td>
-                    </tr>
-                }
-            })}
+        <ApprovalsRow row=row.clone() operator answer />
     }
+}
+
+/// A seat row's State cell: the state, a pause, the running turn, the
+/// detached runs, a model seat's spend and the tool servers.
+#[component]
+fn SeatStateCell(row: SeatRow) -> impl IntoView {
+    let state = row.state.as_str();
+    view! {
+            <td data-label="State">
+            <span class=format!("badge badge-{state}")>{state}</span>
+            {row
+                .pause
+                .clone()
+                .map(|p| {
+                    let at = p.at.clone();
+                    view! {
+                        <div class="muted small pause-note">
+                            {format!("paused by {} · ", p.by)}
+                            <time datetime=at.clone() title=at.clone()>{hhmm(&at)}</time>
+                            {p.reason.map(|r| format!(" · {r}"))}
+                            {p.stop_running_turn.then_some(" · turn stopped")}
+                        </div>
+                    }
+                })}
+            {row
+                .running_turn
+                .clone()
+                .map(|t| {
+                    view! {
+                        <div class="small running-turn" data-turn=t.clone() title=t>
+                            "running turn"
+                        </div>
+                    }
+                })}
+            {runs_summary(&row.runs)
+                .map(|text| {
+                    let live = row.runs.iter().filter(|r| r.state == "running" || r.state == "parked").count();
+                    view! {
+                        <div class="muted small runs" data-runs=row.runs.len() data-live-runs=live>
+                            {text}
+                        </div>
+                    }
+                })}
+            {row
+                .spend
+                .clone()
+                .map(|s| {
+                    let held = s.held;
+                    view! {
+                        <div class="muted small spend" data-held=held.to_string()>
+                            {spend_summary(&s)}
+                        </div>
+                    }
+                })}
+            {tool_servers_summary(&row.tool_servers)
+                .map(|text| {
+                    let up = row.tool_servers.iter().filter(|s| s.state == "running").count();
+                    view! {
+                        <div
+                            class="muted small tool-servers"
+                            data-tool-servers=row.tool_servers.len()
+                            data-tool-servers-up=up
+                        >
+                            {text}
+                        </div>
+                    }
+                })}
+        </td>
+    }
+}
+
+/// The row under a seat with its tool calls waiting for a person, if any.
+#[component]
+fn ApprovalsRow(row: SeatRow, operator: Signal<bool>, answer: Answering) -> impl IntoView {
+    (!row.approvals.is_empty()).then(|| {
+        view! {
+            <tr class="approvals-row" data-approvals-for=row.handle.clone()>
+                <td colspan="6">
+                    <ul class="approvals">
+                        {row
+                            .approvals
+                            .clone()
+                            .into_iter()
+                            .map(|a| view! { <ApprovalItem a operator answer /> })
+                            .collect_view()}
+                    </ul>
+                </td>
+            </tr>
+        }
+    })
 }
 
 /// One tool call waiting for a person: what it would do, until when, and

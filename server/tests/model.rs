@@ -498,10 +498,11 @@ async fn two_nodes_charging_one_seat_at_once_lose_nothing(f: Fleet) {
     );
 }
 
-/// A model seat whose endpoint takes two seconds a completion, and a
-/// turn of mail `id` in flight in its first completion.
+/// A model seat and a turn of mail `id` in its first completion: the
+/// endpoint has the request and holds its answer until the test lets it
+/// go ([`Provider::answer`]).
 async fn slow_turn(f: &Fleet, p: &Provider, key_env: &str, id: &str) -> Node {
-    p.slow(Duration::from_secs(2));
+    p.hold();
     p.script(vec![
         provider::calls(&[("c1", "read_memory", json!({}))], (5, 1)),
         provider::text("never sent", (5, 1)),
@@ -510,9 +511,11 @@ async fn slow_turn(f: &Fleet, p: &Provider, key_env: &str, id: &str) -> Node {
     f.until("a has s0 established", WAIT, || a.attached("s0"))
         .await;
     a.publish("s0", &mail(id, "take your time")).await;
-    f.until(&format!("{id}'s turn started"), WAIT, || {
-        !a.started_with(id).is_empty()
-    })
+    f.until(
+        &format!("{id}'s first completion is asked for"),
+        WAIT,
+        || p.requests().len() == 1,
+    )
     .await;
     a
 }
@@ -524,6 +527,14 @@ async fn a_persons_stop_ends_a_model_turn_before_its_next_completion(f: Fleet) {
     crewlet::engine::pause::stop(&*a.queue, "s0", "ann")
         .await
         .unwrap();
+    // The holder has taken the stop once its control subscription has
+    // settled it; only then does the model answer.
+    let control = crewlet::queue::control_group("s0");
+    f.until_async("the stop is taken", WAIT, || async {
+        a.queue.pending(&control).await.unwrap_or(1) == 0
+    })
+    .await;
+    p.answer();
     let (outcome, disposition, recorded, _, _) = ended(&f, &mut a, "S1").await;
     assert_eq!(
         (outcome.as_str(), disposition.as_str(), recorded),
@@ -543,6 +554,7 @@ async fn a_fenced_model_turn_asks_for_no_further_completion(f: Fleet) {
         .release("s0", crewlet::events::DetachReason::Lost)
         .await;
     a.engine.drain().await;
+    p.answer();
     let (outcome, disposition, recorded, _, _) = ended(&f, &mut a, "G1").await;
     assert_eq!(
         (outcome.as_str(), disposition.as_str(), recorded),

@@ -21,14 +21,15 @@ struct Script {
     asked: Vec<(String, Value)>,
     /// How long answering took, since it was last read.
     answering: std::time::Duration,
-    /// How long each answer is held back (a slow model).
-    delay: std::time::Duration,
 }
 
 pub struct Provider {
     /// The base a role's `base_url` names (`http://127.0.0.1:{port}/v1`).
     pub url: String,
     script: Arc<Mutex<Script>>,
+    /// While `false`, every answer waits (a model still thinking) until
+    /// the test opens the gate.
+    gate: tokio::sync::watch::Sender<bool>,
     server: tokio::task::JoinHandle<()>,
 }
 
@@ -38,21 +39,23 @@ impl Drop for Provider {
     }
 }
 
+type Shared = (Arc<Mutex<Script>>, tokio::sync::watch::Receiver<bool>);
+
 async fn completions(
-    State(script): State<Arc<Mutex<Script>>>,
+    State((script, mut gate)): State<Shared>,
     headers: HeaderMap,
     Json(body): Json<Value>,
 ) -> (StatusCode, Json<Value>) {
-    let began = std::time::Instant::now();
-    let delay = script.lock().unwrap().delay;
-    tokio::time::sleep(delay).await;
-    let mut s = script.lock().unwrap();
     let auth = headers
         .get("authorization")
         .and_then(|v| v.to_str().ok())
         .unwrap_or_default()
         .to_string();
-    s.asked.push((auth, body));
+    // The request is seen as it arrives; its answer waits for the gate.
+    script.lock().unwrap().asked.push((auth, body));
+    let _ = gate.wait_for(|open| *open).await;
+    let began = std::time::Instant::now();
+    let mut s = script.lock().unwrap();
     let (status, reply) = s.replies.pop_front().unwrap_or_else(|| {
         (
             500,
@@ -66,9 +69,10 @@ async fn completions(
 impl Provider {
     pub async fn start() -> Provider {
         let script: Arc<Mutex<Script>> = Default::default();
+        let (gate, open) = tokio::sync::watch::channel(true);
         let app = axum::Router::new()
             .route("/v1/chat/completions", post(completions))
-            .with_state(script.clone());
+            .with_state((script.clone(), open));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let server = tokio::spawn(async move {
@@ -77,13 +81,20 @@ impl Provider {
         Provider {
             url: format!("http://127.0.0.1:{port}/v1"),
             script,
+            gate,
             server,
         }
     }
 
-    /// Hold every answer back this long from now on.
-    pub fn slow(&self, delay: std::time::Duration) {
-        self.script.lock().unwrap().delay = delay;
+    /// Hold every answer back until [`Provider::answer`] (the model is
+    /// still thinking; the request is already seen).
+    pub fn hold(&self) {
+        self.gate.send_replace(false);
+    }
+
+    /// Let the answers held back go, and every later one at once.
+    pub fn answer(&self) {
+        self.gate.send_replace(true);
     }
 
     /// Answer the next requests with these, in order.
@@ -102,8 +113,8 @@ impl Provider {
             .collect()
     }
 
-    /// How long the endpoint took to answer, since this was last asked
-    /// (the model's time, for a bench to subtract).
+    /// How long the endpoint took to answer once let through, since this
+    /// was last asked (the model's time, for a bench to subtract).
     pub fn answer_time(&self) -> std::time::Duration {
         std::mem::take(&mut self.script.lock().unwrap().answering)
     }

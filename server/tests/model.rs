@@ -507,7 +507,7 @@ async fn slow_turn(f: &Fleet, p: &Provider, key_env: &str, id: &str) -> Node {
         provider::calls(&[("c1", "read_memory", json!({}))], (5, 1)),
         provider::text("never sent", (5, 1)),
     ]);
-    let mut a = f.node("a", &[model_role(p, key_env)]).await;
+    let a = f.node("a", &[model_role(p, key_env)]).await;
     f.until("a has s0 established", WAIT, || a.attached("s0"))
         .await;
     a.publish("s0", &mail(id, "take your time")).await;

@@ -470,13 +470,7 @@ impl TurnEngine {
         };
         let _turn = rt.turn_lock.lock().await;
         if self.resume_done(handle, &env.id).await {
-            self.events.emit(Event::TurnTriggerSkipped {
-                seat: handle.to_string(),
-                trigger_id: env.id.clone(),
-                reason: "already_done".into(),
-                turn_id: None,
-            });
-            return Disposition::Ack;
+            return self.skipped_as_done(handle, &env.id);
         }
         let record = match self.tools.approvals.get(handle, id).await {
             Ok(Some(r)) => r,
@@ -914,6 +908,12 @@ impl TurnEngine {
                 return Disposition::Nak;
             }
         }
+        self.skipped_as_done(handle, trigger_id)
+    }
+
+    /// A continuation the completion ledger holds: skipped
+    /// (`turn_trigger_skipped`, `already_done`) and acknowledged.
+    fn skipped_as_done(&self, handle: &str, trigger_id: &str) -> Disposition {
         self.events.emit(Event::TurnTriggerSkipped {
             seat: handle.to_string(),
             trigger_id: trigger_id.to_string(),

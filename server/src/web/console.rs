@@ -235,16 +235,22 @@ impl NodeConsole {
         reason: Option<&str>,
         result: &str,
     ) -> Result<(), ConsoleError> {
-        audit::record(
-            &self.pool,
-            &actor.name,
-            action.audit_name(),
-            Some(seat),
-            reason,
-            result,
-        )
-        .await
-        .map_err(|e| unavailable("write the audit log", e))
+        self.audited_on(actor, action.audit_name(), seat, reason, result)
+            .await
+    }
+
+    /// Write one audit row of `action` about `seat`.
+    async fn audited_on(
+        &self,
+        actor: &Person,
+        action: &str,
+        seat: &str,
+        reason: Option<&str>,
+        result: &str,
+    ) -> Result<(), ConsoleError> {
+        audit::record(&self.pool, &actor.name, action, Some(seat), reason, result)
+            .await
+            .map_err(|e| unavailable("write the audit log", e))
     }
 
     /// The checks every seat action passes before it is done: the person is
@@ -961,14 +967,8 @@ impl Console for NodeConsole {
         const ACTION: &str = "seat_move_requested";
         let reason = reason.trim();
         let why = Some(reason).filter(|r| !r.is_empty());
-        let audit_row = |result: String| {
-            let pool = self.pool.clone();
-            let person = actor.name.clone();
-            async move {
-                audit::record(&pool, &person, ACTION, Some(handle), why, &result)
-                    .await
-                    .map_err(|e| unavailable("write the audit log", e))
-            }
+        let audit_row = |result: String| async move {
+            self.audited_on(actor, ACTION, handle, why, &result).await
         };
         if !actor.is_operator() {
             audit_row(format!("refused: not an operator (to {node})")).await?;
@@ -1042,14 +1042,8 @@ impl Console for NodeConsole {
         let reason = reason.trim();
         let n = reason.chars().count();
         let why = Some(reason).filter(|r| !r.is_empty() && n <= MAX_REASON_CHARS);
-        let audit_row = |result: String| {
-            let pool = self.pool.clone();
-            let person = actor.name.clone();
-            async move {
-                audit::record(&pool, &person, action, Some(handle), why, &result)
-                    .await
-                    .map_err(|e| unavailable("write the audit log", e))
-            }
+        let audit_row = |result: String| async move {
+            self.audited_on(actor, action, handle, why, &result).await
         };
         if !actor.is_operator() {
             audit_row(format!("refused: not an operator ({approval_id})")).await?;

@@ -381,9 +381,12 @@ fn run(path: &Path) -> ExitCode {
 }
 
 async fn serve(config: Config) -> anyhow::Result<()> {
+    // The signal handlers are installed before the node starts: a SIGTERM
+    // that arrives just after "node started" is a shutdown, not a kill.
+    let shutdown = ShutdownSignal::install()?;
     let node = crewlet::node::start(config).await?;
     tokio::select! {
-        _ = shutdown_signal() => tracing::info!("shutdown asked for; stopping"),
+        _ = shutdown.recv() => tracing::info!("shutdown asked for; stopping"),
         _ = node.stopped() => {}
     }
     node.shutdown().await?;
@@ -391,25 +394,45 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = async {
+/// SIGINT and SIGTERM, each registered when installed (not on first poll).
+struct ShutdownSignal {
+    #[cfg(unix)]
+    interrupt: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    terminate: tokio::signal::unix::Signal,
+}
+
+impl ShutdownSignal {
+    #[cfg(unix)]
+    fn install() -> anyhow::Result<Self> {
+        use tokio::signal::unix::{SignalKind, signal};
+        let interrupt = signal(SignalKind::interrupt())
+            .map_err(|e| anyhow::anyhow!("cannot listen for SIGINT: {e}"))?;
+        let terminate = signal(SignalKind::terminate())
+            .map_err(|e| anyhow::anyhow!("cannot listen for SIGTERM: {e}"))?;
+        Ok(Self {
+            interrupt,
+            terminate,
+        })
+    }
+
+    #[cfg(not(unix))]
+    fn install() -> anyhow::Result<Self> {
+        Ok(Self {})
+    }
+
+    #[cfg(unix)]
+    async fn recv(mut self) {
+        tokio::select! {
+            _ = self.interrupt.recv() => {}
+            _ = self.terminate.recv() => {}
+        }
+    }
+
+    #[cfg(not(unix))]
+    async fn recv(self) {
         if tokio::signal::ctrl_c().await.is_err() {
             std::future::pending::<()>().await;
         }
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {}
-        _ = term => {}
     }
 }

@@ -10,12 +10,14 @@
 //! the model provider's stand-in the tests use (`tests/support/provider.rs`,
 //! answering at once), so what is left is the engine: the prompt built
 //! from the seat's memory, the HTTP round trips on loopback, the tool
-//! executed, the outbound effect posted, the ledger written. On one node
-//! with the in-process twins.
+//! executed, the outbound effect posted, the ledger written. On one node,
+//! once with the in-process twins and once on a real nats-server (the
+//! coordination store, mailboxes and outbox on JetStream).
 
-#[path = "../tests/support/provider.rs"]
-#[allow(dead_code)]
-mod provider;
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use support::provider;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -40,10 +42,32 @@ async fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(200);
+    let mut twin = per_round(turns, "").await;
+    let server = support::nats::NatsServer::start().await;
+    let on_nats = format!(
+        "[coordination]\ntype = \"embedded-kv\"\n\n[stream]\ntype = \"nats\"\nurls = [\"{}\"]\n",
+        server.url()
+    );
+    let mut nats = per_round(turns, &on_nats).await;
+    println!("| figure | measured | baseline | goal |");
+    println!("|---|---|---|---|");
+    for (place, v) in [("twin", &mut twin), ("one nats-server", &mut nats)] {
+        let n = v.len();
+        println!(
+            "| model seat: the engine's time per round (turn wall time minus the endpoint's, {place}) | p50 {:.2} ms / p99 {:.2} ms ({n} turns, 3 rounds each) | — | — |",
+            pct(&mut v.clone(), 0.5),
+            pct(v, 0.99),
+        );
+    }
+}
+
+/// The engine's milliseconds per round over `turns` turns of one model
+/// seat on a node whose backends `backends` (TOML) names (empty: twins).
+async fn per_round(turns: usize, backends: &str) -> Vec<f64> {
     let stand_in = provider::Provider::start().await;
     let dir = tempfile::tempdir().expect("a scratch folder");
     let text = format!(
-        "[node]\nid = \"bench-model\"\nlisten = \"127.0.0.1:0\"\ndata_dir = \"{}\"\n\n[company]\nname = \"Bench company\"\n",
+        "[node]\nid = \"bench-model\"\nlisten = \"127.0.0.1:0\"\ndata_dir = \"{}\"\n\n{backends}\n[company]\nname = \"Bench company\"\n",
         dir.path().join("data").display()
     );
     let config = Config::parse("bench.toml", &text, &BTreeMap::new()).expect("config");
@@ -107,13 +131,6 @@ async fn main() {
             }
         }
     }
-    let n = per_round.len();
-    println!("| figure | measured | baseline | goal |");
-    println!("|---|---|---|---|");
-    println!(
-        "| model seat: the engine's time per round (turn wall time minus the endpoint's, twin) | p50 {:.2} ms / p99 {:.2} ms ({n} turns, 3 rounds each) | — | — |",
-        pct(&mut per_round.clone(), 0.5),
-        pct(&mut per_round, 0.99),
-    );
     running.shutdown().await.expect("the node stops");
+    per_round
 }

@@ -204,6 +204,10 @@ pub enum Event {
         /// What the turn's completions spent (a model agent's).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         tokens: Option<u64>,
+        /// A turn handed back (`nak`) with a wait: how long its mail waits
+        /// before it is delivered again (`stream.retry_delay_seconds`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        retry_after_ms: Option<u64>,
     },
     /// A trigger that will not run (again), and why: `already_done`,
     /// `answered_in_thread`, `broke_after_outside_call`,

@@ -28,6 +28,7 @@ both!(
     a_seat_that_reaches_its_daily_cap_is_held_with_its_mail_kept_until_a_revision_raises_the_cap,
     a_seat_whose_cap_was_reached_elsewhere_is_held_by_the_node_that_takes_it,
     two_nodes_charging_one_seat_at_once_lose_nothing,
+    a_clock_changed_while_the_seat_is_held_counts_its_next_completion_on_the_new_clock,
     a_persons_stop_ends_a_model_turn_before_its_next_completion,
     a_fenced_model_turn_asks_for_no_further_completion,
 );
@@ -79,6 +80,26 @@ fn errors_and_tokens(a: &mut Node, id: &str) -> Vec<(Option<String>, Option<u64>
             tokens,
             ..
         } if started.contains(turn_id) => Some((error.clone(), *tokens)),
+        _ => None,
+    })
+}
+
+/// The `retry_after_ms` of the turns of trigger `id`, in order.
+fn retries_of(a: &mut Node, id: &str) -> Vec<Option<u64>> {
+    let started: Vec<String> = a.matching(|e| match e {
+        Event::TurnStarted {
+            turn_id,
+            trigger_ids,
+            ..
+        } if trigger_ids.iter().any(|t| t == id) => Some(turn_id.clone()),
+        _ => None,
+    });
+    a.matching(|e| match e {
+        Event::TurnCompleted {
+            turn_id,
+            retry_after_ms,
+            ..
+        } if started.contains(turn_id) => Some(*retry_after_ms),
         _ => None,
     })
 }
@@ -279,15 +300,11 @@ async fn an_endpoint_that_failed_hands_the_turn_back_and_the_next_delivery_answe
     let p = Provider::start().await;
     set_key("MODEL_TEST_KEY_FAILED", "sk-failed");
     // The client tries a failing endpoint again three times within the
-    // round (0.1, 0.2, 0.4 s) before the turn gives up.
+    // round (0.1, 0.2, 0.4 s) before the turn gives up; the mail then
+    // waits the retry delay (1 s, then 2 s) before its next delivery.
     let overloaded = || (503, json!({"error": {"message": "overloaded"}}));
-    p.script(vec![
-        overloaded(),
-        overloaded(),
-        overloaded(),
-        overloaded(),
-        provider::text("Back again.", (3, 2)),
-    ]);
+    p.script(vec![overloaded(); 8]);
+    p.script(vec![provider::text("Back again.", (3, 2))]);
     let mut a = f
         .node("a", &[model_role(&p, "MODEL_TEST_KEY_FAILED")])
         .await;
@@ -301,12 +318,25 @@ async fn an_endpoint_that_failed_hands_the_turn_back_and_the_next_delivery_answe
     let turns = a.turns_of("F1");
     assert_eq!(turns[0].0, "failed");
     assert_eq!(turns[0].1, "nak", "nothing reached outside: handed back");
-    assert_eq!(turns[1].3, 2, "the next delivery answered");
     assert_eq!(
-        p.requests().len(),
-        5,
-        "four tries, then the next delivery's"
+        (turns[1].0.as_str(), turns[1].1.as_str()),
+        ("failed", "nak")
     );
+    assert_eq!(turns[2].3, 3, "the third delivery answered");
+    assert_eq!(
+        retries_of(&mut a, "F1"),
+        [Some(1_000), Some(2_000), None],
+        "each hand-back waits twice as long as the one before"
+    );
+    let at = p.arrivals();
+    assert_eq!(at.len(), 9, "four tries per delivery, then the third's");
+    for (first, wait) in [(4, 1_000), (8, 2_000)] {
+        let apart = at[first].duration_since(at[first - 1]);
+        assert!(
+            apart >= Duration::from_millis(wait),
+            "delivery after request {first} came {apart:?} after the failure, sooner than {wait} ms"
+        );
+    }
     assert!(
         errors_and_tokens(&mut a, "F1")[0]
             .0
@@ -474,6 +504,59 @@ async fn a_seat_whose_cap_was_reached_elsewhere_is_held_by_the_node_that_takes_i
     raise_cap(&a, capped(&p, "MODEL_TEST_KEY_ELSEWHERE", 10_000)).await;
     ended(&f, &mut a, "E1").await;
     assert_eq!(p.requests().len(), 1);
+}
+
+/// Apply `roles` as the company on the clock `tz`; its revision.
+async fn apply_on_clock(store: &dyn crewlet::coord::Store, tz: &str, roles: &[RoleConfig]) -> u64 {
+    let head = crewlet::config::CompanySection {
+        name: "Model company".into(),
+        timezone: tz.into(),
+    };
+    crewlet::company::apply_company(store, &head, roles, &[])
+        .await
+        .unwrap()
+}
+
+async fn a_clock_changed_while_the_seat_is_held_counts_its_next_completion_on_the_new_clock(
+    f: Fleet,
+) {
+    // UTC−11 and UTC+14: their dates are never the same day.
+    let (west, east) = ("Pacific/Pago_Pago", "Pacific/Kiritimati");
+    let p = Provider::start().await;
+    set_key("MODEL_TEST_KEY_CLOCK", "sk-clock");
+    p.script(vec![
+        provider::text("west", (30, 7)),
+        provider::text("east", (40, 9)),
+    ]);
+    let role = capped(&p, "MODEL_TEST_KEY_CLOCK", 100_000);
+    let (backends, _client) = f.connect("admin").await;
+    apply_on_clock(&*backends.0, west, std::slice::from_ref(&role)).await;
+    let mut a = f.node("a", std::slice::from_ref(&role)).await;
+    f.until("a has s0 established", WAIT, || a.attached("s0"))
+        .await;
+    a.publish("s0", &mail("Z1", "before")).await;
+    ended(&f, &mut a, "Z1").await;
+    let revision = apply_on_clock(&*backends.0, east, &[role]).await;
+    f.until("a follows the new revision", WAIT, || {
+        !a.matching(|e| {
+            matches!(e, Event::CompanyApplied { revision: r, .. } if *r == revision).then_some(())
+        })
+        .is_empty()
+    })
+    .await;
+    a.publish("s0", &mail("Z2", "after")).await;
+    ended(&f, &mut a, "Z2").await;
+    let budgets = Budgets::new(backends.0.clone());
+    let now = chrono::Utc::now();
+    let day = |tz: &str| windows(now, tz.parse().unwrap());
+    let spent_west = budgets.spent("s0", &day(west)).await.unwrap()[0];
+    let spent_east = budgets.spent("s0", &day(east)).await.unwrap()[0];
+    assert_eq!(day(west)[0].span.cap_key(), "tokens_per_day");
+    assert_eq!(
+        (spent_west, spent_east),
+        (37, 49),
+        "each completion counted in the day of the clock in force when it was spent"
+    );
 }
 
 async fn two_nodes_charging_one_seat_at_once_lose_nothing(f: Fleet) {

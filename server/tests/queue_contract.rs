@@ -89,6 +89,7 @@ contract!(
     a_handler_that_acks_after_detach_consumes_the_message,
     detach_keeps_the_subscription_and_a_new_attach_gets_new_mail,
     nak_redelivers_and_keeps_consuming,
+    a_retry_comes_back_no_sooner_than_its_delay_and_later_mail_goes_first,
     the_delivery_after_the_budget_is_dead_lettered_visibly,
     a_poison_payload_is_dead_lettered_at_once,
     a_panicking_handler_hands_the_delivery_back,
@@ -402,6 +403,59 @@ async fn nak_redelivers_and_keeps_consuming(b: Backend) {
         vec![("fine".into(), 1), ("flaky".into(), 1), ("flaky".into(), 2)]
     );
     assert!(!a.is_quiesced(), "a Nak keeps consuming");
+    pending_is(q, &spec.name, 0).await;
+    a.detach().await;
+}
+
+async fn a_retry_comes_back_no_sooner_than_its_delay_and_later_mail_goes_first(b: Backend) {
+    let q = &*b.queue;
+    let spec = ensure_seat(q, "later").await;
+    let delay = Duration::from_secs(1);
+    // Each delivery with the moment its handler saw it (before it settled).
+    let (tx, mut rx) = mpsc::unbounded_channel::<(Delivery, std::time::Instant)>();
+    let h = handler_fn(move |d: Delivery| {
+        let tx = tx.clone();
+        async move {
+            let answer = if &d.payload[..] == b"flaky" && d.delivered == 1 {
+                Disposition::Retry(Duration::from_secs(1))
+            } else {
+                Disposition::Ack
+            };
+            let _ = tx.send((d, std::time::Instant::now()));
+            answer
+        }
+    });
+    let a = q.attach(&spec.name, &[], h).await.unwrap();
+    publish(q, &spec.subject, "flaky").await;
+    let (first, failed_at) = tokio::time::timeout(WAIT, rx.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((&first.payload[..], first.delivered), (&b"flaky"[..], 1));
+    publish(q, &spec.subject, "fine").await;
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        let (d, at) = tokio::time::timeout(WAIT, rx.recv())
+            .await
+            .expect("the retried delivery comes back well inside the 120 s ack window")
+            .unwrap();
+        seen.push((
+            String::from_utf8(d.payload.to_vec()).unwrap(),
+            d.delivered,
+            at,
+        ));
+    }
+    assert_eq!(
+        (seen[0].0.as_str(), seen[0].1, seen[1].0.as_str(), seen[1].1),
+        ("fine", 1, "flaky", 2),
+        "mail published while the retry waited is handled first"
+    );
+    let waited = seen[1].2.duration_since(failed_at);
+    assert!(
+        waited >= delay,
+        "redelivered after {waited:?}, sooner than its delay"
+    );
+    assert!(!a.is_quiesced(), "a Retry keeps consuming");
     pending_is(q, &spec.name, 0).await;
     a.detach().await;
 }

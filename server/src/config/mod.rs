@@ -413,6 +413,12 @@ pub struct StreamSection {
     pub max_deliveries: u64,
     /// How long a fetched message may stay unsettled before it comes back.
     pub ack_wait_seconds: u64,
+    /// How long a turn that failed before anything reached outside waits
+    /// before its mail is delivered again the first time; each further
+    /// failure doubles it (0: at once).
+    pub retry_delay_seconds: u64,
+    /// The longest such a wait grows to.
+    pub retry_delay_max_seconds: u64,
 }
 
 impl Default for StreamSection {
@@ -426,6 +432,8 @@ impl Default for StreamSection {
             tls_ca_file: None,
             max_deliveries: 25,
             ack_wait_seconds: 30,
+            retry_delay_seconds: 1,
+            retry_delay_max_seconds: 60,
         }
     }
 }

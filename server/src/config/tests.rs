@@ -155,6 +155,29 @@ fn the_delivery_budget_and_ack_window_are_configurable_and_range_checked() {
 }
 
 #[test]
+fn a_failed_turns_retry_delay_defaults_to_one_second_doubling_to_a_minute_and_is_range_checked() {
+    let c = parse("").unwrap();
+    assert_eq!(
+        (
+            c.stream.retry_delay_seconds,
+            c.stream.retry_delay_max_seconds
+        ),
+        (1, 60)
+    );
+    let c = parse("[stream]\nretry_delay_seconds = 0\nretry_delay_max_seconds = 0\n").unwrap();
+    assert_eq!(c.stream.retry_delay_max_seconds, 0, "0 and 0: at once");
+    one(
+        "[stream]\nretry_delay_seconds = 3601\nretry_delay_max_seconds = 4000\n",
+        "stream.retry_delay_seconds",
+    );
+    let p = one(
+        "[stream]\nretry_delay_seconds = 30\nretry_delay_max_seconds = 10\n",
+        "stream.retry_delay_max_seconds",
+    );
+    assert!(p.fix.contains("30 or more"), "{}", p.fix);
+}
+
+#[test]
 fn numbers_are_range_checked() {
     one(
         "[coordination]\nclaim_limit = 0\n",

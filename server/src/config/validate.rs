@@ -307,6 +307,25 @@ fn check_stream(c: &Config, p: &mut Report<'_>) {
             "the default is 30 (the holder extends a delivery while it works on it; this is how soon a dead node's mail comes back)".into(),
         );
     }
+    if st.retry_delay_seconds > 3_600 {
+        p(
+            "stream.retry_delay_seconds",
+            Some(st.retry_delay_seconds.to_string()),
+            "must be between 0 and 3600",
+            "the default is 1 (a failed turn's mail comes back after 1 s, then 2, 4, … up to stream.retry_delay_max_seconds)".into(),
+        );
+    }
+    if !(st.retry_delay_seconds..=86_400).contains(&st.retry_delay_max_seconds) {
+        p(
+            "stream.retry_delay_max_seconds",
+            Some(st.retry_delay_max_seconds.to_string()),
+            "must be at least stream.retry_delay_seconds and at most 86400",
+            format!(
+                "the default is 60; with retry_delay_seconds = {} use {} or more",
+                st.retry_delay_seconds, st.retry_delay_seconds
+            ),
+        );
+    }
 }
 
 /// `[company]`.

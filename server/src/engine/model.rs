@@ -32,6 +32,7 @@ use async_openai::Client;
 use async_openai::config::OpenAIConfig;
 use async_openai::error::OpenAIError;
 use serde_json::{Value, json};
+use tokio::sync::watch;
 
 use super::agent::{Agent, AgentError, Step, ToolCall, ToolResult, ToolSpec, TurnInput};
 use crate::config::ModelConfig;
@@ -270,12 +271,13 @@ struct Conversation {
 pub struct ModelAgent {
     seat: String,
     node: String,
-    company: String,
+    /// The company as it stands (its name in the prompt, its clock for
+    /// the token windows): a revision reaches the seat's next completion.
+    company: watch::Receiver<crate::company::Company>,
     cfg: ModelConfig,
     memory: MemoryStore,
     /// The seat's windowed token counters, on the company's clock.
     budgets: super::budget::Budgets,
-    clock: chrono_tz::Tz,
     turns: Mutex<HashMap<String, Conversation>>,
     /// Tokens spent per turn, until `turn_completed` reads them.
     spent: Mutex<HashMap<String, u64>>,
@@ -293,7 +295,7 @@ impl ModelAgent {
     pub fn new(
         seat: &str,
         node: &str,
-        company: &crate::company::Company,
+        company: watch::Receiver<crate::company::Company>,
         cfg: &ModelConfig,
         memory: MemoryStore,
         budgets: super::budget::Budgets,
@@ -301,15 +303,23 @@ impl ModelAgent {
         ModelAgent {
             seat: seat.into(),
             node: node.into(),
-            company: company.name.clone(),
+            company,
             cfg: cfg.clone(),
             memory,
             budgets,
-            clock: company.timezone.parse().unwrap_or(chrono_tz::UTC),
             turns: Mutex::new(HashMap::new()),
             spent: Mutex::new(HashMap::new()),
             client: Mutex::new(None),
         }
+    }
+
+    /// The company's clock as it stands (`company.timezone`).
+    fn clock(&self) -> chrono_tz::Tz {
+        self.company
+            .borrow()
+            .timezone
+            .parse()
+            .unwrap_or(chrono_tz::UTC)
     }
 
     /// The instructions, from the role or its file (read when asked: a
@@ -330,7 +340,7 @@ impl ModelAgent {
     async fn opening(&self, turn: &TurnInput) -> Result<Vec<Value>, AgentError> {
         let mut messages = vec![json!({
             "role": "system",
-            "content": system_message(&self.instructions()?, &self.seat, &self.company, &self.node),
+            "content": system_message(&self.instructions()?, &self.seat, &self.company.borrow().name, &self.node),
         })];
         // What the seat remembers here; a store that cannot be read costs
         // the memory, not the turn.
@@ -538,7 +548,7 @@ impl Agent for ModelAgent {
         // Charged where the seat runs, to the counters every holder reads;
         // a charge the store refuses is logged (the cap then binds late by
         // that much) rather than failing a completion already spent.
-        let windows = super::budget::windows(chrono::Utc::now(), self.clock);
+        let windows = super::budget::windows(chrono::Utc::now(), self.clock());
         if let Err(e) = self.budgets.charge(&self.seat, &windows, tokens).await {
             tracing::warn!(seat = %self.seat, tokens, error = %e, "cannot charge the seat's token counters");
         }

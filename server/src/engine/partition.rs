@@ -4,8 +4,11 @@
 //! ([`plan_partition`]), what a resume's claim on its run answered
 //! ([`after_resume_claim`]), and what is done once a turn has ended
 //! ([`closing`]) — the ledger record right behind the effects, the agent
-//! told of a turn that did not finish, the disposition. Each is tested by
-//! its exact answer below.
+//! told of a turn that did not finish, the disposition, and how long a
+//! turn that failed before reaching outside waits to run again
+//! ([`retry_delay`]). Each is tested by its exact answer below.
+
+use std::time::Duration;
 
 use super::envelope::Envelope;
 use super::ledger::Screened;
@@ -77,14 +80,38 @@ pub struct Closing {
     pub disposition: Disposition,
 }
 
+/// How long a failed turn's mail waits before it is delivered again
+/// (`stream.retry_delay_seconds`, `stream.retry_delay_max_seconds`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RetryPolicy {
+    pub first: Duration,
+    pub max: Duration,
+}
+
+/// Pure: the wait before the next delivery of mail whose turn failed
+/// before anything reached outside, on its `delivered`-th delivery: the
+/// first wait, doubled for each delivery before this one, never past the
+/// longest. A provider that is down is asked again after 1 s, 2 s, 4 s …
+/// rather than once a second for the whole delivery budget.
+pub fn retry_delay(delivered: u64, policy: RetryPolicy) -> Duration {
+    let doublings = delivered.saturating_sub(1).min(32) as u32;
+    policy
+        .first
+        .checked_mul(1u32 << doublings.min(31))
+        .unwrap_or(policy.max)
+        .min(policy.max)
+}
+
 /// Pure: how a turn that ended with `ending` is closed. `resume` says the
-/// turn resumed a detached run (its deferral names it so).
+/// turn resumed a detached run (its deferral names it so); `retry` is how
+/// long its mail waits when it is handed back ([`retry_delay`]).
 pub fn closing(
     ending: &Ending,
     reached_outside: bool,
     handle: &str,
     turn_id: &str,
     resume: bool,
+    retry: Duration,
 ) -> Closing {
     let s = settle(ending, reached_outside);
     let what = if resume { "resume turn" } else { "turn" };
@@ -97,7 +124,8 @@ pub fn closing(
         guard_breach: s.guard_breach,
         disposition: match s.verdict {
             Verdict::Ack => Disposition::Ack,
-            Verdict::Nak => Disposition::Nak,
+            Verdict::Nak if retry.is_zero() => Disposition::Nak,
+            Verdict::Nak => Disposition::Retry(retry),
             Verdict::Defer => {
                 Disposition::Defer(format!("seat {handle:?} moved during {what} {turn_id}"))
             }
@@ -109,7 +137,7 @@ pub fn closing(
 pub fn disposition_name(d: &Disposition) -> &'static str {
     match d {
         Disposition::Ack => "ack",
-        Disposition::Nak => "nak",
+        Disposition::Nak | Disposition::Retry(_) => "nak",
         Disposition::Defer(_) => "defer",
         Disposition::Poison(_) => "poison",
     }
@@ -208,7 +236,7 @@ mod tests {
             result: serde_json::Value::Null,
             answered: vec![],
         };
-        let c = closing(&done, false, "ceo", "t1", false);
+        let c = closing(&done, false, "ceo", "t1", false, Duration::ZERO);
         assert!(c.record && c.after_turn && !c.abort && c.keep_claim && !c.guard_breach);
         assert_eq!(c.disposition, Disposition::Ack);
         assert_eq!(c.given_up, None);
@@ -216,13 +244,13 @@ mod tests {
 
     #[test]
     fn a_turn_fenced_before_reaching_outside_is_deferred_unrecorded_and_its_agent_told() {
-        let c = closing(&Ending::Fenced, false, "ceo", "t1", false);
+        let c = closing(&Ending::Fenced, false, "ceo", "t1", false, Duration::ZERO);
         assert!(!c.record && !c.after_turn && c.abort && !c.keep_claim);
         assert_eq!(
             c.disposition,
             Disposition::Defer("seat \"ceo\" moved during turn t1".into())
         );
-        let r = closing(&Ending::Fenced, false, "ceo", "t2", true);
+        let r = closing(&Ending::Fenced, false, "ceo", "t2", true, Duration::ZERO);
         assert_eq!(
             r.disposition,
             Disposition::Defer("seat \"ceo\" moved during resume turn t2".into())
@@ -231,16 +259,74 @@ mod tests {
 
     #[test]
     fn a_turn_that_broke_after_reaching_outside_is_recorded_and_given_up_not_retried() {
-        let c = closing(&Ending::Broke("x".into()), true, "ceo", "t1", false);
+        let c = closing(
+            &Ending::Broke("x".into()),
+            true,
+            "ceo",
+            "t1",
+            false,
+            Duration::ZERO,
+        );
         assert!(c.record && c.abort && !c.after_turn);
         assert_eq!(c.given_up, Some("broke_after_outside_call"));
         assert_eq!(c.disposition, Disposition::Ack);
-        let nak = closing(&Ending::Broke("x".into()), false, "ceo", "t1", true);
+        let nak = closing(
+            &Ending::Broke("x".into()),
+            false,
+            "ceo",
+            "t1",
+            true,
+            Duration::ZERO,
+        );
         assert!(
             !nak.record && !nak.keep_claim,
             "a resume that proved nothing gives its claim back"
         );
         assert_eq!(nak.disposition, Disposition::Nak);
+    }
+
+    #[test]
+    fn a_turn_handed_back_waits_the_retry_delay_and_a_zero_delay_is_at_once() {
+        let broke = Ending::Broke("the model endpoint is unreachable".into());
+        let later = closing(&broke, false, "ceo", "t1", false, Duration::from_secs(4));
+        assert_eq!(
+            later.disposition,
+            Disposition::Retry(Duration::from_secs(4))
+        );
+        assert_eq!(disposition_name(&later.disposition), "nak");
+        let now = closing(&broke, false, "ceo", "t1", false, Duration::ZERO);
+        assert_eq!(now.disposition, Disposition::Nak);
+        // Only a hand-back waits: a finished or fenced turn is not delayed.
+        let done = Ending::Done {
+            result: serde_json::Value::Null,
+            answered: vec![],
+        };
+        let secs = Duration::from_secs(4);
+        assert_eq!(
+            closing(&done, false, "ceo", "t", false, secs).disposition,
+            Disposition::Ack
+        );
+        assert!(matches!(
+            closing(&Ending::Fenced, false, "ceo", "t", false, secs).disposition,
+            Disposition::Defer(_)
+        ));
+    }
+
+    #[test]
+    fn the_retry_delay_doubles_with_each_delivery_up_to_its_longest() {
+        let policy = RetryPolicy {
+            first: Duration::from_secs(1),
+            max: Duration::from_secs(60),
+        };
+        let waits: Vec<u64> = (1..=9).map(|d| retry_delay(d, policy).as_secs()).collect();
+        assert_eq!(waits, [1, 2, 4, 8, 16, 32, 60, 60, 60]);
+        assert_eq!(retry_delay(0, policy), Duration::from_secs(1));
+        assert_eq!(retry_delay(u64::MAX, policy), Duration::from_secs(60));
+        let off = RetryPolicy {
+            first: Duration::ZERO,
+            max: Duration::ZERO,
+        };
+        assert_eq!(retry_delay(7, off), Duration::ZERO);
     }
 
     #[test]
@@ -253,9 +339,17 @@ mod tests {
             "ceo",
             "t",
             false,
+            Duration::ZERO,
         );
         assert!(parked.record && parked.after_turn && parked.abort);
-        let panicked = closing(&Ending::Panicked("boom".into()), false, "ceo", "t", false);
+        let panicked = closing(
+            &Ending::Panicked("boom".into()),
+            false,
+            "ceo",
+            "t",
+            false,
+            Duration::ZERO,
+        );
         assert!(panicked.guard_breach && panicked.record);
         assert_eq!(panicked.given_up, Some("panicked"));
     }

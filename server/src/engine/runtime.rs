@@ -28,7 +28,8 @@ use super::envelope::Envelope;
 use super::ledger::{self, SkipReason};
 use super::outbox::Outbox;
 use super::partition::{
-    ClaimRefused, Closing, Entry, after_resume_claim, closing, disposition_name, plan_partition,
+    ClaimRefused, Closing, Entry, RetryPolicy, after_resume_claim, closing, disposition_name,
+    plan_partition, retry_delay,
 };
 use super::pause::{self, ControlMessage, PAUSE_HOLD};
 use super::runs::{
@@ -93,6 +94,9 @@ pub struct TurnSetup {
     /// The mailboxes' ack window (`stream.ack_wait_seconds`): how long a
     /// finished turn keeps trying to record its completion.
     pub ack_wait: Duration,
+    /// How long a failed turn's mail waits before it runs again
+    /// (`stream.retry_delay_seconds`, `stream.retry_delay_max_seconds`).
+    pub retry: RetryPolicy,
     /// What the node lets a seat's payload do (its own file's drills,
     /// command agents and `[runs] allow`).
     pub policy: crate::config::AgentPolicy,
@@ -145,6 +149,7 @@ pub struct TurnEngine {
     events: EventBus,
     company: watch::Receiver<Company>,
     ack_wait: Duration,
+    retry: RetryPolicy,
     tools: Tools,
     seats: Mutex<HashMap<String, Arc<SeatRuntime>>>,
     runs: Runs,
@@ -195,6 +200,7 @@ impl TurnEngine {
             events: s.events,
             company: s.company,
             ack_wait: s.ack_wait,
+            retry: s.retry,
             seats: Mutex::new(HashMap::new()),
             flushed_at: Mutex::new(HashMap::new()),
             budgets,
@@ -742,6 +748,7 @@ impl TurnEngine {
             handle,
             &turn.turn_id,
             true,
+            retry_delay(turn.delivered, self.retry),
         );
         if closed.record {
             let within = record_budget(self.ack_wait);
@@ -1298,7 +1305,7 @@ impl TurnEngine {
             AgentConfig::Model(c) => Arc::new(super::model::ModelAgent::new(
                 handle,
                 &self.node_id,
-                &company,
+                self.company.clone(),
                 c,
                 self.tools.memory.clone(),
                 self.budgets.clone(),
@@ -1479,6 +1486,7 @@ impl TurnEngine {
             &handle,
             &turn.turn_id,
             false,
+            retry_delay(turn.delivered, self.retry),
         );
         // The record first, right behind the effects: it is what keeps a
         // redelivery (the ack can be lost too) from running them again.
@@ -1575,6 +1583,10 @@ impl TurnEngine {
             delivered: turn.delivered,
             error: record.ending.error(),
             tokens: rt.agent.tokens(&turn.turn_id),
+            retry_after_ms: match c.disposition {
+                Disposition::Retry(d) => Some(d.as_millis() as u64),
+                _ => None,
+            },
         });
         if let Some(reason) = c.given_up {
             for t in &turn.triggers {

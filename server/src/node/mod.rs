@@ -280,6 +280,10 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
         events: events.clone(),
         company: company_rx.clone(),
         ack_wait: Duration::from_secs(config.stream.ack_wait_seconds),
+        retry: crate::engine::partition::RetryPolicy {
+            first: Duration::from_secs(config.stream.retry_delay_seconds),
+            max: Duration::from_secs(config.stream.retry_delay_max_seconds),
+        },
         policy: crate::config::AgentPolicy::of(&config),
     });
     if std::env::var("CREWLET_FAULT_STALL_BEFORE_ACK").as_deref() == Ok("1") {

@@ -80,6 +80,9 @@ pub trait Settle: Send + Sync + 'static {
     async fn ack(self: Box<Self>) -> Result<(), QueueError>;
     /// Hand it back for redelivery at once.
     async fn nak(self: Box<Self>) -> Result<(), QueueError>;
+    /// Hand it back for redelivery no sooner than `delay` from now (it
+    /// stays unsettled until then, as JetStream keeps a delayed NAK).
+    async fn nak_after(self: Box<Self>, delay: Duration) -> Result<(), QueueError>;
     /// Copy it where a person can inspect it, then remove it from the
     /// subscription for good. When the copy fails the message is handed
     /// back instead (never dropped).
@@ -529,6 +532,12 @@ async fn settle_all(
             }
             Disposition::Nak => {
                 settle_or_log("return", subscription, settle.nak().await).await;
+            }
+            Disposition::Retry(delay) if delay.is_zero() => {
+                settle_or_log("return", subscription, settle.nak().await).await;
+            }
+            Disposition::Retry(delay) => {
+                settle_or_log("return later", subscription, settle.nak_after(delay).await).await;
             }
             Disposition::Defer(reason) => {
                 settle_or_log("return", subscription, settle.nak().await).await;

@@ -791,6 +791,12 @@ impl Settle for StoredSettle {
         Ok(())
     }
 
+    /// Left where it is stored for a later look (which is at least
+    /// `STRANDED_EVERY` away).
+    async fn nak_after(self: Box<Self>, _delay: Duration) -> Result<(), QueueError> {
+        Ok(())
+    }
+
     async fn dead_letter(self: Box<Self>, reason: &DeadLetterReason) -> Result<(), QueueError> {
         let headers = dead_letter_headers(
             &self.name,
@@ -909,6 +915,12 @@ impl Settle for PullSettle {
 
     async fn nak(self: Box<Self>) -> Result<(), QueueError> {
         bounded(self.timeout, self.msg.ack_with(AckKind::Nak(None)))
+            .await?
+            .map_err(backend)
+    }
+
+    async fn nak_after(self: Box<Self>, delay: Duration) -> Result<(), QueueError> {
+        bounded(self.timeout, self.msg.ack_with(AckKind::Nak(Some(delay))))
             .await?
             .map_err(backend)
     }

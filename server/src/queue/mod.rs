@@ -187,6 +187,12 @@ pub enum Disposition {
     Ack,
     /// Redeliver it, and keep consuming.
     Nak,
+    /// Redeliver it no sooner than this (a NAK with a delay), and keep
+    /// consuming: a turn that failed before anything reached outside
+    /// comes back after a growing wait, not at once. Zero is [`Nak`].
+    ///
+    /// [`Nak`]: Disposition::Nak
+    Retry(std::time::Duration),
     /// Hand it back at once AND stop consuming until `resume()`: this node
     /// is the wrong one to run it (spec § Deferring a delivery).
     Defer(String),

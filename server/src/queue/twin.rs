@@ -346,6 +346,22 @@ impl Settle for MemorySettle {
         Ok(())
     }
 
+    async fn nak_after(self: Box<Self>, delay: Duration) -> Result<(), QueueError> {
+        let mut st = self.queue.lock();
+        // It stays in flight until the delay has passed; then it comes
+        // back like any overdue delivery.
+        if let Some(sub) = st
+            .subs
+            .get_mut(&self.name)
+            .filter(|s| s.generation == self.generation)
+            && let Some((_, deadline)) = sub.inflight.get_mut(&self.token)
+        {
+            *deadline = Instant::now() + delay;
+            sub.changed.send_modify(|v| *v += 1);
+        }
+        Ok(())
+    }
+
     async fn dead_letter(self: Box<Self>, reason: &DeadLetterReason) -> Result<(), QueueError> {
         let mut st = self.queue.lock();
         if let Some(m) = self.take(&mut st) {

@@ -683,6 +683,7 @@ mod tests {
                 delivered: 1,
                 error: None,
                 tokens: None,
+                retry_after_ms: None,
             })
         };
         notes.learn(&at(Event::TurnStarted {

@@ -18,7 +18,8 @@ use serde_json::{Value, json};
 #[derive(Default)]
 struct Script {
     replies: VecDeque<(u16, Value)>,
-    asked: Vec<(String, Value)>,
+    /// Each request: its `Authorization`, its body, when it arrived.
+    asked: Vec<(String, Value, std::time::Instant)>,
     /// How long answering took, since it was last read.
     answering: std::time::Duration,
 }
@@ -52,7 +53,11 @@ async fn completions(
         .unwrap_or_default()
         .to_string();
     // The request is seen as it arrives; its answer waits for the gate.
-    script.lock().unwrap().asked.push((auth, body));
+    script
+        .lock()
+        .unwrap()
+        .asked
+        .push((auth, body, std::time::Instant::now()));
     let _ = gate.wait_for(|open| *open).await;
     let began = std::time::Instant::now();
     let mut s = script.lock().unwrap();
@@ -109,7 +114,18 @@ impl Provider {
             .unwrap()
             .asked
             .iter()
-            .map(|(_, b)| b.clone())
+            .map(|(_, b, _)| b.clone())
+            .collect()
+    }
+
+    /// When each request arrived, in arrival order.
+    pub fn arrivals(&self) -> Vec<std::time::Instant> {
+        self.script
+            .lock()
+            .unwrap()
+            .asked
+            .iter()
+            .map(|(_, _, at)| *at)
             .collect()
     }
 
@@ -126,7 +142,7 @@ impl Provider {
             .unwrap()
             .asked
             .iter()
-            .map(|(a, _)| a.clone())
+            .map(|(a, _, _)| a.clone())
             .collect()
     }
 }

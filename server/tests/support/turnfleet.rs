@@ -14,6 +14,7 @@ use crewlet::coord::{
 };
 use crewlet::engine::envelope::Envelope;
 use crewlet::engine::outbox::{Effect, NatsOutbox, Outbox, TwinOutbox};
+use crewlet::engine::partition::RetryPolicy;
 use crewlet::engine::runtime::{TurnEngine, TurnSetup};
 use crewlet::events::{Event, EventBus, FleetEvent};
 use crewlet::memory::MemoryStore;
@@ -55,6 +56,18 @@ pub struct Fleet {
     /// The twin's memory-read registry, shared by the fleet's nodes.
     pub scatter: Option<TwinScatter>,
     pub server: Option<super::nats::NatsServer>,
+    /// How long a failed turn's mail waits (the product's default unless
+    /// a test sets its own before starting nodes).
+    pub retry: RetryPolicy,
+}
+
+/// The node's default `stream.retry_delay_seconds` / `_max_seconds`.
+pub fn default_retry() -> RetryPolicy {
+    let s = crewlet::config::StreamSection::default();
+    RetryPolicy {
+        first: Duration::from_secs(s.retry_delay_seconds),
+        max: Duration::from_secs(s.retry_delay_max_seconds),
+    }
 }
 
 pub struct Node {
@@ -129,12 +142,14 @@ impl Fleet {
                 )),
                 scatter: Some(TwinScatter::new()),
                 server: None,
+                retry: default_retry(),
             },
             Kind::Nats => Fleet {
                 kind,
                 twin: None,
                 scatter: None,
                 server: Some(super::nats::NatsServer::start().await),
+                retry: default_retry(),
             },
         }
     }
@@ -229,6 +244,7 @@ impl Fleet {
             events: events.clone(),
             company: company_rx.clone(),
             ack_wait: QueueSettings::default().ack_wait,
+            retry: self.retry,
             // A test rig: drills on, and the programs the run tests start.
             policy: AgentPolicy::test_rig(RUNS_ALLOWED),
         });

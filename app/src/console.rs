@@ -8,8 +8,9 @@
 use std::sync::Arc;
 
 use crate::api::{
-    ApprovalView, AuditView, FleetView, MemoryOverview, MoveRequestView, NewPerson, NodeOrderView,
-    Person, PersonRole, PersonView, SeatActionResult, SeatList, SeatMemoryRead, SeatQuery,
+    ApprovalView, AuditView, EffectView, EventPage, EventQuery, FleetView, MemoryOverview,
+    MoveRequestView, NewPerson, NodeOrderView, Person, PersonRole, PersonView, SeatActionResult,
+    SeatDetail, SeatList, SeatMemoryRead, SeatQuery,
 };
 
 /// A failure the dashboard shows to a person as a sentence.
@@ -50,6 +51,14 @@ pub trait Console: Send + Sync + 'static {
     /// state, pause, inbox depth (read for the page's seats only) and last
     /// turn error.
     async fn seats(&self, query: SeatQuery) -> Result<SeatList, ConsoleError>;
+    /// One seat's page: its row, one page of its kept events (older than
+    /// `before`, when given), people's actions on it and what it posted.
+    /// `NotFound` for a seat not in the active company.
+    async fn seat(&self, handle: &str, before: Option<u64>) -> Result<SeatDetail, ConsoleError>;
+    /// The newest `limit` effects the seat posted, newest first.
+    async fn outbox(&self, handle: &str, limit: usize) -> Result<Vec<EffectView>, ConsoleError>;
+    /// One page of the fleet's events this node kept, newest first.
+    async fn events(&self, query: EventQuery) -> Result<EventPage, ConsoleError>;
     /// Everybody who may sign in.
     async fn people(&self) -> Result<Vec<PersonView>, ConsoleError>;
     /// Add a person with a generated password, to be changed at their

@@ -9,8 +9,8 @@
 use leptos::prelude::*;
 
 use crate::api::{
-    ApprovalView, AuditView, FleetView, MemoryOverviewPage, MoveRequestView, NewPerson,
-    NodeOrderView, Person, PersonView, SeatActionResult, SeatList, SeatMemoryRead,
+    ApprovalView, AuditView, EventPage, FleetView, MemoryOverviewPage, MoveRequestView, NewPerson,
+    NodeOrderView, Person, PersonView, SeatActionResult, SeatDetail, SeatList, SeatMemoryRead,
 };
 use crate::error::AppError;
 
@@ -138,6 +138,80 @@ pub async fn list_seats(
     }
     ssr::console()?
         .seats(crate::api::SeatQuery { query, state, page })
+        .await
+        .map_err(ssr::fail)
+}
+
+/// One seat's page: its row, a page of its timeline (older than `before`
+/// when given), people's actions on it and what it posted.
+#[server(endpoint = "seat_page")]
+pub async fn seat_page(
+    handle: String,
+    #[server(default)] before: Option<u64>,
+) -> Result<SeatDetail, AppError> {
+    ssr::person().await?;
+    ssr::console()?
+        .seat(&handle, before)
+        .await
+        .map_err(ssr::fail)
+}
+
+/// One page of the fleet's events the node kept, newest first.
+#[server(endpoint = "event_history")]
+pub async fn event_history(
+    #[server(default)] before: Option<u64>,
+    #[server(default)] seat: String,
+    #[server(default)] node: String,
+    #[server(default)] turn: String,
+    #[server(default)] kind: String,
+    #[server(default)] noise: bool,
+) -> Result<EventPage, AppError> {
+    ssr::person().await?;
+    for (name, v) in [
+        ("seat", &seat),
+        ("node", &node),
+        ("turn", &turn),
+        ("kind", &kind),
+    ] {
+        if v.chars().count() > 200 {
+            return Err(ssr::fail(crate::console::ConsoleError::Invalid(format!(
+                "{name}: at most 200 characters."
+            ))));
+        }
+    }
+    ssr::console()?
+        .events(crate::api::EventQuery {
+            before,
+            seat,
+            node,
+            turn,
+            kind,
+            noise,
+            limit: 0,
+        })
+        .await
+        .map_err(ssr::fail)
+}
+
+/// Send a seat a message from a person (operators only; audited): a
+/// `task_assigned` envelope whose body is `{"text": text}`, from the
+/// person. Returns the envelope's id.
+#[server(endpoint = "send_message")]
+pub async fn send_message(handle: String, text: String) -> Result<String, AppError> {
+    let actor = ssr::person().await?;
+    let text = text.trim().to_string();
+    if text.is_empty() {
+        return Err(ssr::fail(crate::console::ConsoleError::Invalid(
+            "text: write the message first.".into(),
+        )));
+    }
+    let envelope = serde_json::json!({
+        "type": "task_assigned",
+        "from": actor.name,
+        "body": {"text": text},
+    });
+    ssr::console()?
+        .send_to_inbox(&actor, &handle, &envelope.to_string())
         .await
         .map_err(ssr::fail)
 }

@@ -25,7 +25,7 @@ use leptos_router::{
 use crate::components::layout::Layout;
 use crate::pages::{
     audit::AuditPage, events::EventsPage, login::LoginPage, login::PasswordPage,
-    memory::MemoryPage, nodes::NodesPage, people::PeoplePage, seats::SeatsPage,
+    memory::MemoryPage, nodes::NodesPage, people::PeoplePage, seat::SeatPage, seats::SeatsPage,
 };
 
 /// The HTML document around the app (server side rendering).
@@ -62,6 +62,7 @@ pub fn App() -> impl IntoView {
                 <Route path=path!("/account/password") view=PasswordPage />
                 <Route path=path!("/settings/nodes") view=|| view! { <Layout><NodesPage /></Layout> } />
                 <Route path=path!("/seats") view=|| view! { <Layout><SeatsPage /></Layout> } />
+                <Route path=path!("/seats/:handle") view=|| view! { <Layout><SeatPage /></Layout> } />
                 <Route path=path!("/memory") view=|| view! { <Layout><MemoryPage /></Layout> } />
                 <Route path=path!("/events") view=|| view! { <Layout><EventsPage /></Layout> } />
                 <Route path=path!("/audit") view=|| view! { <Layout><AuditPage /></Layout> } />

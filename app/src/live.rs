@@ -226,14 +226,32 @@ pub fn use_event_stream(
     on_event: impl Fn(LiveEvent) + 'static,
     on_reopen: impl Fn() + 'static,
 ) -> ReadSignal<Connection> {
+    use_event_stream_after(names, || None, on_event, on_reopen)
+}
+
+/// [`use_event_stream`], the stream starting after the event id `after`
+/// gives when it opens (a page that showed the kept events up to that id
+/// gets every later one, nothing twice).
+pub fn use_event_stream_after(
+    names: &'static [&'static str],
+    after: impl Fn() -> Option<u64> + 'static,
+    on_event: impl Fn(LiveEvent) + 'static,
+    on_reopen: impl Fn() + 'static,
+) -> ReadSignal<Connection> {
     let (state, set_state) = signal(Connection::Connecting);
     #[cfg(feature = "hydrate")]
     {
-        let mut start = Some((on_event, on_reopen));
+        let mut start = Some((on_event, on_reopen, after));
         Effect::new(move |_| {
-            if let Some((on_event, on_reopen)) = start.take() {
-                let shared =
-                    client::open(names, Box::new(on_event), Box::new(on_reopen), set_state);
+            if let Some((on_event, on_reopen, after)) = start.take() {
+                let from = untrack(&after).map(|id| id.to_string());
+                let shared = client::open(
+                    names,
+                    from,
+                    Box::new(on_event),
+                    Box::new(on_reopen),
+                    set_state,
+                );
                 let shared = send_wrapper::SendWrapper::new(shared);
                 on_cleanup(move || client::close(&shared));
             }
@@ -241,7 +259,7 @@ pub fn use_event_stream(
     }
     #[cfg(not(feature = "hydrate"))]
     {
-        let _ = (names, on_event, on_reopen, set_state);
+        let _ = (names, after, on_event, on_reopen, set_state);
     }
     state
 }
@@ -374,6 +392,7 @@ mod client {
 
     pub fn open(
         names: &'static [&'static str],
+        after: Option<String>,
         on_event: Box<dyn Fn(LiveEvent)>,
         on_reopen: Box<dyn Fn()>,
         state: WriteSignal<Connection>,
@@ -387,7 +406,7 @@ mod client {
             lost: Cell::new(false),
             retry_ms: Cell::new(FIRST_RETRY_MS),
             current: RefCell::new(None),
-            last_id: RefCell::new(None),
+            last_id: RefCell::new(after),
         });
         connect(&shared);
         shared

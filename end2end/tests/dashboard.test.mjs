@@ -314,19 +314,27 @@ test('the Events page shows events live, filters them, and holds them while read
   await pausedRow.waitFor();
   assert.match(await pausedRow.innerText(), /seat_paused\s+node-e2e\s+beta-agent\s+by=olivia · reason=watching events/);
 
-  // Filter by type, seat and node in the page.
+  // Filter by type, seat and node: each a part of the address.
   await page.selectOption('#event-type', 'seat_resumed');
   await pausedRow.waitFor({ state: 'detached' });
+  await page.waitForURL(/\/events\?type=seat_resumed$/);
   await page.selectOption('#event-type', 'seat_paused');
   await pausedRow.waitFor();
-  await page.fill('#event-seat', 'alpha');
+  const filter = async (id, value) => {
+    await page.fill(id, value);
+    await page.press(id, 'Enter');
+  };
+  await filter('#event-seat', 'alpha-agent');
   await pausedRow.waitFor({ state: 'detached' });
-  await page.fill('#event-seat', 'beta');
+  await filter('#event-seat', 'beta-agent');
   await pausedRow.waitFor();
-  await page.fill('#event-node', 'some-other-node');
+  await page.waitForURL(/type=seat_paused&seat=beta-agent/);
+  await filter('#event-node', 'some-other-node');
   await pausedRow.waitFor({ state: 'detached' });
-  await page.fill('#event-node', '');
+  await filter('#event-node', '');
+  await filter('#event-seat', '');
   await page.selectOption('#event-type', '');
+  await page.waitForURL(/\/events$/);
 
   // Pause reading: what arrives is held, not shown, until reading resumes.
   await page.getByRole('button', { name: 'Pause reading' }).click();
@@ -340,8 +348,71 @@ test('the Events page shows events live, filters them, and holds them while read
   // Newest on top.
   const order = await page.locator('table.events tbody tr').evaluateAll((rows) => rows.map((r) => r.dataset.event));
   assert.ok(order.indexOf('seat_resumed') < order.indexOf('seat_paused'), order.join(', '));
-  await page.fill('#event-seat', 'beta-agent');
+  await filter('#event-seat', 'beta-agent');
   await page.screenshot({ path: join(resultsDir, 'events-1280.png'), fullPage: true });
+  assert.deepEqual(problems, []);
+  await context.close();
+});
+
+test('a reload of the Events page keeps the events, kept by the node, with the filters in the address', async () => {
+  const { page, context, problems } = await livePage(OPERATOR, '/events?seat=beta-agent');
+  const done = await serverFn(page, 'pause_seat', { handle: 'beta-agent', reason: 'before the reload' });
+  assert.equal(done.status, 200, done.body);
+  const row = page.locator('tr[data-event="seat_paused"]', { hasText: 'before the reload' }).first();
+  await row.waitFor();
+  const id = await row.getAttribute('data-id');
+  await page.reload();
+  await page.waitForSelector('html[data-hydrated]');
+  // Rendered from what the node kept (the stream opened after the reload).
+  await page.locator(`tr[data-event="seat_paused"][data-id="${id}"]`).waitFor();
+  assert.equal(await page.inputValue('#event-seat'), 'beta-agent');
+  assert.equal(
+    await page.locator('tr[data-event]:not([data-event*="beta"])').filter({ hasNotText: 'beta-agent' }).count(),
+    0,
+    'only beta-agent rows under the seat filter',
+  );
+  // A row opens to its fields; a seat in a row is a filter.
+  await row.locator('summary').click();
+  assert.match(await row.locator('pre.fields').innerText(), /"reason": "before the reload"/);
+  assert.equal((await serverFn(page, 'resume_seat', { handle: 'beta-agent' })).status, 200);
+  assert.deepEqual(problems, []);
+  await context.close();
+});
+
+test("a seat's page shows its story from before it was opened, and a message sent there is answered there", async () => {
+  const { page, context, problems } = await livePage(OPERATOR, '/seats');
+  // Before the page opens: a turn answered, a pause and a resume.
+  assert.equal((await publish(page, 'alpha-agent', { id: 'story-1', type: 'task_assigned', body: { text: 'first' } })).status, 200);
+  await until('story-1 answered', async () => {
+    const r = await page.evaluate(async () => (await fetch('/api/seats/alpha-agent/outbox')).json());
+    return r.effects.some((e) => e.trigger_ids.includes('story-1'));
+  });
+  assert.equal((await serverFn(page, 'pause_seat', { handle: 'alpha-agent', reason: 'story pause' })).status, 200);
+  assert.equal((await serverFn(page, 'resume_seat', { handle: 'alpha-agent' })).status, 200);
+  // Reached from the Seats page: the handle links there.
+  await page.locator('tr[data-seat="alpha-agent"] a.seat-link').click();
+  await page.waitForURL(/\/seats\/alpha-agent$/);
+  await page.waitForSelector('html[data-hydrated]');
+  await page.getByRole('heading', { name: 'Seat alpha-agent' }).waitFor();
+  const timeline = page.locator('ol.timeline-items');
+  await timeline.locator('li[data-title="paused by olivia"]').waitFor();
+  assert.match(await timeline.innerText(), /turn completed/);
+  assert.match(await timeline.innerText(), /olivia: seat pause/);
+  assert.match(await page.locator('ol.effects').innerText(), /echo of story-1/);
+  // The seat's row with its actions is on the page too.
+  await page.locator('tr[data-seat="alpha-agent"] button[data-action="pause"]').waitFor();
+  // A message from the page: the seat's answer appears there, live.
+  await page.locator('.live.live-open').first().waitFor();
+  await page.fill('#seat-message', 'hello from the seat page');
+  await page.getByRole('button', { name: 'Send' }).click();
+  const sent = page.locator('[data-sent]');
+  await sent.waitFor();
+  const id = await sent.getAttribute('data-sent');
+  await page.locator('ol.effects li.effect', { hasText: `echo of ${id}` }).waitFor();
+  assert.equal(await page.inputValue('#seat-message'), '', 'the box is cleared once sent');
+  await page.screenshot({ path: join(resultsDir, 'seat-1280.png'), fullPage: true });
+  await page.setViewportSize({ width: 390, height: 844 });
+  await page.screenshot({ path: join(resultsDir, 'seat-390.png'), fullPage: true });
   assert.deepEqual(problems, []);
   await context.close();
 });
@@ -477,7 +548,9 @@ test('when the event stream drops the pages say reconnecting and Nodes declines 
     // One event seen before the drop, so the page has an id to resume from.
     const direct = await livePage(OPERATOR, '/seats');
     assert.equal((await serverFn(direct.page, 'pause_seat', { handle: 'beta-agent', reason: 'before the drop' })).status, 200);
-    await events.locator('tr[data-event="seat_paused"]', { hasText: 'before the drop' }).waitFor();
+    const beforeDrop = events.locator('tr[data-event="seat_paused"]', { hasText: 'before the drop' });
+    await beforeDrop.waitFor();
+    const dropId = Number(await beforeDrop.getAttribute('data-id'));
 
     proxy.sever();
     for (const p of [events, nodes]) {
@@ -506,11 +579,11 @@ test('when the event stream drops the pages say reconnecting and Nodes declines 
       await p.locator('.live.live-open').waitFor({ timeout: 45000 });
     }
     await events.locator('tr[data-event="seat_paused"]', { hasText: 'while away' }).waitFor();
-    assert.equal(
-      await events.locator('tr[data-event="seat_resumed"]', { hasText: 'beta-agent' }).count(),
-      2,
-      'both resumes made while away are listed',
-    );
+    // The page also lists what the node kept from earlier: count after the drop.
+    const resumes = await events
+      .locator('tr[data-event="seat_resumed"]', { hasText: 'beta-agent' })
+      .evaluateAll((rows) => rows.map((r) => Number(r.dataset.id)));
+    assert.equal(resumes.filter((id) => id > dropId).length, 2, 'both resumes made while away are listed');
     assert.equal(await events.locator('tr[data-event="resync"]').count(), 0, 'replayed, not resynced');
     await nodes.locator('tr[data-node="node-e2e"][data-status="serving"]').waitFor();
     await events.screenshot({ path: join(resultsDir, 'events-after-reconnect-1280.png'), fullPage: true });

@@ -82,12 +82,30 @@ type AuditRow = (
 
 /// The newest `limit` entries, newest first.
 pub async fn newest(pool: &SqlitePool, limit: u32) -> Result<Vec<AuditEntry>, sqlx::Error> {
-    let rows: Vec<AuditRow> = sqlx::query_as(
-        "SELECT at, person, action, seat, reason, result FROM audit ORDER BY id DESC LIMIT ?",
-    )
-    .bind(limit)
-    .fetch_all(pool)
-    .await?;
+    newest_of(pool, limit, None).await
+}
+
+/// The newest `limit` entries (about `seat`, when given), newest first.
+pub async fn newest_of(
+    pool: &SqlitePool,
+    limit: u32,
+    seat: Option<&str>,
+) -> Result<Vec<AuditEntry>, sqlx::Error> {
+    let rows: Vec<AuditRow> = match seat {
+        None => sqlx::query_as(
+            "SELECT at, person, action, seat, reason, result FROM audit ORDER BY id DESC LIMIT ?",
+        )
+        .bind(limit)
+        .fetch_all(pool)
+        .await?,
+        Some(seat) => sqlx::query_as(
+            "SELECT at, person, action, seat, reason, result FROM audit WHERE seat = ? ORDER BY id DESC LIMIT ?",
+        )
+        .bind(seat)
+        .bind(limit)
+        .fetch_all(pool)
+        .await?,
+    };
     Ok(rows
         .into_iter()
         .map(|(at, person, action, seat, reason, result)| AuditEntry {
@@ -114,10 +132,14 @@ pub fn audit_subject(incarnation: &str) -> String {
 /// The most entries one audit read returns.
 pub const MAX_AUDIT_READ: u32 = 1000;
 
-/// An audit read (JSON): `{"limit": 200}`.
+/// An audit read (JSON): `{"limit": 200}`, or `{"limit": 50, "seat":
+/// "alpha"}` for the actions about one seat (a node that predates `seat`
+/// answers every action; the asker filters again).
 #[derive(Debug, Serialize, Deserialize)]
 struct AuditRequest {
     limit: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    seat: Option<String>,
 }
 
 /// Its answer (JSON): the node's newest entries, or why it cannot say.
@@ -200,13 +222,15 @@ impl FleetAudit {
     async fn answer(&self, payload: &[u8]) -> AuditReply {
         let (entries, error) = match serde_json::from_slice::<AuditRequest>(payload) {
             Err(e) => (Vec::new(), Some(format!("not an audit read request: {e}"))),
-            Ok(r) => match newest(&self.pool, r.limit.min(MAX_AUDIT_READ)).await {
-                Ok(v) => (v, None),
-                Err(e) => (
-                    Vec::new(),
-                    Some(format!("its audit log cannot be read: {e}")),
-                ),
-            },
+            Ok(r) => {
+                match newest_of(&self.pool, r.limit.min(MAX_AUDIT_READ), r.seat.as_deref()).await {
+                    Ok(v) => (v, None),
+                    Err(e) => (
+                        Vec::new(),
+                        Some(format!("its audit log cannot be read: {e}")),
+                    ),
+                }
+            }
         };
         AuditReply {
             node_id: self.node_id.clone(),
@@ -220,8 +244,17 @@ impl FleetAudit {
     /// naming its node. A peer that does not answer is named in `silent`;
     /// a roster that cannot be read leaves this node's alone, said so.
     pub async fn read(&self, limit: u32) -> Result<AuditView, FleetAuditError> {
+        self.read_about(limit, None).await
+    }
+
+    /// [`FleetAudit::read`], of the actions about `seat` only when given.
+    pub async fn read_about(
+        &self,
+        limit: u32,
+        seat: Option<&str>,
+    ) -> Result<AuditView, FleetAuditError> {
         let limit = limit.clamp(1, MAX_AUDIT_READ);
-        let mine = newest(&self.pool, limit).await?;
+        let mine = newest_of(&self.pool, limit, seat).await?;
         let mut log = AuditView {
             answered: vec![self.node_id.clone()],
             ..AuditView::default()
@@ -243,7 +276,13 @@ impl FleetAudit {
                 Vec::new()
             }
         };
-        let request = Bytes::from(serde_json::to_vec(&AuditRequest { limit }).unwrap_or_default());
+        let request = Bytes::from(
+            serde_json::to_vec(&AuditRequest {
+                limit,
+                seat: seat.map(str::to_string),
+            })
+            .unwrap_or_default(),
+        );
         let asked = futures::future::join_all(peers.into_iter().map(|(node_id, owner)| {
             let request = request.clone();
             async move {
@@ -266,7 +305,12 @@ impl FleetAudit {
                     Ok(AuditReply { error: Some(e), .. }) => e,
                     Ok(r) => {
                         log.answered.push(node_id.clone());
-                        gathered.push((node_id, r.entries));
+                        let entries = r
+                            .entries
+                            .into_iter()
+                            .filter(|e| seat.is_none() || e.seat.as_deref() == seat)
+                            .collect();
+                        gathered.push((node_id, entries));
                         continue;
                     }
                     Err(e) => format!("its answer cannot be read: {e}"),

@@ -462,10 +462,14 @@ impl Event {
     }
 
     fn is_debug(&self) -> bool {
-        matches!(
-            self,
-            Event::SeatSweep { .. } | Event::SeatClaimsWithheld { .. }
-        )
+        // A turn that finished is routine (its JSON at DEBUG); one that
+        // did not is worth a line.
+        match self {
+            Event::SeatSweep { .. } | Event::SeatClaimsWithheld { .. } => true,
+            Event::TurnStarted { .. } => true,
+            Event::TurnCompleted { outcome, .. } => outcome == "completed",
+            _ => false,
+        }
     }
 }
 

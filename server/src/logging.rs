@@ -1,5 +1,7 @@
 //! Log output: pretty or JSON lines, to stderr and/or a file, filtered by
-//! `RUST_LOG` (default `info`).
+//! `RUST_LOG` (default `info`, with the libraries' routine chatter left
+//! out). Colour only when stderr is a terminal: redirected output and
+//! files carry plain text.
 //!
 //! Secrets never reach a log line: the config is only ever logged redacted,
 //! and passwords and tokens are never passed to a tracing macro.
@@ -26,15 +28,22 @@ pub enum LoggingError {
     AlreadySet,
 }
 
+/// The filter when `RUST_LOG` is not set: the node's lines at `info`; the
+/// libraries' at `warn`, and the session library's (whose routine
+/// warnings — "called delete with no session id" on an ordinary
+/// sign-out — say nothing to a person) at `error`.
+pub const DEFAULT_FILTER: &str =
+    "info,sqlx=warn,tower_sessions=warn,tower_sessions_core=error,rmcp=warn";
+
 /// Install the process-wide logger.
 pub fn init(cfg: &LoggingSection) -> Result<(), LoggingError> {
-    let filter = || {
-        EnvFilter::try_from_default_env()
-            .unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn,tower_sessions=warn,rmcp=warn"))
-    };
+    let filter =
+        || EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER));
     let json = cfg.format == LogFormat::Json;
     let stderr_layer = cfg.stderr.then(|| {
-        let l = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+        let l = tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
         if json {
             l.json().with_filter(filter()).boxed()
         } else {

@@ -385,6 +385,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     // that arrives just after "node started" is a shutdown, not a kill.
     let shutdown = ShutdownSignal::install()?;
     let node = crewlet::node::start(config).await?;
+    eprintln!("{}", ready_block(&node));
     tokio::select! {
         _ = shutdown.recv() => tracing::info!("shutdown asked for; stopping"),
         _ = node.stopped() => {}
@@ -392,6 +393,33 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     node.shutdown().await?;
     tracing::info!("node stopped");
     Ok(())
+}
+
+/// What a person reads once the node is up (straight to stderr, never
+/// through the logger): where it is, how to sign in and get back in, a
+/// first message to a seat, how to stop it.
+fn ready_block(node: &crewlet::node::RunningNode) -> String {
+    let url = format!("http://{}", node.addr);
+    let seat = node
+        .engine
+        .company()
+        .roles
+        .first()
+        .map(|r| r.handle.clone())
+        .unwrap_or_else(|| "SEAT".into());
+    format!(
+        "\n  Crewlet node {id} is ready: {url}/\n\n\
+         \x20     sign in        {url}/login (the admin printed above on a first start, or a person of\n\
+         \x20                    [[auth.users]] / Settings › People)\n\
+         \x20     lost password  an admin gives anyone a new one in Settings › People; with no admin\n\
+         \x20                    left, add an [[auth.users]] admin (password_hash from\n\
+         \x20                    `crewlet hash-password`) to the config and restart\n\
+         \x20     talk to a seat crewlet send --node {url} --token $CREWLET_TOKEN --seat {seat} \\\n\
+         \x20                      --type task_assigned '{{\"text\": \"hello\"}}'   (an operator token of\n\
+         \x20                    [[auth.tokens]]; or the seat's page in the dashboard)\n\
+         \x20     stop           Ctrl-C or SIGTERM: the seats are handed back, then the node exits 0\n",
+        id = node.info.node_id,
+    )
 }
 
 /// SIGINT and SIGTERM, each registered when installed (not on first poll).

@@ -20,6 +20,7 @@ fn effect(seat: &str, turn: &str) -> Effect {
         turn_id: turn.into(),
         kind: "post_outbox".into(),
         body: serde_json::json!({"text": "hello"}),
+        at: None,
     }
 }
 

@@ -6,6 +6,7 @@
 //! [`crate::view`] (re-exported here too).
 
 mod audit;
+mod events;
 mod fleet;
 mod memory;
 mod node_order;
@@ -13,6 +14,7 @@ mod people;
 mod seats;
 
 pub use audit::*;
+pub use events::*;
 pub use fleet::*;
 pub use memory::*;
 pub use node_order::*;

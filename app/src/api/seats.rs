@@ -202,3 +202,41 @@ pub struct SeatList {
 
 /// Seats on one page of the Seats page.
 pub const SEAT_PAGE_SIZE: u32 = 50;
+
+/// One thing a seat said or did: an outbound effect its turn posted, as
+/// the seat page and `GET /api/seats/{handle}/outbox` show it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EffectView {
+    pub turn_id: String,
+    /// `post_outbox` (a reply) or `a2a_message`.
+    pub kind: String,
+    pub node: String,
+    pub epoch: u64,
+    /// The mail the turn answered.
+    pub trigger_ids: Vec<String>,
+    /// The effect's `text`, when it has one.
+    pub text: Option<String>,
+    /// The whole body, as JSON.
+    pub body: String,
+    /// RFC 3339: when the turn posted it (absent on older effects).
+    pub at: Option<String>,
+}
+
+/// The seat page: the seat as the Seats page shows it, then its story.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SeatDetail {
+    pub row: SeatRow,
+    pub company: String,
+    /// The seat's kept events, newest first: one page, older ones asked
+    /// for with `before`.
+    pub timeline: crate::api::EventPage,
+    /// People's actions on the seat (the fleet's audit log), newest first.
+    pub actions: Vec<crate::api::AuditEntry>,
+    /// What the seat posted, newest first.
+    pub outbox: Vec<EffectView>,
+    /// Why the outbox could not be read, when it could not.
+    pub outbox_error: Option<String>,
+}
+
+/// Effects the seat page shows.
+pub const SEAT_OUTBOX_SHOWN: usize = 50;

@@ -1,30 +1,43 @@
-//! Events: the fleet's events as they happen, newest on top, read from the
-//! node's event stream. Filter by type, seat and node (in the browser);
-//! pause reading to study what is on screen while new events are held.
-//! The page keeps the last [`MAX_ENTRIES`].
+//! Events: the fleet's events, newest on top — first the ones the node
+//! kept (so a reload loses nothing), then live from the node's event
+//! stream, picking up right after the newest kept one. Filters (type,
+//! seat, node, turn, and whether per-pass noise such as `seat_sweep` is
+//! shown) live in the address, so a filtered view can be reloaded and
+//! shared; a seat, node or turn in a row is a link to that filter. Rows
+//! are coloured by how loud the event is and open to their fields. Reading
+//! can be paused to study the screen while new events are held. The page
+//! keeps the last [`MAX_ENTRIES`] live events besides the kept page.
 
 use std::collections::VecDeque;
 
 use leptos::prelude::*;
+use leptos_router::hooks::{use_navigate, use_query_map};
 
-use crate::live::{Connection, EVENT_NAMES, LiveBadge, LiveEvent, RESYNC, use_event_stream};
+use crate::api::{KeptEvent, NOISE};
+use crate::components::notice::ErrorNotice;
+use crate::fns::event_history;
+use crate::live::{Connection, EVENT_NAMES, LiveBadge, LiveEvent, RESYNC, use_event_stream_after};
+use crate::view::severity;
 
-/// Entries the page keeps (and holds while reading is paused).
+/// Live entries the page keeps (and holds while reading is paused).
 pub const MAX_ENTRIES: usize = 500;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Entry {
-    key: String,
+    id: u64,
     name: String,
     at: String,
     node: String,
     seat: String,
+    turn: String,
     detail: String,
+    /// The event's fields, one per line.
+    fields: String,
 }
 
 impl Entry {
-    fn of(e: LiveEvent) -> Entry {
-        let value: serde_json::Value = serde_json::from_str(&e.data).unwrap_or_default();
+    fn parse(id: u64, name: String, data: &str) -> Entry {
+        let value: serde_json::Value = serde_json::from_str(data).unwrap_or_default();
         let text = |k: &str| {
             value
                 .get(k)
@@ -32,28 +45,44 @@ impl Entry {
                 .unwrap_or_default()
                 .to_string()
         };
-        let detail = match value.as_object() {
-            Some(map) => map
-                .iter()
-                .filter(|(k, _)| {
-                    !matches!(k.as_str(), "event" | "node" | "incarnation" | "at" | "seat")
-                })
-                .map(|(k, v)| match v {
-                    serde_json::Value::String(s) => format!("{k}={s}"),
-                    other => format!("{k}={other}"),
-                })
-                .collect::<Vec<_>>()
-                .join(" · "),
-            None => e.data.clone(),
+        let (detail, fields) = match value.as_object() {
+            Some(map) => {
+                let shown: Vec<String> = map
+                    .iter()
+                    .filter(|(k, _)| {
+                        !matches!(
+                            k.as_str(),
+                            "event" | "node" | "incarnation" | "at" | "seat" | "turn_id"
+                        )
+                    })
+                    .map(|(k, v)| match v {
+                        serde_json::Value::String(s) => format!("{k}={s}"),
+                        other => format!("{k}={other}"),
+                    })
+                    .collect();
+                let fields = serde_json::to_string_pretty(&value).unwrap_or_default();
+                (crate::view::clipped(&shown.join(" · "), 240), fields)
+            }
+            None => (data.to_string(), data.to_string()),
         };
         Entry {
-            key: format!("{}:{}", e.id, e.name),
+            id,
             at: text("at"),
             node: text("node"),
             seat: text("seat"),
-            name: e.name,
+            turn: text("turn_id"),
+            name,
             detail,
+            fields,
         }
+    }
+
+    fn of_live(e: LiveEvent) -> Entry {
+        Entry::parse(e.id.parse().unwrap_or(0), e.name, &e.data)
+    }
+
+    fn of_kept(e: &KeptEvent) -> Entry {
+        Entry::parse(e.id, e.name.clone(), &e.data)
     }
 
     fn time(&self) -> String {
@@ -61,21 +90,69 @@ impl Entry {
     }
 }
 
+/// The page's filters, as the address carries them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Filters {
+    kind: String,
+    seat: String,
+    node: String,
+    turn: String,
+    noise: bool,
+}
+
+impl Filters {
+    fn href(&self) -> String {
+        let noise = if self.noise { "1" } else { "" };
+        super::page_href(
+            "/events",
+            &[
+                ("type", &self.kind),
+                ("seat", &self.seat),
+                ("node", &self.node),
+                ("turn", &self.turn),
+                ("noise", noise),
+            ],
+            1,
+        )
+    }
+
+    /// Whether a live entry passes (the kept page is filtered by the node).
+    fn passes(&self, e: &Entry) -> bool {
+        (self.kind.is_empty() || e.name == self.kind)
+            && (self.seat.is_empty() || e.seat == self.seat)
+            && (self.node.is_empty() || e.node == self.node)
+            && (self.turn.is_empty() || e.turn == self.turn)
+            && (self.noise || !self.kind.is_empty() || !NOISE.contains(&e.name.as_str()))
+    }
+}
+
 #[component]
 pub fn EventsPage() -> impl IntoView {
-    // Newest first.
+    let query = use_query_map();
+    let filters = Memo::new(move |_| {
+        query.with(|q| Filters {
+            kind: q.get("type").unwrap_or_default(),
+            seat: q.get("seat").unwrap_or_default(),
+            node: q.get("node").unwrap_or_default(),
+            turn: q.get("turn").unwrap_or_default(),
+            noise: q.get("noise").is_some_and(|v| v == "1"),
+        })
+    });
+    let kept = Resource::new(
+        move || filters.get(),
+        |f| event_history(None, f.seat, f.node, f.turn, f.kind, f.noise),
+    );
+    // Live, newest first.
     let entries = RwSignal::new(VecDeque::<Entry>::new());
     // Arrived while reading was paused, oldest first.
     let held = RwSignal::new(VecDeque::<Entry>::new());
     let reading = RwSignal::new(true);
-    let kind = RwSignal::new(String::new());
-    let seat = RwSignal::new(String::new());
-    let node = RwSignal::new(String::new());
 
-    let state: ReadSignal<Connection> = use_event_stream(
+    let state: ReadSignal<Connection> = use_event_stream_after(
         EVENT_NAMES,
+        move || kept.get_untracked().and_then(|r| r.ok()).map(|p| p.newest),
         move |e| {
-            let entry = Entry::of(e);
+            let entry = Entry::of_live(e);
             if reading.get_untracked() {
                 entries.update(|v| {
                     v.push_front(entry);
@@ -108,19 +185,41 @@ pub fn EventsPage() -> impl IntoView {
         }
     };
 
+    // The live entries that pass, then the kept page below the newest of
+    // them (an event is shown once, whichever way it came).
     let shown = Memo::new(move |_| {
-        let kind = kind.get();
-        let seat = seat.get().trim().to_lowercase();
-        let node = node.get().trim().to_lowercase();
-        entries.with(|v| {
-            v.iter()
-                .filter(|e| kind.is_empty() || e.name == kind)
-                .filter(|e| seat.is_empty() || e.seat.to_lowercase().contains(&seat))
-                .filter(|e| node.is_empty() || e.node.to_lowercase().contains(&node))
-                .cloned()
-                .collect::<Vec<_>>()
-        })
+        let f = filters.get();
+        let mut out: Vec<Entry> =
+            entries.with(|v| v.iter().filter(|e| f.passes(e)).cloned().collect());
+        let floor = out.last().map_or(u64::MAX, |e| e.id);
+        if let Some(Ok(page)) = kept.get() {
+            out.extend(
+                page.events
+                    .iter()
+                    .filter(|e| e.id < floor)
+                    .map(Entry::of_kept),
+            );
+        }
+        out
     });
+
+    let navigate = use_navigate();
+    let set = move |change: &dyn Fn(&mut Filters)| {
+        let mut f = filters.get_untracked();
+        change(&mut f);
+        navigate(
+            &f.href(),
+            leptos_router::NavigateOptions {
+                replace: true,
+                scroll: false,
+                ..Default::default()
+            },
+        );
+    };
+    let set_kind = set.clone();
+    let set_seat = set.clone();
+    let set_node = set.clone();
+    let set_noise = set;
 
     view! {
         <section class="page">
@@ -130,18 +229,56 @@ pub fn EventsPage() -> impl IntoView {
             </div>
             <div class="filters" role="search">
                 <label for="event-type">"Type"</label>
-                <select id="event-type" on:change=move |ev| kind.set(event_target_value(&ev))>
-                    <option value="">"any"</option>
+                <select
+                    id="event-type"
+                    on:change=move |ev| {
+                        let v = event_target_value(&ev);
+                        set_kind(&move |f: &mut Filters| f.kind = v.clone());
+                    }
+                >
+                    <option value="" selected=move || filters.with(|f| f.kind.is_empty())>"any"</option>
                     {EVENT_NAMES
                         .iter()
                         .chain([&RESYNC])
-                        .map(|n| view! { <option value=*n>{*n}</option> })
+                        .map(|n| view! { <option value=*n selected=move || filters.with(|f| f.kind == *n)>{*n}</option> })
                         .collect_view()}
                 </select>
                 <label for="event-seat">"Seat"</label>
-                <input id="event-seat" type="search" placeholder="handle" bind:value=seat />
+                <input
+                    id="event-seat"
+                    type="search"
+                    placeholder="handle"
+                    maxlength="200"
+                    prop:value=move || filters.with(|f| f.seat.clone())
+                    on:change=move |ev| {
+                        let v = event_target_value(&ev).trim().to_string();
+                        set_seat(&move |f: &mut Filters| f.seat = v.clone());
+                    }
+                />
                 <label for="event-node">"Node"</label>
-                <input id="event-node" type="search" placeholder="node id" bind:value=node />
+                <input
+                    id="event-node"
+                    type="search"
+                    placeholder="node id"
+                    maxlength="200"
+                    prop:value=move || filters.with(|f| f.node.clone())
+                    on:change=move |ev| {
+                        let v = event_target_value(&ev).trim().to_string();
+                        set_node(&move |f: &mut Filters| f.node = v.clone());
+                    }
+                />
+                <label class="check">
+                    <input
+                        type="checkbox"
+                        id="event-noise"
+                        prop:checked=move || filters.with(|f| f.noise)
+                        on:change=move |ev| {
+                            let on = event_target_checked(&ev);
+                            set_noise(&move |f: &mut Filters| f.noise = on);
+                        }
+                    />
+                    " per-pass events (seat_sweep …)"
+                </label>
                 <button type="button" class="reading" aria-pressed=move || (!reading.get()).to_string() on:click=toggle>
                     {move || {
                         if reading.get() {
@@ -152,16 +289,23 @@ pub fn EventsPage() -> impl IntoView {
                         }
                     }}
                 </button>
+                {move || {
+                    filters
+                        .with(|f| !f.turn.is_empty())
+                        .then(|| view! { <a class="small" href=move || Filters { turn: String::new(), ..filters.get() }.href()>{move || format!("turn {} ×", filters.with(|f| f.turn.clone()))}</a> })
+                }}
             </div>
+            <Transition fallback=|| view! { <p class="muted">"Reading the kept events…"</p> }>
+                {move || kept.get().and_then(|r| r.err()).map(|e| view! { <ErrorNotice error=e /> })}
             <p class="muted small">
                 {move || {
-                    let total = entries.with(|v| v.len());
                     let paused = if reading.get() { "" } else { " · reading paused: new events are held" };
+                    let more = kept.get().and_then(|r| r.ok()).is_some_and(|p| p.more);
                     format!(
-                        "{} of the last {} event{} shown (the page keeps {MAX_ENTRIES}){paused}",
+                        "{} event{} shown: the node's kept events{}, then live{paused}",
                         shown.with(|s| s.len()),
-                        total,
-                        if total == 1 { "" } else { "s" },
+                        if shown.with(|s| s.len()) == 1 { "" } else { "s" },
+                        if more { " (the newest page; older ones are kept too)" } else { "" },
                     )
                 }}
             </p>
@@ -177,25 +321,74 @@ pub fn EventsPage() -> impl IntoView {
                         </tr>
                     </thead>
                     <tbody>
-                        <For each=move || shown.get() key=|e| e.key.clone() let:e>
-                            <tr data-event=e.name.clone()>
-                                <td class="mono small" data-label="When">
-                                    <time datetime=e.at.clone() title=e.at.clone()>{e.time()}</time>
-                                </td>
-                                <td class="mono" data-label="Event">{e.name.clone()}</td>
-                                <td data-label="Node">{e.node.clone()}</td>
-                                <td class="mono" data-label="Seat">{e.seat.clone()}</td>
-                                <td class="small detail" data-label="Details">{e.detail.clone()}</td>
-                            </tr>
+                        <For each=move || shown.get() key=|e| format!("{}:{}", e.id, e.name) let:e>
+                            <EventRow e=e filters=filters />
                         </For>
                     </tbody>
                 </table>
             </div>
             {move || {
-                entries
+                shown
                     .with(|v| v.is_empty())
-                    .then(|| view! { <p class="muted">"Waiting for events: they appear here as they happen."</p> })
+                    .then(|| view! { <p class="muted">"No events yet: they appear here as they happen."</p> })
             }}
+            </Transition>
         </section>
+    }
+}
+
+#[component]
+fn EventRow(e: Entry, filters: Memo<Filters>) -> impl IntoView {
+    let sev = severity(&e.name).as_str();
+    let link = move |change: Filters| change.href();
+    let node_href = {
+        let n = e.node.clone();
+        move || {
+            link(Filters {
+                node: n.clone(),
+                ..filters.get()
+            })
+        }
+    };
+    let seat_href = {
+        let s = e.seat.clone();
+        move || {
+            link(Filters {
+                seat: s.clone(),
+                ..filters.get()
+            })
+        }
+    };
+    let turn_href = {
+        let t = e.turn.clone();
+        move || {
+            link(Filters {
+                turn: t.clone(),
+                ..filters.get()
+            })
+        }
+    };
+    view! {
+        <tr data-event=e.name.clone() data-id=e.id class=format!("sev-{sev}")>
+            <td class="mono small" data-label="When">
+                <time datetime=e.at.clone() title=e.at.clone()>{e.time()}</time>
+            </td>
+            <td class="mono" data-label="Event">{e.name.clone()}</td>
+            <td data-label="Node">
+                {(!e.node.is_empty()).then(|| view! { <a class="filter-link" href=node_href>{e.node.clone()}</a> })}
+            </td>
+            <td class="mono" data-label="Seat">
+                {(!e.seat.is_empty()).then(|| view! { <a class="filter-link" href=seat_href>{e.seat.clone()}</a> })}
+            </td>
+            <td class="small detail" data-label="Details">
+                <details>
+                    <summary>
+                        {e.detail.clone()}
+                        {(!e.turn.is_empty()).then(|| view! { " · " <a class="filter-link mono" href=turn_href>{format!("turn {}", crate::view::clipped(&e.turn, 8))}</a> })}
+                    </summary>
+                    <pre class="fields">{e.fields.clone()}</pre>
+                </details>
+            </td>
+        </tr>
     }
 }

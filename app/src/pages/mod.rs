@@ -8,6 +8,7 @@ pub mod memory;
 pub mod node_order;
 pub mod nodes;
 pub mod people;
+pub mod seat;
 pub mod seats;
 
 /// A list page's link: `path` with each non-empty filter (`name`, value) in

@@ -185,6 +185,58 @@ pub fn SeatsPage() -> impl IntoView {
     }
 }
 
+/// One seat's row with its actions (pause, resume, stop, move, approvals)
+/// and their dialogs, as the Seats page has them — for the seat's own page.
+#[component]
+pub fn SeatControls(handle: String) -> impl IntoView {
+    let wanted = handle.clone();
+    let list: Listed = Resource::new(
+        move || handle.clone(),
+        |h| async move {
+            let mut l = list_seats(h.clone(), String::new(), 1).await?;
+            l.rows.retain(|r| r.handle == h);
+            Ok(l)
+        },
+    );
+    let me = Resource::new(|| (), |_| whoami());
+    let operator = Signal::derive(move || {
+        me.get()
+            .and_then(|r| r.ok())
+            .is_some_and(|p| p.is_operator())
+    });
+    let (live, rows) = follow_seats(list);
+    let act: SeatAct = Action::new(|r: &Request| run(r.clone()));
+    let answer: Answering = Action::new(|a: &Answer| {
+        let a = a.clone();
+        answer_approval(a.handle, a.approval_id, a.approve, a.reason)
+    });
+    Effect::new(move |prev: Option<(usize, usize)>| {
+        let v = (act.version().get(), answer.version().get());
+        if prev.is_some_and(|p| p != v) {
+            list.refetch();
+        }
+        v
+    });
+    let confirming = Confirming::new();
+    let moving = Moving::new(list);
+    let ask = Callback::new(move |c: Confirm| confirming.open(c));
+    let ask_move = Callback::new(move |m: MoveAsk| moving.open(m));
+    view! {
+        <div class="seat-controls" data-controls=wanted>
+            <LiveBadge state=live />
+            <ActNotice act />
+            <AnswerNotice answer />
+            <MovedNotice moved=moving.moved />
+            <Transition fallback=|| view! { <p class="muted">"Reading the seat…"</p> }>
+                {move || list.get().and_then(|r| r.err()).map(|e| view! { <ErrorNotice error=e /> })}
+                <SeatsTable rows operator ask ask_move answer />
+            </Transition>
+            <ConfirmDialog confirming act />
+            <MoveDialog moving />
+        </div>
+    }
+}
+
 /// Follow the seat events, reading `list` again when one may change it:
 /// the stream's state, and the rows shown (remembered, so that turn and
 /// run events only count for the seats on this page — their running turn,
@@ -789,7 +841,9 @@ fn SeatRowView(
     view! {
         <tr data-seat=row.handle.clone() data-state=state>
             <td data-label="Seat">
-                <strong class="mono">{row.handle.clone()}</strong>
+                <a class="mono seat-link" href=format!("/seats/{}", row.handle)>
+                    <strong>{row.handle.clone()}</strong>
+                </a>
                 <div class="muted small">{row.placement.clone()}</div>
             </td>
             <td data-label="Holder">

@@ -2,11 +2,15 @@
 //! words and folds into what a page shows. Nothing here touches the DOM or
 //! the node, so every piece is tested as a plain function.
 
+mod events;
 mod fleet;
 mod handoffs;
 mod memory;
 mod seats;
+mod timeline;
 
+pub use events::{Severity, severity};
 pub use fleet::{duration_words, presence_left, rfc3339_seconds, unfollowed};
 pub use handoffs::{HANDOFFS_KEPT, HandoffState, HandoffView, apply_handoff_event};
 pub use seats::{clipped, runs_summary, spend_summary, tool_servers_summary};
+pub use timeline::{TimelineItem, timeline};

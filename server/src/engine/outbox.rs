@@ -53,6 +53,10 @@ pub struct Effect {
     pub kind: String,
     #[serde(default)]
     pub body: serde_json::Value,
+    /// When the turn posted it (RFC 3339; absent on effects posted before
+    /// it was kept).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -73,6 +77,14 @@ pub trait Outbox: Send + Sync + 'static {
     async fn post(&self, effect: &Effect, id: &str) -> Result<(), OutboxError>;
     /// Every effect kept (of `seat`, when given), oldest first.
     async fn read(&self, seat: Option<&str>) -> Result<Vec<Effect>, OutboxError>;
+    /// The newest `limit` effects of `seat`, newest first.
+    async fn recent(&self, seat: &str, limit: usize) -> Result<Vec<Effect>, OutboxError> {
+        let mut all = self.read(Some(seat)).await?;
+        let keep = all.len().saturating_sub(limit);
+        all.drain(..keep);
+        all.reverse();
+        Ok(all)
+    }
 }
 
 /// The in-process outbox of a single node.

@@ -146,6 +146,7 @@ impl Tools {
             turn_id: turn.turn_id.clone(),
             kind: kind.to_string(),
             body,
+            at: Some(crate::clock::now_rfc3339()),
         }
     }
 

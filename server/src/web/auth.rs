@@ -668,6 +668,7 @@ fn open_while_password_must_change(path: &str) -> bool {
 fn token_path(path: &str) -> bool {
     path.starts_with("/query/")
         || path == "/api/events"
+        || path == "/api/events/history"
         || path == "/api/company"
         || path == "/api/dead-letters"
         || path == "/api/memory"

@@ -9,8 +9,9 @@ use std::sync::Arc;
 use sqlx::SqlitePool;
 
 use app::api::{
-    ApprovalView, AuditView, FleetView, MemoryOverview, MoveRequestView, NewPerson, NodeOrderView,
-    Person, PersonRole, PersonView, SeatActionResult, SeatList, SeatMemoryRead, SeatQuery,
+    ApprovalView, AuditView, EffectView, EventPage, EventQuery, FleetView, MemoryOverview,
+    MoveRequestView, NewPerson, NodeOrderView, Person, PersonRole, PersonView, SeatActionResult,
+    SeatDetail, SeatList, SeatMemoryRead, SeatQuery,
 };
 use app::console::{Console, ConsoleError};
 
@@ -39,6 +40,8 @@ pub struct ConsoleParts {
     pub memread: Arc<MemRead>,
     /// The fleet's audit log.
     pub audit: Arc<crate::audit::FleetAudit>,
+    /// The fleet's events this node kept.
+    pub history: crate::web::history::EventHistory,
     /// Whether this node accepts a company revision with command agents
     /// (`node.allow_command_agents`).
     pub command_agents: bool,
@@ -55,6 +58,7 @@ pub struct NodeConsole {
     notes: Arc<SeatNotes>,
     memread: Arc<MemRead>,
     fleet_audit: Arc<crate::audit::FleetAudit>,
+    history: crate::web::history::EventHistory,
     /// The last roster read, shown (stale) while the store cannot be read.
     roster: RosterMemory,
     command_agents: bool,
@@ -72,6 +76,7 @@ impl NodeConsole {
             notes,
             memread,
             audit: fleet_audit,
+            history,
             command_agents,
             environment,
         } = parts;
@@ -84,10 +89,122 @@ impl NodeConsole {
             notes,
             memread,
             fleet_audit,
+            history,
             roster: RosterMemory::default(),
             command_agents,
             environment,
         }
+    }
+
+    /// One page of the seats matching `query` (only seat `only`, when
+    /// given), each row read in full.
+    async fn seat_page(
+        &self,
+        query: SeatQuery,
+        only: Option<&str>,
+    ) -> Result<SeatList, ConsoleError> {
+        let company = self.engine.company();
+        let store = self.engine.store();
+        let (leases, pauses) = futures::join!(
+            store.view("seat:"),
+            store.entries(crate::coord::StateBucket::Pauses, "")
+        );
+        let leases = leases.map_err(|e| unavailable("read the seat leases", e))?;
+        let pauses = pauses
+            .map_err(|e| unavailable("read the pauses", e))?
+            .into_iter()
+            .map(|e| {
+                let record = pause_record(&e.key, &e.value);
+                (e.key, record)
+            })
+            .collect();
+        let local = self.engine.host().status();
+        let turns = self.turns.seats();
+        let local_errors = turns
+            .iter()
+            .filter_map(|s| s.last_error.clone().map(|e| (s.handle.clone(), e)))
+            .collect();
+        let local_running = turns
+            .into_iter()
+            .filter_map(|s| s.running_turn.map(|t| (s.handle, t)))
+            .collect();
+        let notes = self.notes.snapshot();
+        let rows = seat_rows(&SeatFacts {
+            roles: &company.roles,
+            leases: &leases,
+            pauses: &pauses,
+            me: self.info.incarnation.as_str(),
+            local: &local,
+            local_errors: &local_errors,
+            local_running: &local_running,
+            notes: &notes,
+        });
+        let total = rows.len();
+        let rows = match only {
+            Some(h) => rows.into_iter().filter(|r| r.handle == h).collect(),
+            None => rows,
+        };
+        let mut paged = page_of(rows, &query);
+        // Inbox depth for the page's seats only, asked all at once.
+        let queue = self.engine.queue();
+        let depths = futures::future::join_all(paged.rows.iter().map(|r| {
+            let group = crate::queue::inbox_group(&r.handle);
+            async move { queue.pending(&group).await.ok() }
+        }))
+        .await;
+        // The detached runs of the page's seats only, read all at once; a
+        // seat whose runs cannot be read shows none.
+        let runs = self.turns.runs();
+        let records = futures::future::join_all(
+            paged
+                .rows
+                .iter()
+                .map(|r| async move { runs.list(&r.handle).await.ok() }),
+        )
+        .await;
+        let handles: Vec<String> = paged.rows.iter().map(|r| r.handle.clone()).collect();
+        let approvals = crate::web::approvals::pending_of(self.turns.approvals(), &handles).await;
+        let spends =
+            futures::future::join_all(paged.rows.iter().map(|r| self.turns.spend(&r.handle))).await;
+        for (row, spend) in paged.rows.iter_mut().zip(spends) {
+            row.spend = spend.map(|(windows, held)| app::api::SeatSpendView { windows, held });
+            let role = company.roles.iter().find(|r| r.handle == row.handle);
+            let here = self.turns.tool_server_states(&row.handle);
+            row.tool_servers = crate::web::seats::tool_server_views(
+                role.map(|r| r.mcp.as_slice()).unwrap_or_default(),
+                here.as_deref(),
+                row.holder.as_ref().map(|h| h.node_id.as_str()),
+            );
+        }
+        for (((row, depth), records), approvals) in paged
+            .rows
+            .iter_mut()
+            .zip(depths)
+            .zip(records)
+            .zip(approvals)
+        {
+            row.approvals = approvals;
+            row.pending = depth;
+            row.runs = crate::web::seats::run_views(
+                records
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|(r, _)| r)
+                    .collect(),
+            );
+        }
+        Ok(SeatList {
+            answered_by: self.info.node_id.clone(),
+            company: company.name.clone(),
+            revision: company.revision,
+            total,
+            matching: paged.matching,
+            page: paged.page,
+            pages: paged.pages,
+            page_size: app::api::SEAT_PAGE_SIZE,
+            counts: paged.counts,
+            rows: paged.rows,
+        })
     }
 
     /// What this node knows of the fleet besides the roster.
@@ -402,104 +519,57 @@ impl Console for NodeConsole {
     }
 
     async fn seats(&self, query: SeatQuery) -> Result<SeatList, ConsoleError> {
-        let company = self.engine.company();
-        let store = self.engine.store();
-        let (leases, pauses) = futures::join!(
-            store.view("seat:"),
-            store.entries(crate::coord::StateBucket::Pauses, "")
-        );
-        let leases = leases.map_err(|e| unavailable("read the seat leases", e))?;
-        let pauses = pauses
-            .map_err(|e| unavailable("read the pauses", e))?
-            .into_iter()
-            .map(|e| {
-                let record = pause_record(&e.key, &e.value);
-                (e.key, record)
-            })
-            .collect();
-        let local = self.engine.host().status();
-        let turns = self.turns.seats();
-        let local_errors = turns
-            .iter()
-            .filter_map(|s| s.last_error.clone().map(|e| (s.handle.clone(), e)))
-            .collect();
-        let local_running = turns
-            .into_iter()
-            .filter_map(|s| s.running_turn.map(|t| (s.handle, t)))
-            .collect();
-        let notes = self.notes.snapshot();
-        let rows = seat_rows(&SeatFacts {
-            roles: &company.roles,
-            leases: &leases,
-            pauses: &pauses,
-            me: self.info.incarnation.as_str(),
-            local: &local,
-            local_errors: &local_errors,
-            local_running: &local_running,
-            notes: &notes,
+        self.seat_page(query, None).await
+    }
+
+    async fn seat(&self, handle: &str, before: Option<u64>) -> Result<SeatDetail, ConsoleError> {
+        self.company_seat(handle)?;
+        let list = self.seat_page(SeatQuery::default(), Some(handle)).await?;
+        let row = list.rows.into_iter().next().ok_or_else(|| {
+            ConsoleError::NotFound(format!("no seat {handle:?} in the active company"))
+        })?;
+        let timeline = self.events(EventQuery {
+            before,
+            seat: handle.to_string(),
+            limit: app::api::EVENT_PAGE,
+            ..Default::default()
         });
-        let total = rows.len();
-        let mut paged = page_of(rows, &query);
-        // Inbox depth for the page's seats only, asked all at once.
-        let queue = self.engine.queue();
-        let depths = futures::future::join_all(paged.rows.iter().map(|r| {
-            let group = crate::queue::inbox_group(&r.handle);
-            async move { queue.pending(&group).await.ok() }
-        }))
-        .await;
-        // The detached runs of the page's seats only, read all at once; a
-        // seat whose runs cannot be read shows none.
-        let runs = self.turns.runs();
-        let records = futures::future::join_all(
-            paged
-                .rows
-                .iter()
-                .map(|r| async move { runs.list(&r.handle).await.ok() }),
-        )
-        .await;
-        let handles: Vec<String> = paged.rows.iter().map(|r| r.handle.clone()).collect();
-        let approvals = crate::web::approvals::pending_of(self.turns.approvals(), &handles).await;
-        let spends =
-            futures::future::join_all(paged.rows.iter().map(|r| self.turns.spend(&r.handle))).await;
-        for (row, spend) in paged.rows.iter_mut().zip(spends) {
-            row.spend = spend.map(|(windows, held)| app::api::SeatSpendView { windows, held });
-            let role = company.roles.iter().find(|r| r.handle == row.handle);
-            let here = self.turns.tool_server_states(&row.handle);
-            row.tool_servers = crate::web::seats::tool_server_views(
-                role.map(|r| r.mcp.as_slice()).unwrap_or_default(),
-                here.as_deref(),
-                row.holder.as_ref().map(|h| h.node_id.as_str()),
-            );
-        }
-        for (((row, depth), records), approvals) in paged
-            .rows
-            .iter_mut()
-            .zip(depths)
-            .zip(records)
-            .zip(approvals)
-        {
-            row.approvals = approvals;
-            row.pending = depth;
-            row.runs = crate::web::seats::run_views(
-                records
-                    .unwrap_or_default()
-                    .into_iter()
-                    .map(|(r, _)| r)
-                    .collect(),
-            );
-        }
-        Ok(SeatList {
-            answered_by: self.info.node_id.clone(),
-            company: company.name.clone(),
-            revision: company.revision,
-            total,
-            matching: paged.matching,
-            page: paged.page,
-            pages: paged.pages,
-            page_size: app::api::SEAT_PAGE_SIZE,
-            counts: paged.counts,
-            rows: paged.rows,
+        let actions = self.fleet_audit.read_about(100, Some(handle));
+        let outbox = self.outbox(handle, app::api::SEAT_OUTBOX_SHOWN);
+        let (timeline, actions, outbox) = futures::join!(timeline, actions, outbox);
+        let (outbox, outbox_error) = match outbox {
+            Ok(v) => (v, None),
+            Err(e) => (Vec::new(), Some(e.to_string())),
+        };
+        Ok(SeatDetail {
+            row,
+            company: list.company,
+            timeline: timeline?,
+            actions: actions.map(|a| a.entries).unwrap_or_default(),
+            outbox,
+            outbox_error,
         })
+    }
+
+    async fn outbox(&self, handle: &str, limit: usize) -> Result<Vec<EffectView>, ConsoleError> {
+        self.company_seat(handle)?;
+        let effects = self
+            .turns
+            .outbox()
+            .recent(handle, limit.clamp(1, 1000))
+            .await
+            .map_err(|e| unavailable("read the outbox", e))?;
+        Ok(effects
+            .into_iter()
+            .map(crate::web::seats::effect_view)
+            .collect())
+    }
+
+    async fn events(&self, query: EventQuery) -> Result<EventPage, ConsoleError> {
+        self.history
+            .page(&query)
+            .await
+            .map_err(|e| unavailable("read the kept events", e))
     }
 
     async fn people(&self) -> Result<Vec<PersonView>, ConsoleError> {

@@ -146,6 +146,11 @@ impl EventLog {
         self.push(&e.event.name(), &data)
     }
 
+    /// Every event numbered from now on (for the kept history).
+    pub fn listen(&self) -> broadcast::Receiver<Numbered> {
+        self.tx.subscribe()
+    }
+
     /// The newest id numbered so far.
     pub fn last_id(&self) -> u64 {
         lock(&self.ring).last

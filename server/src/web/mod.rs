@@ -9,6 +9,7 @@ pub mod approvals;
 pub mod auth;
 pub mod console;
 pub mod headers;
+pub mod history;
 pub mod live;
 pub mod memory;
 pub mod nodes;
@@ -149,6 +150,10 @@ pub async fn router(setup: WebSetup<'_>) -> Result<Router, WebError> {
     // `/api/events` may be sent is numbered by it.
     let event_log = Arc::new(live::EventLog::for_this_process());
     let notes = Arc::new(live::SeatNotes::default());
+    // Kept from the first event on: the history listens before the log
+    // numbers anything.
+    let history = history::EventHistory::new(pool.clone(), event_log.clone());
+    history.keep(&tasks);
     event_log.follow(engine.events(), notes.clone(), &tasks);
     let streams = live::EventStreams {
         log: event_log,
@@ -166,6 +171,7 @@ pub async fn router(setup: WebSetup<'_>) -> Result<Router, WebError> {
         notes,
         memread,
         audit,
+        history,
         command_agents: config.node.command_agents_allowed(config.coordination.kind),
         environment: config.node.environment,
     }));
@@ -201,6 +207,8 @@ pub async fn router(setup: WebSetup<'_>) -> Result<Router, WebError> {
             post(apply_company).layer(DefaultBodyLimit::max(LARGE_BODY)),
         )
         .route("/api/dead-letters", get(dead_letters))
+        .route("/api/events/history", get(event_history))
+        .route("/api/seats/{handle}/outbox", get(seat_outbox))
         .route(
             "/api/seats/{handle}/inbox",
             post(send_to_inbox).layer(DefaultBodyLimit::max(LARGE_BODY)),
@@ -513,6 +521,70 @@ pub(crate) fn console_error(e: app::console::ConsoleError) -> axum::response::Re
         ConsoleError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
     };
     (status, Json(serde_json::json!({ "error": e.to_string() }))).into_response()
+}
+
+#[derive(serde::Deserialize)]
+struct OutboxQuery {
+    #[serde(default)]
+    limit: Option<usize>,
+}
+
+/// `GET /api/seats/{handle}/outbox?limit=N`: what the seat posted, newest
+/// first (default 50, at most 1000) — its replies and messages, on a
+/// single node as on a fleet.
+async fn seat_outbox(
+    Extension(console): Extension<SharedConsole>,
+    axum::extract::Path(handle): axum::extract::Path<String>,
+    axum::extract::Query(q): axum::extract::Query<OutboxQuery>,
+) -> axum::response::Response {
+    let limit = q
+        .limit
+        .unwrap_or(app::api::SEAT_OUTBOX_SHOWN)
+        .clamp(1, 1000);
+    match console.outbox(&handle, limit).await {
+        Ok(v) => Json(serde_json::json!({ "seat": handle, "effects": v })).into_response(),
+        Err(e) => console_error(e),
+    }
+}
+
+/// `GET /api/events/history?before=&seat=&node=&turn=&type=&noise=&limit=`:
+/// one page of the events this node kept, newest first (README § Events).
+async fn event_history(
+    Extension(console): Extension<SharedConsole>,
+    axum::extract::Query(q): axum::extract::Query<HistoryParams>,
+) -> axum::response::Response {
+    let query = app::api::EventQuery {
+        before: q.before,
+        seat: q.seat,
+        node: q.node,
+        turn: q.turn,
+        kind: q.kind,
+        noise: q.noise,
+        limit: q.limit,
+    };
+    match console.events(query).await {
+        Ok(p) => Json(p).into_response(),
+        Err(e) => console_error(e),
+    }
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HistoryParams {
+    #[serde(default)]
+    before: Option<u64>,
+    #[serde(default)]
+    seat: String,
+    #[serde(default)]
+    node: String,
+    #[serde(default)]
+    turn: String,
+    #[serde(default, rename = "type")]
+    kind: String,
+    #[serde(default)]
+    noise: bool,
+    #[serde(default)]
+    limit: u32,
 }
 
 #[derive(serde::Deserialize)]

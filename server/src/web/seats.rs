@@ -264,6 +264,24 @@ pub fn page_of(rows: Vec<SeatRow>, q: &SeatQuery) -> Paged {
     }
 }
 
+/// An outbound effect as a person reads it.
+pub fn effect_view(e: crate::engine::outbox::Effect) -> app::api::EffectView {
+    app::api::EffectView {
+        text: e
+            .body
+            .get("text")
+            .and_then(|t| t.as_str())
+            .map(str::to_string),
+        body: e.body.to_string(),
+        turn_id: e.turn_id,
+        kind: e.kind,
+        node: e.node,
+        epoch: e.epoch,
+        trigger_ids: e.trigger_ids,
+        at: e.at,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

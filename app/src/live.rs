@@ -493,6 +493,13 @@ mod client {
 
     /// The browser gave up on the stream: open a new one after a pause.
     fn retry_later(shared: &Rc<Shared>) {
+        // The node refuses a stream to an ended session (401, which an
+        // EventSource cannot see): ask once whether that is why.
+        leptos::task::spawn_local(async {
+            if let Err(crate::error::AppError::NotSignedIn) = crate::fns::whoami().await {
+                crate::components::notice::session_ended();
+            }
+        });
         let delay = shared.retry_ms.get();
         shared.retry_ms.set((delay * 2).min(LAST_RETRY_MS));
         let weak = Rc::downgrade(shared);

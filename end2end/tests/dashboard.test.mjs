@@ -167,6 +167,37 @@ test('signing out ends the session', async () => {
   await context.close();
 });
 
+test('a session ended in another tab: the open page says so and goes to sign in, coming back where it was', async () => {
+  const { page, context } = await strictPage(browser);
+  await signIn(page, node.url, OPERATOR.name, OPERATOR.password);
+  await page.goto(`${node.url}/seats?state=attached`);
+  await page.waitForSelector('html[data-hydrated]');
+  await page.locator('.live.live-open').waitFor();
+  const other = await context.newPage();
+  await other.goto(`${node.url}/events`);
+  await other.waitForSelector('html[data-hydrated]');
+  await Promise.all([other.waitForURL(/signed_out=1/), other.click('form.signout button')]);
+  // The open page's stream ends with the session: it notices by itself.
+  await page.waitForURL(/\/login\?next=\/seats%3Fstate%3Dattached&ended=1$/, { timeout: 30000 });
+  await page.locator('[data-session-ended]').waitFor();
+  await page.fill('#name', OPERATOR.name);
+  await page.fill('#password', OPERATOR.password);
+  await Promise.all([page.waitForURL(/\/seats\?state=attached$/), page.click('button[type=submit]')]);
+  await page.waitForSelector('html[data-hydrated]');
+  // An action after the session ended elsewhere says so instead of "could not be reached".
+  await Promise.all([other.waitForURL(/signed_out=1/), (async () => {
+    await other.goto(`${node.url}/events`);
+    await other.waitForSelector('html[data-hydrated]');
+    await other.click('form.signout button');
+  })()]);
+  const answer = await page.evaluate(async () => {
+    const r = await fetch('/api/whoami', { method: 'POST' });
+    return { status: r.status, body: await r.text() };
+  });
+  assert.deepEqual(answer, { status: 401, body: '"NotSignedIn"' });
+  await context.close();
+});
+
 /** Open `path` signed in and wait until the page follows the event stream. */
 async function livePage(who, path, viewport) {
   const p = await strictPage(browser, viewport);

@@ -24,6 +24,7 @@ pub fn LoginPage() -> impl IntoView {
     let query = use_query_map();
     let error = move || query.with(|q| q.get("error").map(|e| sign_in_error(&e)));
     let signed_out = move || query.with(|q| q.get("signed_out").is_some());
+    let ended = move || query.with(|q| q.get("ended").is_some());
     let next = move || query.with(|q| q.get("next").unwrap_or_default());
     let name = move || query.with(|q| q.get("name").unwrap_or_default());
     let focus_password = move || query.with(|q| q.get("name").is_some());
@@ -34,6 +35,7 @@ pub fn LoginPage() -> impl IntoView {
                 <p class="muted">"Sign in to watch and steer this fleet."</p>
                 {move || error().map(|e| view! { <p class="notice notice-error" role="alert">{e}</p> })}
                 {move || signed_out().then(|| view! { <p class="notice notice-info" role="status">"You signed out."</p> })}
+                {move || ended().then(|| view! { <p class="notice notice-info" role="status" data-session-ended="true">"Your session ended. Sign in again to go back where you were."</p> })}
                 <input type="hidden" name="next" value=next />
                 <label for="name">"Name"</label>
                 <input id="name" name="name" type="text" autocomplete="username" required value=name autofocus=move || !focus_password() />

@@ -680,6 +680,28 @@ fn is_safe(m: &Method) -> bool {
     matches!(*m, Method::GET | Method::HEAD | Method::OPTIONS)
 }
 
+/// A dashboard server function (`POST /api/{fn}`): its errors are the
+/// dashboard's typed `AppError`, so a page can tell an ended session from
+/// a node it cannot reach.
+fn server_fn_path(path: &str) -> bool {
+    path.starts_with("/api/") && !token_path(path) && !path.starts_with("/api/events")
+}
+
+/// 401 for `path`: the server functions' "not signed in" (which the
+/// dashboard reads as "your session ended"), else `{"error": msg}`.
+fn unauthorized_at(path: &str, msg: &str) -> Response {
+    if !server_fn_path(path) {
+        return unauthorized(msg);
+    }
+    let body = serde_json::to_string(&app::error::AppError::NotSignedIn).unwrap_or_default();
+    (
+        StatusCode::UNAUTHORIZED,
+        [(header::CONTENT_TYPE, "application/json")],
+        body,
+    )
+        .into_response()
+}
+
 fn unauthorized(msg: &str) -> Response {
     (
         StatusCode::UNAUTHORIZED,
@@ -756,7 +778,7 @@ pub async fn gate(
             return if wants_page(&req, &path) {
                 to_sign_in(&req)
             } else {
-                unauthorized("sign in, or present a bearer token on JSON endpoints")
+                unauthorized_at(&path, "sign in, or present a bearer token on JSON endpoints")
             };
         }
     };
@@ -772,7 +794,7 @@ pub async fn gate(
             return if wants_page(&req, &path) {
                 to_sign_in(&req)
             } else {
-                unauthorized("your session ended: you can no longer sign in to this node")
+                unauthorized_at(&path, "your session ended: you can no longer sign in to this node")
             };
         }
         Err(e) => {

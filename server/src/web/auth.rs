@@ -778,7 +778,10 @@ pub async fn gate(
             return if wants_page(&req, &path) {
                 to_sign_in(&req)
             } else {
-                unauthorized_at(&path, "sign in, or present a bearer token on JSON endpoints")
+                unauthorized_at(
+                    &path,
+                    "sign in, or present a bearer token on JSON endpoints",
+                )
             };
         }
     };
@@ -794,7 +797,10 @@ pub async fn gate(
             return if wants_page(&req, &path) {
                 to_sign_in(&req)
             } else {
-                unauthorized_at(&path, "your session ended: you can no longer sign in to this node")
+                unauthorized_at(
+                    &path,
+                    "your session ended: you can no longer sign in to this node",
+                )
             };
         }
         Err(e) => {

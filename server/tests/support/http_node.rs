@@ -68,6 +68,8 @@ pub fn client() -> reqwest::Client {
 pub struct HttpNode {
     pub node: Option<RunningNode>,
     pub base: String,
+    /// The company file it was started with (a restart reads it again).
+    text: String,
     _dir: tempfile::TempDir,
 }
 
@@ -173,8 +175,22 @@ role = "operator"
         HttpNode {
             node: Some(node),
             base,
+            text,
             _dir: dir,
         }
+    }
+
+    /// Stop the node gracefully and start it again on the same data
+    /// folder and company file (on a new port).
+    pub async fn restart(mut self) -> HttpNode {
+        if let Some(n) = self.node.take() {
+            n.shutdown().await.unwrap();
+        }
+        let config = Config::parse("test.toml", &self.text, &BTreeMap::new()).unwrap();
+        let node = node::start(config).await.unwrap();
+        self.base = format!("http://127.0.0.1:{}", node.addr.port());
+        self.node = Some(node);
+        self
     }
 
     pub fn url(&self, path: &str) -> String {

@@ -426,7 +426,7 @@ test("a seat's page shows its story from before it was opened, and a message sen
   await page.waitForSelector('html[data-hydrated]');
   await page.getByRole('heading', { name: 'Seat alpha-agent' }).waitFor();
   const timeline = page.locator('ol.timeline-items');
-  await timeline.locator('li[data-title="paused by olivia"]').waitFor();
+  await timeline.locator('li[data-title="paused by olivia"]', { hasText: 'story pause' }).waitFor();
   assert.match(await timeline.innerText(), /turn completed/);
   assert.match(await timeline.innerText(), /olivia: seat pause/);
   assert.match(await page.locator('ol.effects').innerText(), /echo of story-1/);

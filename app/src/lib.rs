@@ -55,7 +55,9 @@ pub fn App() -> impl IntoView {
 
     view! {
         <Stylesheet id="crewlet" href="/pkg/crewlet.css" />
-        <Title text="Crewlet node" />
+        <Title formatter=|page: String| {
+            if page.is_empty() { "Crewlet node".to_string() } else { format!("{page} · Crewlet node") }
+        } />
         <Router>
             <Routes fallback=|| view! { <Layout><NotFound /></Layout> }>
                 <Route path=path!("/login") view=LoginPage />

@@ -198,6 +198,38 @@ test('a session ended in another tab: the open page says so and goes to sign in,
   await context.close();
 });
 
+test('each page has its own title and is marked in the menu, a skip link leads to the content, and dark mode follows the browser', async () => {
+  const { page, context, problems } = await strictPage(browser);
+  await signIn(page, node.url, VIEWER.name, VIEWER.password);
+  for (const [path, title, menu] of [
+    ['/settings/nodes', 'Nodes · Crewlet node', 'Nodes'],
+    ['/seats', 'Seats · Crewlet node', 'Seats'],
+    ['/seats/alpha-agent', 'alpha-agent · Seats · Crewlet node', 'Seats'],
+    ['/events', 'Events · Crewlet node', 'Events'],
+    ['/audit', 'Audit · Crewlet node', 'Audit'],
+  ]) {
+    await page.goto(`${node.url}${path}`);
+    await page.waitForSelector('html[data-hydrated]');
+    await until(`${path} titled`, async () => (await page.title()) === title);
+    assert.deepEqual(await page.locator('nav a[aria-current="page"]').allInnerTexts(), [menu], path);
+  }
+  await page.keyboard.press('Tab');
+  assert.equal(await page.evaluate(() => document.activeElement.textContent), 'Skip to content');
+  await page.keyboard.press('Enter');
+  await until('focus in the content', () => page.evaluate(() => document.activeElement.id === 'main'));
+  const dark = await browser.newContext({ colorScheme: 'dark', viewport: { width: 1440, height: 900 } });
+  const night = await dark.newPage();
+  await signIn(night, node.url, VIEWER.name, VIEWER.password);
+  await night.goto(`${node.url}/seats`);
+  await night.waitForSelector('html[data-hydrated]');
+  const bg = await night.evaluate(() => getComputedStyle(document.documentElement).backgroundColor);
+  assert.equal(bg, 'rgb(15, 20, 26)', 'the dark background');
+  await night.screenshot({ path: join(resultsDir, 'seats-dark-1440.png'), fullPage: true });
+  await dark.close();
+  assert.deepEqual(problems, []);
+  await context.close();
+});
+
 /** Open `path` signed in and wait until the page follows the event stream. */
 async function livePage(who, path, viewport) {
   const p = await strictPage(browser, viewport);

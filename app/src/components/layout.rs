@@ -1,24 +1,39 @@
-//! The frame every signed-in page sits in: navigation, who is signed in,
-//! and the sign-out button.
+//! The frame every signed-in page sits in: a skip link, navigation (the
+//! current page marked), who is signed in, and the sign-out button.
 
 use leptos::prelude::*;
+use leptos_router::components::A;
 
 use crate::fns::whoami;
 
 #[component]
 pub fn Layout(children: Children) -> impl IntoView {
     let me = Resource::new(|| (), |_| whoami());
+    let main = NodeRef::<leptos::html::Main>::new();
     view! {
         <div class="frame">
+            <a
+                class="skip"
+                href="#main"
+                on:click=move |ev| {
+                    // Focus the content itself (the router would only navigate).
+                    ev.prevent_default();
+                    if let Some(m) = main.get() {
+                        let _ = m.focus();
+                    }
+                }
+            >
+                "Skip to content"
+            </a>
             <header class="topbar">
                 <a class="brand" href="/settings/nodes">"Crewlet node"</a>
                 <nav aria-label="Main">
-                    <a href="/settings/nodes">"Nodes"</a>
-                    <a href="/seats">"Seats"</a>
-                    <a href="/memory">"Memory"</a>
-                    <a href="/events">"Events"</a>
-                    <a href="/audit">"Audit"</a>
-                    <a href="/settings/people">"People"</a>
+                    <A href="/settings/nodes">"Nodes"</A>
+                    <A href="/seats">"Seats"</A>
+                    <A href="/memory">"Memory"</A>
+                    <A href="/events">"Events"</A>
+                    <A href="/audit">"Audit"</A>
+                    <A href="/settings/people">"People"</A>
                 </nav>
                 <div class="who">
                     <Suspense fallback=|| ()>
@@ -40,7 +55,7 @@ pub fn Layout(children: Children) -> impl IntoView {
                     </form>
                 </div>
             </header>
-            <main>{children()}</main>
+            <main id="main" tabindex="-1" node_ref=main>{children()}</main>
         </div>
     }
 }

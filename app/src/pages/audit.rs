@@ -19,6 +19,7 @@ pub fn AuditPage() -> impl IntoView {
     view! {
         <section class="page">
             <div class="page-head">
+                <leptos_meta::Title text="Audit" />
                 <h1>"Audit"</h1>
                 <LiveBadge state=live />
             </div>

@@ -224,6 +224,7 @@ pub fn EventsPage() -> impl IntoView {
     view! {
         <section class="page">
             <div class="page-head">
+                <leptos_meta::Title text="Events" />
                 <h1>"Events"</h1>
                 <LiveBadge state=state />
             </div>

@@ -31,6 +31,7 @@ pub fn LoginPage() -> impl IntoView {
     view! {
         <main class="login">
             <form method="post" action="/login" class="card login-card">
+                <leptos_meta::Title text="Sign in" />
                 <h1>"Crewlet node"</h1>
                 <p class="muted">"Sign in to watch and steer this fleet."</p>
                 {move || error().map(|e| view! { <p class="notice notice-error" role="alert">{e}</p> })}
@@ -73,6 +74,7 @@ pub fn PasswordPage() -> impl IntoView {
     view! {
         <main class="login">
             <form method="post" action="/account/password" class="card login-card">
+                <leptos_meta::Title text="Your password" />
                 <h1>"Choose a new password"</h1>
                 <p class="muted">"At least 12 characters. Only its hash is kept."</p>
                 {move || error().map(|e| view! { <p class="notice notice-error" role="alert">{e}</p> })}

@@ -79,6 +79,7 @@ pub fn MemoryPage() -> impl IntoView {
     view! {
         <section class="page memory">
             <div class="page-head">
+                <leptos_meta::Title text="Memory" />
                 <h1>"Memory"</h1>
                 <LiveBadge state=live />
             </div>

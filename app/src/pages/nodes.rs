@@ -148,6 +148,7 @@ pub fn NodesPage() -> impl IntoView {
     view! {
         <section class="page">
             <div class="page-head">
+                <leptos_meta::Title text="Nodes" />
                 <h1>"Settings › Nodes"</h1>
                 <LiveBadge state=live />
             </div>

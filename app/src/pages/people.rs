@@ -36,7 +36,8 @@ pub fn PeoplePage() -> impl IntoView {
     let my_name = move || me.get().and_then(|r| r.ok()).map(|p| p.name);
     view! {
         <section class="page">
-            <h1>"Settings › People"</h1>
+            <leptos_meta::Title text="People" />
+                <h1>"Settings › People"</h1>
             <Suspense fallback=|| view! { <p class="muted">"Reading…"</p> }>
                 {move || {
                     list.get()

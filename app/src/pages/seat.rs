@@ -46,6 +46,7 @@ pub fn SeatPage() -> impl IntoView {
     view! {
         <section class="page seat-page">
             <div class="page-head">
+                <leptos_meta::Title text=move || format!("{} · Seats", handle.get()) />
                 <h1>"Seat " <span class="mono">{move || handle.get()}</span></h1>
                 <LiveBadge state=live />
             </div>

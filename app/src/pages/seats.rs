@@ -161,6 +161,7 @@ pub fn SeatsPage() -> impl IntoView {
     view! {
         <section class="page">
             <div class="page-head">
+                <leptos_meta::Title text="Seats" />
                 <h1>"Seats"</h1>
                 <LiveBadge state=live />
             </div>

@@ -1033,13 +1033,43 @@ async fn stop_is_operator_only_and_audited() {
             .contains("only operators may stop a seat's turn"),
         "{v}"
     );
-    let r = client()
-        .post(n.url("/api/seats/alpha/stop"))
+    let stop = || {
+        client()
+            .post(n.url("/api/seats/alpha/stop"))
+            .bearer_auth(DEPLOY_TOKEN)
+            .body(r#"{"reason":"looping"}"#)
+            .send()
+    };
+    // Nothing runs yet: said so, and nothing is sent.
+    let r = stop().await.unwrap();
+    assert_eq!(
+        r.json::<Value>().await.unwrap(),
+        serde_json::json!({"seat": "alpha", "result": "no turn was running"})
+    );
+    // A slow turn (the echo drill's rounds), then the stop reaches it.
+    let slow = client()
+        .post(n.url("/api/seats/alpha/inbox"))
         .bearer_auth(DEPLOY_TOKEN)
-        .body(r#"{"reason":"looping"}"#)
+        .body(r#"{"id":"evt-slow","type":"task_assigned","body":{"echo":{"rounds":40,"round_delay_ms":500}}}"#)
         .send()
         .await
         .unwrap();
+    assert_eq!(slow.status(), StatusCode::OK);
+    let turns = n.running().turns.clone();
+    support::wait_for(
+        "alpha's turn runs",
+        Duration::from_secs(20),
+        Duration::from_millis(20),
+        || {
+            let running = turns
+                .seats()
+                .iter()
+                .any(|s| s.handle == "alpha" && s.running_turn.is_some());
+            async move { running.then_some(()) }
+        },
+    )
+    .await;
+    let r = stop().await.unwrap();
     assert_eq!(r.status(), StatusCode::OK);
     assert_eq!(
         r.json::<Value>().await.unwrap(),
@@ -1076,6 +1106,11 @@ async fn stop_is_operator_only_and_audited() {
                 "token:monitoring".to_string(),
                 "looping".to_string(),
                 "refused: not an operator".to_string()
+            ),
+            (
+                "token:deploy".to_string(),
+                "looping".to_string(),
+                "no turn was running".to_string()
             ),
             (
                 "token:deploy".to_string(),

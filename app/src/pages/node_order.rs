@@ -105,6 +105,20 @@ impl OrderDraft {
         self.order.get().and_then(|r| r.ok())
     }
 
+    /// Whether a save would change anything: a draft that differs from
+    /// the effective order, or an order never saved (saving it fixes the
+    /// first-seen order as the fleet's).
+    fn savable(self) -> bool {
+        let Some(current) = self.current() else {
+            return false;
+        };
+        current.revision.is_none()
+            || self
+                .draft
+                .get()
+                .is_some_and(|draft| draft != current.effective)
+    }
+
     /// The order shown: the draft, else the effective order.
     fn shown(self) -> Vec<String> {
         self.draft
@@ -353,7 +367,8 @@ fn OrderActions(d: OrderDraft, operator: Signal<bool>) -> impl IntoView {
                         type="button"
                         class="primary"
                         data-action="save-order"
-                        disabled=move || d.save.pending().get()
+                        title=move || (!d.savable()).then_some("Nothing to save: the order is as saved")
+                        disabled=move || d.save.pending().get() || !d.savable()
                         on:click=move |_| d.submit()
                     >
                         "Save order"

@@ -796,6 +796,7 @@ fn SeatRowView(
     let state = row.state.as_str();
     let holder_node = row.holder.as_ref().map(|h| h.node_id.clone());
     let paused = row.pause.is_some();
+    let idle = row.running_turn.is_none();
     let button = |a: Ask| {
         let confirm = Confirm {
             ask: a,
@@ -803,12 +804,15 @@ fn SeatRowView(
             holder: holder_node.clone(),
         };
         let label = format!("{} {}", a.button(), row.handle);
+        // Stop turn only while a turn runs.
+        let nothing_to_stop = a == Ask::Stop && idle;
         view! {
             <button
                 type="button"
                 data-action=a.name()
                 aria-label=label
-                disabled=move || !operator.get()
+                title=nothing_to_stop.then_some("No turn is running")
+                disabled=move || !operator.get() || nothing_to_stop
                 on:click=move |_| ask.run(confirm.clone())
             >
                 {a.button()}

@@ -957,6 +957,21 @@ impl Console for NodeConsole {
         let reason = self
             .admit_seat_action(actor, action, handle, reason)
             .await?;
+        // Nothing to stop: said so (and audited), no stop is sent.
+        let running = self
+            .seat_page(SeatQuery::default(), Some(handle))
+            .await
+            .map(|l| l.rows.iter().any(|r| r.running_turn.is_some()))
+            .unwrap_or(true);
+        if !running {
+            let result = "no turn was running";
+            self.audited_seat(actor, action, handle, reason.as_deref(), result)
+                .await?;
+            return Ok(SeatActionResult {
+                seat: handle.to_string(),
+                result: result.to_string(),
+            });
+        }
         let engine = &self.engine;
         if let Err(e) = pause::stop(&**engine.queue(), handle, &actor.name).await {
             return Err(self

@@ -1172,11 +1172,13 @@ async fn crewlet_pause_and_resume_talk_to_the_api() {
     );
     assert_eq!(seat_pause(&n, "alpha").await, None);
 
+    // No turn runs: the node says so (a running turn's stop is the
+    // route's test, stop_is_operator_only_and_audited).
     let out = crewlet_cli(&["stop", "--node", &n.base, "--seat", "alpha"], None).await;
     assert_eq!(out.status.code(), Some(0));
     assert_eq!(
         String::from_utf8_lossy(&out.stdout).trim(),
-        "alpha: stop requested"
+        "alpha: no turn was running"
     );
 
     // A refusal exits 1 with the node's reason.

@@ -34,6 +34,11 @@ impl NodeProcess {
         let mut child = Command::new(env!("CARGO_BIN_EXE_crewlet"))
             .args(["run", "--config"])
             .arg(&file)
+            // The suites read turns from the log: their events at debug.
+            .env(
+                "RUST_LOG",
+                format!("{},crewlet::event=debug", crewlet::logging::DEFAULT_FILTER),
+            )
             .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -42,7 +42,7 @@ test('an operator signs in, the page hydrates and Settings › Nodes shows this 
   await row.locator('details.seats summary').click();
   await row.locator('li[data-seat="alpha-agent"]').waitFor();
   const seat = await row.locator('li[data-seat="alpha-agent"]').innerText();
-  assert.match(seat, /epoch 1 · since \d\d:\d\d/);
+  assert.match(seat, /epoch 1 · since (?:just now|\d+ s ago|\d+ min ago|\d+ h ago|in \d+ (?:s|min)|\d\d:\d\d:\d\d UTC)/);
   assert.match(await page.locator('.person').innerText(), /olivia/);
   await page.screenshot({ path: join(resultsDir, 'nodes-1280.png'), fullPage: true });
   for (const [path, heading] of [
@@ -230,6 +230,31 @@ test('each page has its own title and is marked in the menu, a skip link leads t
   await context.close();
 });
 
+test('times read relative on the browser\'s clock with the local time and zone on hover, and a UTC switch is remembered', async () => {
+  const context = await browser.newContext({ timezoneId: 'America/Los_Angeles', viewport: { width: 1280, height: 800 } });
+  const page = await context.newPage();
+  await signIn(page, node.url, VIEWER.name, VIEWER.password);
+  await page.goto(`${node.url}/seats`);
+  await page.waitForSelector('html[data-hydrated]');
+  const since = page.locator('tr[data-seat="alpha-agent"] time.when').first();
+  await until('the time read on the browser\'s clock', async () => /America\/Los_Angeles/.test((await since.getAttribute('title')) ?? ''));
+  const utcAt = await since.getAttribute('datetime');
+  const title = await since.getAttribute('title');
+  // The hover is the same moment on Los Angeles's clock (UTC−08:00 in December).
+  const local = new Date(Date.parse(utcAt) - 8 * 3600 * 1000).toISOString().slice(0, 19).replace('T', ' ');
+  assert.equal(title, `${local} America/Los_Angeles (UTC−08:00)`);
+  assert.match(await since.innerText(), /^(?:just now|\d+ s ago|\d+ min ago|\d+ h ago|\d{4}-\d\d-\d\d \d\d:\d\d)$/);
+  // Switched to UTC, and still on UTC after a reload.
+  await page.getByRole('button', { name: 'Times: local' }).click();
+  await until('the time on UTC', async () => (await since.getAttribute('title')) === `${utcAt.slice(0, 19).replace('T', ' ')} UTC`);
+  await page.reload();
+  await page.waitForSelector('html[data-hydrated]');
+  await page.getByRole('button', { name: 'Times: UTC' }).waitFor();
+  await until('UTC after the reload', async () => (await page.locator('tr[data-seat="alpha-agent"] time.when').first().getAttribute('title'))?.endsWith(' UTC'));
+  await page.screenshot({ path: join(resultsDir, 'seats-los-angeles-1280.png'), fullPage: true });
+  await context.close();
+});
+
 /** Open `path` signed in and wait until the page follows the event stream. */
 async function livePage(who, path, viewport) {
   const p = await strictPage(browser, viewport);
@@ -260,7 +285,7 @@ test('an operator pauses a seat from the Seats page: it turns paused live, here 
   const viewer = await livePage(VIEWER, '/seats');
   const row = (p) => p.locator('tr[data-seat="alpha-agent"]');
   assert.equal(await row(op.page).getAttribute('data-state'), 'attached');
-  assert.match(await row(op.page).innerText(), /node-e2e[\s\S]*since \d\d:\d\d · epoch 1/);
+  assert.match(await row(op.page).innerText(), /node-e2e[\s\S]*since (?:just now|\d+ s ago|\d+ min ago|\d+ h ago|in \d+ (?:s|min)|\d\d:\d\d:\d\d UTC) · epoch 1/);
   // Neither page may reload: a reload would clear these marks. A row that
   // does not change keeps its element (and so its place and focus).
   for (const p of [op.page, viewer.page]) {
@@ -294,7 +319,7 @@ test('an operator pauses a seat from the Seats page: it turns paused live, here 
 
   await op.page.locator('tr[data-seat="alpha-agent"][data-state="paused"]').waitFor();
   const paused = await row(op.page).innerText();
-  assert.match(paused, /paused by olivia · \d\d:\d\d · rotating the e2e keys · turn stopped/);
+  assert.match(paused, /paused by olivia · (?:just now|\d+ s ago|\d+ min ago|\d+ h ago|in \d+ (?:s|min)|\d\d:\d\d:\d\d UTC) · rotating the e2e keys · turn stopped/);
   assert.match(await op.page.locator('[role=status][data-result="alpha-agent"]').innerText(), /alpha-agent: paused; the running turn stops at its next round/);
   // The viewer's page follows without a reload, its buttons disabled.
   await viewer.page.locator('tr[data-seat="alpha-agent"][data-state="paused"]').waitFor();
@@ -522,7 +547,7 @@ test('the Nodes page shows a new seat without a reload when a company adds one',
   // The seat list stays open while the page refreshes itself.
   await row.locator('li[data-seat="gamma-agent"]').waitFor();
   assert.match(await row.locator('details.seats summary').innerText(), /^3 seats$/);
-  assert.match(await row.locator('li[data-seat="gamma-agent"]').innerText(), /epoch 1 · since \d\d:\d\d/);
+  assert.match(await row.locator('li[data-seat="gamma-agent"]').innerText(), /epoch 1 · since (?:just now|\d+ s ago|\d+ min ago|\d+ h ago|in \d+ (?:s|min)|\d\d:\d\d:\d\d UTC)/);
   assert.equal(await page.evaluate(() => window.__sameDocument), true, 'no reload');
   await page.screenshot({ path: join(resultsDir, 'nodes-live-1280.png'), fullPage: true });
   assert.deepEqual(problems, []);
@@ -625,7 +650,7 @@ test('when the event stream drops the pages say reconnecting and Nodes declines 
     }
     // Nodes: the last roster greyed, every status unknown, as of its read.
     await nodes.locator('tr[data-node="node-e2e"][data-status="unknown"]').waitFor();
-    assert.match(await row.innerText(), /unknown[\s\S]*serving as of \d\d:\d\d:\d\d/);
+    assert.match(await row.innerText(), /unknown[\s\S]*serving as of (?:just now|\d+ s ago|\d+ min ago|\d+ h ago|in \d+ (?:s|min)|\d\d:\d\d:\d\d UTC)/);
     assert.match(await nodes.locator('[data-stale="true"]').innerText(), /live event stream from the node is lost/);
     await nodes.screenshot({ path: join(resultsDir, 'nodes-reconnecting-1280.png'), fullPage: true });
 
@@ -808,7 +833,7 @@ test('Settings › Nodes puts alarms on top: a seat no node may run, and an unde
     await undead.waitFor({ timeout: 20000 });
     assert.match(
       await undead.innerText(),
-      /stubborn-agent is undead on node-e2e-alarms: its teardown has been failing for \d+ s \(since \d\d:\d\d:\d\d\), epoch 1\. node-e2e-alarms keeps the lease/,
+      /stubborn-agent is undead on node-e2e-alarms: its teardown has been failing for \d+ s \(since (?:just now|\d+ s ago|\d+ min ago|\d+ h ago|in \d+ (?:s|min)|\d\d:\d\d:\d\d UTC)\), epoch 1\. node-e2e-alarms keeps the lease/,
     );
     assert.match(await page.locator('.alarms h2').innerText(), /Alarms \(2\)/);
     await page.screenshot({ path: join(resultsDir, 'nodes-alarms-1280.png'), fullPage: true });
@@ -862,9 +887,9 @@ test('when the coordination store cannot be read, Settings › Nodes says unknow
     await page.reload();
     await page.locator('[data-stale="true"]').waitFor();
     await page.waitForSelector('html[data-hydrated]');
-    assert.match(await page.locator('[data-stale="true"]').innerText(), /Node states are unknown: the fleet's roster cannot be read right now[\s\S]*as of \d\d:\d\d:\d\d/);
+    assert.match(await page.locator('[data-stale="true"]').innerText(), /Node states are unknown: the fleet's roster cannot be read right now[\s\S]*as of (?:just now|\d+ s ago|\d+ min ago|\d+ h ago|in \d+ (?:s|min)|\d\d:\d\d:\d\d UTC)/);
     assert.equal(await row.getAttribute('data-status'), 'unknown');
-    assert.match(await row.locator('.stale-note').innerText(), /^serving as of \d\d:\d\d:\d\d$/);
+    assert.match(await row.locator('.stale-note').innerText(), /^serving as of (?:just now|\d+ s ago|\d+ min ago|\d+ h ago|in \d+ (?:s|min)|\d\d:\d\d:\d\d UTC)$/);
     assert.equal(await row.evaluate((tr) => tr.classList.contains('stale')), true, 'the row is greyed');
     await page.screenshot({ path: join(resultsDir, 'nodes-unknown-1280.png'), fullPage: true });
 
@@ -979,7 +1004,7 @@ test('the priority order lists this node; an operator saves it and the audit has
   await panel.getByText('No order saved yet').waitFor();
   await panel.locator('button[data-action="save-order"]').click();
   await panel.locator('[data-order-set-by="olivia"]').waitFor();
-  assert.match(await panel.innerText(), /Saved by olivia at \d\d:\d\d:\d\d \(revision \d+\)/);
+  assert.match(await panel.innerText(), /Saved by olivia (?:just now|\d+ s ago|\d+ min ago|\d+ h ago|in \d+ (?:s|min)|\d\d:\d\d:\d\d UTC) \(revision \d+\)/);
   // Saved as shown: nothing to save until the order changes.
   await until('Save order disabled', () => panel.locator('button[data-action="save-order"]').isDisabled());
   await op.page.screenshot({ path: join(resultsDir, 'nodes-order-1280.png'), fullPage: true });

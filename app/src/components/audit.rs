@@ -32,7 +32,7 @@ pub fn AuditTable(entries: Vec<AuditEntry>) -> impl IntoView {
                             let action = a.action.clone();
                             view! {
                                 <tr data-action=action>
-                                    <td class="mono small" data-label="When">{a.at}</td>
+                                    <td class="small" data-label="When"><crate::components::time::When at=a.at.clone() /></td>
                                     <td data-label="Who">{a.person}</td>
                                     <td data-label="Node">{a.node.unwrap_or_default()}</td>
                                     <td data-label="What">{a.action}</td>

@@ -10,6 +10,9 @@ use crate::fns::whoami;
 pub fn Layout(children: Children) -> impl IntoView {
     let me = Resource::new(|| (), |_| whoami());
     let main = NodeRef::<leptos::html::Main>::new();
+    // One clock for every time on the page (and the switch between the
+    // browser's and UTC).
+    crate::components::time::Times::get();
     view! {
         <div class="frame">
             <a
@@ -50,6 +53,7 @@ pub fn Layout(children: Children) -> impl IntoView {
                                 })
                         }}
                     </Suspense>
+                    <crate::components::time::ClockSwitch />
                     <form method="post" action="/logout" class="signout">
                         <button type="submit">"Sign out"</button>
                     </form>

@@ -4,3 +4,4 @@ pub mod audit;
 pub mod layout;
 pub mod notice;
 pub mod pager;
+pub mod time;

@@ -84,10 +84,6 @@ impl Entry {
     fn of_kept(e: &KeptEvent) -> Entry {
         Entry::parse(e.id, e.name.clone(), &e.data)
     }
-
-    fn time(&self) -> String {
-        self.at.get(11..19).unwrap_or(&self.at).to_string()
-    }
 }
 
 /// The page's filters, as the address carries them.
@@ -372,7 +368,7 @@ fn EventRow(e: Entry, filters: Memo<Filters>) -> impl IntoView {
     view! {
         <tr data-event=e.name.clone() data-id=e.id class=format!("sev-{sev}")>
             <td class="mono small" data-label="When">
-                <time datetime=e.at.clone() title=e.at.clone()>{e.time()}</time>
+                <crate::components::time::When at=e.at.clone() />
             </td>
             <td class="mono" data-label="Event">{e.name.clone()}</td>
             <td data-label="Node">

@@ -34,11 +34,6 @@ pub fn moved(list: &[String], from: usize, to: usize) -> Vec<String> {
     v
 }
 
-/// `HH:MM:SS` of an RFC 3339 timestamp (UTC, as the node writes them).
-fn hhmmss(at: &str) -> String {
-    at.get(11..19).unwrap_or(at).to_string()
-}
-
 /// Which of a row's buttons to focus after it moved to `to` of `len`: the
 /// one pressed, unless the row reached the end it points to.
 fn focus_after_move(node: &str, up: bool, to: usize, len: usize) -> String {
@@ -200,8 +195,8 @@ fn SavedBy(d: OrderDraft) -> impl IntoView {
         d.current().map(|o| match (o.set_by, o.set_at) {
             (Some(by), Some(at)) => view! {
                 <p class="muted small" data-order-set-by=by.clone()>
-                    {format!("Saved by {by} at ")}
-                    <time datetime=at.clone() title=at.clone()>{hhmmss(&at)}</time>
+                    {format!("Saved by {by} ")}
+                    <crate::components::time::When at=at.clone() />
                     {o.revision.map(|r| format!(" (revision {r})"))}
                 </p>
             }
@@ -431,9 +426,7 @@ pub fn Handoffs(list: RwSignal<Vec<HandoffView>>) -> impl IntoView {
                                             data-state=h.state_name()
                                         >
                                             <td class="mono small">
-                                                <time datetime=h.at.clone() title=h.at.clone()>
-                                                    {hhmmss(&h.at)}
-                                                </time>
+                                                <crate::components::time::When at=h.at.clone() />
                                             </td>
                                             <td class="mono">{h.seat.clone()}</td>
                                             <td>

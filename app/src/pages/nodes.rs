@@ -33,11 +33,6 @@ use crate::view::{HandoffView, apply_handoff_event, duration_words, presence_lef
 /// How often the page reads the roster again while it cannot be read.
 pub const STALE_RETRY_SECS: u64 = 5;
 
-/// `HH:MM:SS` of an RFC 3339 timestamp (UTC, as the node writes them).
-fn hhmmss(at: &str) -> String {
-    at.get(11..19).unwrap_or(at).to_string()
-}
-
 #[component]
 pub fn NodesPage() -> impl IntoView {
     let data = Resource::new(|| (), |_| fleet());
@@ -214,7 +209,6 @@ pub fn NodesPage() -> impl IntoView {
 fn FleetHead(fleet: FleetView, ticks: RwSignal<u64>) -> impl IntoView {
     let count = fleet.nodes.len();
     let stale = fleet.stale.clone().map(|why| {
-        let as_of = hhmmss(&fleet.read_at);
         view! {
             <div class="notice notice-warn" role="alert" data-stale="true">
                 <p>
@@ -223,7 +217,7 @@ fn FleetHead(fleet: FleetView, ticks: RwSignal<u64>) -> impl IntoView {
                 </p>
                 <p>
                     "The page does not guess. Below is the roster as last read, as of "
-                    <time datetime=fleet.read_at.clone() title=fleet.read_at.clone()>{as_of}</time>
+                    <crate::components::time::When at=fleet.read_at.clone() />
                     {format!("; it is read again every {STALE_RETRY_SECS} s until it can be.")}
                 </p>
             </div>
@@ -279,7 +273,7 @@ fn Alarm(alarm: FleetAlarm, ticks: RwSignal<u64>) -> impl IntoView {
             let since = since.map(|at| {
                 view! {
                     " (since "
-                    <time datetime=at.clone() title=at.clone()>{hhmmss(&at)}</time>
+                    <crate::components::time::When at=at.clone() />
                     ")"
                 }
             });
@@ -391,13 +385,12 @@ fn NodeRow(
                             .into_iter()
                             .map(|s| {
                                 let since = s.since.clone();
-                                let short = since.get(11..16).unwrap_or(&since).to_string();
                                 view! {
                                     <li data-seat=s.handle.clone()>
                                         <span class="mono">{s.handle.clone()}</span>
                                         <span class="muted small">
                                             {format!(" · epoch {} · since ", s.epoch)}
-                                            <time datetime=since.clone() title=since.clone()>{short}</time>
+                                            <crate::components::time::When at=since.clone() />
                                         </span>
                                     </li>
                                 }
@@ -414,7 +407,6 @@ fn NodeRow(
     };
     let presence = move || match node.with(|n| n.presence_expires_at.clone()) {
         Some(at) => {
-            let short = hhmmss(&at);
             let left = move || match presence_left(&node.get(), &read_at.get(), ticks.get()) {
                 Some(0) => "renewal due".to_string(),
                 Some(s) => format!("{} left", duration_words(s)),
@@ -423,8 +415,8 @@ fn NodeRow(
             view! {
                 <span class="presence-left" data-presence-left="">{left}</span>
                 <div class="muted small">
-                    "until "
-                    <time datetime=at.clone() title=at>{short}</time>
+                    "expires "
+                    <crate::components::time::When at=at.clone() />
                 </div>
             }
             .into_any()
@@ -449,7 +441,7 @@ fn NodeRow(
                         view! {
                             <div class="muted small stale-note">
                                 {format!("{l} as of ")}
-                                <time datetime=at.clone() title=at.clone()>{hhmmss(&at)}</time>
+                                <crate::components::time::When at=at.clone() />
                             </div>
                         }
                     })

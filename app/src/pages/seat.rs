@@ -16,11 +16,6 @@ use crate::fns::{seat_page, send_message, whoami};
 use crate::live::{EVENT_NAMES, LiveBadge, refetch_on};
 use crate::view::{TimelineItem, timeline};
 
-/// `HH:MM:SS` of an RFC 3339 timestamp (UTC, as the node writes them).
-fn hhmmss(at: &str) -> String {
-    at.get(11..19).unwrap_or(at).to_string()
-}
-
 #[component]
 pub fn SeatPage() -> impl IntoView {
     let params = use_params_map();
@@ -123,7 +118,7 @@ fn EffectItem(e: EffectView) -> impl IntoView {
     view! {
         <li class="effect" data-turn=e.turn_id.clone() data-kind=e.kind.clone()>
             <div class="muted small">
-                <time datetime=at.clone() title=at.clone()>{hhmmss(&at)}</time>
+                <crate::components::time::When at=at.clone() />
                 {format!(" · {} · answering {} · on {}", e.kind, e.trigger_ids.join(", "), e.node)}
             </div>
             <p class="said">{said}</p>
@@ -136,7 +131,7 @@ fn TimelineLine(i: TimelineItem) -> impl IntoView {
     let at = i.at.clone();
     view! {
         <li class=format!("tl tl-{} sev-{}", i.kind, i.severity.as_str()) data-kind=i.kind data-title=i.title.clone()>
-            <time class="mono small" datetime=at.clone() title=at.clone()>{hhmmss(&at)}</time>
+            <span class="mono small"><crate::components::time::When at=at.clone() /></span>
             <span class="tl-title">{i.title.clone()}</span>
             <span class="muted small tl-detail">{i.detail.clone()}</span>
             {(!i.node.is_empty()).then(|| view! { <span class="muted small">{format!(" · {}", i.node)}</span> })}

@@ -88,11 +88,6 @@ async fn run(r: Request) -> Result<SeatActionResult, AppError> {
     }
 }
 
-/// `HH:MM` of an RFC 3339 timestamp (UTC, as the node writes them).
-fn hhmm(at: &str) -> String {
-    at.get(11..16).unwrap_or(at).to_string()
-}
-
 fn seats_href(query: &str, state: &str, page: u32) -> String {
     super::page_href("/seats", &[("q", query), ("state", state)], page)
 }
@@ -859,7 +854,7 @@ fn SeatRowView(
                             <span class="holder">{h.node_id.clone()}</span>
                             <div class="muted small">
                                 "since "
-                                <time datetime=since.clone() title=since.clone()>{hhmm(&since)}</time>
+                                <crate::components::time::When at=since.clone() />
                                 {format!(" · epoch {}", h.epoch)}
                             </div>
                         }
@@ -913,7 +908,7 @@ fn SeatStateCell(row: SeatRow) -> impl IntoView {
                     view! {
                         <div class="muted small pause-note">
                             {format!("paused by {} · ", p.by)}
-                            <time datetime=at.clone() title=at.clone()>{hhmm(&at)}</time>
+                            <crate::components::time::When at=at.clone() />
                             {p.reason.map(|r| format!(" · {r}"))}
                             {p.stop_running_turn.then_some(" · turn stopped")}
                         </div>
@@ -1030,9 +1025,9 @@ fn ApprovalItem(a: ApprovalView, operator: Signal<bool>, answer: Answering) -> i
             <code class="small approval-args" title=args.clone()>{clipped(&args, 300)}</code>
             <div class="muted small">
                 "asked "
-                <time datetime=asked.clone() title=asked.clone()>{hhmm(&asked)}</time>
+                <crate::components::time::When at=asked.clone() />
                 " · denied as timed out at "
-                <time datetime=deadline.clone() title=deadline.clone()>{hhmm(&deadline)}</time>
+                <crate::components::time::When at=deadline.clone() />
             </div>
             <div class="actions">
                 <input

@@ -7,10 +7,12 @@ mod fleet;
 mod handoffs;
 mod memory;
 mod seats;
+mod time;
 mod timeline;
 
 pub use events::{Severity, severity};
 pub use fleet::{duration_words, presence_left, rfc3339_seconds, unfollowed};
 pub use handoffs::{HANDOFFS_KEPT, HandoffState, HandoffView, apply_handoff_event};
 pub use seats::{clipped, runs_summary, spend_summary, tool_servers_summary};
+pub use time::{Clock, offset_label, when};
 pub use timeline::{TimelineItem, timeline};

@@ -63,16 +63,21 @@ async fn ended(f: &Fleet, a: &mut Node, id: &str) -> (String, String, bool, u64,
     a.turns_of(id)[0].clone()
 }
 
-/// The error and tokens of the turns of trigger `id`, in order.
-fn errors_and_tokens(a: &mut Node, id: &str) -> Vec<(Option<String>, Option<u64>)> {
-    let started: Vec<String> = a.matching(|e| match e {
+/// The turn ids of the turns that ran trigger `id`, in order.
+fn turns_of_trigger(a: &mut Node, id: &str) -> Vec<String> {
+    a.matching(|e| match e {
         Event::TurnStarted {
             turn_id,
             trigger_ids,
             ..
         } if trigger_ids.iter().any(|t| t == id) => Some(turn_id.clone()),
         _ => None,
-    });
+    })
+}
+
+/// The error and tokens of the turns of trigger `id`, in order.
+fn errors_and_tokens(a: &mut Node, id: &str) -> Vec<(Option<String>, Option<u64>)> {
+    let started = turns_of_trigger(a, id);
     a.matching(|e| match e {
         Event::TurnCompleted {
             turn_id,
@@ -86,14 +91,7 @@ fn errors_and_tokens(a: &mut Node, id: &str) -> Vec<(Option<String>, Option<u64>
 
 /// The `retry_after_ms` of the turns of trigger `id`, in order.
 fn retries_of(a: &mut Node, id: &str) -> Vec<Option<u64>> {
-    let started: Vec<String> = a.matching(|e| match e {
-        Event::TurnStarted {
-            turn_id,
-            trigger_ids,
-            ..
-        } if trigger_ids.iter().any(|t| t == id) => Some(turn_id.clone()),
-        _ => None,
-    });
+    let started = turns_of_trigger(a, id);
     a.matching(|e| match e {
         Event::TurnCompleted {
             turn_id,

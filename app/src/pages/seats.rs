@@ -110,6 +110,55 @@ struct Answer {
 /// The answers given on this page.
 type Answering = Action<Answer, Result<ApprovalView, AppError>>;
 
+/// What a page with seat rows acts with: who may act, the pause / resume
+/// / stop and approval answers (each reading `list` again once answered),
+/// and the confirm and move dialogs.
+#[derive(Clone, Copy)]
+struct SeatActions {
+    operator: Signal<bool>,
+    act: SeatAct,
+    answer: Answering,
+    confirming: Confirming,
+    moving: Moving,
+    ask: Callback<Confirm>,
+    ask_move: Callback<MoveAsk>,
+}
+
+impl SeatActions {
+    fn new(list: Listed) -> SeatActions {
+        let me = Resource::new(|| (), |_| whoami());
+        let operator = Signal::derive(move || {
+            me.get()
+                .and_then(|r| r.ok())
+                .is_some_and(|p| p.is_operator())
+        });
+        let act: SeatAct = Action::new(|r: &Request| run(r.clone()));
+        let answer: Answering = Action::new(|a: &Answer| {
+            let a = a.clone();
+            answer_approval(a.handle, a.approval_id, a.approve, a.reason)
+        });
+        // After an action the rows are read again (the event usually asks too).
+        Effect::new(move |prev: Option<(usize, usize)>| {
+            let v = (act.version().get(), answer.version().get());
+            if prev.is_some_and(|p| p != v) {
+                list.refetch();
+            }
+            v
+        });
+        let confirming = Confirming::new();
+        let moving = Moving::new(list);
+        SeatActions {
+            operator,
+            act,
+            answer,
+            confirming,
+            moving,
+            ask: Callback::new(move |c: Confirm| confirming.open(c)),
+            ask_move: Callback::new(move |m: MoveAsk| moving.open(m)),
+        }
+    }
+}
+
 #[component]
 pub fn SeatsPage() -> impl IntoView {
     let query = use_query_map();
@@ -120,38 +169,16 @@ pub fn SeatsPage() -> impl IntoView {
         move || (text.get(), state.get(), page()),
         |(q, s, p)| list_seats(q, s, p),
     );
-    let me = Resource::new(|| (), |_| whoami());
-    let operator = Signal::derive(move || {
-        me.get()
-            .and_then(|r| r.ok())
-            .is_some_and(|p| p.is_operator())
-    });
     let (live, rows) = follow_seats(list);
-
-    let act: SeatAct = Action::new(|r: &Request| run(r.clone()));
-    // After an action the rows are read again (the event usually asks too).
-    Effect::new(move |prev: Option<usize>| {
-        let v = act.version().get();
-        if prev.is_some_and(|p| p != v) {
-            list.refetch();
-        }
-        v
-    });
-    let answer: Answering = Action::new(|a: &Answer| {
-        let a = a.clone();
-        answer_approval(a.handle, a.approval_id, a.approve, a.reason)
-    });
-    Effect::new(move |prev: Option<usize>| {
-        let v = answer.version().get();
-        if prev.is_some_and(|p| p != v) {
-            list.refetch();
-        }
-        v
-    });
-    let confirming = Confirming::new();
-    let moving = Moving::new(list);
-    let ask = Callback::new(move |c: Confirm| confirming.open(c));
-    let ask_move = Callback::new(move |m: MoveAsk| moving.open(m));
+    let SeatActions {
+        operator,
+        act,
+        answer,
+        confirming,
+        moving,
+        ask,
+        ask_move,
+    } = SeatActions::new(list);
 
     view! {
         <section class="page">
@@ -194,29 +221,16 @@ pub fn SeatControls(handle: String) -> impl IntoView {
             Ok(l)
         },
     );
-    let me = Resource::new(|| (), |_| whoami());
-    let operator = Signal::derive(move || {
-        me.get()
-            .and_then(|r| r.ok())
-            .is_some_and(|p| p.is_operator())
-    });
     let (live, rows) = follow_seats(list);
-    let act: SeatAct = Action::new(|r: &Request| run(r.clone()));
-    let answer: Answering = Action::new(|a: &Answer| {
-        let a = a.clone();
-        answer_approval(a.handle, a.approval_id, a.approve, a.reason)
-    });
-    Effect::new(move |prev: Option<(usize, usize)>| {
-        let v = (act.version().get(), answer.version().get());
-        if prev.is_some_and(|p| p != v) {
-            list.refetch();
-        }
-        v
-    });
-    let confirming = Confirming::new();
-    let moving = Moving::new(list);
-    let ask = Callback::new(move |c: Confirm| confirming.open(c));
-    let ask_move = Callback::new(move |m: MoveAsk| moving.open(m));
+    let SeatActions {
+        operator,
+        act,
+        answer,
+        confirming,
+        moving,
+        ask,
+        ask_move,
+    } = SeatActions::new(list);
     view! {
         <div class="seat-controls" data-controls=wanted>
             <LiveBadge state=live />

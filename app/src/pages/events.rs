@@ -166,7 +166,7 @@ pub fn EventsPage() -> impl IntoView {
         || {},
     );
 
-    let toggle = move |_| {
+    let toggle = Callback::new(move |_: ()| {
         if reading.get_untracked() {
             reading.set(false);
         } else {
@@ -179,7 +179,7 @@ pub fn EventsPage() -> impl IntoView {
             });
             reading.set(true);
         }
-    };
+    });
 
     // The live entries that pass, then the kept page below the newest of
     // them (an event is shown once, whichever way it came).
@@ -199,6 +199,65 @@ pub fn EventsPage() -> impl IntoView {
         out
     });
 
+    view! {
+        <section class="page">
+            <div class="page-head">
+                <leptos_meta::Title text="Events" />
+                <h1>"Events"</h1>
+                <LiveBadge state=state />
+            </div>
+            <EventFilters filters reading held toggle />
+            <Transition fallback=|| view! { <p class="muted">"Reading the kept events…"</p> }>
+                {move || kept.get().and_then(|r| r.err()).map(|e| view! { <ErrorNotice error=e /> })}
+            <p class="muted small">
+                {move || {
+                    let paused = if reading.get() { "" } else { " · reading paused: new events are held" };
+                    let more = kept.get().and_then(|r| r.ok()).is_some_and(|p| p.more);
+                    format!(
+                        "{} event{} shown: the node's kept events{}, then live{paused}",
+                        shown.with(|s| s.len()),
+                        if shown.with(|s| s.len()) == 1 { "" } else { "s" },
+                        if more { " (the newest page; older ones are kept too)" } else { "" },
+                    )
+                }}
+            </p>
+            <div class="table-wrap">
+                <table class="events stack-table">
+                    <thead>
+                        <tr>
+                            <th scope="col">"When"</th>
+                            <th scope="col">"Event"</th>
+                            <th scope="col">"Node"</th>
+                            <th scope="col">"Seat"</th>
+                            <th scope="col">"Details"</th>
+                        </tr>
+                    </thead>
+                    <tbody>
+                        <For each=move || shown.get() key=|e| format!("{}:{}", e.id, e.name) let:e>
+                            <EventRow e=e filters=filters />
+                        </For>
+                    </tbody>
+                </table>
+            </div>
+            {move || {
+                shown
+                    .with(|v| v.is_empty())
+                    .then(|| view! { <p class="muted">"No events yet: they appear here as they happen."</p> })
+            }}
+            </Transition>
+        </section>
+    }
+}
+
+/// The filter bar: type, seat, node, the per-pass switch and the reading
+/// pause, each filter a change of the address.
+#[component]
+fn EventFilters(
+    filters: Memo<Filters>,
+    reading: RwSignal<bool>,
+    held: RwSignal<VecDeque<Entry>>,
+    toggle: Callback<()>,
+) -> impl IntoView {
     let navigate = use_navigate();
     let set = move |change: &dyn Fn(&mut Filters)| {
         let mut f = filters.get_untracked();
@@ -216,14 +275,7 @@ pub fn EventsPage() -> impl IntoView {
     let set_seat = set.clone();
     let set_node = set.clone();
     let set_noise = set;
-
     view! {
-        <section class="page">
-            <div class="page-head">
-                <leptos_meta::Title text="Events" />
-                <h1>"Events"</h1>
-                <LiveBadge state=state />
-            </div>
             <div class="filters" role="search">
                 <label for="event-type">"Type"</label>
                 <select
@@ -276,7 +328,7 @@ pub fn EventsPage() -> impl IntoView {
                     />
                     " per-pass events (seat_sweep …)"
                 </label>
-                <button type="button" class="reading" aria-pressed=move || (!reading.get()).to_string() on:click=toggle>
+                <button type="button" class="reading" aria-pressed=move || (!reading.get()).to_string() on:click=move |_| toggle.run(())>
                     {move || {
                         if reading.get() {
                             "Pause reading".to_string()
@@ -292,45 +344,6 @@ pub fn EventsPage() -> impl IntoView {
                         .then(|| view! { <a class="small" href=move || Filters { turn: String::new(), ..filters.get() }.href()>{move || format!("turn {} ×", filters.with(|f| f.turn.clone()))}</a> })
                 }}
             </div>
-            <Transition fallback=|| view! { <p class="muted">"Reading the kept events…"</p> }>
-                {move || kept.get().and_then(|r| r.err()).map(|e| view! { <ErrorNotice error=e /> })}
-            <p class="muted small">
-                {move || {
-                    let paused = if reading.get() { "" } else { " · reading paused: new events are held" };
-                    let more = kept.get().and_then(|r| r.ok()).is_some_and(|p| p.more);
-                    format!(
-                        "{} event{} shown: the node's kept events{}, then live{paused}",
-                        shown.with(|s| s.len()),
-                        if shown.with(|s| s.len()) == 1 { "" } else { "s" },
-                        if more { " (the newest page; older ones are kept too)" } else { "" },
-                    )
-                }}
-            </p>
-            <div class="table-wrap">
-                <table class="events stack-table">
-                    <thead>
-                        <tr>
-                            <th scope="col">"When"</th>
-                            <th scope="col">"Event"</th>
-                            <th scope="col">"Node"</th>
-                            <th scope="col">"Seat"</th>
-                            <th scope="col">"Details"</th>
-                        </tr>
-                    </thead>
-                    <tbody>
-                        <For each=move || shown.get() key=|e| format!("{}:{}", e.id, e.name) let:e>
-                            <EventRow e=e filters=filters />
-                        </For>
-                    </tbody>
-                </table>
-            </div>
-            {move || {
-                shown
-                    .with(|v| v.is_empty())
-                    .then(|| view! { <p class="muted">"No events yet: they appear here as they happen."</p> })
-            }}
-            </Transition>
-        </section>
     }
 }
 

@@ -14,6 +14,8 @@ use serde_json::{Value, json};
 use support::http_node::{HttpNode as TestNode, *};
 
 const WAIT: Duration = Duration::from_secs(20);
+/// How often a wait looks again.
+const EVERY: Duration = Duration::from_millis(50);
 
 async fn send(n: &TestNode, id: &str) {
     let r = client()
@@ -37,20 +39,20 @@ async fn get(n: &TestNode, path: &str) -> (StatusCode, Value) {
     (status, r.json().await.unwrap_or(Value::Null))
 }
 
-/// The trigger ids of alpha's effects, newest first, once `n` are there.
+/// Alpha's effects, newest first, once there are `count`.
 async fn effects(n: &TestNode, count: usize) -> Vec<Value> {
-    let mut last = Vec::new();
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while tokio::time::Instant::now() < deadline {
-        let (status, body) = get(n, "/api/seats/alpha/outbox").await;
-        assert_eq!(status, StatusCode::OK, "{body}");
-        last = body["effects"].as_array().cloned().unwrap_or_default();
-        if last.len() >= count {
-            return last;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("alpha posted {} effects, not {count}: {last:?}", last.len());
+    support::wait_for(
+        &format!("{count} effects of alpha"),
+        WAIT,
+        EVERY,
+        || async {
+            let (status, body) = get(n, "/api/seats/alpha/outbox").await;
+            assert_eq!(status, StatusCode::OK, "{body}");
+            let got = body["effects"].as_array().cloned().unwrap_or_default();
+            (got.len() >= count).then_some(got)
+        },
+    )
+    .await
 }
 
 #[tokio::test]
@@ -101,18 +103,13 @@ async fn the_kept_events_page_newest_first_by_seat_and_outlive_a_restart() {
     send(&n, "kept-1").await;
     effects(&n, 1).await;
     // Kept once written (the history writes in batches as events come).
-    let deadline = tokio::time::Instant::now() + WAIT;
-    let (seen, page) = loop {
+    let (seen, page) = support::wait_for("alpha's turn_completed kept", WAIT, EVERY, || async {
         let (seen, page) = names(&n, "/api/events/history?seat=alpha").await;
-        if seen.iter().any(|s| s == "turn_completed") {
-            break (seen, page);
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no turn_completed kept: {seen:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+        seen.iter()
+            .any(|s| s == "turn_completed")
+            .then_some((seen, page))
+    })
+    .await;
     let ids: Vec<u64> = page["events"]
         .as_array()
         .unwrap()
@@ -147,19 +144,11 @@ async fn the_kept_events_page_newest_first_by_seat_and_outlive_a_restart() {
     );
 
     let n = n.restart().await;
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
+    support::wait_for("both runs' claims of alpha kept", WAIT, EVERY, || async {
         let (_, after) = names(&n, "/api/events/history?seat=alpha&type=seat_claimed").await;
-        let claims = after["events"].as_array().unwrap().len();
-        if claims >= 2 {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "claims kept: {after}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        (after["events"].as_array().unwrap().len() >= 2).then_some(())
+    })
+    .await;
     let (kept, _) = names(&n, "/api/events/history?seat=alpha&type=turn_completed").await;
     assert_eq!(
         kept,

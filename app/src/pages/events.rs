@@ -347,37 +347,26 @@ fn EventFilters(
     }
 }
 
+/// The page's address with one filter set to `value` (a row's node, seat
+/// or turn as a link).
+fn filter_href(
+    filters: Memo<Filters>,
+    value: String,
+    set: fn(&mut Filters, String),
+) -> impl Fn() -> String + Clone + Send + Sync + 'static {
+    move || {
+        let mut f = filters.get();
+        set(&mut f, value.clone());
+        f.href()
+    }
+}
+
 #[component]
 fn EventRow(e: Entry, filters: Memo<Filters>) -> impl IntoView {
     let sev = severity(&e.name).as_str();
-    let link = move |change: Filters| change.href();
-    let node_href = {
-        let n = e.node.clone();
-        move || {
-            link(Filters {
-                node: n.clone(),
-                ..filters.get()
-            })
-        }
-    };
-    let seat_href = {
-        let s = e.seat.clone();
-        move || {
-            link(Filters {
-                seat: s.clone(),
-                ..filters.get()
-            })
-        }
-    };
-    let turn_href = {
-        let t = e.turn.clone();
-        move || {
-            link(Filters {
-                turn: t.clone(),
-                ..filters.get()
-            })
-        }
-    };
+    let node_href = filter_href(filters, e.node.clone(), |f, v| f.node = v);
+    let seat_href = filter_href(filters, e.seat.clone(), |f, v| f.seat = v);
+    let turn_href = filter_href(filters, e.turn.clone(), |f, v| f.turn = v);
     view! {
         <tr data-event=e.name.clone() data-id=e.id class=format!("sev-{sev}")>
             <td class="mono small" data-label="When">

@@ -170,15 +170,7 @@ pub fn SeatsPage() -> impl IntoView {
         |(q, s, p)| list_seats(q, s, p),
     );
     let (live, rows) = follow_seats(list);
-    let SeatActions {
-        operator,
-        act,
-        answer,
-        confirming,
-        moving,
-        ask,
-        ask_move,
-    } = SeatActions::new(list);
+    let a = SeatActions::new(list);
 
     view! {
         <section class="page">
@@ -188,22 +180,22 @@ pub fn SeatsPage() -> impl IntoView {
                 <LiveBadge state=live />
             </div>
             <SeatFilters text state />
-            <ActNotice act />
-            <AnswerNotice answer />
-            <MovedNotice moved=moving.moved />
+            <ActNotice act=a.act />
+            <AnswerNotice answer=a.answer />
+            <MovedNotice moved=a.moving.moved />
             <Transition fallback=|| view! { <p class="muted">"Reading the seats…"</p> }>
                 {move || {
                     list.get()
                         .map(|r| match r {
-                            Ok(l) => view! { <SeatSummary list=l operator=operator /> }.into_any(),
+                            Ok(l) => view! { <SeatSummary list=l operator=a.operator /> }.into_any(),
                             Err(e) => view! { <ErrorNotice error=e /> }.into_any(),
                         })
                 }}
-                <SeatsTable rows operator ask ask_move answer />
+                <SeatsTable rows operator=a.operator ask=a.ask ask_move=a.ask_move answer=a.answer />
                 <SeatPager list text state />
             </Transition>
-            <ConfirmDialog confirming act />
-            <MoveDialog moving />
+            <ConfirmDialog confirming=a.confirming act=a.act />
+            <MoveDialog moving=a.moving />
         </section>
     }
 }
@@ -222,27 +214,19 @@ pub fn SeatControls(handle: String) -> impl IntoView {
         },
     );
     let (live, rows) = follow_seats(list);
-    let SeatActions {
-        operator,
-        act,
-        answer,
-        confirming,
-        moving,
-        ask,
-        ask_move,
-    } = SeatActions::new(list);
+    let a = SeatActions::new(list);
     view! {
         <div class="seat-controls" data-controls=wanted>
             <LiveBadge state=live />
-            <ActNotice act />
-            <AnswerNotice answer />
-            <MovedNotice moved=moving.moved />
+            <ActNotice act=a.act />
+            <AnswerNotice answer=a.answer />
+            <MovedNotice moved=a.moving.moved />
             <Transition fallback=|| view! { <p class="muted">"Reading the seat…"</p> }>
                 {move || list.get().and_then(|r| r.err()).map(|e| view! { <ErrorNotice error=e /> })}
-                <SeatsTable rows operator ask ask_move answer />
+                <SeatsTable rows operator=a.operator ask=a.ask ask_move=a.ask_move answer=a.answer />
             </Transition>
-            <ConfirmDialog confirming act />
-            <MoveDialog moving />
+            <ConfirmDialog confirming=a.confirming act=a.act />
+            <MoveDialog moving=a.moving />
         </div>
     }
 }

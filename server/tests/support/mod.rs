@@ -68,10 +68,20 @@ macro_rules! both {
     };
 }
 
-/// A free TCP port on 127.0.0.1 (bound, then released for the server).
+/// A free TCP port on 127.0.0.1 (bound, then released for the server),
+/// never one this test process has handed out before: two tests running
+/// at once are never given the same port by a kernel that reuses it.
 pub fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
-    l.local_addr().expect("ephemeral port address").port()
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    loop {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
+        let port = l.local_addr().expect("ephemeral port address").port();
+        let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+        if !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
+    }
 }
 
 /// Poll `cond` every `every` until it returns `Some`, or panic naming

@@ -35,6 +35,10 @@ fn binary() -> PathBuf {
 /// One running (or killed) nats-server.
 pub struct NatsServer {
     name: String,
+    /// The `server_name` in its config: the logical name made unique to
+    /// this run, so readiness can tell it from another test's server that
+    /// took the same port first.
+    server_name: String,
     port: u16,
     monitor_port: u16,
     config: PathBuf,
@@ -124,6 +128,7 @@ impl NatsServer {
                 self.login.clone(),
                 self.tls_ca.clone(),
                 self.creds.clone(),
+                Some(&self.server_name),
             )
             .await
             {
@@ -159,8 +164,9 @@ impl NatsServer {
     ) -> NatsServer {
         let dir = tempfile::tempdir().expect("temp dir for nats-server");
         let store = dir.path().join("jetstream");
+        let server_name = unique_server_name(name);
         let mut conf = format!(
-            "server_name: {name}\nlisten: 127.0.0.1:{port}\nhttp: 127.0.0.1:{monitor_port}\n\
+            "server_name: {server_name}\nlisten: 127.0.0.1:{port}\nhttp: 127.0.0.1:{monitor_port}\n\
              jetstream {{\n  store_dir: \"{}\"\n}}\n",
             store.display()
         );
@@ -180,6 +186,7 @@ impl NatsServer {
         let log = dir.path().join("nats.log");
         let mut s = NatsServer {
             name: name.into(),
+            server_name,
             port,
             monitor_port,
             config,
@@ -240,23 +247,32 @@ impl NatsServer {
     }
 
     /// Does JetStream answer through `urls` within the readiness bound?
-    async fn ready_within_bound(&self, urls: &[String]) -> bool {
+    /// `only_this` asks that the answer come from this server, not another
+    /// that holds the port.
+    async fn ready_within_bound(&self, urls: &[String], only_this: bool) -> bool {
         let urls = urls.to_vec();
         let login = self.login.clone();
+        let expect = only_this.then(|| self.server_name.clone());
         super::poll_until(READY, Duration::from_millis(50), || {
             let urls = urls.clone();
             let login = login.clone();
-            async move { jetstream_ready(&urls, login).await.then_some(()) }
+            let expect = expect.clone();
+            async move {
+                jetstream_ready(&urls, login, expect.as_deref())
+                    .await
+                    .then_some(())
+            }
         })
         .await
         .is_some()
     }
 
-    /// Wait until JetStream answers through `urls`.
+    /// Wait until JetStream answers through `urls`, from this server.
     async fn await_ready(&self, urls: &[String]) {
         let urls = urls.to_vec();
         let log = self.log.clone();
         let login = self.login.clone();
+        let expect = self.server_name.clone();
         wait_for(
             &format!(
                 "nats-server {} to serve JetStream (log: {})",
@@ -268,8 +284,9 @@ impl NatsServer {
             || {
                 let urls = urls.clone();
                 let login = login.clone();
+                let expect = expect.clone();
                 async move {
-                    if jetstream_ready(&urls, login).await {
+                    if jetstream_ready(&urls, login, Some(&expect)).await {
                         Some(())
                     } else {
                         None
@@ -332,8 +349,20 @@ impl Drop for NatsServer {
 }
 
 /// Whether JetStream answers `$JS.API.INFO` without an error through any of `urls`.
-async fn jetstream_ready(urls: &[String], login: Option<(String, String)>) -> bool {
-    jetstream_ready_with(urls, login, None, None).await
+async fn jetstream_ready(
+    urls: &[String],
+    login: Option<(String, String)>,
+    expect: Option<&str>,
+) -> bool {
+    jetstream_ready_with(urls, login, None, None, expect).await
+}
+
+/// `name` made unique to this test process and this server: two tests'
+/// servers never share a `server_name`, whatever ports they were given.
+fn unique_server_name(name: &str) -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("{name}-{}-{n}", std::process::id())
 }
 
 async fn jetstream_ready_with(
@@ -341,6 +370,7 @@ async fn jetstream_ready_with(
     login: Option<(String, String)>,
     tls_ca: Option<PathBuf>,
     creds: Option<PathBuf>,
+    expect: Option<&str>,
 ) -> bool {
     let mut options = match login {
         Some((u, p)) => async_nats::ConnectOptions::with_user_and_password(u, p),
@@ -360,6 +390,13 @@ async fn jetstream_ready_with(
     else {
         return false;
     };
+    // Another test's server on this port answers too: it is not ours.
+    if let Some(name) = expect
+        && client.server_info().server_name != name
+    {
+        let _ = client.drain().await;
+        return false;
+    }
     let ok = match tokio::time::timeout(
         Duration::from_secs(1),
         client.request("$JS.API.INFO", "".into()),
@@ -464,7 +501,7 @@ impl NatsCluster {
         // taken by another process between picking and binding it, so the
         // cluster never forms) is a cluster to start again, not a failure.
         for s in &c.servers {
-            if !s.ready_within_bound(&[s.url()]).await {
+            if !s.ready_within_bound(&[s.url()], true).await {
                 eprintln!(
                     "nats-server {} did not serve JetStream in time (log: {})",
                     s.name,
@@ -474,7 +511,7 @@ impl NatsCluster {
             }
         }
         // And through the whole list, the way a node connects.
-        if !c.servers[0].ready_within_bound(&urls).await {
+        if !c.servers[0].ready_within_bound(&urls, false).await {
             return None;
         }
         // A meta leader answers before every peer has joined it: wait until
@@ -494,7 +531,9 @@ impl NatsCluster {
 
     /// The server called `name` (`n0`, `n1`, …).
     pub fn index_of(&self, name: &str) -> Option<usize> {
-        self.servers.iter().position(|s| s.name() == name)
+        self.servers
+            .iter()
+            .position(|s| s.name() == name || s.server_name == name)
     }
 
     /// The stream's leader, as its cluster info names it.

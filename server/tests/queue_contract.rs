@@ -16,7 +16,7 @@ use crewlet::queue::jetstream::{JetStreamQueue, JetStreamSettings};
 use crewlet::queue::twin::TwinQueue;
 use crewlet::queue::{
     DeadLetterReason, Delivery, Disposition, EventSink, Queue, QueueError, QueueEvent,
-    QueueSettings, SubscriptionSpec, handler_fn,
+    QueueSettings, SubscriptionSpec, handler_fn, requeue_dead_letter,
 };
 use tokio::sync::mpsc;
 
@@ -92,6 +92,7 @@ contract!(
     a_retry_comes_back_no_sooner_than_its_delay_and_later_mail_goes_first,
     the_delivery_after_the_budget_is_dead_lettered_visibly,
     a_poison_payload_is_dead_lettered_at_once,
+    a_requeued_dead_letter_is_delivered_again_once_and_a_discarded_one_is_gone,
     a_panicking_handler_hands_the_delivery_back,
     ensure_subscription_is_idempotent_adopts_a_new_ack_window_and_refuses_other_settings,
     subscriptions_are_listed_and_deleted_explicitly,
@@ -1330,4 +1331,71 @@ mod broker {
         second.detach().await;
         first.abandon().await;
     }
+}
+
+/// A person re-publishes a dead letter: it reaches its subscription again
+/// (once, however often the re-publish is asked) and leaves the dead
+/// letters; one discarded is gone, and asking again finds nothing
+/// (README § Dead letters).
+async fn a_requeued_dead_letter_is_delivered_again_once_and_a_discarded_one_is_gone(b: Backend) {
+    let q = &*b.queue;
+    let spec = ensure_seat(q, "picky").await;
+    q.publish(&spec.subject, Some("mail-1"), Bytes::from("first"))
+        .await
+        .unwrap();
+    q.publish(&spec.subject, Some("mail-2"), Bytes::from("second"))
+        .await
+        .unwrap();
+    // Refused while the handler is picky; taken once it is not.
+    let picky = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let p = picky.clone();
+    let (h, mut rx) = recorder(move |_| {
+        if p.load(Ordering::SeqCst) {
+            Disposition::Poison("not today".into())
+        } else {
+            Disposition::Ack
+        }
+    });
+    let a = q.attach(&spec.name, &[], h).await.unwrap();
+    recv(&mut rx, "the first delivery").await;
+    recv(&mut rx, "the second delivery").await;
+    pending_is(q, &spec.name, 0).await;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while q.dead_letter_count().await.unwrap() < 2 {
+        assert!(tokio::time::Instant::now() < deadline, "two dead letters");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let dead = q.dead_letters(10).await.unwrap();
+    assert_eq!(dead.len(), 2);
+    let (second, first) = (dead[0].clone(), dead[1].clone());
+    assert_eq!(&first.payload[..], b"first");
+    assert_ne!(first.id, second.id, "each dead letter has its own number");
+    assert_eq!(q.find_dead_letter(first.id).await.unwrap(), Some(first.clone()));
+
+    picky.store(false, Ordering::SeqCst);
+    let again = requeue_dead_letter(q, first.id).await.unwrap().unwrap();
+    assert_eq!(again.subject, spec.subject);
+    assert_eq!(again.msg_id, format!("mail-1~requeued-{}", first.id));
+    assert!(again.published);
+    let d = recv(&mut rx, "the re-published dead letter").await;
+    assert_eq!(&d.payload[..], b"first");
+    assert_eq!(q.find_dead_letter(first.id).await.unwrap(), None);
+    assert_eq!(q.dead_letter_count().await.unwrap(), 1);
+    // Asked again: there is nothing to re-publish, and the same message id
+    // published twice is one message.
+    assert_eq!(requeue_dead_letter(q, first.id).await.unwrap(), None);
+    assert!(
+        !q.publish(&spec.subject, Some(&again.msg_id), Bytes::from("first"))
+            .await
+            .unwrap(),
+        "a re-publish asked twice is deduped"
+    );
+    nothing_arrives(&mut rx).await;
+
+    assert!(q.discard_dead_letter(second.id).await.unwrap());
+    assert!(!q.discard_dead_letter(second.id).await.unwrap());
+    assert_eq!(q.dead_letter_count().await.unwrap(), 0);
+    assert!(q.dead_letters(10).await.unwrap().is_empty());
+    pending_is(q, &spec.name, 0).await;
+    a.detach().await;
 }

@@ -487,6 +487,15 @@ impl Queue for Flaky {
     async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, QueueError> {
         self.inner.dead_letters(limit).await
     }
+    async fn dead_letter_count(&self) -> Result<u64, QueueError> {
+        self.inner.dead_letter_count().await
+    }
+    async fn find_dead_letter(&self, id: u64) -> Result<Option<DeadLetter>, QueueError> {
+        self.inner.find_dead_letter(id).await
+    }
+    async fn discard_dead_letter(&self, id: u64) -> Result<bool, QueueError> {
+        self.inner.discard_dead_letter(id).await
+    }
 }
 
 /// A run record of seat s0 launched by `launcher` on node a.

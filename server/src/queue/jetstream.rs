@@ -597,6 +597,52 @@ impl Queue for JetStreamQueue {
     async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, QueueError> {
         dead_letters(&self.js, limit, self.settings.timeout).await
     }
+
+    async fn dead_letter_count(&self) -> Result<u64, QueueError> {
+        let timeout = self.settings.timeout;
+        let mut stream = bounded(timeout, self.js.get_stream(DEAD_STREAM))
+            .await?
+            .map_err(backend)?;
+        let info = bounded(timeout, stream.info()).await?.map_err(backend)?;
+        Ok(info.state.messages)
+    }
+
+    async fn find_dead_letter(&self, id: u64) -> Result<Option<DeadLetter>, QueueError> {
+        let timeout = self.settings.timeout;
+        let stream = bounded(timeout, self.js.get_stream(DEAD_STREAM))
+            .await?
+            .map_err(backend)?;
+        match bounded(timeout, stream.get_raw_message(id)).await? {
+            Ok(m) => Ok(Some(dead_letter_of(id, m))),
+            Err(e)
+                if e.kind()
+                    == async_nats::jetstream::stream::RawMessageErrorKind::NoMessageFound =>
+            {
+                Ok(None)
+            }
+            Err(e) => Err(backend(e)),
+        }
+    }
+
+    async fn discard_dead_letter(&self, id: u64) -> Result<bool, QueueError> {
+        let timeout = self.settings.timeout;
+        let stream = bounded(timeout, self.js.get_stream(DEAD_STREAM))
+            .await?
+            .map_err(backend)?;
+        match bounded(timeout, stream.delete_message(id)).await? {
+            Ok(deleted) => Ok(deleted),
+            // The server words a delete of nothing as a failed delete
+            // (10057): it is `false` when the message is indeed not there.
+            Err(e) => match e.kind() {
+                async_nats::jetstream::stream::DeleteMessageErrorKind::JetStream(_)
+                    if self.find_dead_letter(id).await?.is_none() =>
+                {
+                    Ok(false)
+                }
+                _ => Err(backend(e)),
+            },
+        }
+    }
 }
 
 struct PullSource {
@@ -983,22 +1029,28 @@ async fn dead_letters(
     while seq >= first && seq > 0 && out.len() < limit {
         // A message that aged out or was deleted is skipped.
         if let Ok(m) = bounded(timeout, stream.get_raw_message(seq)).await? {
-            let h = |k: &str| m.headers.get(k).map(|v| v.to_string());
-            out.push(DeadLetter {
-                subscription: h("Crewlet-Subscription").unwrap_or_default(),
-                subject: h("Crewlet-Subject").unwrap_or_default(),
-                seq: h("Crewlet-Seq").and_then(|v| v.parse().ok()).unwrap_or(0),
-                delivered: h("Crewlet-Delivered")
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or(0),
-                msg_id: h("Crewlet-Msg-Id"),
-                reason: h("Crewlet-Reason").unwrap_or_default(),
-                payload: m.payload,
-            });
+            out.push(dead_letter_of(seq, m));
         }
         seq -= 1;
     }
     Ok(out)
+}
+
+/// The dead letter stored as message `id` of `CREWLET_DEAD`.
+fn dead_letter_of(id: u64, m: async_nats::jetstream::message::StreamMessage) -> DeadLetter {
+    let h = |k: &str| m.headers.get(k).map(|v| v.to_string());
+    DeadLetter {
+        id,
+        subscription: h("Crewlet-Subscription").unwrap_or_default(),
+        subject: h("Crewlet-Subject").unwrap_or_default(),
+        seq: h("Crewlet-Seq").and_then(|v| v.parse().ok()).unwrap_or(0),
+        delivered: h("Crewlet-Delivered")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0),
+        msg_id: h("Crewlet-Msg-Id"),
+        reason: h("Crewlet-Reason").unwrap_or_default(),
+        payload: m.payload,
+    }
 }
 
 #[cfg(test)]

@@ -222,6 +222,8 @@ impl std::fmt::Display for DeadLetterReason {
 /// A message a person can inspect after the queue gave up on it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DeadLetter {
+    /// The dead letter's own number, to re-publish or discard it by.
+    pub id: u64,
     pub subscription: String,
     pub subject: String,
     pub seq: u64,
@@ -424,6 +426,60 @@ pub trait Queue: Send + Sync + 'static {
     async fn pending(&self, name: &str) -> Result<u64, QueueError>;
     /// The newest dead letters, newest first.
     async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, QueueError>;
+    /// How many dead letters are kept.
+    async fn dead_letter_count(&self) -> Result<u64, QueueError>;
+    /// Dead letter `id`, or `None` when there is none (discarded, or aged
+    /// out).
+    async fn find_dead_letter(&self, id: u64) -> Result<Option<DeadLetter>, QueueError>;
+    /// Remove dead letter `id`; `false` when there was none.
+    async fn discard_dead_letter(&self, id: u64) -> Result<bool, QueueError>;
+}
+
+/// What re-publishing a dead letter did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Requeued {
+    /// The subject it was published to again (its seat's inbox).
+    pub subject: String,
+    /// The message id it was published under.
+    pub msg_id: String,
+    /// `false` when the backend had it already (a re-publish asked twice
+    /// within the dedupe window).
+    pub published: bool,
+}
+
+/// Pure: the message id a dead letter is re-published under — its own,
+/// marked with the dead letter's number, so the backend's dedupe window
+/// does not drop it as the original, and a re-publish asked twice is one
+/// message.
+pub fn requeue_msg_id(dead: &DeadLetter) -> String {
+    match &dead.msg_id {
+        Some(id) => format!("{id}~requeued-{}", dead.id),
+        None => format!("{}-{}~requeued-{}", dead.subscription, dead.seq, dead.id),
+    }
+}
+
+/// Publish dead letter `id` again to the subject it was sent to, then
+/// remove it from the dead letters. Nothing is lost on a failure: the
+/// dead letter is removed only once the backend has the message again (a
+/// failure between the two leaves both, and asking again is deduped).
+/// `Ok(None)` when there is no such dead letter.
+pub async fn requeue_dead_letter(
+    queue: &dyn Queue,
+    id: u64,
+) -> Result<Option<Requeued>, QueueError> {
+    let Some(dead) = queue.find_dead_letter(id).await? else {
+        return Ok(None);
+    };
+    let msg_id = requeue_msg_id(&dead);
+    let published = queue
+        .publish(&dead.subject, Some(&msg_id), dead.payload.clone())
+        .await?;
+    queue.discard_dead_letter(id).await?;
+    Ok(Some(Requeued {
+        subject: dead.subject,
+        msg_id,
+        published,
+    }))
 }
 
 /// Does `subject` match the NATS-style `filter` (`*` one token, `>` the rest)?

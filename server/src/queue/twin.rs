@@ -56,6 +56,8 @@ struct State {
     generation: u64,
     seen_ids: HashMap<String, Instant>,
     dead: VecDeque<DeadLetter>,
+    /// The last dead letter's number.
+    dead_seq: u64,
 }
 
 /// The in-process queue.
@@ -223,6 +225,21 @@ impl Queue for TwinQueue {
     async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, QueueError> {
         Ok(self.lock().dead.iter().rev().take(limit).cloned().collect())
     }
+
+    async fn dead_letter_count(&self) -> Result<u64, QueueError> {
+        Ok(self.lock().dead.len() as u64)
+    }
+
+    async fn find_dead_letter(&self, id: u64) -> Result<Option<DeadLetter>, QueueError> {
+        Ok(self.lock().dead.iter().find(|d| d.id == id).cloned())
+    }
+
+    async fn discard_dead_letter(&self, id: u64) -> Result<bool, QueueError> {
+        let mut st = self.lock();
+        let before = st.dead.len();
+        st.dead.retain(|d| d.id != id);
+        Ok(st.dead.len() != before)
+    }
 }
 
 struct MemorySource {
@@ -365,7 +382,10 @@ impl Settle for MemorySettle {
     async fn dead_letter(self: Box<Self>, reason: &DeadLetterReason) -> Result<(), QueueError> {
         let mut st = self.queue.lock();
         if let Some(m) = self.take(&mut st) {
+            st.dead_seq += 1;
+            let id = st.dead_seq;
             st.dead.push_back(DeadLetter {
+                id,
                 subscription: self.name.clone(),
                 subject: m.subject,
                 seq: m.seq,

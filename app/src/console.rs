@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use crate::api::{
-    ApprovalView, AuditView, EffectView, EventPage, EventQuery, FleetView, MemoryOverview,
+    ApprovalView, AuditView, DeadLetterActionResult, DeadLetterList, EffectView, EventPage, EventQuery, FleetView, MemoryOverview,
     MoveRequestView, NewPerson, NodeOrderView, Person, PersonRole, PersonView, SeatActionResult,
     SeatDetail, SeatList, SeatMemoryRead, SeatQuery,
 };
@@ -147,6 +147,30 @@ pub trait Console: Send + Sync + 'static {
         node: &str,
         reason: &str,
     ) -> Result<MoveRequestView, ConsoleError>;
+    /// The newest `limit` dead letters (only seat `seat`'s, when given),
+    /// newest first, with how many are kept in all.
+    async fn dead_letters(
+        &self,
+        seat: Option<&str>,
+        limit: usize,
+    ) -> Result<DeadLetterList, ConsoleError>;
+    /// How many dead letters are kept (the menu's count).
+    async fn dead_letter_count(&self) -> Result<u64, ConsoleError>;
+    /// Publish dead letter `id` again to the inbox it was sent to and
+    /// remove it from the dead letters (operators only; audited).
+    /// `NotFound` when it was re-published or discarded already.
+    async fn requeue_dead_letter(
+        &self,
+        actor: &Person,
+        id: u64,
+    ) -> Result<DeadLetterActionResult, ConsoleError>;
+    /// Remove dead letter `id` for good (operators only; audited).
+    /// `NotFound` when it is not there.
+    async fn discard_dead_letter(
+        &self,
+        actor: &Person,
+        id: u64,
+    ) -> Result<DeadLetterActionResult, ConsoleError>;
     /// The seat's approvals (README § Tools, Approvals), the newest first.
     async fn approvals(&self, handle: &str) -> Result<Vec<ApprovalView>, ConsoleError>;
     /// Answer one of the seat's approvals: `approve` runs the call once, on

@@ -9,7 +9,7 @@
 use leptos::prelude::*;
 
 use crate::api::{
-    ApprovalView, AuditView, EventPage, FleetView, MemoryOverviewPage, MoveRequestView, NewPerson,
+    ApprovalView, AuditView, DeadLetterActionResult, DeadLetterList, EventPage, FleetView, MemoryOverviewPage, MoveRequestView, NewPerson,
     NodeOrderView, Person, PersonView, SeatActionResult, SeatDetail, SeatList, SeatMemoryRead,
 };
 use crate::error::AppError;
@@ -366,4 +366,42 @@ pub async fn answer_approval(
         .answer_approval(&actor, &handle, &approval_id, approve, &reason)
         .await
         .map_err(ssr::fail)
+}
+
+/// The newest dead letters (only seat `seat`'s, when not empty), with how
+/// many are kept.
+#[server(endpoint = "dead_letters")]
+pub async fn list_dead_letters(
+    #[server(default)] seat: String,
+) -> Result<DeadLetterList, AppError> {
+    ssr::person().await?;
+    let seat = Some(seat.trim()).filter(|s| !s.is_empty());
+    ssr::console()?
+        .dead_letters(seat, 200)
+        .await
+        .map_err(ssr::fail)
+}
+
+/// How many dead letters are kept (the menu's count).
+#[server(endpoint = "dead_letter_count")]
+pub async fn dead_letter_count() -> Result<u64, AppError> {
+    ssr::person().await?;
+    ssr::console()?.dead_letter_count().await.map_err(ssr::fail)
+}
+
+/// Publish dead letter `id` again to its seat's inbox, or (`discard`)
+/// remove it for good — operators only, audited.
+#[server(endpoint = "dead_letter_action")]
+pub async fn dead_letter_action(
+    id: u64,
+    #[server(default)] discard: bool,
+) -> Result<DeadLetterActionResult, AppError> {
+    let actor = ssr::person().await?;
+    let console = ssr::console()?;
+    if discard {
+        console.discard_dead_letter(&actor, id).await
+    } else {
+        console.requeue_dead_letter(&actor, id).await
+    }
+    .map_err(ssr::fail)
 }

@@ -24,7 +24,7 @@ use leptos_router::{
 
 use crate::components::layout::Layout;
 use crate::pages::{
-    audit::AuditPage, events::EventsPage, login::LoginPage, login::PasswordPage,
+    audit::AuditPage, dead_letters::DeadLettersPage, events::EventsPage, login::LoginPage, login::PasswordPage,
     memory::MemoryPage, nodes::NodesPage, people::PeoplePage, seat::SeatPage, seats::SeatsPage,
 };
 
@@ -68,6 +68,7 @@ pub fn App() -> impl IntoView {
                 <Route path=path!("/memory") view=|| view! { <Layout><MemoryPage /></Layout> } />
                 <Route path=path!("/events") view=|| view! { <Layout><EventsPage /></Layout> } />
                 <Route path=path!("/audit") view=|| view! { <Layout><AuditPage /></Layout> } />
+                <Route path=path!("/dead-letters") view=|| view! { <Layout><DeadLettersPage /></Layout> } />
                 <Route path=path!("/settings/people") view=|| view! { <Layout><PeoplePage /></Layout> } />
             </Routes>
         </Router>

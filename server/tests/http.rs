@@ -14,7 +14,7 @@ use reqwest::StatusCode;
 use serde_json::Value;
 
 use support::http_node::{
-    DEPLOY_TOKEN, HttpNode as TestNode, MONITORING_TOKEN as TOKEN, client, location,
+    DEPLOY_TOKEN, HttpNode as TestNode, MONITORING_TOKEN as TOKEN, OPS_TOKEN, client, location,
 };
 
 async fn sign_in(
@@ -503,14 +503,9 @@ async fn dead_letters_can_be_read_with_a_token_and_a_poison_message_shows_up() {
     use crewlet::queue::{Delivery, Disposition, handler_fn};
     let n = TestNode::start().await;
     let engine = n.node.as_ref().unwrap().engine.clone();
-    let r = client()
-        .get(n.url("/api/dead-letters"))
-        .bearer_auth(TOKEN)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), StatusCode::OK);
-    assert_eq!(r.json::<Value>().await.unwrap(), serde_json::json!([]));
+    let (status, empty) = viewer_get(&n, "/api/dead-letters").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(empty, serde_json::json!({"letters": [], "total": 0}));
     // A subscription of its own, so the seat's held inbox is untouched.
     let q = engine.queue().clone();
     let spec = crewlet::queue::SubscriptionSpec::new(
@@ -519,50 +514,118 @@ async fn dead_letters_can_be_read_with_a_token_and_a_poison_message_shows_up() {
         Default::default(),
     );
     q.ensure_subscription(&spec).await.unwrap();
-    q.publish(
-        &spec.subject,
-        Some("m-1"),
-        bytes::Bytes::from_static(b"{broken"),
-    )
-    .await
-    .unwrap();
+    for id in ["m-1", "m-2"] {
+        q.publish(&spec.subject, Some(id), bytes::Bytes::from_static(b"{broken"))
+            .await
+            .unwrap();
+    }
+    let refuse = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let r2 = refuse.clone();
+    let (tx, mut delivered) = tokio::sync::mpsc::unbounded_channel();
     let a = q
         .attach(
             "probe",
             &[],
-            handler_fn(|_d: Delivery| async { Disposition::Poison("not an envelope".into()) }),
+            handler_fn(move |d: Delivery| {
+                let refuse = r2.load(std::sync::atomic::Ordering::SeqCst);
+                let _ = tx.send(d.msg_id.clone());
+                async move {
+                    if refuse {
+                        Disposition::Poison("not an envelope".into())
+                    } else {
+                        Disposition::Ack
+                    }
+                }
+            }),
         )
         .await
         .unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    let list = loop {
-        let v: Value = client()
-            .get(n.url("/api/dead-letters?limit=5"))
-            .bearer_auth(TOKEN)
+    let list = support::wait_for(
+        "two dead letters listed",
+        std::time::Duration::from_secs(10),
+        std::time::Duration::from_millis(20),
+        || async {
+            let (_, v) = viewer_get(&n, "/api/dead-letters?limit=5").await;
+            (v["letters"].as_array().map_or(0, Vec::len) == 2).then_some(v)
+        },
+    )
+    .await;
+    assert_eq!(list["total"], 2);
+    let newest = &list["letters"][0];
+    assert_eq!(newest["subscription"], "probe");
+    assert_eq!(newest["msg_id"], "m-2");
+    assert_eq!(newest["payload"], "{broken");
+    assert!(newest["reason"].as_str().unwrap().contains("not an envelope"));
+    assert!(newest["at"].as_str().is_some_and(|t| t.ends_with('Z')));
+    let oldest = list["letters"][1]["id"].as_u64().unwrap();
+    let newest = newest["id"].as_u64().unwrap();
+    while delivered.try_recv().is_ok() {}
+
+    // A viewer may read them, not act on them; the refusal is audited.
+    let r = client()
+        .post(n.url(&format!("/api/dead-letters/{oldest}/requeue")))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    // An operator re-publishes one: it is delivered again and leaves the list.
+    refuse.store(false, std::sync::atomic::Ordering::SeqCst);
+    let r = client()
+        .post(n.url(&format!("/api/dead-letters/{oldest}/requeue")))
+        .bearer_auth(OPS_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let done: Value = r.json().await.unwrap();
+    assert_eq!(
+        done["result"],
+        format!("re-published to crewlet.agent.alpha.probe as m-1~requeued-{oldest}")
+    );
+    let again = tokio::time::timeout(std::time::Duration::from_secs(10), delivered.recv())
+        .await
+        .expect("the re-published mail is delivered")
+        .unwrap();
+    assert_eq!(again.as_deref(), Some(format!("m-1~requeued-{oldest}").as_str()));
+    // The other is discarded; neither is there to act on again.
+    let r = client()
+        .post(n.url(&format!("/api/dead-letters/{newest}/discard")))
+        .bearer_auth(OPS_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    for id in [oldest, newest] {
+        let r = client()
+            .post(n.url(&format!("/api/dead-letters/{id}/discard")))
+            .bearer_auth(OPS_TOKEN)
             .send()
             .await
-            .unwrap()
-            .json()
-            .await
             .unwrap();
-        if v.as_array().is_some_and(|l| !l.is_empty()) {
-            break v;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no dead letter listed"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    };
-    assert_eq!(list[0]["subscription"], "probe");
-    assert_eq!(list[0]["msg_id"], "m-1");
-    assert_eq!(list[0]["payload"], "{broken");
-    assert!(
-        list[0]["reason"]
-            .as_str()
-            .unwrap()
-            .contains("not an envelope")
-    );
+        assert_eq!(r.status(), StatusCode::NOT_FOUND);
+    }
+    let (_, v) = viewer_get(&n, "/api/dead-letters").await;
+    assert_eq!(v, serde_json::json!({"letters": [], "total": 0}));
+    // Every one of those actions is in the audit log (newest first).
+    let mut log: Vec<Value> = n
+        .audit_log()
+        .await
+        .into_iter()
+        .filter(|e| e["action"].as_str().is_some_and(|a| a.starts_with("dead_letter.")))
+        .collect();
+    log.reverse();
+    let rows: Vec<(&str, &str)> = log
+        .iter()
+        .map(|e| (e["action"].as_str().unwrap(), e["result"].as_str().unwrap()))
+        .collect();
+    assert_eq!(rows.len(), 5, "{rows:?}");
+    assert_eq!(rows[0], ("dead_letter.requeue", "refused: not an operator"));
+    assert_eq!(rows[1].0, "dead_letter.requeue");
+    assert!(rows[1].1.starts_with("ok: re-published"), "{rows:?}");
+    assert_eq!(rows[2], ("dead_letter.discard", "ok: discarded"));
+    assert_eq!(rows[3], ("dead_letter.discard", "refused: no such dead letter"));
+    assert_eq!(log[1]["person"], "token:ops");
     a.detach().await;
     n.stop().await;
 }

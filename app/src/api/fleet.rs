@@ -110,4 +110,7 @@ pub enum FleetAlarm {
         /// This node's last claim was refused for it.
         claims_blocked_here: bool,
     },
+    /// Mail the queue gave up on is kept: it reaches no seat until an
+    /// operator re-publishes it (the Dead letters page).
+    DeadLetters { count: u64 },
 }

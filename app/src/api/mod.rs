@@ -6,6 +6,7 @@
 //! [`crate::view`] (re-exported here too).
 
 mod audit;
+mod dead_letters;
 mod events;
 mod fleet;
 mod memory;
@@ -14,6 +15,7 @@ mod people;
 mod seats;
 
 pub use audit::*;
+pub use dead_letters::*;
 pub use events::*;
 pub use fleet::*;
 pub use memory::*;

@@ -4,11 +4,14 @@
 use leptos::prelude::*;
 use leptos_router::components::A;
 
-use crate::fns::whoami;
+use crate::fns::{dead_letter_count, whoami};
 
 #[component]
 pub fn Layout(children: Children) -> impl IntoView {
     let me = Resource::new(|| (), |_| whoami());
+    // Read again on every navigation.
+    let location = leptos_router::hooks::use_location();
+    let dead = Resource::new(move || location.pathname.get(), |_| dead_letter_count());
     let main = NodeRef::<leptos::html::Main>::new();
     // One clock for every time on the page (and the switch between the
     // browser's and UTC).
@@ -35,6 +38,23 @@ pub fn Layout(children: Children) -> impl IntoView {
                     <A href="/seats">"Seats"</A>
                     <A href="/memory">"Memory"</A>
                     <A href="/events">"Events"</A>
+                    <A href="/dead-letters">
+                        "Dead letters"
+                        <Suspense fallback=|| ()>
+                            {move || {
+                                dead.get()
+                                    .and_then(|r| r.ok())
+                                    .filter(|n| *n > 0)
+                                    .map(|n| {
+                                        view! {
+                                            <span class="count" data-dead-letter-count=n aria-label=format!("{n} kept")>
+                                                {n}
+                                            </span>
+                                        }
+                                    })
+                            }}
+                        </Suspense>
+                    </A>
                     <A href="/audit">"Audit"</A>
                     <A href="/settings/people">"People"</A>
                 </nav>

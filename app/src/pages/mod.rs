@@ -2,6 +2,7 @@
 //! (filters and page number in the query string).
 
 pub mod audit;
+pub mod dead_letters;
 pub mod events;
 pub mod login;
 pub mod memory;

@@ -333,6 +333,16 @@ fn Alarm(alarm: FleetAlarm, ticks: RwSignal<u64>) -> impl IntoView {
             </li>
         }
         .into_any(),
+        FleetAlarm::DeadLetters { count } => view! {
+            <li class="alarm" data-alarm="dead_letters" data-count=count>
+                <strong>
+                    {format!("{count} dead letter{} kept", if count == 1 { "" } else { "s" })}
+                </strong>
+                ": mail the queue gave up on reaches no seat until an operator re-publishes it. "
+                <a href="/dead-letters">"See the dead letters"</a>
+            </li>
+        }
+        .into_any(),
     }
 }
 

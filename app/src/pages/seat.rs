@@ -27,10 +27,15 @@ pub fn SeatPage() -> impl IntoView {
         move || (handle.get(), before.get()),
         |(h, b)| seat_page(h, b),
     );
+    // Its dead letters are read again with the rest of the page.
+    let reads = RwSignal::new(0u64);
     let live = refetch_on(
         EVENT_NAMES,
         move |e| e.seat().is_some_and(|s| s == handle.get_untracked()),
-        move || detail.refetch(),
+        move || {
+            detail.refetch();
+            reads.update(|n| *n += 1);
+        },
     );
     let me = Resource::new(|| (), |_| whoami());
     let operator = Signal::derive(move || {
@@ -67,6 +72,10 @@ pub fn SeatPage() -> impl IntoView {
                         })
                 }}
             </Transition>
+            <section class="seat-dead-letters" aria-labelledby="seat-dl-h">
+                <h2 id="seat-dl-h">"Dead letters"</h2>
+                <crate::pages::dead_letters::DeadLetters seat=handle refresh=Signal::from(reads) />
+            </section>
         </section>
     }
 }

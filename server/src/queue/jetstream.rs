@@ -1049,6 +1049,15 @@ fn dead_letter_of(id: u64, m: async_nats::jetstream::message::StreamMessage) -> 
             .unwrap_or(0),
         msg_id: h("Crewlet-Msg-Id"),
         reason: h("Crewlet-Reason").unwrap_or_default(),
+        at: m
+            .time
+            .replace_nanosecond(0)
+            .ok()
+            .and_then(|t| {
+                t.format(&time::format_description::well_known::Rfc3339)
+                    .ok()
+            })
+            .unwrap_or_default(),
         payload: m.payload,
     }
 }

@@ -38,6 +38,14 @@ pub const DEFAULT_ACK_WAIT: Duration = Duration::from_secs(30);
 pub fn inbox_subject(handle: &str) -> String {
     format!("crewlet.agent.{handle}.inbox")
 }
+
+/// Pure: the seat whose inbox `subject` is (`crewlet.agent.{handle}.inbox`).
+pub fn inbox_seat(subject: &str) -> Option<&str> {
+    subject
+        .strip_prefix("crewlet.agent.")?
+        .strip_suffix(".inbox")
+        .filter(|h| !h.is_empty() && !h.contains('.'))
+}
 /// `crewlet.agent.{handle}.control`
 pub fn control_subject(handle: &str) -> String {
     format!("crewlet.agent.{handle}.control")
@@ -231,6 +239,8 @@ pub struct DeadLetter {
     pub msg_id: Option<String>,
     pub reason: String,
     pub payload: Bytes,
+    /// RFC 3339: when it was dead-lettered.
+    pub at: String,
 }
 
 /// What the queue reports (the node turns these into fleet events).
@@ -554,6 +564,36 @@ pub async fn boot_walk<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_inbox_subject_names_its_seat_and_no_other_subject_does() {
+        assert_eq!(inbox_seat(&inbox_subject("ops-1")), Some("ops-1"));
+        assert_eq!(inbox_seat("crewlet.agent.ops.control"), None);
+        assert_eq!(inbox_seat("crewlet.agent..inbox"), None);
+        assert_eq!(inbox_seat("crewlet.agent.a.b.inbox"), None);
+        assert_eq!(inbox_seat("other.agent.a.inbox"), None);
+    }
+
+    #[test]
+    fn a_requeued_dead_letter_keeps_its_message_id_marked_with_its_number() {
+        let dead = DeadLetter {
+            id: 7,
+            subscription: "agent-ops".into(),
+            subject: inbox_subject("ops"),
+            seq: 42,
+            delivered: 3,
+            msg_id: Some("evt-1".into()),
+            reason: "unreadable".into(),
+            payload: Bytes::from_static(b"{}"),
+            at: String::new(),
+        };
+        assert_eq!(requeue_msg_id(&dead), "evt-1~requeued-7");
+        let anonymous = DeadLetter {
+            msg_id: None,
+            ..dead
+        };
+        assert_eq!(requeue_msg_id(&anonymous), "agent-ops-42~requeued-7");
+    }
 
     #[test]
     fn subjects_match_like_nats() {

@@ -393,6 +393,7 @@ impl Settle for MemorySettle {
                 msg_id: m.msg_id,
                 reason: reason.to_string(),
                 payload: m.payload,
+                at: crate::clock::now_rfc3339(),
             });
             while st.dead.len() > DEAD_LETTERS_KEPT {
                 st.dead.pop_front();

@@ -671,6 +671,7 @@ fn token_path(path: &str) -> bool {
         || path == "/api/events/history"
         || path == "/api/company"
         || path == "/api/dead-letters"
+        || path.starts_with("/api/dead-letters/")
         || path == "/api/memory"
         || path == "/api/nodes/order"
         || path.starts_with("/api/seats/")

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use sqlx::SqlitePool;
 
 use app::api::{
-    ApprovalView, AuditView, EffectView, EventPage, EventQuery, FleetView, MemoryOverview,
+    ApprovalView, AuditView, DeadLetterActionResult, DeadLetterList, EffectView, EventPage, EventQuery, FleetView, MemoryOverview,
     MoveRequestView, NewPerson, NodeOrderView, Person, PersonRole, PersonView, SeatActionResult,
     SeatDetail, SeatList, SeatMemoryRead, SeatQuery,
 };
@@ -24,6 +24,7 @@ use crate::identity::NodeInfo;
 use crate::memory::memread::MemRead;
 use crate::seat::sweep::SeatEngine;
 use crate::web::auth::Auth;
+use crate::web::dead_letters::DeadLetterAction;
 use crate::web::live::SeatNotes;
 use crate::web::nodes::{LocalFacts, Roster, RosterMemory, fleet_view};
 use crate::web::seats::{SeatFacts, page_of, pause_record, seat_rows};
@@ -467,11 +468,53 @@ fn seat_failure(handle: &str, e: PauseError) -> ConsoleError {
     }
 }
 
-fn unavailable(what: &str, e: impl std::fmt::Display) -> ConsoleError {
+pub(crate) fn unavailable(what: &str, e: impl std::fmt::Display) -> ConsoleError {
     tracing::error!(error = %e, "{what}");
     ConsoleError::Unavailable(format!(
         "The node could not {what}. Try again; the node's log has the details."
     ))
+}
+
+impl NodeConsole {
+    /// Re-publish or discard one dead letter: operators only, the seat it
+    /// was sent to named in the audit row, refused or not.
+    async fn dead_letter_action(
+        &self,
+        actor: &Person,
+        action: DeadLetterAction,
+        id: u64,
+    ) -> Result<DeadLetterActionResult, ConsoleError> {
+        let what = format!("dead letter {id}");
+        if !actor.is_operator() {
+            audit::record(
+                &self.pool,
+                &actor.name,
+                action.audit_name(),
+                None,
+                Some(&what),
+                "refused: not an operator",
+            )
+            .await
+            .map_err(|e| unavailable("write the audit log", e))?;
+            return Err(ConsoleError::Forbidden(format!(
+                "{} is a viewer: only operators may {}.",
+                actor.name,
+                action.verb()
+            )));
+        }
+        let done = crate::web::dead_letters::act(self.engine.queue().as_ref(), action, id).await;
+        audit::record(
+            &self.pool,
+            &actor.name,
+            action.audit_name(),
+            done.seat.as_deref(),
+            Some(&what),
+            &done.audit_result,
+        )
+        .await
+        .map_err(|e| unavailable("write the audit log", e))?;
+        done.answer
+    }
 }
 
 #[async_trait::async_trait]
@@ -493,13 +536,20 @@ impl Console for NodeConsole {
                 "The fleet's roster cannot be read right now ({e}); node states are unknown."
             ))
         })?;
-        Ok(fleet_view(
+        let mut view = fleet_view(
             &i.node_id,
             &company.name,
             coordination,
             &answer,
             &self.local_facts(now),
-        ))
+        );
+        // A queue that cannot be counted is the queue's own alarm, not this one.
+        match self.engine.queue().dead_letter_count().await {
+            Ok(0) => {}
+            Ok(count) => view.alarms.push(app::api::FleetAlarm::DeadLetters { count }),
+            Err(e) => tracing::warn!(error = %e, "the dead letters cannot be counted"),
+        }
+        Ok(view)
     }
 
     async fn memory(&self, handle: &str) -> Result<SeatMemoryRead, ConsoleError> {
@@ -1097,6 +1147,40 @@ impl Console for NodeConsole {
                 Err(e)
             }
         }
+    }
+
+    async fn dead_letters(
+        &self,
+        seat: Option<&str>,
+        limit: usize,
+    ) -> Result<DeadLetterList, ConsoleError> {
+        crate::web::dead_letters::list(self.engine.queue().as_ref(), seat, limit).await
+    }
+
+    async fn dead_letter_count(&self) -> Result<u64, ConsoleError> {
+        self.engine
+            .queue()
+            .dead_letter_count()
+            .await
+            .map_err(|e| unavailable("count the dead letters", e))
+    }
+
+    async fn requeue_dead_letter(
+        &self,
+        actor: &Person,
+        id: u64,
+    ) -> Result<DeadLetterActionResult, ConsoleError> {
+        self.dead_letter_action(actor, DeadLetterAction::Requeue, id)
+            .await
+    }
+
+    async fn discard_dead_letter(
+        &self,
+        actor: &Person,
+        id: u64,
+    ) -> Result<DeadLetterActionResult, ConsoleError> {
+        self.dead_letter_action(actor, DeadLetterAction::Discard, id)
+            .await
     }
 
     async fn approvals(&self, handle: &str) -> Result<Vec<ApprovalView>, ConsoleError> {

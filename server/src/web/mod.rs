@@ -8,6 +8,7 @@
 pub mod approvals;
 pub mod auth;
 pub mod console;
+pub mod dead_letters;
 pub mod headers;
 pub mod history;
 pub mod live;
@@ -207,6 +208,14 @@ pub async fn router(setup: WebSetup<'_>) -> Result<Router, WebError> {
             post(apply_company).layer(DefaultBodyLimit::max(LARGE_BODY)),
         )
         .route("/api/dead-letters", get(dead_letters))
+        .route(
+            "/api/dead-letters/{id}/requeue",
+            post(requeue_dead_letter).layer(DefaultBodyLimit::max(SMALL_BODY)),
+        )
+        .route(
+            "/api/dead-letters/{id}/discard",
+            post(discard_dead_letter).layer(DefaultBodyLimit::max(SMALL_BODY)),
+        )
         .route("/api/events/history", get(event_history))
         .route("/api/seats/{handle}/outbox", get(seat_outbox))
         .route(
@@ -591,37 +600,51 @@ struct HistoryParams {
 struct DeadLetterQuery {
     #[serde(default)]
     limit: Option<usize>,
+    #[serde(default)]
+    seat: Option<String>,
 }
 
-/// `GET /api/dead-letters?limit=N`: the newest dead letters (default 100),
-/// newest first, for a person to inspect.
+/// `GET /api/dead-letters?limit=N&seat=H`: the newest dead letters
+/// (default 100, at most 1,000; only seat `H`'s when given), newest first,
+/// as `{"letters": [{id, seat, subscription, subject, delivered, msg_id,
+/// reason, payload, truncated, at}], "total"}`.
 async fn dead_letters(
-    Extension(engine): Extension<Arc<SeatEngine>>,
+    Extension(console): Extension<SharedConsole>,
     axum::extract::Query(q): axum::extract::Query<DeadLetterQuery>,
 ) -> axum::response::Response {
-    let limit = q.limit.unwrap_or(100).min(1000);
-    match engine.queue().dead_letters(limit).await {
-        Ok(list) => Json(
-            list.into_iter()
-                .map(|d| {
-                    serde_json::json!({
-                        "subscription": d.subscription,
-                        "subject": d.subject,
-                        "seq": d.seq,
-                        "delivered": d.delivered,
-                        "msg_id": d.msg_id,
-                        "reason": d.reason,
-                        "payload": String::from_utf8_lossy(&d.payload),
-                    })
-                })
-                .collect::<Vec<_>>(),
-        )
-        .into_response(),
-        Err(e) => (
-            axum::http::StatusCode::SERVICE_UNAVAILABLE,
-            Json(serde_json::json!({ "error": e.to_string() })),
-        )
-            .into_response(),
+    let limit = q.limit.unwrap_or(100);
+    let seat = q.seat.as_deref().map(str::trim).filter(|s| !s.is_empty());
+    match console.dead_letters(seat, limit).await {
+        Ok(list) => Json(list).into_response(),
+        Err(e) => console_error(e),
+    }
+}
+
+/// `POST /api/dead-letters/{id}/requeue`: publish dead letter `id` again
+/// to the inbox it was sent to (operators only; audited). Answers
+/// `{"id", "result"}`; 404 when it is not there.
+async fn requeue_dead_letter(
+    Extension(console): Extension<SharedConsole>,
+    Extension(person): Extension<app::api::Person>,
+    axum::extract::Path(id): axum::extract::Path<u64>,
+) -> axum::response::Response {
+    match console.requeue_dead_letter(&person, id).await {
+        Ok(done) => Json(done).into_response(),
+        Err(e) => console_error(e),
+    }
+}
+
+/// `POST /api/dead-letters/{id}/discard`: remove dead letter `id` for good
+/// (operators only; audited). Answers `{"id", "result"}`; 404 when it is
+/// not there.
+async fn discard_dead_letter(
+    Extension(console): Extension<SharedConsole>,
+    Extension(person): Extension<app::api::Person>,
+    axum::extract::Path(id): axum::extract::Path<u64>,
+) -> axum::response::Response {
+    match console.discard_dead_letter(&person, id).await {
+        Ok(done) => Json(done).into_response(),
+        Err(e) => console_error(e),
     }
 }
 

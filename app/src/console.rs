@@ -8,9 +8,9 @@
 use std::sync::Arc;
 
 use crate::api::{
-    ApprovalView, AuditView, DeadLetterActionResult, DeadLetterList, EffectView, EventPage, EventQuery, FleetView, MemoryOverview,
-    MoveRequestView, NewPerson, NodeOrderView, Person, PersonRole, PersonView, SeatActionResult,
-    SeatDetail, SeatList, SeatMemoryRead, SeatQuery,
+    ApprovalView, AuditView, DeadLetterActionResult, DeadLetterList, EffectView, EventPage,
+    EventQuery, FleetView, MemoryOverview, MoveRequestView, NewPerson, NodeOrderView, Person,
+    PersonRole, PersonView, SeatActionResult, SeatDetail, SeatList, SeatMemoryRead, SeatQuery,
 };
 
 /// A failure the dashboard shows to a person as a sentence.

@@ -9,8 +9,9 @@
 use leptos::prelude::*;
 
 use crate::api::{
-    ApprovalView, AuditView, DeadLetterActionResult, DeadLetterList, EventPage, FleetView, MemoryOverviewPage, MoveRequestView, NewPerson,
-    NodeOrderView, Person, PersonView, SeatActionResult, SeatDetail, SeatList, SeatMemoryRead,
+    ApprovalView, AuditView, DeadLetterActionResult, DeadLetterList, EventPage, FleetView,
+    MemoryOverviewPage, MoveRequestView, NewPerson, NodeOrderView, Person, PersonView,
+    SeatActionResult, SeatDetail, SeatList, SeatMemoryRead,
 };
 use crate::error::AppError;
 

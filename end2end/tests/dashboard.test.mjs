@@ -1111,3 +1111,121 @@ test("an operator approves a seat's waiting tool call from the Seats page: the c
     assert.equal(code, 0, `the tooled node exits 0 on SIGTERM; its log:\n${tooled.log()}`);
   }
 });
+
+/**
+ * The model provider's stand-in (a paid external service, scripted): an
+ * OpenAI-compatible `POST /v1/chat/completions` that answers 503 while
+ * `down` and a one-line completion once it is back.
+ */
+async function providerStandIn() {
+  const { createServer: http } = await import('node:http');
+  const state = { down: true, asked: 0 };
+  const server = http((req, res) => {
+    let body = '';
+    req.on('data', (d) => (body += d));
+    req.on('end', () => {
+      state.asked += 1;
+      res.setHeader('content-type', 'application/json');
+      if (state.down) {
+        res.statusCode = 503;
+        res.end(JSON.stringify({ error: { message: 'the provider is down', type: 'unavailable' } }));
+        return;
+      }
+      res.end(JSON.stringify({
+        id: 'chatcmpl-standin',
+        object: 'chat.completion',
+        created: 0,
+        model: 'stand-in',
+        choices: [{ index: 0, finish_reason: 'stop', message: { role: 'assistant', content: 'back and answering' } }],
+        usage: { prompt_tokens: 5, completion_tokens: 3, total_tokens: 8 },
+      }));
+    });
+  });
+  await new Promise((r) => server.listen(0, '127.0.0.1', r));
+  state.url = `http://127.0.0.1:${server.address().port}/v1`;
+  state.close = () => new Promise((r) => {
+    server.closeAllConnections();
+    server.close(r);
+  });
+  return state;
+}
+
+test('mail the queue gave up on while the model provider was down is a dead letter: counted in the menu and on Nodes, re-published once it is back and answered, a discard asks first, both audited', async () => {
+  const provider = await providerStandIn();
+  const dl = await startNode({
+    id: 'node-e2e-dead',
+    people: [OPERATOR, VIEWER],
+    roles: [],
+    more: `[stream]\nmax_deliveries = 2\nretry_delay_seconds = 0\n\n[[roles]]\nhandle = "model-agent"\nagent = { kind = "model", base_url = "${provider.url}", model = "stand-in" }\n`,
+  });
+  try {
+    const { page, context, problems } = await strictPage(browser);
+    await signIn(page, dl.url, OPERATOR.name, OPERATOR.password);
+    await page.goto(`${dl.url}/seats`);
+    await page.waitForSelector('html[data-hydrated]');
+    await page.locator('tr[data-seat="model-agent"]').waitFor();
+    for (const id of ['dl-1', 'dl-2']) {
+      assert.equal((await publish(page, 'model-agent', { id, type: 'task_assigned', body: { text: `are you there (${id})` } })).status, 200);
+    }
+    await until('both dead-lettered', async () => {
+      const r = await page.evaluate(async () => (await fetch('/api/dead-letters')).json());
+      return r.total === 2;
+    }, 30000);
+    // Nodes raises the alarm and the menu counts them.
+    await page.goto(`${dl.url}/settings/nodes`);
+    await page.waitForSelector('html[data-hydrated]');
+    const alarm = page.locator('li[data-alarm="dead_letters"]');
+    await alarm.waitFor();
+    assert.match(await alarm.innerText(), /2 dead letters kept/);
+    assert.equal(await page.locator('nav [data-dead-letter-count]').innerText(), '2');
+    await alarm.getByRole('link', { name: 'See the dead letters' }).click();
+    await until('the Dead letters page', () => page.url().endsWith('/dead-letters'));
+    await page.locator('.live.live-open').waitFor();
+    const list = page.locator('ul.dead-letter-list');
+    const oldest = list.locator('li.dead-letter').last();
+    assert.match(await oldest.innerText(), /model-agent/);
+    assert.match(await oldest.innerText(), /delivered \d+ times/);
+    await oldest.locator('summary').click();
+    assert.match(await oldest.locator('pre.dl-payload').innerText(), /are you there \(dl-1\)/);
+    await page.screenshot({ path: join(resultsDir, 'dead-letters-1440.png'), fullPage: true });
+    // The provider is back: the oldest is re-published and answered.
+    provider.down = false;
+    const oldestId = await oldest.getAttribute('data-dead-letter');
+    await oldest.getByRole('button', { name: 'Re-publish' }).click();
+    const done = page.locator(`[data-dead-letter-done="${oldestId}"]`);
+    await done.waitFor();
+    assert.match(await done.innerText(), /re-published to seat model-agent's inbox/);
+    await list.locator(`li[data-dead-letter="${oldestId}"]`).waitFor({ state: 'detached' });
+    await until('the re-published mail answered', async () => {
+      const r = await page.evaluate(async () => (await fetch('/api/seats/model-agent/outbox')).json());
+      return r.effects.some((e) => e.trigger_ids.includes('dl-1') && /back and answering/.test(e.text ?? ''));
+    }, 30000);
+    // A discard asks first; cancelling keeps it.
+    const other = list.locator('li.dead-letter').first();
+    const otherId = await other.getAttribute('data-dead-letter');
+    await other.getByRole('button', { name: 'Discard…' }).click();
+    await other.getByRole('button', { name: 'Cancel' }).click();
+    await other.getByRole('button', { name: 'Discard…' }).click();
+    await other.getByRole('button', { name: 'Discard', exact: true }).click();
+    await page.locator(`[data-dead-letter-done="${otherId}"]`).waitFor();
+    await page.getByText('No dead letters.').waitFor();
+    // The seat's page says what it said once the provider was back.
+    await page.goto(`${dl.url}/seats/model-agent`);
+    await page.waitForSelector('html[data-hydrated]');
+    await page.locator('ol.effects li.effect', { hasText: 'back and answering' }).waitFor();
+    assert.match(await page.locator('.seat-dead-letters').innerText(), /No dead letters\./);
+    const audit = await serverFn(page, 'audit_log', {});
+    assert.match(audit.body, /dead_letter\.requeue/);
+    assert.match(audit.body, /dead_letter\.discard/);
+    await page.setViewportSize({ width: 390, height: 844 });
+    await page.goto(`${dl.url}/dead-letters`);
+    await page.waitForSelector('html[data-hydrated]');
+    await page.screenshot({ path: join(resultsDir, 'dead-letters-390.png'), fullPage: true });
+    assert.deepEqual(problems, []);
+    await context.close();
+  } finally {
+    await provider.close();
+    const code = await dl.stop();
+    assert.equal(code, 0, `the node exits 0 on SIGTERM; its log:\n${dl.log()}`);
+  }
+});

@@ -515,9 +515,13 @@ async fn dead_letters_can_be_read_with_a_token_and_a_poison_message_shows_up() {
     );
     q.ensure_subscription(&spec).await.unwrap();
     for id in ["m-1", "m-2"] {
-        q.publish(&spec.subject, Some(id), bytes::Bytes::from_static(b"{broken"))
-            .await
-            .unwrap();
+        q.publish(
+            &spec.subject,
+            Some(id),
+            bytes::Bytes::from_static(b"{broken"),
+        )
+        .await
+        .unwrap();
     }
     let refuse = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
     let r2 = refuse.clone();
@@ -555,7 +559,12 @@ async fn dead_letters_can_be_read_with_a_token_and_a_poison_message_shows_up() {
     assert_eq!(newest["subscription"], "probe");
     assert_eq!(newest["msg_id"], "m-2");
     assert_eq!(newest["payload"], "{broken");
-    assert!(newest["reason"].as_str().unwrap().contains("not an envelope"));
+    assert!(
+        newest["reason"]
+            .as_str()
+            .unwrap()
+            .contains("not an envelope")
+    );
     assert!(newest["at"].as_str().is_some_and(|t| t.ends_with('Z')));
     let oldest = list["letters"][1]["id"].as_u64().unwrap();
     let newest = newest["id"].as_u64().unwrap();
@@ -587,7 +596,10 @@ async fn dead_letters_can_be_read_with_a_token_and_a_poison_message_shows_up() {
         .await
         .expect("the re-published mail is delivered")
         .unwrap();
-    assert_eq!(again.as_deref(), Some(format!("m-1~requeued-{oldest}").as_str()));
+    assert_eq!(
+        again.as_deref(),
+        Some(format!("m-1~requeued-{oldest}").as_str())
+    );
     // The other is discarded; neither is there to act on again.
     let r = client()
         .post(n.url(&format!("/api/dead-letters/{newest}/discard")))
@@ -612,7 +624,11 @@ async fn dead_letters_can_be_read_with_a_token_and_a_poison_message_shows_up() {
         .audit_log()
         .await
         .into_iter()
-        .filter(|e| e["action"].as_str().is_some_and(|a| a.starts_with("dead_letter.")))
+        .filter(|e| {
+            e["action"]
+                .as_str()
+                .is_some_and(|a| a.starts_with("dead_letter."))
+        })
         .collect();
     log.reverse();
     let rows: Vec<(&str, &str)> = log
@@ -624,7 +640,10 @@ async fn dead_letters_can_be_read_with_a_token_and_a_poison_message_shows_up() {
     assert_eq!(rows[1].0, "dead_letter.requeue");
     assert!(rows[1].1.starts_with("ok: re-published"), "{rows:?}");
     assert_eq!(rows[2], ("dead_letter.discard", "ok: discarded"));
-    assert_eq!(rows[3], ("dead_letter.discard", "refused: no such dead letter"));
+    assert_eq!(
+        rows[3],
+        ("dead_letter.discard", "refused: no such dead letter")
+    );
     assert_eq!(log[1]["person"], "token:ops");
     a.detach().await;
     n.stop().await;

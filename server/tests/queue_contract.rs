@@ -1370,7 +1370,10 @@ async fn a_requeued_dead_letter_is_delivered_again_once_and_a_discarded_one_is_g
     let (second, first) = (dead[0].clone(), dead[1].clone());
     assert_eq!(&first.payload[..], b"first");
     assert_ne!(first.id, second.id, "each dead letter has its own number");
-    assert_eq!(q.find_dead_letter(first.id).await.unwrap(), Some(first.clone()));
+    assert_eq!(
+        q.find_dead_letter(first.id).await.unwrap(),
+        Some(first.clone())
+    );
 
     picky.store(false, Ordering::SeqCst);
     let again = requeue_dead_letter(q, first.id).await.unwrap().unwrap();

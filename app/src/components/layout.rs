@@ -9,9 +9,18 @@ use crate::fns::{dead_letter_count, whoami};
 #[component]
 pub fn Layout(children: Children) -> impl IntoView {
     let me = Resource::new(|| (), |_| whoami());
-    // Read again on every navigation.
+    // The dead letters kept, read in the browser after each navigation
+    // (the page is rendered without it, so hydration never waits on it).
     let location = leptos_router::hooks::use_location();
-    let dead = Resource::new(move || location.pathname.get(), |_| dead_letter_count());
+    let dead = RwSignal::new(None::<u64>);
+    Effect::new(move |_| {
+        location.pathname.track();
+        leptos::task::spawn_local(async move {
+            if let Ok(n) = dead_letter_count().await {
+                dead.set(Some(n));
+            }
+        });
+    });
     let main = NodeRef::<leptos::html::Main>::new();
     // One clock for every time on the page (and the switch between the
     // browser's and UTC).
@@ -38,23 +47,20 @@ pub fn Layout(children: Children) -> impl IntoView {
                     <A href="/seats">"Seats"</A>
                     <A href="/memory">"Memory"</A>
                     <A href="/events">"Events"</A>
-                    <A href="/dead-letters">
-                        "Dead letters"
-                        <Suspense fallback=|| ()>
-                            {move || {
-                                dead.get()
-                                    .and_then(|r| r.ok())
-                                    .filter(|n| *n > 0)
-                                    .map(|n| {
-                                        view! {
-                                            <span class="count" data-dead-letter-count=n aria-label=format!("{n} kept")>
-                                                {n}
-                                            </span>
-                                        }
-                                    })
-                            }}
-                        </Suspense>
-                    </A>
+                    <span class="nav-with-count">
+                        <A href="/dead-letters">"Dead letters"</A>
+                        {move || {
+                            dead.get()
+                                .filter(|n| *n > 0)
+                                .map(|n| {
+                                    view! {
+                                        <a class="count" href="/dead-letters" data-dead-letter-count=n title=format!("{n} dead letters kept")>
+                                            {n}
+                                        </a>
+                                    }
+                                })
+                        }}
+                    </span>
                     <A href="/audit">"Audit"</A>
                     <A href="/settings/people">"People"</A>
                 </nav>

@@ -9,9 +9,9 @@ use std::sync::Arc;
 use sqlx::SqlitePool;
 
 use app::api::{
-    ApprovalView, AuditView, DeadLetterActionResult, DeadLetterList, EffectView, EventPage, EventQuery, FleetView, MemoryOverview,
-    MoveRequestView, NewPerson, NodeOrderView, Person, PersonRole, PersonView, SeatActionResult,
-    SeatDetail, SeatList, SeatMemoryRead, SeatQuery,
+    ApprovalView, AuditView, DeadLetterActionResult, DeadLetterList, EffectView, EventPage,
+    EventQuery, FleetView, MemoryOverview, MoveRequestView, NewPerson, NodeOrderView, Person,
+    PersonRole, PersonView, SeatActionResult, SeatDetail, SeatList, SeatMemoryRead, SeatQuery,
 };
 use app::console::{Console, ConsoleError};
 
@@ -546,7 +546,9 @@ impl Console for NodeConsole {
         // A queue that cannot be counted is the queue's own alarm, not this one.
         match self.engine.queue().dead_letter_count().await {
             Ok(0) => {}
-            Ok(count) => view.alarms.push(app::api::FleetAlarm::DeadLetters { count }),
+            Ok(count) => view
+                .alarms
+                .push(app::api::FleetAlarm::DeadLetters { count }),
             Err(e) => tracing::warn!(error = %e, "the dead letters cannot be counted"),
         }
         Ok(view)

@@ -25,7 +25,7 @@ use leptos_router::{
 use crate::components::layout::Layout;
 use crate::pages::{
     audit::AuditPage, dead_letters::DeadLettersPage, events::EventsPage, login::LoginPage,
-    login::PasswordPage, memory::MemoryPage, nodes::NodesPage, people::PeoplePage, seat::SeatPage,
+    login::PasswordPage, memory::MemoryPage, node::NodePage, nodes::NodesPage, people::PeoplePage, seat::SeatPage,
     seats::SeatsPage,
 };
 
@@ -64,6 +64,7 @@ pub fn App() -> impl IntoView {
                 <Route path=path!("/login") view=LoginPage />
                 <Route path=path!("/account/password") view=PasswordPage />
                 <Route path=path!("/settings/nodes") view=|| view! { <Layout><NodesPage /></Layout> } />
+                <Route path=path!("/nodes/:id") view=|| view! { <Layout><NodePage /></Layout> } />
                 <Route path=path!("/seats") view=|| view! { <Layout><SeatsPage /></Layout> } />
                 <Route path=path!("/seats/:handle") view=|| view! { <Layout><SeatPage /></Layout> } />
                 <Route path=path!("/memory") view=|| view! { <Layout><MemoryPage /></Layout> } />

@@ -209,9 +209,18 @@ pub struct LiveEvent {
 impl LiveEvent {
     /// The `seat` field of the event, if it has one.
     pub fn seat(&self) -> Option<String> {
+        self.text("seat")
+    }
+
+    /// The `node` field of the event (the node it happened on).
+    pub fn node(&self) -> Option<String> {
+        self.text("node")
+    }
+
+    fn text(&self, key: &str) -> Option<String> {
         serde_json::from_str::<serde_json::Value>(&self.data)
             .ok()?
-            .get("seat")?
+            .get(key)?
             .as_str()
             .map(str::to_string)
     }

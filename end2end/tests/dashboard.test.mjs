@@ -146,12 +146,48 @@ test('after a correct sign-in, a next= that would leave the site lands on this n
   await context.close();
 });
 
+test("a node's page, reached from its id on Nodes and on Seats, shows its status, the seats it holds linked to their pages, and its recent events", async () => {
+  const { page, context, problems } = await strictPage(browser);
+  await signIn(page, node.url, VIEWER.name, VIEWER.password);
+  await page.waitForSelector('html[data-hydrated]');
+  await page.locator('tr[data-node="node-e2e"] a.node-link').click();
+  await until('the node page', () => page.url().endsWith('/nodes/node-e2e'));
+  await page.getByRole('heading', { name: 'Node node-e2e' }).waitFor();
+  assert.equal(await page.title(), 'node-e2e · Nodes · Crewlet node');
+  const facts = page.locator('dl.facts[data-node="node-e2e"]');
+  await facts.waitFor();
+  assert.match(await facts.innerText(), /serving/);
+  assert.match(await facts.innerText(), /e2e/, 'its labels');
+  await page.getByRole('heading', { name: 'Seats it holds (2)' }).waitFor();
+  await page.locator('ol.node-events li[data-event="seat_claimed"]').first().waitFor();
+  await page.screenshot({ path: join(resultsDir, 'node-1440.png'), fullPage: true });
+  await page.locator('ul.held-seats a.seat-link', { hasText: 'alpha-agent' }).click();
+  await until('the seat page', () => page.url().endsWith('/seats/alpha-agent'));
+  await page.getByRole('heading', { name: 'Seat alpha-agent' }).waitFor();
+  // The seat's holder links back to the node.
+  await page.locator('tr[data-seat="alpha-agent"] a.node-link').click();
+  await until('the node page again', () => page.url().endsWith('/nodes/node-e2e'));
+  await page.goto(`${node.url}/nodes/node-gone`);
+  await page.locator('[data-node-absent="node-gone"]').waitFor();
+  await page.setViewportSize({ width: 390, height: 844 });
+  await page.goto(`${node.url}/nodes/node-e2e`);
+  await facts.waitFor();
+  await page.screenshot({ path: join(resultsDir, 'node-390.png'), fullPage: true });
+  assert.deepEqual(problems, []);
+  await context.close();
+});
+
 test('the Nodes page is readable at 390 px wide', async () => {
   const { page, context, problems } = await strictPage(browser, { width: 390, height: 844 });
   await signIn(page, node.url, VIEWER.name, VIEWER.password);
   await page.locator('tr[data-node="node-e2e"]').waitFor();
   const overflow = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
   assert.ok(overflow <= 0, `the page scrolls sideways by ${overflow}px at 390 px`);
+  // A card per node: its presence and seats are on screen, not behind a sideways scroll.
+  for (const label of ['Presence', 'Seats']) {
+    const box = await page.locator(`tr[data-node="node-e2e"] td[data-label="${label}"]`).boundingBox();
+    assert.ok(box && box.x >= 0 && box.x + box.width <= 390, `${label} is within the 390 px screen: ${JSON.stringify(box)}`);
+  }
   await page.screenshot({ path: join(resultsDir, 'nodes-390.png'), fullPage: true });
   assert.deepEqual(problems, []);
   await context.close();

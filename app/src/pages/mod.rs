@@ -6,6 +6,7 @@ pub mod dead_letters;
 pub mod events;
 pub mod login;
 pub mod memory;
+pub mod node;
 pub mod node_order;
 pub mod nodes;
 pub mod people;

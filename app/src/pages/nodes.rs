@@ -159,7 +159,7 @@ pub fn NodesPage() -> impl IntoView {
                 // what changed inside a row and never replaces it, so rows keep
                 // their place and focus.
                 <div class="table-wrap" hidden=move || nodes().is_empty()>
-                    <table class="nodes">
+                    <table class="nodes stack-table">
                         <thead>
                             <tr>
                                 <th scope="col">"Node"</th>
@@ -397,7 +397,7 @@ fn NodeRow(
                                 let since = s.since.clone();
                                 view! {
                                     <li data-seat=s.handle.clone()>
-                                        <span class="mono">{s.handle.clone()}</span>
+                                        <a class="mono seat-link" href=format!("/seats/{}", s.handle)>{s.handle.clone()}</a>
                                         <span class="muted small">
                                             {format!(" · epoch {} · since ", s.epoch)}
                                             <crate::components::time::When at=since.clone() />
@@ -439,11 +439,13 @@ fn NodeRow(
             data-status=status
             class:stale=move || last().is_some()
         >
-            <td>
-                <strong>{move || node.with(|n| n.node_id.clone())}</strong>
+            <td data-label="Node">
+                <a class="node-link" href=move || node.with(|n| format!("/nodes/{}", n.node_id))>
+                    <strong>{move || node.with(|n| n.node_id.clone())}</strong>
+                </a>
                 <div class="muted small mono">{move || node.with(|n| n.incarnation.clone())}</div>
             </td>
-            <td>
+            <td data-label="Status">
                 <span class=move || format!("badge badge-{}", status())>{status}</span>
                 {move || {
                     last().map(|l| {
@@ -457,11 +459,11 @@ fn NodeRow(
                     })
                 }}
             </td>
-            <td>{move || node.with(|n| list(&n.roles))}</td>
-            <td>{move || node.with(|n| list(&n.labels))}</td>
-            <td>{move || node.with(|n| n.protocol)}</td>
-            <td>{presence}</td>
-            <td>
+            <td data-label="Roles"><span>{move || node.with(|n| list(&n.roles))}</span></td>
+            <td data-label="Labels"><span>{move || node.with(|n| list(&n.labels))}</span></td>
+            <td data-label="Protocol"><span>{move || node.with(|n| n.protocol)}</span></td>
+            <td data-label="Presence"><div>{presence}</div></td>
+            <td data-label="Seats">
                 <details class="seats" prop:open=is_open on:toggle=on_toggle>
                     <summary>{seat_count}</summary>
                     {seat_list}

@@ -849,7 +849,7 @@ fn SeatRowView(
                     Some(h) => {
                         let since = h.since.clone();
                         view! {
-                            <span class="holder">{h.node_id.clone()}</span>
+                            <a class="holder node-link" href=format!("/nodes/{}", h.node_id)>{h.node_id.clone()}</a>
                             <div class="muted small">
                                 "since "
                                 <crate::components::time::When at=since.clone() />

@@ -25,8 +25,8 @@ use leptos_router::{
 use crate::components::layout::Layout;
 use crate::pages::{
     audit::AuditPage, dead_letters::DeadLettersPage, events::EventsPage, login::LoginPage,
-    login::PasswordPage, memory::MemoryPage, node::NodePage, nodes::NodesPage, people::PeoplePage, seat::SeatPage,
-    seats::SeatsPage,
+    login::PasswordPage, memory::MemoryPage, node::NodePage, nodes::NodesPage, people::PeoplePage,
+    seat::SeatPage, seats::SeatsPage,
 };
 
 /// The HTML document around the app (server side rendering).

@@ -1064,24 +1064,17 @@ test('the priority order lists this node; an operator saves it and the audit has
   await viewer.context.close();
 });
 
-test('moving a seat to the node that already runs it is refused, and the dialog shows why', async () => {
+test('on a one-node fleet Move… is disabled and says why; a move asked anyway is refused with the reason and audited', async () => {
   const { page, context, problems } = await livePage(OPERATOR, '/seats');
-  const row = page.locator('tr[data-seat="beta-agent"]');
-  await row.locator('button[data-action="move"]').click();
-  const dialog = page.locator('dialog.move-dialog[open]');
-  await dialog.waitFor();
-  assert.match(await dialog.innerText(), /Move beta-agent[\s\S]*node-e2e holds it now/);
-  await until('the live nodes to be offered', async () => (await dialog.locator('#move-node option[value="node-e2e"]').count()) === 1);
-  await dialog.locator('#move-node').selectOption('node-e2e');
-  await dialog.locator('#move-reason').fill('checking the refusal');
-  await dialog.getByRole('button', { name: 'Move', exact: true }).click();
-  const refusal = dialog.locator('[data-move-error]');
-  await refusal.waitFor();
-  assert.match(await refusal.innerText(), /already runs on node "node-e2e"/);
-  await page.screenshot({ path: join(resultsDir, 'seats-move-refused-1280.png') });
-  // The dialog stays open with the refusal; Escape leaves it.
-  await page.keyboard.press('Escape');
-  await until('the move dialog to close', async () => !(await page.locator('dialog.move-dialog').evaluate((d) => d.open)));
+  const move = page.locator('tr[data-seat="beta-agent"] button[data-action="move"]');
+  await move.waitFor();
+  assert.equal(await move.isDisabled(), true, 'nowhere to move it');
+  assert.equal(await move.getAttribute('title'), 'no other node is live: a move needs a second node');
+  assert.match(await move.getAttribute('aria-label'), /Move beta-agent: no other node is live/);
+  await page.screenshot({ path: join(resultsDir, 'seats-move-disabled-1440.png') });
+  const asked = await serverFn(page, 'move_seat', { handle: 'beta-agent', node: 'node-e2e', reason: 'checking the refusal' });
+  assert.equal(asked.status, 400);
+  assert.match(asked.body, /already runs on node/);
   await page.goto(`${node.url}/audit`);
   const audited = page.locator('table.audit tr[data-action="seat_move_requested"]').first();
   await audited.waitFor();

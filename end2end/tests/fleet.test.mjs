@@ -287,6 +287,48 @@ test("a reordering saved from node A's dashboard, by keyboard, shows on node B's
   }
 });
 
+test("on the fleet Move… moves a seat node B holds to node A, and on its page node A's dashboard talks to it", { skip }, async () => {
+  await startNodeB();
+  const { page, context, problems } = await strictPage(browser);
+  await signIn(page, nodeA.url, OPERATOR.name, OPERATOR.password);
+  const seat = await until('a seat held by node B', async () => {
+    await page.goto(`${nodeA.url}/settings/nodes`);
+    await page.waitForSelector('html[data-hydrated]');
+    await page.locator('tr[data-node="node-a"]').waitFor();
+    return (await seatsListed(page, 'node-b'))[0];
+  }, 40000);
+  await page.goto(`${nodeA.url}/seats`);
+  await page.waitForSelector('html[data-hydrated]');
+  await page.locator('.live.live-open').waitFor();
+  const row = page.locator(`tr[data-seat="${seat}"]`);
+  const move = row.locator('button[data-action="move"]');
+  await until('Move… to be enabled (another node would take it)', async () => !(await move.isDisabled()));
+  await move.click();
+  const dialog = page.locator('dialog.move-dialog[open]');
+  await dialog.waitFor();
+  assert.match(await dialog.innerText(), /node-b holds it now/);
+  await until('node A to be offered', async () => (await dialog.locator('#move-node option[value="node-a"]').count()) === 1);
+  await dialog.locator('#move-node').selectOption('node-a');
+  await dialog.locator('#move-reason').fill('closer to its data');
+  await dialog.getByRole('button', { name: 'Move', exact: true }).click();
+  await until('the move dialog to close', async () => !(await page.locator('dialog.move-dialog').evaluate((d) => d.open)));
+  await until(`${seat} to be held by node A`, async () => /node-a/.test(await row.locator('td[data-label="Holder"]').innerText()), 40000);
+  // Its page on node A: a message sent there is answered there.
+  await page.goto(`${nodeA.url}/seats/${seat}`);
+  await page.waitForSelector('html[data-hydrated]');
+  await page.locator('.live.live-open').first().waitFor();
+  await page.locator('ol.timeline-items li', { hasText: /move|claimed|handoff|offer/i }).first().waitFor();
+  await page.fill('#seat-message', 'hello after the move');
+  await page.getByRole('button', { name: 'Send' }).click();
+  const sent = page.locator('[data-sent]');
+  await sent.waitFor();
+  const id = await sent.getAttribute('data-sent');
+  await page.locator('ol.effects li.effect', { hasText: `echo of ${id}` }).waitFor({ timeout: 20000 });
+  await page.screenshot({ path: join(resultsDir, 'seat-fleet-1440.png'), fullPage: true });
+  assert.deepEqual(problems, []);
+  await context.close();
+});
+
 test("node A's audit page lists an action taken through node B, naming node B", { skip }, async () => {
   const b = await startNodeB();
   const viaB = await strictPage(browser);

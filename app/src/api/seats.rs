@@ -108,6 +108,10 @@ pub struct SeatRow {
     /// for the seats of the page shown only.
     #[serde(default)]
     pub spend: Option<SeatSpendView>,
+    /// Why Move… cannot move it anywhere now (no other live node would
+    /// take it), or `None` when some node would.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub move_blocked: Option<String>,
 }
 
 /// A model seat's tokens this day, ISO week and month (the company's

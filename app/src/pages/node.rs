@@ -23,7 +23,16 @@ pub fn NodePage() -> impl IntoView {
     let roster = Resource::new(|| (), |_| fleet());
     let events = Resource::new(
         move || id.get(),
-        |node| event_history(None, String::new(), node, String::new(), String::new(), false),
+        |node| {
+            event_history(
+                None,
+                String::new(),
+                node,
+                String::new(),
+                String::new(),
+                false,
+            )
+        },
     );
     // Read again as the node's own events arrive.
     let live = refetch_on(

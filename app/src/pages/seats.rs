@@ -823,13 +823,19 @@ fn SeatRowView(
             handle: row.handle.clone(),
             holder: holder_node.clone(),
         };
-        let label = format!("Move {} to another node", row.handle);
+        let blocked = row.move_blocked.clone();
+        let label = match &blocked {
+            Some(why) => format!("Move {}: {why}", row.handle),
+            None => format!("Move {} to another node", row.handle),
+        };
+        let nowhere = blocked.is_some();
         view! {
             <button
                 type="button"
                 data-action="move"
                 aria-label=label
-                disabled=move || !operator.get()
+                title=blocked
+                disabled=move || !operator.get() || nowhere
                 on:click=move |_| ask_move.run(m.clone())
             >
                 "Move…"

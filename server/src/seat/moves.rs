@@ -116,6 +116,45 @@ pub fn judge(
     Ok(())
 }
 
+/// The live nodes as a move judges them (their presence rows).
+pub async fn live_targets(store: &dyn Store) -> Result<Vec<Target>, StoreError> {
+    Ok(store
+        .list("node:")
+        .await?
+        .iter()
+        .filter_map(target_of)
+        .collect())
+}
+
+/// Pure: why `seat` (with `placement`, held on `holder`) cannot be moved
+/// anywhere now — no live node but its holder would take it — or `None`
+/// when some node would.
+pub fn move_blocked(
+    seat: &str,
+    placement: &crate::config::PlacementConfig,
+    live: &[Target],
+    holder: Option<&str>,
+) -> Option<String> {
+    if live
+        .iter()
+        .any(|t| judge(seat, placement, &t.node_id, live, holder).is_ok())
+    {
+        return None;
+    }
+    let others = live
+        .iter()
+        .filter(|t| Some(t.node_id.as_str()) != holder)
+        .count();
+    Some(if others == 0 {
+        "no other node is live: a move needs a second node".to_string()
+    } else {
+        format!(
+            "no other live node may run it: its placement is {} and the others are outside it or not serving",
+            describe(placement)
+        )
+    })
+}
+
 /// A placement in words.
 pub fn describe(p: &crate::config::PlacementConfig) -> String {
     match (p.nodes.is_empty(), p.labels.is_empty()) {
@@ -172,12 +211,7 @@ pub async fn request(
         .iter()
         .find(|r| r.handle == seat)
         .ok_or_else(|| MoveError::UnknownSeat(seat.to_string()))?;
-    let live: Vec<Target> = store
-        .list("node:")
-        .await?
-        .iter()
-        .filter_map(target_of)
-        .collect();
+    let live = live_targets(store).await?;
     let holder = store
         .lease(&format!("seat:{seat}"))
         .await?
@@ -257,6 +291,33 @@ mod tests {
             labels: labels.iter().map(|s| s.to_string()).collect(),
             serving,
         }
+    }
+
+    #[test]
+    fn a_move_is_blocked_with_its_reason_when_no_node_but_the_holder_would_take_it() {
+        let t = |id: &str, labels: &[&str], serving: bool| Target {
+            node_id: id.into(),
+            labels: labels.iter().map(|l| l.to_string()).collect(),
+            serving,
+        };
+        let any = crate::config::PlacementConfig::default();
+        let gpu = crate::config::PlacementConfig {
+            nodes: vec![],
+            labels: vec!["gpu".into()],
+        };
+        let alone = [t("a", &[], true)];
+        assert_eq!(
+            move_blocked("s", &any, &alone, Some("a")).as_deref(),
+            Some("no other node is live: a move needs a second node")
+        );
+        let two = [t("a", &["gpu"], true), t("b", &[], true)];
+        assert_eq!(move_blocked("s", &any, &two, Some("a")), None);
+        let blocked = move_blocked("s", &gpu, &two, Some("a")).unwrap();
+        assert!(blocked.contains("its placement is"), "{blocked}");
+        let draining = [t("a", &[], true), t("b", &[], false)];
+        assert!(move_blocked("s", &any, &draining, Some("a")).is_some());
+        // Nobody holds it: any serving node in the placement will do.
+        assert_eq!(move_blocked("s", &any, &alone, None), None);
     }
 
     #[test]

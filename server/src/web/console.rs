@@ -167,9 +167,19 @@ impl NodeConsole {
         let approvals = crate::web::approvals::pending_of(self.turns.approvals(), &handles).await;
         let spends =
             futures::future::join_all(paged.rows.iter().map(|r| self.turns.spend(&r.handle))).await;
+        // Whether Move… has anywhere to go: the live nodes, read once.
+        let live = crate::seat::moves::live_targets(&**store).await.ok();
         for (row, spend) in paged.rows.iter_mut().zip(spends) {
             row.spend = spend.map(|(windows, held)| app::api::SeatSpendView { windows, held });
             let role = company.roles.iter().find(|r| r.handle == row.handle);
+            if let (Some(role), Some(live)) = (role, live.as_deref()) {
+                row.move_blocked = crate::seat::moves::move_blocked(
+                    &row.handle,
+                    &role.placement,
+                    live,
+                    row.holder.as_ref().map(|h| h.node_id.as_str()),
+                );
+            }
             let here = self.turns.tool_server_states(&row.handle);
             row.tool_servers = crate::web::seats::tool_server_views(
                 role.map(|r| r.mcp.as_slice()).unwrap_or_default(),

@@ -162,6 +162,7 @@ pub fn seat_rows(facts: &SeatFacts<'_>) -> Vec<SeatRow> {
                 tool_servers: Vec::new(),
                 spend: None,
                 approvals: Vec::new(),
+                move_blocked: None,
             }
         })
         .collect();
@@ -616,6 +617,7 @@ mod tests {
                 tool_servers: Vec::new(),
                 spend: None,
                 approvals: Vec::new(),
+                move_blocked: None,
             })
             .collect()
     }

@@ -8,9 +8,10 @@
 use std::sync::Arc;
 
 use crate::api::{
-    ApprovalView, AuditView, DeadLetterActionResult, DeadLetterList, EffectView, EventPage,
-    EventQuery, FleetView, MemoryOverview, MoveRequestView, NewPerson, NodeOrderView, Person,
-    PersonRole, PersonView, SeatActionResult, SeatDetail, SeatList, SeatMemoryRead, SeatQuery,
+    ApprovalView, AuditFilter, AuditView, DeadLetterActionResult, DeadLetterList, EffectView,
+    EventPage, EventQuery, FleetView, MemoryOverview, MoveRequestView, NewPerson, NodeOrderView,
+    Person, PersonRole, PersonView, SeatActionResult, SeatDetail, SeatList, SeatMemoryRead,
+    SeatQuery,
 };
 
 /// A failure the dashboard shows to a person as a sentence.
@@ -83,10 +84,10 @@ pub trait Console: Send + Sync + 'static {
     /// Give a database person a new generated password, to be changed at
     /// their next sign-in (admins only; audited).
     async fn reset_password(&self, actor: &Person, name: &str) -> Result<NewPerson, ConsoleError>;
-    /// The newest audited actions, newest first.
-    /// The fleet's newest audited actions (this node's, and every live
-    /// peer's that answers in time).
-    async fn audit(&self, limit: u32) -> Result<AuditView, ConsoleError>;
+    /// Page `page` (1: the newest; `AUDIT_PAGE` a page) of the fleet's
+    /// audited actions `filter` admits, newest first (this node's, and
+    /// every live peer's that answers in time).
+    async fn audit(&self, filter: AuditFilter, page: u32) -> Result<AuditView, ConsoleError>;
     /// Validate a company file (TOML text) and make its `[company]` and
     /// `[[roles]]` the fleet's next active revision (admins only;
     /// audited). Returns the revision number.

@@ -269,11 +269,37 @@ pub async fn reset_password(name: String) -> Result<NewPerson, AppError> {
         .map_err(ssr::fail)
 }
 
-/// The newest audited actions.
+/// One page (page 1: the newest 200) of the fleet's audited actions,
+/// only those of `seat`, `person` and `action` when not empty, and only
+/// refusals with `refused`.
 #[server(endpoint = "audit_log")]
-pub async fn audit_log() -> Result<AuditView, AppError> {
+pub async fn audit_log(
+    #[server(default)] seat: String,
+    #[server(default)] person: String,
+    #[server(default)] action: String,
+    #[server(default)] refused: bool,
+    #[server(default)] page: u32,
+) -> Result<AuditView, AppError> {
     ssr::person().await?;
-    ssr::console()?.audit(200).await.map_err(ssr::fail)
+    let given = |name: &str, v: String| -> Result<Option<String>, AppError> {
+        let v = v.trim().to_string();
+        if v.chars().count() > 200 {
+            return Err(ssr::fail(crate::console::ConsoleError::Invalid(format!(
+                "{name}: at most 200 characters."
+            ))));
+        }
+        Ok(Some(v).filter(|v| !v.is_empty()))
+    };
+    let filter = crate::api::AuditFilter {
+        seat: given("seat", seat)?,
+        person: given("person", person)?,
+        action: given("action", action)?,
+        refused,
+    };
+    ssr::console()?
+        .audit(filter, page.max(1))
+        .await
+        .map_err(ssr::fail)
 }
 
 /// Pause a seat fleet-wide; with `stop_running_turn` its running turn also

@@ -425,6 +425,24 @@ test('a viewer sees the seat actions disabled and is refused anyway', async () =
   await page.selectOption('#seat-state', 'paused');
   await Promise.all([page.waitForURL(/state=paused/), page.getByRole('button', { name: 'Filter' }).click()]);
   await page.getByText('No seat matches.').waitFor();
+  // Audit: the refusal is marked, and refusals, the person and the action filter in the address.
+  await page.goto(`${node.url}/audit`);
+  await page.waitForSelector('html[data-hydrated]');
+  await page.check('input[name="refused"]');
+  await page.fill('input[name="person"]', 'victor');
+  await Promise.all([page.waitForURL(/\/audit\?person=victor&refused=1/), page.getByRole('button', { name: 'Filter' }).click()]);
+  const rows = page.locator('table.audit tbody tr');
+  await rows.first().waitFor();
+  assert.ok((await rows.count()) >= 1);
+  for (const r of await rows.all()) {
+    assert.equal(await r.getAttribute('data-refused'), 'true');
+    assert.match(await r.innerText(), /victor/);
+  }
+  assert.match(await rows.first().getAttribute('class'), /sev-error/);
+  await rows.first().locator('td[data-label="What"] a.filter-link').click();
+  await until('the action filter', () => /\/audit\?action=seat\.pause$/.test(page.url()));
+  await page.locator('table.audit tbody tr[data-action="seat.pause"]').first().waitFor();
+  await page.screenshot({ path: join(resultsDir, 'audit-filtered-1440.png'), fullPage: true });
   // The refusal itself is the one error the browser logs.
   assert.deepEqual(problems.filter((p) => !/status of 403/.test(p)), []);
   await context.close();

@@ -16,7 +16,7 @@ use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use sqlx::SqlitePool;
 
-use app::api::{AuditEntry, AuditView, SilentNode};
+use app::api::{AUDIT_PAGE, AuditEntry, AuditFilter, AuditView, SilentNode};
 
 use crate::coord::Store;
 use crate::scatter::{Scatter, ScatterError};
@@ -82,30 +82,28 @@ type AuditRow = (
 
 /// The newest `limit` entries, newest first.
 pub async fn newest(pool: &SqlitePool, limit: u32) -> Result<Vec<AuditEntry>, sqlx::Error> {
-    newest_of(pool, limit, None).await
+    newest_of(pool, limit, &AuditFilter::default()).await
 }
 
-/// The newest `limit` entries (about `seat`, when given), newest first.
+/// The newest `limit` entries `filter` admits, newest first.
 pub async fn newest_of(
     pool: &SqlitePool,
     limit: u32,
-    seat: Option<&str>,
+    filter: &AuditFilter,
 ) -> Result<Vec<AuditEntry>, sqlx::Error> {
-    let rows: Vec<AuditRow> = match seat {
-        None => sqlx::query_as(
-            "SELECT at, person, action, seat, reason, result FROM audit ORDER BY id DESC LIMIT ?",
-        )
-        .bind(limit)
-        .fetch_all(pool)
-        .await?,
-        Some(seat) => sqlx::query_as(
-            "SELECT at, person, action, seat, reason, result FROM audit WHERE seat = ? ORDER BY id DESC LIMIT ?",
-        )
-        .bind(seat)
-        .bind(limit)
-        .fetch_all(pool)
-        .await?,
-    };
+    let rows: Vec<AuditRow> = sqlx::query_as(
+        "SELECT at, person, action, seat, reason, result FROM audit \
+         WHERE (?1 IS NULL OR seat = ?1) AND (?2 IS NULL OR person = ?2) \
+         AND (?3 IS NULL OR action = ?3) AND (?4 = 0 OR result LIKE 'refused%') \
+         ORDER BY id DESC LIMIT ?5",
+    )
+    .bind(filter.seat.as_deref())
+    .bind(filter.person.as_deref())
+    .bind(filter.action.as_deref())
+    .bind(filter.refused)
+    .bind(limit)
+    .fetch_all(pool)
+    .await?;
     Ok(rows
         .into_iter()
         .map(|(at, person, action, seat, reason, result)| AuditEntry {
@@ -138,8 +136,8 @@ pub const MAX_AUDIT_READ: u32 = 1000;
 #[derive(Debug, Serialize, Deserialize)]
 struct AuditRequest {
     limit: u32,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    seat: Option<String>,
+    #[serde(flatten)]
+    filter: AuditFilter,
 }
 
 /// Its answer (JSON): the node's newest entries, or why it cannot say.
@@ -222,15 +220,13 @@ impl FleetAudit {
     async fn answer(&self, payload: &[u8]) -> AuditReply {
         let (entries, error) = match serde_json::from_slice::<AuditRequest>(payload) {
             Err(e) => (Vec::new(), Some(format!("not an audit read request: {e}"))),
-            Ok(r) => {
-                match newest_of(&self.pool, r.limit.min(MAX_AUDIT_READ), r.seat.as_deref()).await {
-                    Ok(v) => (v, None),
-                    Err(e) => (
-                        Vec::new(),
-                        Some(format!("its audit log cannot be read: {e}")),
-                    ),
-                }
-            }
+            Ok(r) => match newest_of(&self.pool, r.limit.min(MAX_AUDIT_READ), &r.filter).await {
+                Ok(v) => (v, None),
+                Err(e) => (
+                    Vec::new(),
+                    Some(format!("its audit log cannot be read: {e}")),
+                ),
+            },
         };
         AuditReply {
             node_id: self.node_id.clone(),
@@ -244,7 +240,7 @@ impl FleetAudit {
     /// naming its node. A peer that does not answer is named in `silent`;
     /// a roster that cannot be read leaves this node's alone, said so.
     pub async fn read(&self, limit: u32) -> Result<AuditView, FleetAuditError> {
-        self.read_about(limit, None).await
+        self.read_matching(limit, &AuditFilter::default()).await
     }
 
     /// [`FleetAudit::read`], of the actions about `seat` only when given.
@@ -253,8 +249,40 @@ impl FleetAudit {
         limit: u32,
         seat: Option<&str>,
     ) -> Result<AuditView, FleetAuditError> {
+        let filter = seat.map(AuditFilter::seat).unwrap_or_default();
+        self.read_matching(limit, &filter).await
+    }
+
+    /// Page `page` (1: the newest, [`AUDIT_PAGE`] actions a page) of the
+    /// fleet's actions `filter` admits, saying whether older ones are kept.
+    /// The newest [`MAX_AUDIT_READ`] matching actions of each node are
+    /// reachable.
+    pub async fn read_page(
+        &self,
+        filter: &AuditFilter,
+        page: u32,
+    ) -> Result<AuditView, FleetAuditError> {
+        let (skip, upto) = page_window(page);
+        let mut log = self.read_matching(upto + 1, filter).await?;
+        log.more = log.entries.len() > upto as usize;
+        log.entries = log
+            .entries
+            .into_iter()
+            .skip(skip as usize)
+            .take(AUDIT_PAGE as usize)
+            .collect();
+        log.page = page.max(1);
+        Ok(log)
+    }
+
+    /// The newest `limit` actions `filter` admits, gathered from the fleet.
+    pub async fn read_matching(
+        &self,
+        limit: u32,
+        filter: &AuditFilter,
+    ) -> Result<AuditView, FleetAuditError> {
         let limit = limit.clamp(1, MAX_AUDIT_READ);
-        let mine = newest_of(&self.pool, limit, seat).await?;
+        let mine = newest_of(&self.pool, limit, filter).await?;
         let mut log = AuditView {
             answered: vec![self.node_id.clone()],
             ..AuditView::default()
@@ -279,7 +307,7 @@ impl FleetAudit {
         let request = Bytes::from(
             serde_json::to_vec(&AuditRequest {
                 limit,
-                seat: seat.map(str::to_string),
+                filter: filter.clone(),
             })
             .unwrap_or_default(),
         );
@@ -308,7 +336,8 @@ impl FleetAudit {
                         let entries = r
                             .entries
                             .into_iter()
-                            .filter(|e| seat.is_none() || e.seat.as_deref() == seat)
+                            // A node that predates a filter answers every action.
+                            .filter(|e| filter.admits(e))
                             .collect();
                         gathered.push((node_id, entries));
                         continue;
@@ -321,6 +350,14 @@ impl FleetAudit {
         log.entries = merge_newest(gathered, limit);
         Ok(log)
     }
+}
+
+/// Pure: page `page`'s window of the merged newest entries: how many to
+/// skip, and how many to read (at most [`MAX_AUDIT_READ`]).
+pub fn page_window(page: u32) -> (u32, u32) {
+    let page = page.max(1);
+    let upto = page.saturating_mul(AUDIT_PAGE).min(MAX_AUDIT_READ);
+    ((page - 1).saturating_mul(AUDIT_PAGE).min(upto), upto)
 }
 
 /// Pure: the newest `limit` of several nodes' entries (each newest first),
@@ -346,6 +383,51 @@ pub fn merge_newest(gathered: Vec<(String, Vec<AuditEntry>)>, limit: u32) -> Vec
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_audit_page_is_a_window_of_the_merged_newest_bounded_by_the_read_limit() {
+        assert_eq!(page_window(0), (0, 200));
+        assert_eq!(page_window(1), (0, 200));
+        assert_eq!(page_window(2), (200, 400));
+        assert_eq!(page_window(5), (800, 1000));
+        assert_eq!(page_window(6), (1000, 1000));
+        assert_eq!(page_window(u32::MAX), (1000, 1000));
+    }
+
+    #[test]
+    fn an_audit_filter_admits_only_what_matches_every_field_given() {
+        let e = AuditEntry {
+            at: "2026-12-01T10:00:00Z".into(),
+            person: "olivia".into(),
+            action: "seat.pause".into(),
+            seat: Some("alpha".into()),
+            reason: None,
+            result: "refused: not an operator".into(),
+            node: None,
+        };
+        assert!(AuditFilter::default().admits(&e));
+        assert!(AuditFilter::seat("alpha").admits(&e));
+        assert!(!AuditFilter::seat("beta").admits(&e));
+        let f = AuditFilter {
+            person: Some("olivia".into()),
+            action: Some("seat.pause".into()),
+            refused: true,
+            ..AuditFilter::default()
+        };
+        assert!(f.admits(&e));
+        let ok = AuditEntry {
+            result: "ok".into(),
+            ..e.clone()
+        };
+        assert!(!f.admits(&ok));
+        assert!(
+            !AuditFilter {
+                person: Some("ada".into()),
+                ..AuditFilter::default()
+            }
+            .admits(&e)
+        );
+    }
 
     fn entry(at: &str, action: &str) -> AuditEntry {
         AuditEntry {

@@ -2336,3 +2336,87 @@ async fn health_counts_the_detached_runs_running_on_the_node_and_none_once_they_
     wait_for_detached_runs(&n, 0).await;
     n.stop().await;
 }
+
+/// The Audit page's read: filters by person, action, seat and refusals
+/// (each exact), and pages of 200 past the first, saying when older
+/// actions are kept.
+#[tokio::test]
+async fn the_audit_log_filters_by_person_action_seat_and_refusals_and_pages_past_200() {
+    let n = TestNode::start().await;
+    let post = |path: String, token: &'static str| {
+        let url = n.url(&path);
+        async move {
+            client()
+                .post(url)
+                .bearer_auth(token)
+                .send()
+                .await
+                .unwrap()
+                .status()
+        }
+    };
+    assert_eq!(
+        post("/api/seats/alpha/pause".into(), OPS_TOKEN).await,
+        StatusCode::OK
+    );
+    assert_eq!(
+        post("/api/seats/alpha/resume".into(), OPS_TOKEN).await,
+        StatusCode::OK
+    );
+    // 205 refusals: a viewer's token may not pause.
+    for _ in 0..205 {
+        assert_eq!(
+            post("/api/seats/alpha/pause".into(), TOKEN).await,
+            StatusCode::FORBIDDEN
+        );
+    }
+    let op = n.signed_in(support::http_node::OPERATOR).await;
+    let read = |form: Vec<(&'static str, &'static str)>| {
+        let op = op.clone();
+        let url = n.url("/api/audit_log");
+        async move {
+            let r = op.post(url).form(&form).send().await.unwrap();
+            assert_eq!(r.status(), StatusCode::OK);
+            r.json::<Value>().await.unwrap()
+        }
+    };
+    let first = read(vec![]).await;
+    assert_eq!(first["entries"].as_array().unwrap().len(), 200);
+    assert_eq!(first["page"], 1);
+    assert_eq!(first["more"], true);
+    let second = read(vec![("page", "2")]).await;
+    let rest = second["entries"].as_array().unwrap();
+    // 207 actions and the operator's sign-in.
+    assert_eq!(rest.len(), 8, "{rest:?}");
+    assert_eq!(second["more"], false);
+    // Newest first across the pages: the sign-in on top, the first pause last.
+    assert_eq!(first["entries"][0]["action"], "sign_in");
+    let oldest = rest.last().unwrap();
+    assert_eq!(
+        (&oldest["person"], &oldest["action"], &oldest["result"]),
+        (
+            &Value::from("token:ops"),
+            &Value::from("seat.pause"),
+            &Value::from("paused")
+        )
+    );
+
+    let refused = read(vec![("refused", "true"), ("page", "2")]).await;
+    let refused = refused["entries"].as_array().unwrap().clone();
+    assert_eq!(refused.len(), 5);
+    assert!(
+        refused
+            .iter()
+            .all(|e| e["result"].as_str().unwrap().starts_with("refused"))
+    );
+    let ops = read(vec![("person", "token:ops")]).await;
+    let ops = ops["entries"].as_array().unwrap().clone();
+    assert_eq!(ops.len(), 2, "{ops:?}");
+    let resumes = read(vec![("action", "seat.resume"), ("seat", "alpha")]).await;
+    let resumes = resumes["entries"].as_array().unwrap().clone();
+    assert_eq!(resumes.len(), 1);
+    assert_eq!(resumes[0]["person"], "token:ops");
+    let none = read(vec![("seat", "nobody")]).await;
+    assert_eq!(none["entries"], serde_json::json!([]));
+    n.stop().await;
+}

@@ -32,6 +32,54 @@ pub struct AuditView {
     /// actions are listed, and this says why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub roster_error: Option<String>,
+    /// The page shown (1: the newest).
+    #[serde(default)]
+    pub page: u32,
+    /// Older matching actions are kept (ask for the next page).
+    #[serde(default)]
+    pub more: bool,
+}
+
+/// Actions on one Audit page.
+pub const AUDIT_PAGE: u32 = 200;
+
+/// Which actions an audit read lists: each given field must match exactly
+/// (`refused`: only refusals).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuditFilter {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seat: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub person: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub action: Option<String>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub refused: bool,
+}
+
+impl AuditFilter {
+    /// Pure: does `e` pass?
+    pub fn admits(&self, e: &AuditEntry) -> bool {
+        self.seat
+            .as_ref()
+            .is_none_or(|s| e.seat.as_ref() == Some(s))
+            && self.person.as_ref().is_none_or(|p| &e.person == p)
+            && self.action.as_ref().is_none_or(|a| &e.action == a)
+            && (!self.refused || is_refusal(&e.result))
+    }
+
+    /// Only `seat`'s actions.
+    pub fn seat(seat: &str) -> AuditFilter {
+        AuditFilter {
+            seat: Some(seat.to_string()),
+            ..AuditFilter::default()
+        }
+    }
+}
+
+/// Pure: is an audit result a refusal ("refused: …")?
+pub fn is_refusal(result: &str) -> bool {
+    result.starts_with("refused")
 }
 
 /// A live node that did not answer an audit read.

@@ -39,7 +39,7 @@ pub fn page_param(q: &leptos_router::params::ParamsMap) -> u32 {
 }
 
 /// Percent-encoding of everything outside RFC 3986's unreserved set.
-fn encode(s: &str) -> String {
+pub fn encode(s: &str) -> String {
     s.bytes()
         .map(|b| match b {
             b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {

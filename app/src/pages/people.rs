@@ -28,7 +28,9 @@ pub fn PeoplePage() -> impl IntoView {
         )
     };
     let list = Resource::new(changed, |_| people());
-    let audit = Resource::new(changed, |_| audit_log());
+    let audit = Resource::new(changed, |_| {
+        audit_log(String::new(), String::new(), String::new(), false, 1)
+    });
     let me = Resource::new(|| (), |_| whoami());
     // Only admins see the controls enabled; the node refuses the others
     // anyway (and audits the refusal).

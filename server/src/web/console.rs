@@ -9,9 +9,10 @@ use std::sync::Arc;
 use sqlx::SqlitePool;
 
 use app::api::{
-    ApprovalView, AuditView, DeadLetterActionResult, DeadLetterList, EffectView, EventPage,
-    EventQuery, FleetView, MemoryOverview, MoveRequestView, NewPerson, NodeOrderView, Person,
-    PersonRole, PersonView, SeatActionResult, SeatDetail, SeatList, SeatMemoryRead, SeatQuery,
+    ApprovalView, AuditFilter, AuditView, DeadLetterActionResult, DeadLetterList, EffectView,
+    EventPage, EventQuery, FleetView, MemoryOverview, MoveRequestView, NewPerson, NodeOrderView,
+    Person, PersonRole, PersonView, SeatActionResult, SeatDetail, SeatList, SeatMemoryRead,
+    SeatQuery,
 };
 use app::console::{Console, ConsoleError};
 
@@ -1284,9 +1285,9 @@ impl Console for NodeConsole {
         }
     }
 
-    async fn audit(&self, limit: u32) -> Result<AuditView, ConsoleError> {
+    async fn audit(&self, filter: AuditFilter, page: u32) -> Result<AuditView, ConsoleError> {
         self.fleet_audit
-            .read(limit)
+            .read_page(&filter, page)
             .await
             .map_err(|e| unavailable("read the audit log", e))
     }

@@ -583,6 +583,55 @@ test('the Seats page is readable at 390 px wide', async () => {
   await context.close();
 });
 
+test('the Seats page keeps every action on screen at 720 px and on one line at 1440 px', async () => {
+  const { page, context, problems } = await livePage(OPERATOR, '/seats', { width: 720, height: 900 });
+  const row = page.locator('tr[data-seat="alpha-agent"]');
+  await row.waitFor();
+  const overflow = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
+  assert.ok(overflow <= 0, `the page scrolls sideways by ${overflow}px at 720 px`);
+  for (const action of ['pause', 'stop', 'move']) {
+    const box = await row.locator(`button[data-action="${action}"]`).boundingBox();
+    assert.ok(box && box.x >= 0 && box.x + box.width <= 720, `${action} is on screen at 720 px: ${JSON.stringify(box)}`);
+  }
+  await page.screenshot({ path: join(resultsDir, 'seats-720.png'), fullPage: true });
+  await page.setViewportSize({ width: 1440, height: 900 });
+  const tops = [];
+  for (const action of ['pause', 'stop', 'move']) tops.push((await row.locator(`button[data-action="${action}"]`).boundingBox()).y);
+  assert.ok(Math.max(...tops) - Math.min(...tops) < 4, `the three actions share one line at 1440 px: ${tops}`);
+  await page.screenshot({ path: join(resultsDir, 'seats-1440.png'), fullPage: true });
+  assert.deepEqual(problems, []);
+  await context.close();
+});
+
+test('keyboard only: pause a seat, confirm, and the focus comes back to its row; the same for the resume', async () => {
+  const { page, context, problems } = await livePage(OPERATOR, '/seats');
+  const row = page.locator('tr[data-seat="beta-agent"]');
+  await row.locator('button[data-action="pause"]').waitFor();
+  // Tab from the top of the page to the seat's Pause button.
+  await page.locator('a.skip').focus();
+  await until('Tab to reach the Pause button of beta-agent', async () => {
+    await page.keyboard.press('Tab');
+    return page.evaluate(() => document.activeElement?.dataset.action === 'pause' && document.activeElement.closest('tr')?.dataset.seat === 'beta-agent');
+  });
+  await page.keyboard.press('Enter');
+  const dialog = page.locator('dialog.confirm[open]');
+  await dialog.waitFor();
+  await page.keyboard.type('keyboard pause');
+  await page.keyboard.press('Enter');
+  await row.locator('button[data-action="resume"]').waitFor();
+  const focused = () => page.evaluate(() => [document.activeElement?.closest('tr')?.dataset.seat, document.activeElement?.dataset.action]);
+  await until('the focus back on the row (its Resume)', async () => JSON.stringify(await focused()) === JSON.stringify(['beta-agent', 'resume']));
+  await page.keyboard.press('Enter');
+  await dialog.waitFor();
+  await page.keyboard.press('Enter');
+  await row.locator('button[data-action="pause"]').waitFor();
+  await until('the focus back on the row (its Pause)', async () => JSON.stringify(await focused()) === JSON.stringify(['beta-agent', 'pause']));
+  const audit = await serverFn(page, 'audit_log', { seat: 'beta-agent', action: 'seat.pause' });
+  assert.match(audit.body, /keyboard pause/);
+  assert.deepEqual(problems, []);
+  await context.close();
+});
+
 test('the Nodes page shows a new seat without a reload when a company adds one', async () => {
   const { page, context, problems } = await livePage(ADMIN, '/settings/nodes');
   await page.evaluate(() => (window.__sameDocument = true));

@@ -146,6 +146,26 @@ impl SeatActions {
             v
         });
         let confirming = Confirming::new();
+        // Once a confirmed action is answered, the focus goes back to its
+        // seat's row (its first action the person may use), each time the
+        // rows are drawn again, until the rows read after the answer are.
+        let draws = StoredValue::new(0u8);
+        Effect::new(move |_| {
+            let read = list.get().is_some();
+            let done = !act.pending().get();
+            if read
+                && done
+                && let Some(h) = confirming.focus_after.get_untracked()
+            {
+                focus_row(h);
+                // The answer's draw, then the rows read after it.
+                draws.update_value(|n| *n += 1);
+                if draws.get_value() >= 2 {
+                    draws.set_value(0);
+                    confirming.focus_after.set(None);
+                }
+            }
+        });
         let moving = Moving::new(list);
         SeatActions {
             operator,
@@ -393,6 +413,9 @@ struct Confirming {
     confirm: RwSignal<Option<Confirm>>,
     reason: RwSignal<String>,
     stop_too: RwSignal<bool>,
+    /// The seat whose row gets the focus back once its confirmed action
+    /// is answered and the rows are drawn again.
+    focus_after: RwSignal<Option<String>>,
 }
 
 impl Confirming {
@@ -402,6 +425,7 @@ impl Confirming {
             confirm: RwSignal::new(None),
             reason: RwSignal::new(String::new()),
             stop_too: RwSignal::new(false),
+            focus_after: RwSignal::new(None),
         }
     }
 
@@ -412,6 +436,9 @@ impl Confirming {
         if let Some(d) = self.dialog.get() {
             let _ = d.show_modal();
         }
+        // Into the form once it is drawn: the reason, or the confirming
+        // button when there is none (a keyboard answers at once).
+        focus_first("dialog.confirm #confirm-reason, dialog.confirm button.primary");
     }
 
     fn close(self) {
@@ -419,6 +446,35 @@ impl Confirming {
             d.close();
         }
     }
+}
+
+/// Focus seat `handle`'s row — its first enabled action — once the rows
+/// have been drawn.
+fn focus_row(handle: String) {
+    focus_first(&format!(
+        "tr[data-seat=\"{handle}\"] .actions button:not([disabled])"
+    ));
+}
+
+/// Focus the first element `selector` finds, once the page is drawn.
+fn focus_first(selector: &str) {
+    #[cfg(feature = "hydrate")]
+    {
+        let selector = selector.to_string();
+        request_animation_frame(move || {
+            use wasm_bindgen::JsCast;
+            if let Some(el) = document()
+                .query_selector(&selector)
+                .ok()
+                .flatten()
+                .and_then(|e| e.dyn_into::<web_sys::HtmlElement>().ok())
+            {
+                let _ = el.focus();
+            }
+        });
+    }
+    #[cfg(not(feature = "hydrate"))]
+    let _ = selector;
 }
 
 /// The title and sentence of a confirmation, naming the seat and what its
@@ -464,6 +520,7 @@ fn ConfirmDialog(confirming: Confirming, act: SeatAct) -> impl IntoView {
         confirm,
         reason,
         stop_too,
+        focus_after,
     } = confirming;
     view! {
         <dialog
@@ -483,6 +540,7 @@ fn ConfirmDialog(confirming: Confirming, act: SeatAct) -> impl IntoView {
                                 data-confirm=ask.name()
                                 on:submit=move |ev| {
                                     ev.prevent_default();
+                                    focus_after.set(Some(handle.clone()));
                                     act.dispatch(Request {
                                         ask,
                                         handle: handle.clone(),

@@ -1325,3 +1325,32 @@ test('mail the queue gave up on while the model provider was down is a dead lett
     assert.equal(code, 0, `the node exits 0 on SIGTERM; its log:\n${dl.log()}`);
   }
 });
+
+test('every page at 1440 and at 390 px: nothing scrolls sideways, and a screenshot of each is kept', async () => {
+  const pages = [
+    ['/settings/nodes', 'nodes'],
+    ['/nodes/node-e2e', 'node'],
+    ['/seats', 'seats'],
+    ['/seats/alpha-agent', 'seat'],
+    ['/memory?seat=alpha-agent', 'memory'],
+    ['/events', 'events'],
+    ['/dead-letters', 'dead-letters'],
+    ['/audit', 'audit'],
+    ['/settings/people', 'people'],
+  ];
+  const { page, context, problems } = await strictPage(browser, { width: 1440, height: 900 });
+  await signIn(page, node.url, ADMIN.name, ADMIN.password);
+  for (const width of [1440, 390]) {
+    await page.setViewportSize({ width, height: width === 390 ? 844 : 900 });
+    for (const [path, name] of pages) {
+      await page.goto(`${node.url}${path}`);
+      await page.waitForSelector('html[data-hydrated]');
+      await page.locator('main h1').waitFor();
+      const overflow = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
+      assert.ok(overflow <= 0, `${path} scrolls sideways by ${overflow}px at ${width} px`);
+      await page.screenshot({ path: join(resultsDir, `page-${name}-${width}.png`), fullPage: true });
+    }
+  }
+  assert.deepEqual(problems, []);
+  await context.close();
+});

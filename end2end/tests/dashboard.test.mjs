@@ -110,8 +110,8 @@ test('a viewer sees adding a person disabled and is refused anyway; an admin add
   const audit = op.page.locator('table.audit tbody');
   await audit.getByText('alice as viewer').waitFor();
   const text = await audit.innerText();
-  assert.match(text, /victor\s+node-e2e\s+add_person\s+mallory as viewer\s+refused: not an admin/);
-  assert.match(text, /ada\s+node-e2e\s+add_person[\s\S]*alice as viewer\s+ok/);
+  assert.match(text, /victor\s+node-e2e\\s+person\\.add\s+mallory as viewer\s+refused: not an admin/);
+  assert.match(text, /ada\s+node-e2e\\s+person\\.add[\s\S]*alice as viewer\s+ok/);
   await op.page.screenshot({ path: join(resultsDir, 'people-1280.png'), fullPage: true });
   await op.context.close();
 
@@ -1094,7 +1094,7 @@ test("the seats page shows a seat's detached runs with their state and launcher"
   await context.close();
 });
 
-test('the priority order lists this node; an operator saves it and the audit has node_order_set; a viewer reads it without controls', async () => {
+test('the priority order lists this node; an operator saves it and the audit has node_order.save; a viewer reads it without controls', async () => {
   const op = await livePage(OPERATOR, '/settings/nodes');
   const panel = op.page.locator('section.priority-order');
   const item = panel.locator('li[data-node="node-e2e"]');
@@ -1112,9 +1112,9 @@ test('the priority order lists this node; an operator saves it and the audit has
   await until('Save order disabled', () => panel.locator('button[data-action="save-order"]').isDisabled());
   await op.page.screenshot({ path: join(resultsDir, 'nodes-order-1280.png'), fullPage: true });
   await op.page.goto(`${node.url}/audit`);
-  const saved = op.page.locator('table.audit tr[data-action="node_order_set"]').first();
+  const saved = op.page.locator('table.audit tr[data-action="node_order.save"]').first();
   await saved.waitFor();
-  assert.match(await saved.innerText(), /olivia\s+node-e2e\s+node_order_set[\s\S]*order: node-e2e\s+saved \(revision \d+\)/);
+  assert.match(await saved.innerText(), /olivia\s+node-e2e\s+node_order\.save[\s\S]*order: node-e2e\s+saved \(revision \d+\)/);
   assert.deepEqual(op.problems, []);
   await op.context.close();
 
@@ -1143,9 +1143,9 @@ test('on a one-node fleet Move… is disabled and says why; a move asked anyway 
   assert.equal(asked.status, 400);
   assert.match(asked.body, /already runs on node/);
   await page.goto(`${node.url}/audit`);
-  const audited = page.locator('table.audit tr[data-action="seat_move_requested"]').first();
+  const audited = page.locator('table.audit tr[data-action="seat.move"]').first();
   await audited.waitFor();
-  assert.match(await audited.innerText(), /olivia\s+node-e2e\s+seat_move_requested\s+beta-agent\s+checking the refusal\s+refused: seat "beta-agent" already runs on node "node-e2e"/);
+  assert.match(await audited.innerText(), /olivia\s+node-e2e\\s+seat\\.move\s+beta-agent\s+checking the refusal\s+refused: seat "beta-agent" already runs on node "node-e2e"/);
   // The refusal itself is the one error the browser logs.
   assert.deepEqual(problems.filter((p) => !/status of 400/.test(p)), []);
   await context.close();

@@ -193,7 +193,7 @@ async fn a_viewer_is_refused_adding_a_person_with_403_and_an_admin_is_not() {
     let log = support::audit_entries(r.json().await.unwrap());
     let adds: Vec<(&str, &str)> = log
         .iter()
-        .filter(|e| e["action"] == "add_person")
+        .filter(|e| e["action"] == "person.add")
         .map(|e| (e["person"].as_str().unwrap(), e["result"].as_str().unwrap()))
         .collect();
     assert_eq!(
@@ -434,7 +434,7 @@ async fn an_admin_token_applies_a_company_and_the_new_seat_is_held() {
     // Audited under the token's name.
     let log = n.audit_log().await;
     assert!(log.iter().any(|e| e["person"] == "token:deploy"
-        && e["action"] == "apply_company"
+        && e["action"] == "company.apply"
         && e["reason"] == "revision 2: 2 seats"
         && e["result"] == "ok"));
     n.stop().await;
@@ -2390,7 +2390,7 @@ async fn the_audit_log_filters_by_person_action_seat_and_refusals_and_pages_past
     assert_eq!(rest.len(), 8, "{rest:?}");
     assert_eq!(second["more"], false);
     // Newest first across the pages: the sign-in on top, the first pause last.
-    assert_eq!(first["entries"][0]["action"], "sign_in");
+    assert_eq!(first["entries"][0]["action"], "session.sign_in");
     let oldest = rest.last().unwrap();
     assert_eq!(
         (&oldest["person"], &oldest["action"], &oldest["result"]),

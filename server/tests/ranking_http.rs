@@ -211,13 +211,13 @@ async fn a_viewer_cannot_save_the_order_or_move_a_seat_and_both_refusals_are_aud
             .is_empty(),
         "nothing was requested"
     );
-    let orders = audit_rows(&n, "node_order_set").await;
+    let orders = audit_rows(&n, "node_order.save").await;
     assert_eq!(orders.len(), 2, "{orders:?}");
     for row in &orders {
         assert_eq!(row["person"], "victor");
         assert_eq!(row["result"], "refused: not an operator");
     }
-    let moves = audit_rows(&n, "seat_move_requested").await;
+    let moves = audit_rows(&n, "seat.move").await;
     assert_eq!(moves.len(), 2, "{moves:?}");
     assert_eq!(moves[0]["person"], "victor");
     assert_eq!(moves[0]["seat"], "alpha");
@@ -301,7 +301,7 @@ async fn an_operator_saves_the_order_it_is_audited_and_announced_and_a_stale_rev
             },
         ]
     );
-    let rows = audit_rows(&n, "node_order_set").await;
+    let rows = audit_rows(&n, "node_order.save").await;
     let got: Vec<(&str, &str, &str)> = rows
         .iter()
         .map(|r| {
@@ -378,7 +378,7 @@ async fn a_move_to_a_node_outside_the_seats_placement_is_refused_with_a_reason_n
             .unwrap()
             .is_empty()
     );
-    let rows = audit_rows(&n, "seat_move_requested").await;
+    let rows = audit_rows(&n, "seat.move").await;
     assert_eq!(rows.len(), 1, "{rows:?}");
     assert_eq!(rows[0]["person"], "olivia");
     assert_eq!(rows[0]["seat"], "gpu");
@@ -429,7 +429,7 @@ async fn an_operator_moves_a_seat_to_a_live_node_and_it_is_recorded_audited_and_
             reason: "node-http is due for maintenance".into(),
         }]
     );
-    let rows = audit_rows(&n, "seat_move_requested").await;
+    let rows = audit_rows(&n, "seat.move").await;
     assert_eq!(rows.len(), 1, "{rows:?}");
     assert_eq!(rows[0]["person"], "olivia");
     assert_eq!(rows[0]["seat"], "alpha");

@@ -309,7 +309,7 @@ async fn only_an_admin_applies_a_company_an_operator_is_refused_and_audited() {
     let rows = audit_rows(&n).await;
     assert!(
         rows.iter().any(|e| e["person"] == "token:ops"
-            && e["action"] == "apply_company"
+            && e["action"] == "company.apply"
             && e["result"] == "refused: not an admin"),
         "{rows:?}"
     );
@@ -398,7 +398,7 @@ async fn concurrent_wrong_guesses_are_counted_before_checking_and_a_refusal_is_a
     let rows = audit_rows(&n).await;
     assert!(
         rows.iter().any(|e| e["person"] == "admin"
-            && e["action"] == "sign_in"
+            && e["action"] == "session.sign_in"
             && e["reason"] == "from 127.0.0.1"
             && e["result"] == "refused: wrong name or password"),
         "{rows:?}"
@@ -741,7 +741,7 @@ async fn a_role_change_holds_on_the_next_request_and_a_removal_ends_the_session_
         StatusCode::UNAUTHORIZED
     );
     let rows = audit_rows(&n).await;
-    for action in ["add_person", "person.set_role", "person.remove"] {
+    for action in ["person.add", "person.set_role", "person.remove"] {
         assert!(
             rows.iter()
                 .any(|e| e["person"] == ADMIN.0 && e["action"] == action && e["result"] == "ok"),

@@ -930,7 +930,7 @@ async fn audit_sign_in(auth: &Auth, name: &str, client: IpAddr, result: &str) {
     if let Err(e) = audit::record(
         &auth.pool,
         &audit_name(name),
-        "sign_in",
+        "session.sign_in",
         None,
         Some(&from),
         result,
@@ -1027,7 +1027,8 @@ pub async fn login(
 /// `POST /logout`: end the session and every event stream opened with it.
 pub async fn logout(Extension(auth): Extension<Arc<Auth>>, session: Session) -> Response {
     if let Ok(Some(p)) = session.get::<Person>(SESSION_PERSON).await
-        && let Err(e) = audit::record(&auth.pool, &p.name, "sign_out", None, None, "ok").await
+        && let Err(e) =
+            audit::record(&auth.pool, &p.name, "session.sign_out", None, None, "ok").await
     {
         tracing::error!(error = %e, "cannot write the audit log");
     }

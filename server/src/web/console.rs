@@ -650,13 +650,13 @@ impl Console for NodeConsole {
     ) -> Result<NewPerson, ConsoleError> {
         let name = name.trim();
         let reason = format!("{} as {role}", clip(name));
-        self.admit_admin(actor, "add_person", &reason, "add people")
+        self.admit_admin(actor, "person.add", &reason, "add people")
             .await?;
         let bad = name.is_empty()
             || name.len() > 64
             || name.chars().any(|c| c.is_control() || c.is_whitespace());
         if bad {
-            self.audited(actor, "add_person", Some(&reason), "refused: invalid name")
+            self.audited(actor, "person.add", Some(&reason), "refused: invalid name")
                 .await?;
             return Err(ConsoleError::Invalid(
                 "Name: use 1–64 characters with no spaces (for example \"alice\").".into(),
@@ -668,7 +668,7 @@ impl Console for NodeConsole {
             .await
             .map_err(|e| unavailable("check the name", e))?
         {
-            self.audited(actor, "add_person", Some(&reason), "refused: name taken")
+            self.audited(actor, "person.add", Some(&reason), "refused: name taken")
                 .await?;
             return Err(ConsoleError::Invalid(format!(
                 "Name: {name:?} can already sign in. Pick another name."
@@ -679,7 +679,7 @@ impl Console for NodeConsole {
             .add(name, role, &actor.name)
             .await
             .map_err(|e| unavailable("add the person", e))?;
-        self.audited(actor, "add_person", Some(&reason), "ok")
+        self.audited(actor, "person.add", Some(&reason), "ok")
             .await?;
         Ok(NewPerson {
             name: name.to_string(),
@@ -782,7 +782,7 @@ impl Console for NodeConsole {
     }
 
     async fn apply_company(&self, actor: &Person, company_toml: &str) -> Result<u64, ConsoleError> {
-        self.admit_admin(actor, "apply_company", "", "apply a company")
+        self.admit_admin(actor, "company.apply", "", "apply a company")
             .await?;
         // Parsing a large file is CPU work: off the async workers, so the
         // node keeps answering meanwhile.
@@ -796,7 +796,7 @@ impl Console for NodeConsole {
         let config = match parsed {
             Ok(c) => c,
             Err(e) => {
-                self.audited(actor, "apply_company", None, "refused: invalid file")
+                self.audited(actor, "company.apply", None, "refused: invalid file")
                     .await?;
                 return Err(ConsoleError::Invalid(e.to_string()));
             }
@@ -821,7 +821,7 @@ impl Console for NodeConsole {
             };
             self.audited(
                 actor,
-                "apply_company",
+                "company.apply",
                 Some(&format!("command agents: {shown}{more}")),
                 "refused: this node does not allow command agents",
             )
@@ -841,12 +841,12 @@ impl Console for NodeConsole {
         {
             Ok(revision) => {
                 let reason = format!("revision {revision}: {} seats", config.roles.len());
-                self.audited(actor, "apply_company", Some(&reason), "ok")
+                self.audited(actor, "company.apply", Some(&reason), "ok")
                     .await?;
                 Ok(revision)
             }
             Err(e) => {
-                self.audited(actor, "apply_company", None, "failed: store unavailable")
+                self.audited(actor, "company.apply", None, "failed: store unavailable")
                     .await?;
                 Err(unavailable("apply the company", e))
             }
@@ -865,7 +865,7 @@ impl Console for NodeConsole {
             audit::record(
                 &self.pool,
                 &actor.name,
-                "send",
+                "seat.send",
                 Some(handle),
                 None,
                 &refuse("not an operator"),
@@ -923,7 +923,7 @@ impl Console for NodeConsole {
         audit::record(
             &self.pool,
             &actor.name,
-            "send",
+            "seat.send",
             Some(handle),
             Some(&reason),
             result,
@@ -1067,7 +1067,7 @@ impl Console for NodeConsole {
         revision: Option<u64>,
     ) -> Result<NodeOrderView, ConsoleError> {
         use crate::seat::ranking;
-        const ACTION: &str = "node_order_set";
+        const ACTION: &str = "node_order.save";
         let asked = format!("order: {}", nodes.join(", "));
         if !actor.is_operator() {
             self.audited(actor, ACTION, Some(&asked), "refused: not an operator")
@@ -1112,7 +1112,7 @@ impl Console for NodeConsole {
         node: &str,
         reason: &str,
     ) -> Result<MoveRequestView, ConsoleError> {
-        const ACTION: &str = "seat_move_requested";
+        const ACTION: &str = "seat.move";
         let reason = reason.trim();
         let why = Some(reason).filter(|r| !r.is_empty());
         let audit_row = |result: String| async move {

@@ -26,6 +26,7 @@ use crate::memory::memread::MemRead;
 use crate::seat::sweep::SeatEngine;
 use crate::web::auth::Auth;
 use crate::web::dead_letters::DeadLetterAction;
+use crate::web::unavailable::unavailable;
 use crate::web::live::SeatNotes;
 use crate::web::nodes::{LocalFacts, Roster, RosterMemory, fleet_view};
 use crate::web::seats::{SeatFacts, page_of, pause_record, seat_rows};
@@ -477,13 +478,6 @@ fn seat_failure(handle: &str, e: PauseError) -> ConsoleError {
         PauseError::Store(e) => unavailable("reach the coordination store", e),
         PauseError::Queue(e) => unavailable("reach the seat's control subject", e),
     }
-}
-
-pub(crate) fn unavailable(what: &str, e: impl std::fmt::Display) -> ConsoleError {
-    tracing::error!(error = %e, "{what}");
-    ConsoleError::Unavailable(format!(
-        "The node could not {what}. Try again; the node's log has the details."
-    ))
 }
 
 impl NodeConsole {

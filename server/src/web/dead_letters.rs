@@ -46,8 +46,8 @@ pub async fn list(
         limit
     };
     let (letters, total) = futures::join!(queue.dead_letters(read), queue.dead_letter_count());
-    let letters = letters.map_err(|e| super::console::unavailable("read the dead letters", e))?;
-    let total = total.map_err(|e| super::console::unavailable("count the dead letters", e))?;
+    let letters = letters.map_err(|e| super::unavailable::unavailable("read the dead letters", e))?;
+    let total = total.map_err(|e| super::unavailable::unavailable("count the dead letters", e))?;
     Ok(DeadLetterList {
         letters: letters
             .into_iter()
@@ -159,7 +159,7 @@ fn failed(seat: Option<String>, what: &str, e: impl std::fmt::Display) -> Done {
     Done {
         seat,
         audit_result: "failed: the queue is unavailable".into(),
-        answer: Err(super::console::unavailable(what, e)),
+        answer: Err(super::unavailable::unavailable(what, e)),
     }
 }
 

@@ -16,6 +16,7 @@ pub mod memory;
 pub mod nodes;
 pub mod ranking;
 pub mod seats;
+pub mod unavailable;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -29,14 +29,51 @@ use crate::pages::{
     seat::SeatPage, seats::SeatsPage,
 };
 
+/// The node serving the dashboard, as page titles name it (the node puts
+/// it in the server's context; the browser reads it from the document's
+/// `crewlet-node` meta tag).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeName(pub String);
+
+impl NodeName {
+    /// The serving node's id, when known.
+    fn current() -> Option<String> {
+        #[cfg(feature = "hydrate")]
+        {
+            document()
+                .query_selector("meta[name=\"crewlet-node\"]")
+                .ok()
+                .flatten()
+                .and_then(|m| m.get_attribute("content"))
+                .filter(|n| !n.is_empty())
+        }
+        #[cfg(not(feature = "hydrate"))]
+        {
+            use_context::<NodeName>().map(|n| n.0)
+        }
+    }
+}
+
+/// Pure: a page's title — the page, the node, the product.
+pub fn page_title(page: &str, node: Option<&str>) -> String {
+    match (page.is_empty(), node) {
+        (true, None) => "Crewlet node".to_string(),
+        (true, Some(n)) => format!("{n} · Crewlet node"),
+        (false, None) => format!("{page} · Crewlet node"),
+        (false, Some(n)) => format!("{page} · {n} · Crewlet node"),
+    }
+}
+
 /// The HTML document around the app (server side rendering).
 pub fn shell(options: LeptosOptions) -> impl IntoView {
+    let node = use_context::<NodeName>().map(|n| n.0).unwrap_or_default();
     view! {
         <!DOCTYPE html>
         <html lang="en">
             <head>
                 <meta charset="utf-8" />
                 <meta name="viewport" content="width=device-width, initial-scale=1" />
+                <meta name="crewlet-node" content=node />
                 <link rel="icon" href="/favicon.ico" />
                 <HydrationScripts options />
                 <MetaTags />
@@ -53,12 +90,11 @@ pub fn shell(options: LeptosOptions) -> impl IntoView {
 pub fn App() -> impl IntoView {
     provide_meta_context();
     mark_hydrated();
+    let node = NodeName::current();
 
     view! {
         <Stylesheet id="crewlet" href="/pkg/crewlet.css" />
-        <Title formatter=|page: String| {
-            if page.is_empty() { "Crewlet node".to_string() } else { format!("{page} · Crewlet node") }
-        } />
+        <Title formatter=move |page: String| page_title(&page, node.as_deref()) />
         <Router>
             <Routes fallback=|| view! { <Layout><NotFound /></Layout> }>
                 <Route path=path!("/login") view=LoginPage />
@@ -99,4 +135,20 @@ fn mark_hydrated() {
             let _ = root.set_attribute("data-hydrated", "true");
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::page_title;
+
+    #[test]
+    fn a_title_names_the_page_then_the_serving_node_then_the_product() {
+        assert_eq!(
+            page_title("Seats", Some("node-0")),
+            "Seats · node-0 · Crewlet node"
+        );
+        assert_eq!(page_title("Seats", None), "Seats · Crewlet node");
+        assert_eq!(page_title("", Some("node-0")), "node-0 · Crewlet node");
+        assert_eq!(page_title("", None), "Crewlet node");
+    }
 }

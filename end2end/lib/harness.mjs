@@ -153,12 +153,16 @@ export async function launchBrowser() {
   });
 }
 
-/** A new page that fails the test on any console error or page error. */
+/**
+ * A new page that fails the test on any console error or warning (the
+ * framework's own warnings included: data read outside a loading
+ * boundary, say) or page error.
+ */
 export async function strictPage(browser, viewport = { width: 1280, height: 800 }) {
   const context = await browser.newContext({ viewport });
   const page = await context.newPage();
   const problems = [];
-  page.on('console', (m) => m.type() === 'error' && problems.push(`console: ${m.text()}`));
+  page.on('console', (m) => (m.type() === 'error' || m.type() === 'warning') && problems.push(`console ${m.type()}: ${m.text()}`));
   page.on('pageerror', (e) => problems.push(`page error: ${e.message}`));
   return { page, context, problems };
 }

@@ -110,8 +110,8 @@ test('a viewer sees adding a person disabled and is refused anyway; an admin add
   const audit = op.page.locator('table.audit tbody');
   await audit.getByText('alice as viewer').waitFor();
   const text = await audit.innerText();
-  assert.match(text, /victor\s+node-e2e\\s+person\\.add\s+mallory as viewer\s+refused: not an admin/);
-  assert.match(text, /ada\s+node-e2e\\s+person\\.add[\s\S]*alice as viewer\s+ok/);
+  assert.match(text, /victor\s+node-e2e\s+person\.add\s+mallory as viewer\s+refused: not an admin/);
+  assert.match(text, /ada\s+node-e2e\s+person\.add[\s\S]*alice as viewer\s+ok/);
   await op.page.screenshot({ path: join(resultsDir, 'people-1280.png'), fullPage: true });
   await op.context.close();
 
@@ -153,7 +153,7 @@ test("a node's page, reached from its id on Nodes and on Seats, shows its status
   await page.locator('tr[data-node="node-e2e"] a.node-link').click();
   await until('the node page', () => page.url().endsWith('/nodes/node-e2e'));
   await page.getByRole('heading', { name: 'Node node-e2e' }).waitFor();
-  assert.equal(await page.title(), 'node-e2e · Nodes · Crewlet node');
+  assert.equal(await page.title(), 'node-e2e · Nodes · node-e2e · Crewlet node');
   const facts = page.locator('dl.facts[data-node="node-e2e"]');
   await facts.waitFor();
   assert.match(await facts.innerText(), /serving/);
@@ -238,11 +238,11 @@ test('each page has its own title and is marked in the menu, a skip link leads t
   const { page, context, problems } = await strictPage(browser);
   await signIn(page, node.url, VIEWER.name, VIEWER.password);
   for (const [path, title, menu] of [
-    ['/settings/nodes', 'Nodes · Crewlet node', 'Nodes'],
-    ['/seats', 'Seats · Crewlet node', 'Seats'],
-    ['/seats/alpha-agent', 'alpha-agent · Seats · Crewlet node', 'Seats'],
-    ['/events', 'Events · Crewlet node', 'Events'],
-    ['/audit', 'Audit · Crewlet node', 'Audit'],
+    ['/settings/nodes', 'Nodes · node-e2e · Crewlet node', 'Nodes'],
+    ['/seats', 'Seats · node-e2e · Crewlet node', 'Seats'],
+    ['/seats/alpha-agent', 'alpha-agent · Seats · node-e2e · Crewlet node', 'Seats'],
+    ['/events', 'Events · node-e2e · Crewlet node', 'Events'],
+    ['/audit', 'Audit · node-e2e · Crewlet node', 'Audit'],
   ]) {
     await page.goto(`${node.url}${path}`);
     await page.waitForSelector('html[data-hydrated]');
@@ -1145,7 +1145,7 @@ test('on a one-node fleet Move… is disabled and says why; a move asked anyway 
   await page.goto(`${node.url}/audit`);
   const audited = page.locator('table.audit tr[data-action="seat.move"]').first();
   await audited.waitFor();
-  assert.match(await audited.innerText(), /olivia\s+node-e2e\\s+seat\\.move\s+beta-agent\s+checking the refusal\s+refused: seat "beta-agent" already runs on node "node-e2e"/);
+  assert.match(await audited.innerText(), /olivia\s+node-e2e\s+seat\.move\s+beta-agent\s+checking the refusal\s+refused: seat "beta-agent" already runs on node "node-e2e"/);
   // The refusal itself is the one error the browser logs.
   assert.deepEqual(problems.filter((p) => !/status of 400/.test(p)), []);
   await context.close();

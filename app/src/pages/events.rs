@@ -181,6 +181,32 @@ pub fn EventsPage() -> impl IntoView {
         }
     });
 
+    view! {
+        <section class="page">
+            <div class="page-head">
+                <leptos_meta::Title text="Events" />
+                <h1>"Events"</h1>
+                <LiveBadge state=state />
+            </div>
+            <EventFilters filters reading held toggle />
+            <Transition fallback=|| view! { <p class="muted">"Reading the kept events…"</p> }>
+                {move || kept.get().and_then(|r| r.err()).map(|e| view! { <ErrorNotice error=e /> })}
+                <EventTable kept entries filters reading />
+            </Transition>
+        </section>
+    }
+}
+
+/// The events shown: the live entries that pass the filters, then the kept
+/// page below the newest of them. Drawn inside the page's loading boundary,
+/// where its read of the kept page waits with the rest of the page.
+#[component]
+fn EventTable(
+    kept: Resource<Result<crate::api::EventPage, crate::error::AppError>>,
+    entries: RwSignal<VecDeque<Entry>>,
+    filters: Memo<Filters>,
+    reading: RwSignal<bool>,
+) -> impl IntoView {
     // The live entries that pass, then the kept page below the newest of
     // them (an event is shown once, whichever way it came).
     let shown = Memo::new(move |_| {
@@ -200,15 +226,6 @@ pub fn EventsPage() -> impl IntoView {
     });
 
     view! {
-        <section class="page">
-            <div class="page-head">
-                <leptos_meta::Title text="Events" />
-                <h1>"Events"</h1>
-                <LiveBadge state=state />
-            </div>
-            <EventFilters filters reading held toggle />
-            <Transition fallback=|| view! { <p class="muted">"Reading the kept events…"</p> }>
-                {move || kept.get().and_then(|r| r.err()).map(|e| view! { <ErrorNotice error=e /> })}
             <p class="muted small">
                 {move || {
                     let paused = if reading.get() { "" } else { " · reading paused: new events are held" };
@@ -244,8 +261,6 @@ pub fn EventsPage() -> impl IntoView {
                     .with(|v| v.is_empty())
                     .then(|| view! { <p class="muted">"No events yet: they appear here as they happen."</p> })
             }}
-            </Transition>
-        </section>
     }
 }
 

@@ -117,29 +117,6 @@ pub fn NodesPage() -> impl IntoView {
 
     // Which nodes' seat lists are open, kept across refreshes.
     let open = RwSignal::new(BTreeSet::<String>::new());
-    // What the page shows: the fleet read, marked unknown while the page
-    // cannot follow it.
-    let shown = move |f: FleetView| {
-        if live.get() == Connection::Reconnecting {
-            unfollowed(
-                f,
-                "this page's live event stream from the node is lost (reconnecting…), so it cannot follow the fleet.",
-            )
-        } else {
-            f
-        }
-    };
-    // Read once per change of the fleet or the stream; every row looks its
-    // node up in it (a row cloning the whole fleet would cost rows × seats).
-    let fleet = Memo::new(move |_| data.get().and_then(|r| r.ok()).map(shown));
-    let nodes = move || fleet.with(|f| f.as_ref().map(|f| f.nodes.clone()).unwrap_or_default());
-    let read_at = Signal::derive(move || {
-        fleet.with(|f| {
-            f.as_ref()
-                .filter(|f| f.stale.is_some())
-                .map(|f| f.read_at.clone())
-        })
-    });
     view! {
         <section class="page">
             <div class="page-head">
@@ -151,57 +128,98 @@ pub fn NodesPage() -> impl IntoView {
                 {move || {
                     data.get()
                         .map(|r| match r {
-                            Ok(f) => view! { <FleetHead fleet=shown(f) ticks=ticks /> }.into_any(),
+                            Ok(f) => view! { <FleetHead fleet=shown(f, live.get()) ticks=ticks /> }.into_any(),
                             Err(e) => view! { <ErrorNotice error=e /> }.into_any(),
                         })
                 }}
-                // Rows are keyed by the node's incarnation: a refresh updates
-                // what changed inside a row and never replaces it, so rows keep
-                // their place and focus.
-                <div class="table-wrap" hidden=move || nodes().is_empty()>
-                    <table class="nodes stack-table">
-                        <thead>
-                            <tr>
-                                <th scope="col">"Node"</th>
-                                <th scope="col">"Status"</th>
-                                <th scope="col">"Roles"</th>
-                                <th scope="col">"Labels"</th>
-                                <th scope="col">"Protocol"</th>
-                                <th scope="col">"Presence"</th>
-                                <th scope="col">"Seats"</th>
-                            </tr>
-                        </thead>
-                        <tbody>
-                            <For each=nodes key=|n| n.incarnation.clone() let:n>
-                                <NodeRow
-                                    node=Memo::new(move |_| {
-                                        fleet
-                                            .with(|f| {
-                                                f.as_ref()
-                                                    .and_then(|f| {
-                                                        f.nodes
-                                                            .iter()
-                                                            .find(|x| x.incarnation == n.incarnation)
-                                                            .cloned()
-                                                    })
-                                            })
-                                            .unwrap_or_else(|| n.clone())
-                                    })
-                                    open=open
-                                    stale_as_of=read_at
-                                    read_at=Signal::derive(move || {
-                                        fleet.with(|f| f.as_ref().map(|f| f.read_at.clone()).unwrap_or_default())
-                                    })
-                                    ticks=ticks
-                                />
-                            </For>
-                        </tbody>
-                    </table>
-                </div>
+                <NodesTable data live open ticks />
                 <PriorityOrder order=order operator=operator />
             </Transition>
             <Handoffs list=handoffs />
         </section>
+    }
+}
+
+/// What the page shows of `f`: the fleet read, marked unknown while the
+/// page cannot follow it (its stream is reconnecting).
+fn shown(f: FleetView, stream: Connection) -> FleetView {
+    if stream == Connection::Reconnecting {
+        unfollowed(
+            f,
+            "this page's live event stream from the node is lost (reconnecting…), so it cannot follow the fleet.",
+        )
+    } else {
+        f
+    }
+}
+
+/// The nodes' table. Rows are keyed by the node's incarnation: a refresh
+/// updates what changed inside a row and never replaces it, so rows keep
+/// their place and focus. Drawn inside the page's loading boundary, where
+/// its reads of the fleet wait with the rest of the page.
+#[component]
+fn NodesTable(
+    data: Resource<Result<FleetView, AppError>>,
+    live: ReadSignal<Connection>,
+    open: RwSignal<BTreeSet<String>>,
+    ticks: RwSignal<u64>,
+) -> impl IntoView {
+    // Read once per change of the fleet or the stream; every row looks its
+    // node up in it (a row cloning the whole fleet would cost rows × seats).
+    let fleet = Memo::new(move |_| {
+        data.get()
+            .and_then(|r| r.ok())
+            .map(|f| shown(f, live.get()))
+    });
+    let nodes = move || fleet.with(|f| f.as_ref().map(|f| f.nodes.clone()).unwrap_or_default());
+    let read_at = Signal::derive(move || {
+        fleet.with(|f| {
+            f.as_ref()
+                .filter(|f| f.stale.is_some())
+                .map(|f| f.read_at.clone())
+        })
+    });
+    view! {
+        <div class="table-wrap" hidden=move || nodes().is_empty()>
+            <table class="nodes stack-table">
+                <thead>
+                    <tr>
+                        <th scope="col">"Node"</th>
+                        <th scope="col">"Status"</th>
+                        <th scope="col">"Roles"</th>
+                        <th scope="col">"Labels"</th>
+                        <th scope="col">"Protocol"</th>
+                        <th scope="col">"Presence"</th>
+                        <th scope="col">"Seats"</th>
+                    </tr>
+                </thead>
+                <tbody>
+                    <For each=nodes key=|n| n.incarnation.clone() let:n>
+                        <NodeRow
+                            node=Memo::new(move |_| {
+                                fleet
+                                    .with(|f| {
+                                        f.as_ref()
+                                            .and_then(|f| {
+                                                f.nodes
+                                                    .iter()
+                                                    .find(|x| x.incarnation == n.incarnation)
+                                                    .cloned()
+                                            })
+                                    })
+                                    .unwrap_or_else(|| n.clone())
+                            })
+                            open=open
+                            stale_as_of=read_at
+                            read_at=Signal::derive(move || {
+                                fleet.with(|f| f.as_ref().map(|f| f.read_at.clone()).unwrap_or_default())
+                            })
+                            ticks=ticks
+                        />
+                    </For>
+                </tbody>
+            </table>
+        </div>
     }
 }
 

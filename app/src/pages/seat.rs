@@ -61,7 +61,10 @@ pub fn SeatPage() -> impl IntoView {
                 let h = handle.get();
                 view! { <crate::pages::seats::SeatControls handle=h /> }
             }}
-            <MessageBox operator handle refetch=Callback::new(move |_| detail.refetch()) />
+            // Who may write is read with the page (inside its loading boundary).
+            <Suspense fallback=|| ()>
+                <MessageBox operator handle refetch=Callback::new(move |_| detail.refetch()) />
+            </Suspense>
             <Transition fallback=|| view! { <p class="muted">"Reading the seat…"</p> }>
                 {move || {
                     detail

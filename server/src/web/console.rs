@@ -26,10 +26,10 @@ use crate::memory::memread::MemRead;
 use crate::seat::sweep::SeatEngine;
 use crate::web::auth::Auth;
 use crate::web::dead_letters::DeadLetterAction;
-use crate::web::unavailable::unavailable;
 use crate::web::live::SeatNotes;
 use crate::web::nodes::{LocalFacts, Roster, RosterMemory, fleet_view};
 use crate::web::seats::{SeatFacts, page_of, pause_record, seat_rows};
+use crate::web::unavailable::unavailable;
 
 /// What the console reads from.
 pub struct ConsoleParts {

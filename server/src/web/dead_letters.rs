@@ -46,7 +46,8 @@ pub async fn list(
         limit
     };
     let (letters, total) = futures::join!(queue.dead_letters(read), queue.dead_letter_count());
-    let letters = letters.map_err(|e| super::unavailable::unavailable("read the dead letters", e))?;
+    let letters =
+        letters.map_err(|e| super::unavailable::unavailable("read the dead letters", e))?;
     let total = total.map_err(|e| super::unavailable::unavailable("count the dead letters", e))?;
     Ok(DeadLetterList {
         letters: letters

@@ -256,7 +256,13 @@ pub async fn router(setup: WebSetup<'_>) -> Result<Router, WebError> {
         .leptos_routes_with_context(
             &leptos_options,
             routes,
-            move || provide_context(ctx_console.clone()),
+            {
+                let name = app::NodeName(info.node_id.clone());
+                move || {
+                    provide_context(ctx_console.clone());
+                    provide_context(name.clone());
+                }
+            },
             {
                 let o = leptos_options.clone();
                 move || shell(o.clone())

@@ -4,7 +4,8 @@
 // script against it. It prints one JSON object per line on stdout and reads
 // commands, one per line, on stdin:
 //
-//   → {"render": {...}}           first-render timings of Nodes and Seats
+//   → {"render": {...}}           first-render timings of Nodes, Seats and
+//                                  a seat's page (BENCH_STORY_SEAT's)
 //   → {"ready": true}             the latency pages are open and watching
 //   ← seen? <i>                   the node emitted event <i> (reason bench-<i>!)
 //   → {"seen": i, "events": t, "seats": t}
@@ -92,6 +93,7 @@ await login.close();
 const render = {
   nodes: await firstRender(browser, storageState, '/settings/nodes', `tr[data-node="${process.env.BENCH_NODE}"]`),
   seats: await firstRender(browser, storageState, '/seats', `tr[data-seat="${process.env.BENCH_SEAT_ON_PAGE}"]`),
+  seat_page: await firstRender(browser, storageState, `/seats/${process.env.BENCH_STORY_SEAT}`, 'ol.timeline-items li'),
 };
 say({ render });
 

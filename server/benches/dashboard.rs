@@ -2,6 +2,8 @@
 //! `cargo bench -p server --bench dashboard` (README § Benchmarks).
 //!
 //! Rows:
+//! - a seat's page with 10,000 events about it kept, first render (its
+//!   timeline's first row);
 //! - Settings › Nodes and Seats, first render in headless Chromium with
 //!   100 nodes and 10,000 seats (a node in this process whose coordination
 //!   store is seeded with 100 presence rows and 10,000 seat leases) — from
@@ -47,6 +49,11 @@ const FEW_SEATS: usize = 10;
 const EVENT_SPACING: Duration = Duration::from_millis(250);
 const NAME: &str = "bench";
 const PASSWORD: &str = "bench-password-1";
+/// A viewer token, for reading the kept events while seeding them.
+const TOKEN: &str = "bench-viewer-token-1";
+/// The seat whose page is measured, and how many events about it are kept.
+const STORY_SEAT: &str = "seat-00001";
+const STORY_EVENTS: usize = 10_000;
 
 fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -115,9 +122,14 @@ async fn seeded_node(dir: &Path) -> RunningNode {
          [company]\nname = \"Bench company\"\n\n\
          [coordination]\nlease_ttl_seconds = 3600\n\n\
          {roles}\n\
-         [[auth.users]]\nname = \"{NAME}\"\npassword_hash = \"{}\"\nrole = \"operator\"\n",
+         [[auth.users]]\nname = \"{NAME}\"\npassword_hash = \"{}\"\nrole = \"operator\"\n\n\
+         [[auth.tokens]]\nname = \"bench\"\nsha256 = \"{}\"\nrole = \"viewer\"\n",
         dir.join("data").display(),
         crewlet::web::auth::hash_password(PASSWORD).expect("hash"),
+        {
+            use sha2::Digest;
+            hex::encode(sha2::Sha256::digest(TOKEN.as_bytes()))
+        },
     );
     let config = Config::parse("bench.toml", &text, &BTreeMap::new()).expect("config");
     let node = node::start(config).await.expect("the node starts");
@@ -145,6 +157,72 @@ async fn seeded_node(dir: &Path) -> RunningNode {
     node
 }
 
+/// `GET path` on the node with the viewer token, as JSON.
+async fn viewer_get(node: &RunningNode, path: &str) -> Result<Value, String> {
+    reqwest::Client::new()
+        .get(format!("http://{}{path}", node.addr))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .map_err(|e| e.to_string())?
+        .json()
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// Keep [`STORY_EVENTS`] events about [`STORY_SEAT`] (pauses, each its own
+/// reason), emitted in batches the node's history writer keeps up with;
+/// answers how many it kept (read back page by page).
+async fn seed_story(node: &RunningNode) -> Result<usize, String> {
+    const BATCH: usize = 250;
+    let events = node.engine.events();
+    let newest = format!("/api/events/history?seat={STORY_SEAT}&limit=1");
+    for start in (0..STORY_EVENTS).step_by(BATCH) {
+        let end = (start + BATCH).min(STORY_EVENTS);
+        for i in start..end {
+            events.emit(Event::SeatPaused {
+                seat: STORY_SEAT.into(),
+                by: NAME.into(),
+                reason: Some(format!("story-{i}")),
+                stop_running_turn: false,
+            });
+        }
+        // Until the batch's last one is kept.
+        let last = format!("story-{}", end - 1);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let page = viewer_get(node, &newest).await?;
+            let kept = page["events"][0]["data"]
+                .as_str()
+                .and_then(|d| serde_json::from_str::<Value>(d).ok())
+                .and_then(|d| d["reason"].as_str().map(str::to_string));
+            if kept.as_deref() == Some(last.as_str()) {
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err(format!("the node did not keep {last} within 30 s"));
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    let mut kept = 0;
+    let mut before = String::new();
+    loop {
+        let page = viewer_get(
+            node,
+            &format!("/api/events/history?seat={STORY_SEAT}&limit=500{before}"),
+        )
+        .await?;
+        let list = page["events"].as_array().cloned().unwrap_or_default();
+        kept += list.len();
+        match (page["more"].as_bool(), list.last().and_then(|e| e["id"].as_u64())) {
+            (Some(true), Some(id)) => before = format!("&before={id}"),
+            _ => break,
+        }
+    }
+    Ok(kept)
+}
+
 /// The next line the browser script printed, as JSON.
 async fn next_json(
     lines: &mut tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
@@ -161,6 +239,10 @@ async fn next_json(
 struct BrowserRows {
     nodes: Vec<Value>,
     seats: Vec<Value>,
+    /// A seat's page with [`STORY_EVENTS`] events about it, and how many
+    /// the node kept.
+    seat_page: Vec<Value>,
+    story_kept: usize,
     events_ms: Vec<f64>,
     seats_ms: Vec<f64>,
 }
@@ -173,8 +255,11 @@ async fn browser_rows(node: &RunningNode) -> Result<BrowserRows, String> {
     {
         return Err("end2end's packages are not installed (npm ci in end2end/)".into());
     }
+    eprintln!("keeping {STORY_EVENTS} events about {STORY_SEAT}…");
+    let story_kept = seed_story(node).await?;
     let mut child = tokio::process::Command::new("node")
         .arg(&script)
+        .env("BENCH_STORY_SEAT", STORY_SEAT)
         .env("BENCH_URL", format!("http://{}", node.addr))
         .env("BENCH_NAME", NAME)
         .env("BENCH_PASSWORD", PASSWORD)
@@ -197,6 +282,10 @@ async fn browser_rows(node: &RunningNode) -> Result<BrowserRows, String> {
         .cloned()
         .unwrap_or_default();
     let seats = render["render"]["seats"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let seat_page = render["render"]["seat_page"]
         .as_array()
         .cloned()
         .unwrap_or_default();
@@ -245,6 +334,8 @@ async fn browser_rows(node: &RunningNode) -> Result<BrowserRows, String> {
     Ok(BrowserRows {
         nodes,
         seats,
+        seat_page,
+        story_kept,
         events_ms,
         seats_ms,
     })
@@ -495,6 +586,12 @@ fn main() {
                 out.push(format!(
                     "| Seats, first render, {SEATS} seats ({} loads) | {rows}; {hydrated} | ≤ 1 s (rows) |",
                     b.seats.len()
+                ));
+                let (rows, hydrated) = render_cells(&b.seat_page);
+                out.push(format!(
+                    "| a seat's page, first render, {} events about it kept ({} loads) | {rows}; {hydrated} | ≤ 1 s (rows) |",
+                    b.story_kept,
+                    b.seat_page.len()
                 ));
                 for (page, v) in [
                     ("Events page (the event is a row)", b.events_ms),

@@ -215,7 +215,10 @@ async fn seed_story(node: &RunningNode) -> Result<usize, String> {
         .await?;
         let list = page["events"].as_array().cloned().unwrap_or_default();
         kept += list.len();
-        match (page["more"].as_bool(), list.last().and_then(|e| e["id"].as_u64())) {
+        match (
+            page["more"].as_bool(),
+            list.last().and_then(|e| e["id"].as_u64()),
+        ) {
             (Some(true), Some(id)) => before = format!("&before={id}"),
             _ => break,
         }

@@ -9,6 +9,8 @@
 //! misses events (and is told so by the bus), the emitter never waits.
 
 use serde::{Deserialize, Serialize};
+
+use crate::metrics::Update;
 use tokio::sync::{broadcast, mpsc};
 
 use crate::tasks::Tasks;
@@ -208,6 +210,9 @@ pub enum Event {
         /// before it is delivered again (`stream.retry_delay_seconds`).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         retry_after_ms: Option<u64>,
+        /// How long the turn ran, from its start to its closing.
+        #[serde(default)]
+        duration_ms: u64,
     },
     /// A trigger that will not run (again), and why: `already_done`,
     /// `answered_in_thread`, `broke_after_outside_call`,
@@ -573,6 +578,10 @@ impl EventBus {
         } else {
             tracing::info!(target: "crewlet::event", event = %name, detail = %json, "{name}");
         }
+        // This node's own events move its metrics (a peer's are its own).
+        for u in metric_updates(&fleet.event) {
+            crate::metrics::apply(&u);
+        }
         if let Some(out) = self.outbound.get() {
             let _ = out.send(fleet.clone());
         }
@@ -636,9 +645,355 @@ pub fn queue_sink(bus: &EventBus) -> crate::queue::EventSink {
     })
 }
 
+/// Pure: what one of this node's events does to its metrics
+/// (`crate::metrics`, README § Monitoring).
+pub fn metric_updates(e: &Event) -> Vec<Update> {
+    use crate::metrics as m;
+    match e {
+        // Seats held and unproven are read at each scrape.
+        Event::SeatSweep { .. } => vec![Update::Count {
+            name: m::SWEEPS,
+            labels: Vec::new(),
+            by: 1,
+        }],
+        Event::SeatClaimed { .. } => vec![Update::count(m::CLAIMS, "outcome", "won")],
+        Event::SeatClaimsBlockedByOlderProtocol { .. } => {
+            vec![Update::count(m::CLAIMS, "outcome", "protocol_gate")]
+        }
+        Event::SeatClaimsWithheld { .. } => vec![Update::count(m::CLAIMS, "outcome", "withheld")],
+        Event::SeatRenewUnknown { .. } => {
+            vec![Update::count(m::RENEWALS, "outcome", "store_unreachable")]
+        }
+        Event::SeatDetached { reason, .. } => {
+            vec![Update::count(m::RELEASES, "reason", reason.as_str())]
+        }
+        Event::SeatsUnplaceable { seats } => vec![Update::Set {
+            name: m::SEATS_UNPLACEABLE,
+            value: seats.len() as f64,
+        }],
+        Event::SeatOfferTaken { dark_ms, .. } => vec![
+            Update::count(m::HANDOFFS, "outcome", "taken"),
+            Update::seconds_from_ms(m::HANDOFF_DARK, *dark_ms),
+        ],
+        Event::SeatOfferWithdrawn { .. } => {
+            vec![Update::count(m::HANDOFFS, "outcome", "withdrawn")]
+        }
+        Event::TurnCompleted {
+            outcome,
+            rounds,
+            calls,
+            disposition,
+            tokens,
+            duration_ms,
+            ..
+        } => {
+            let mut out = vec![
+                Update::count(m::TURNS, "outcome", closed(outcome, TURN_OUTCOMES)),
+                Update::count(
+                    m::DELIVERIES,
+                    "disposition",
+                    closed(disposition, DISPOSITIONS),
+                ),
+                Update::seconds_from_ms(m::TURN_DURATION, *duration_ms),
+                Update::Observe {
+                    name: m::TURN_ROUNDS,
+                    labels: Vec::new(),
+                    value: f64::from(*rounds),
+                },
+            ];
+            if *calls > 0 {
+                out.push(Update::Count {
+                    name: m::TOOL_CALLS,
+                    labels: Vec::new(),
+                    by: u64::from(*calls),
+                });
+            }
+            if let Some(t) = tokens.filter(|t| *t > 0) {
+                out.push(Update::Count {
+                    name: m::TOKENS,
+                    labels: Vec::new(),
+                    by: t,
+                });
+            }
+            out
+        }
+        Event::TurnTriggerSkipped { reason, .. } => vec![Update::count(
+            m::TRIGGERS_SKIPPED,
+            "reason",
+            closed(reason, SKIP_REASONS),
+        )],
+        Event::MessageDeadLettered { .. } => {
+            vec![Update::count(m::DELIVERIES, "disposition", "dead_letter")]
+        }
+        Event::DeliveryDeferred { .. } => {
+            vec![Update::count(m::DELIVERIES, "disposition", "defer")]
+        }
+        Event::MessageRecovered { .. } => {
+            vec![Update::count(m::DELIVERIES, "disposition", "recovered")]
+        }
+        Event::MessageRepublished { .. } => {
+            vec![Update::count(m::DELIVERIES, "disposition", "republished")]
+        }
+        Event::McpServerFailed { .. } => vec![Update::Count {
+            name: m::TOOL_SERVER_FAILURES,
+            labels: Vec::new(),
+            by: 1,
+        }],
+        _ => Vec::new(),
+    }
+}
+
+/// The turn outcomes a label may carry (anything else is `other`).
+const TURN_OUTCOMES: &[&str] = &[
+    "completed",
+    "failed",
+    "fenced",
+    "stopped",
+    "parked",
+    "panicked",
+];
+/// The dispositions a label may carry.
+const DISPOSITIONS: &[&str] = &["ack", "nak", "defer", "poison"];
+/// The skip reasons a label may carry.
+const SKIP_REASONS: &[&str] = &[
+    "already_done",
+    "answered_in_thread",
+    "broke_after_outside_call",
+    "fenced_after_outside_call",
+    "panicked",
+    "stopped_by_person",
+];
+
+/// Pure: `v` when it is one of `known`, else `other` — a label's values
+/// stay a closed list whatever a peer or a newer node sends.
+fn closed(v: &str, known: &[&str]) -> String {
+    if known.contains(&v) {
+        v.to_string()
+    } else {
+        "other".to_string()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::metrics as m;
+
+    fn counted(e: &Event) -> Vec<(&'static str, Vec<(&'static str, String)>, u64)> {
+        metric_updates(e)
+            .into_iter()
+            .filter_map(|u| match u {
+                Update::Count { name, labels, by } => Some((name, labels, by)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn one(
+        name: &'static str,
+        k: &'static str,
+        v: &str,
+    ) -> (&'static str, Vec<(&'static str, String)>, u64) {
+        (name, vec![(k, v.to_string())], 1)
+    }
+
+    #[test]
+    fn claims_renewals_and_releases_count_by_outcome_and_reason() {
+        let claimed = Event::SeatClaimed {
+            seat: "a".into(),
+            epoch: 1,
+        };
+        assert_eq!(counted(&claimed), vec![one(m::CLAIMS, "outcome", "won")]);
+        let gate = Event::SeatClaimsBlockedByOlderProtocol {
+            floor: 3,
+            protocol: 4,
+            nodes: vec!["old".into()],
+        };
+        assert_eq!(
+            counted(&gate),
+            vec![one(m::CLAIMS, "outcome", "protocol_gate")]
+        );
+        let renew = Event::SeatRenewUnknown {
+            seat: "a".into(),
+            error: "timed out".into(),
+        };
+        assert_eq!(
+            counted(&renew),
+            vec![one(m::RENEWALS, "outcome", "store_unreachable")]
+        );
+        let gone = Event::SeatDetached {
+            seat: "a".into(),
+            epoch: 1,
+            reason: DetachReason::Drain,
+        };
+        assert_eq!(counted(&gone), vec![one(m::RELEASES, "reason", "drain")]);
+        let unplaceable = Event::SeatsUnplaceable {
+            seats: vec!["x".into(), "y".into()],
+        };
+        assert_eq!(
+            metric_updates(&unplaceable),
+            vec![Update::Set {
+                name: m::SEATS_UNPLACEABLE,
+                value: 2.0
+            }]
+        );
+    }
+
+    #[test]
+    fn a_handoff_counts_by_outcome_and_its_dark_time_is_observed_in_seconds() {
+        let taken = Event::SeatOfferTaken {
+            seat: "a".into(),
+            epoch: 2,
+            from_epoch: 1,
+            from: "n1".into(),
+            dark_ms: 42,
+        };
+        assert_eq!(
+            metric_updates(&taken),
+            vec![
+                Update::count(m::HANDOFFS, "outcome", "taken"),
+                Update::Observe {
+                    name: m::HANDOFF_DARK,
+                    labels: vec![],
+                    value: 0.042
+                },
+            ]
+        );
+        let withdrawn = Event::SeatOfferWithdrawn {
+            seat: "a".into(),
+            epoch: 1,
+            to: "n2".into(),
+            why: "timeout".into(),
+        };
+        assert_eq!(
+            counted(&withdrawn),
+            vec![one(m::HANDOFFS, "outcome", "withdrawn")]
+        );
+    }
+
+    #[test]
+    fn a_turn_counts_its_outcome_disposition_calls_and_tokens_and_observes_its_duration_and_rounds()
+    {
+        let turn = |outcome: &str, disposition: &str, calls: u32, tokens: Option<u64>| {
+            Event::TurnCompleted {
+                seat: "a".into(),
+                turn_id: "t".into(),
+                work_key: None,
+                epoch: 1,
+                outcome: outcome.into(),
+                rounds: 3,
+                calls,
+                reached_outside: false,
+                recorded: true,
+                disposition: disposition.into(),
+                delivered: 1,
+                error: None,
+                tokens,
+                retry_after_ms: None,
+                duration_ms: 1500,
+            }
+        };
+        assert_eq!(
+            metric_updates(&turn("completed", "ack", 2, Some(120))),
+            vec![
+                Update::count(m::TURNS, "outcome", "completed"),
+                Update::count(m::DELIVERIES, "disposition", "ack"),
+                Update::Observe {
+                    name: m::TURN_DURATION,
+                    labels: vec![],
+                    value: 1.5
+                },
+                Update::Observe {
+                    name: m::TURN_ROUNDS,
+                    labels: vec![],
+                    value: 3.0
+                },
+                Update::Count {
+                    name: m::TOOL_CALLS,
+                    labels: vec![],
+                    by: 2
+                },
+                Update::Count {
+                    name: m::TOKENS,
+                    labels: vec![],
+                    by: 120
+                },
+            ]
+        );
+        // No calls, no tokens: nothing counted for them; an unknown outcome
+        // is `other` (the label's values stay a closed list).
+        let c = counted(&turn("exploded", "nak", 0, None));
+        assert_eq!(
+            c,
+            vec![
+                one(m::TURNS, "outcome", "other"),
+                one(m::DELIVERIES, "disposition", "nak")
+            ]
+        );
+    }
+
+    #[test]
+    fn deliveries_count_by_disposition_and_skipped_triggers_by_reason() {
+        let dead = Event::MessageDeadLettered {
+            subscription: "agent-a".into(),
+            subject: "crewlet.agent.a.inbox".into(),
+            seq: 1,
+            delivered: 26,
+            reason: "delivered 25 times".into(),
+        };
+        assert_eq!(
+            counted(&dead),
+            vec![one(m::DELIVERIES, "disposition", "dead_letter")]
+        );
+        let deferred = Event::DeliveryDeferred {
+            subscription: "agent-a".into(),
+            seq: 1,
+            reason: "paused".into(),
+        };
+        assert_eq!(
+            counted(&deferred),
+            vec![one(m::DELIVERIES, "disposition", "defer")]
+        );
+        let recovered = Event::MessageRecovered {
+            subscription: "agent-a".into(),
+            subject: "s".into(),
+            seq: 1,
+        };
+        assert_eq!(
+            counted(&recovered),
+            vec![one(m::DELIVERIES, "disposition", "recovered")]
+        );
+        let again = Event::MessageRepublished {
+            subject: "s".into(),
+            seq: 1,
+            new_seq: 2,
+        };
+        assert_eq!(
+            counted(&again),
+            vec![one(m::DELIVERIES, "disposition", "republished")]
+        );
+        let skipped = Event::TurnTriggerSkipped {
+            seat: "a".into(),
+            trigger_id: "e".into(),
+            reason: "already_done".into(),
+            turn_id: None,
+        };
+        assert_eq!(
+            counted(&skipped),
+            vec![one(m::TRIGGERS_SKIPPED, "reason", "already_done")]
+        );
+        let sweep = Event::SeatSweep {
+            held: 1,
+            undead: 0,
+            capacity: 2,
+            claimed: 0,
+            released: 0,
+            fleet_full: false,
+        };
+        assert_eq!(counted(&sweep), vec![(m::SWEEPS, vec![], 1)]);
+        // Events that are not counted move nothing.
+        assert!(metric_updates(&Event::NodeDraining {}).is_empty());
+    }
 
     #[test]
     fn event_names_are_the_specs_log_names() {

@@ -16,6 +16,7 @@ pub mod events;
 pub mod identity;
 pub mod logging;
 pub mod memory;
+pub mod metrics;
 pub mod node;
 pub mod queue;
 pub mod scatter;

@@ -55,7 +55,7 @@ async fn metrics_answer_without_a_session_in_prometheus_text() {
     let r = client().get(n.url("/metrics")).send().await.unwrap();
     assert_eq!(r.status(), StatusCode::OK);
     let body = r.text().await.unwrap();
-    assert!(body.contains("crewlet_up 1"), "{body}");
+    assert!(body.contains("crewlet_up{node=\"node-http\"} 1"), "{body}");
     n.stop().await;
 }
 
@@ -2138,7 +2138,9 @@ async fn an_undead_seat_is_an_alarm_saying_for_how_long_until_its_process_exits(
         .await
         .unwrap();
     assert!(
-        metrics.lines().any(|l| l == "crewlet_seats_unproven 1"),
+        metrics
+            .lines()
+            .any(|l| l.starts_with("crewlet_seats_unproven{") && l.ends_with("} 1")),
         "{metrics}"
     );
 

@@ -1587,6 +1587,7 @@ impl TurnEngine {
                 Disposition::Retry(d) => Some(d.as_millis() as u64),
                 _ => None,
             },
+            duration_ms: record.duration.as_millis() as u64,
         });
         if let Some(reason) = c.given_up {
             for t in &turn.triggers {

@@ -166,6 +166,8 @@ pub struct TurnRecord {
     pub reached_outside: bool,
     pub rounds: u32,
     pub calls: u32,
+    /// How long it ran.
+    pub duration: std::time::Duration,
 }
 
 /// Pure: the detached run a call started, if it did — a `run_detached`
@@ -196,6 +198,7 @@ pub async fn run(
     guard: &dyn TurnGuard,
     turn: &TurnInput,
 ) -> TurnRecord {
+    let began = std::time::Instant::now();
     let outside = Arc::new(AtomicBool::new(false));
     let rounds = Arc::new(std::sync::atomic::AtomicU32::new(0));
     let calls = Arc::new(std::sync::atomic::AtomicU32::new(0));
@@ -259,6 +262,7 @@ pub async fn run(
         reached_outside: outside.load(Ordering::SeqCst),
         rounds: rounds.load(Ordering::SeqCst),
         calls: calls.load(Ordering::SeqCst),
+        duration: began.elapsed(),
     }
 }
 

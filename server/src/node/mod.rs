@@ -240,6 +240,17 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
         .local_addr()
         .map_err(|source| NodeError::Bind { addr, source })?;
 
+    // The process's metrics, before anything moves them (one node a process).
+    if crate::metrics::install(&info.node_id).is_some() {
+        tasks.spawn("metrics-upkeep", async move {
+            let mut tick = tokio::time::interval(crate::metrics::UPKEEP_EVERY);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                crate::metrics::upkeep();
+            }
+        });
+    }
     let events = EventBus::new(&info.node_id, info.incarnation.as_str());
     let (store, queue, client) = backends(&config, &tasks, &events).await?;
     if store.lease_ttl() != Duration::from_secs(config.coordination.lease_ttl_seconds) {

@@ -952,7 +952,13 @@ pub async fn login(
 ) -> Response {
     let name = form.name.trim();
     let client = auth.client(peer.ip(), &headers);
-    match auth.sign_in(client, name, &form.password).await {
+    let answer = auth.sign_in(client, name, &form.password).await;
+    crate::metrics::apply(&crate::metrics::Update::count(
+        crate::metrics::SIGN_INS,
+        "outcome",
+        sign_in_outcome(&answer),
+    ));
+    match answer {
         Ok(SignIn::Ok(person)) => {
             if let Err(e) = session.cycle_id().await {
                 tracing::error!(error = %e, "cannot cycle the session id");
@@ -1021,6 +1027,17 @@ pub async fn login(
             )
                 .into_response()
         }
+    }
+}
+
+/// Pure: a sign-in attempt's outcome as `crewlet_sign_ins_total` counts it.
+fn sign_in_outcome<E>(answer: &Result<SignIn, E>) -> &'static str {
+    match answer {
+        Ok(SignIn::Ok(_)) => "ok",
+        Ok(SignIn::Refused) => "refused",
+        Ok(SignIn::Limited { .. }) => "limited",
+        Ok(SignIn::Busy) => "busy",
+        Err(_) => "failed",
     }
 }
 

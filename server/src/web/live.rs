@@ -473,12 +473,33 @@ pub async fn events(
             }
         }
     };
+    let open = OpenStream::counted();
     Sse::new(
         frames(&streams, last.as_deref())
             .take_until(ended)
-            .map(|f| Ok(f.into_sse())),
+            .map(move |f| {
+                let _counted = &open;
+                Ok(f.into_sse())
+            }),
     )
     .keep_alive(KeepAlive::new().interval(KEEP_ALIVE).text("keep-alive"))
+}
+
+/// One open event stream, counted in `crewlet_event_streams` while it
+/// lives.
+struct OpenStream;
+
+impl OpenStream {
+    fn counted() -> OpenStream {
+        metrics::gauge!(crate::metrics::EVENT_STREAMS).increment(1.0);
+        OpenStream
+    }
+}
+
+impl Drop for OpenStream {
+    fn drop(&mut self) {
+        metrics::gauge!(crate::metrics::EVENT_STREAMS).decrement(1.0);
+    }
 }
 
 #[cfg(test)]
@@ -689,6 +710,7 @@ mod tests {
                 error: None,
                 tokens: None,
                 retry_after_ms: None,
+                duration_ms: 12,
             })
         };
         notes.learn(&at(Event::TurnStarted {

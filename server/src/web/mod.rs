@@ -279,8 +279,41 @@ pub async fn router(setup: WebSetup<'_>) -> Result<Router, WebError> {
         .layer(Extension(turns))
         .layer(Extension(console))
         .layer(Extension(streams))
+        // Every request counted and timed by its route (every layer of a
+        // router runs once it has routed: the matched route is known).
+        .layer(axum::middleware::from_fn(observe_http))
         .with_state(leptos_options);
     Ok(app)
+}
+
+/// Count and time one HTTP request by its route (the route's pattern, not
+/// the path: a bounded label) and status.
+async fn observe_http(
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use crate::metrics::{self as m, Update};
+    let route = req
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map(|p| p.as_str().to_string())
+        .unwrap_or_else(|| "unmatched".to_string());
+    let began = std::time::Instant::now();
+    let res = next.run(req).await;
+    m::apply(&Update::Count {
+        name: m::HTTP_REQUESTS,
+        labels: vec![
+            ("route", route.clone()),
+            ("status", res.status().as_u16().to_string()),
+        ],
+        by: 1,
+    });
+    m::apply(&Update::Observe {
+        name: m::HTTP_DURATION,
+        labels: vec![("route", route)],
+        value: began.elapsed().as_secs_f64(),
+    });
+    res
 }
 
 async fn health(
@@ -312,19 +345,53 @@ async fn metrics(
     Extension(info): Extension<Arc<NodeInfo>>,
     Extension(engine): Extension<Arc<SeatEngine>>,
 ) -> impl IntoResponse {
-    let held = engine.host().held().len();
-    let undead = engine.host().undead().len();
+    use crate::metrics::{self as m, Update};
+    // What is read at the scrape rather than counted as it happens.
+    let status = engine.host().status();
+    let oldest = status
+        .iter()
+        .filter_map(|s| s.unproven_for)
+        .max()
+        .unwrap_or_default();
+    let mut now = vec![
+        Update::Set {
+            name: m::SEATS_HELD,
+            value: engine.host().held().len() as f64,
+        },
+        Update::Set {
+            name: m::SEATS_UNPROVEN,
+            value: engine.host().undead().len() as f64,
+        },
+        Update::Set {
+            name: m::UNPROVEN_OLDEST,
+            value: oldest.as_secs_f64(),
+        },
+    ];
+    match engine.queue().dead_letter_count().await {
+        Ok(n) => now.push(Update::Set {
+            name: m::DEAD_LETTERS,
+            value: n as f64,
+        }),
+        Err(e) => tracing::debug!(error = %e, "the dead letters cannot be counted for a scrape"),
+    }
+    // One scrape's gauges and its rendering together (a process running
+    // several nodes, as the tests do, shares one recorder).
+    static SCRAPE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let rendered = {
+        let _one = SCRAPE.lock().unwrap_or_else(|e| e.into_inner());
+        for u in &now {
+            m::apply(u);
+        }
+        m::render()
+    };
     let body = format!(
-        "# HELP crewlet_up 1 while the node serves.\n# TYPE crewlet_up gauge\ncrewlet_up 1\n\
+        "# HELP crewlet_up 1 while the node serves.\n# TYPE crewlet_up gauge\ncrewlet_up{{node=\"{node}\"}} 1\n\
          # HELP crewlet_build_info The node's version and lease protocol.\n# TYPE crewlet_build_info gauge\n\
-         crewlet_build_info{{version=\"{}\",protocol=\"{}\",node=\"{}\"}} 1\n\
-         # HELP crewlet_seats_held Seats this node holds and runs.\n# TYPE crewlet_seats_held gauge\ncrewlet_seats_held {}\n\
-         # HELP crewlet_seats_unproven Seats whose teardown could not be proven (undead).\n# TYPE crewlet_seats_unproven gauge\ncrewlet_seats_unproven {}\n",
+         crewlet_build_info{{node=\"{node}\",version=\"{}\",protocol=\"{}\"}} 1\n{}",
         crate::VERSION,
         info.protocol,
-        info.node_id,
-        held,
-        undead
+        rendered,
+        node = info.node_id,
     );
     (
         [(

@@ -779,7 +779,10 @@ mod tests {
     use super::*;
     use crate::metrics as m;
 
-    fn counted(e: &Event) -> Vec<(&'static str, Vec<(&'static str, String)>, u64)> {
+    /// A counter's name, labels and increment.
+    type Counted = (&'static str, Vec<(&'static str, String)>, u64);
+
+    fn counted(e: &Event) -> Vec<Counted> {
         metric_updates(e)
             .into_iter()
             .filter_map(|u| match u {

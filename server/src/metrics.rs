@@ -23,6 +23,12 @@ pub const CLAIMS: &str = "crewlet_claims_total";
 pub const RENEWALS: &str = "crewlet_renewals_total";
 /// Seats given back, by `reason` (drain, rebalance, lost, …).
 pub const RELEASES: &str = "crewlet_seat_releases_total";
+/// How long the coordination store's primitives took, by `op` (get,
+/// create, update, delete, written_at, last_revision, revision_exists,
+/// purge, watch).
+pub const STORE_DURATION: &str = "crewlet_store_call_duration_seconds";
+/// Store primitives that failed, by `op`.
+pub const STORE_ERRORS: &str = "crewlet_store_errors_total";
 /// Seats this node holds (read at each scrape).
 pub const SEATS_HELD: &str = "crewlet_seats_held";
 /// Seats whose teardown could not be proven (undead; read at each scrape).
@@ -200,6 +206,16 @@ fn describe() {
         "Seat renewals that failed, by outcome (store_unreachable)."
     );
     describe_counter!(RELEASES, Unit::Count, "Seats given back, by reason.");
+    describe_histogram!(
+        STORE_DURATION,
+        Unit::Seconds,
+        "How long the coordination store's primitives took, by op."
+    );
+    describe_counter!(
+        STORE_ERRORS,
+        Unit::Count,
+        "Coordination store primitives that failed, by op."
+    );
     describe_gauge!(SEATS_HELD, Unit::Count, "Seats this node holds and runs.");
     describe_gauge!(
         SEATS_UNPROVEN,

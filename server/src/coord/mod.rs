@@ -24,6 +24,7 @@ pub mod kv;
 pub mod lease;
 pub mod nats;
 pub mod protocol;
+pub mod timed;
 pub mod twin;
 pub mod view;
 
@@ -70,7 +71,7 @@ pub async fn open(
     match c.kind {
         crate::config::CoordinationType::Local => Ok((
             std::sync::Arc::new(Coordinator::new(
-                TwinBackend::new(Duration::from_secs(c.lease_ttl_seconds)),
+                timed::Timed::new(TwinBackend::new(Duration::from_secs(c.lease_ttl_seconds))),
                 options,
             )),
             None,
@@ -84,7 +85,7 @@ pub async fn open(
             .await?;
             let client = backend.client().clone();
             Ok((
-                std::sync::Arc::new(Coordinator::new(backend, options)),
+                std::sync::Arc::new(Coordinator::new(timed::Timed::new(backend), options)),
                 Some(client),
             ))
         }

@@ -1145,6 +1145,20 @@ pub async fn change_password(
 
 #[cfg(test)]
 mod tests {
+    use super::{SignIn, sign_in_outcome};
+
+    #[test]
+    fn sign_in_attempts_are_counted_by_outcome() {
+        let limited: Result<SignIn, ()> = Ok(SignIn::Limited {
+            retry_after: std::time::Duration::from_secs(1),
+            audit: false,
+        });
+        assert_eq!(sign_in_outcome(&limited), "limited");
+        assert_eq!(sign_in_outcome::<()>(&Ok(SignIn::Refused)), "refused");
+        assert_eq!(sign_in_outcome::<()>(&Ok(SignIn::Busy)), "busy");
+        assert_eq!(sign_in_outcome::<()>(&Err(())), "failed");
+    }
+
     use super::*;
 
     fn h(pairs: &[(&str, &str)]) -> HeaderMap {

@@ -3,8 +3,12 @@
 //! sign-ins), the exposition passes `promtool check metrics`, and the
 //! alert rules in docs/monitoring load (`promtool check rules`).
 //!
-//! Needs `promtool` (Debian's `prometheus` package; `./dev test` installs
-//! it) — or `PROMTOOL` naming one.
+//! A real Prometheus server scrapes a two-node fleet on a real nats-server
+//! and sees the claim, turn and delivery counters move as mail is sent and
+//! a node is killed.
+//!
+//! Needs `promtool` and `prometheus` (Debian's `prometheus` package; `./dev
+//! test` installs it) — or `PROMTOOL` / `PROMETHEUS` naming them.
 
 mod support;
 
@@ -15,16 +19,21 @@ use std::time::Duration;
 use support::http_node::{HttpNode, OPS_TOKEN, client};
 use tokio::io::AsyncWriteExt;
 
-fn promtool() -> PathBuf {
-    if let Ok(p) = std::env::var("PROMTOOL") {
+/// The Debian `prometheus` package's `program`, or the one `var` names.
+fn installed(var: &str, program: &str) -> PathBuf {
+    if let Ok(p) = std::env::var(var) {
         return PathBuf::from(p);
     }
-    let p = PathBuf::from("/usr/bin/promtool");
+    let p = PathBuf::from("/usr/bin").join(program);
     assert!(
         p.exists(),
-        "promtool is not installed: run ./dev deps (Debian's prometheus package) or set PROMTOOL"
+        "{program} is not installed: run ./dev deps (Debian's prometheus package) or set {var}"
     );
     p
+}
+
+fn promtool() -> PathBuf {
+    installed("PROMTOOL", "promtool")
 }
 
 async fn scrape(n: &HttpNode) -> String {
@@ -161,4 +170,212 @@ fn the_recommended_alert_rules_load_in_prometheus() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("5 rules found"));
+}
+
+/// A fleet node's company file: four echo seats on the fleet's NATS, the
+/// shortest timings, an operator token to send mail with.
+fn fleet_node(id: &str, nats: &str) -> String {
+    use sha2::Digest;
+    let roles: String = ["s0", "s1", "s2", "s3"]
+        .iter()
+        .map(|h| format!("[[roles]]\nhandle = \"{h}\"\n"))
+        .collect();
+    format!(
+        "[node]\nid = \"{id}\"\nlisten = \"{{listen}}\"\ndata_dir = \"{{data}}\"\n\n\
+         [coordination]\ntype = \"embedded-kv\"\nlease_ttl_seconds = 3\nheartbeat_seconds = 1\nsweep_seconds = 1\n\n\
+         [stream]\ntype = \"nats\"\nurls = [\"{nats}\"]\n\n\
+         [company]\nname = \"Monitored company\"\n\n{roles}\n\
+         [[auth.tokens]]\nname = \"ops\"\nsha256 = \"{}\"\nrole = \"operator\"\n",
+        hex::encode(sha2::Sha256::digest(OPS_TOKEN.as_bytes()))
+    )
+}
+
+/// A Prometheus server scraping `targets` every second, killed on drop.
+struct Prometheus {
+    child: std::process::Child,
+    base: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Prometheus {
+    async fn start(targets: &[u16]) -> Prometheus {
+        let dir = tempfile::tempdir().unwrap();
+        let port = support::free_port();
+        let list: Vec<String> = targets
+            .iter()
+            .map(|p| format!("\"127.0.0.1:{p}\""))
+            .collect();
+        let config = dir.path().join("prometheus.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: crewlet\n    static_configs:\n      - targets: [{}]\n",
+                list.join(", ")
+            ),
+        )
+        .unwrap();
+        let log = std::fs::File::create(dir.path().join("prometheus.log")).unwrap();
+        let child = std::process::Command::new(installed("PROMETHEUS", "prometheus"))
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.path().join("data").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log))
+            .spawn()
+            .expect("prometheus runs");
+        let p = Prometheus {
+            child,
+            base: format!("http://127.0.0.1:{port}"),
+            _dir: dir,
+        };
+        let ready = format!("{}/-/ready", p.base);
+        support::wait_for(
+            "Prometheus to be ready",
+            Duration::from_secs(30),
+            Duration::from_millis(100),
+            || {
+                let ready = ready.clone();
+                async move {
+                    reqwest::get(ready)
+                        .await
+                        .ok()
+                        .filter(|r| r.status() == 200)
+                        .map(|_| ())
+                }
+            },
+        )
+        .await;
+        p
+    }
+
+    /// An instant query's samples: (labels, value).
+    async fn query(&self, q: &str) -> Vec<(serde_json::Value, f64)> {
+        let Ok(r) = client()
+            .get(format!("{}/api/v1/query", self.base))
+            .query(&[("query", q)])
+            .send()
+            .await
+        else {
+            return Vec::new();
+        };
+        let v: serde_json::Value = r.json().await.unwrap_or_default();
+        v["data"]["result"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|s| {
+                let value = s["value"][1].as_str()?.parse::<f64>().ok()?;
+                Some((s["metric"].clone(), value))
+            })
+            .collect()
+    }
+
+    /// Wait until query `q`'s first sample passes `ok`; its value.
+    async fn until(&self, what: &str, q: &str, ok: impl Fn(f64) -> bool) -> f64 {
+        support::wait_for(
+            what,
+            Duration::from_secs(60),
+            Duration::from_millis(250),
+            || async {
+                self.query(q)
+                    .await
+                    .first()
+                    .map(|(_, v)| *v)
+                    .filter(|v| ok(*v))
+            },
+        )
+        .await
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_prometheus_sees_claims_turns_and_deliveries_move_on_a_two_node_fleet() {
+    use support::process::NodeProcess;
+    let nats = support::nats::NatsServer::start().await;
+    let a = NodeProcess::start(&fleet_node("node-a", &nats.url()));
+    a.healthy(Duration::from_secs(30)).await;
+    let mut b = NodeProcess::start(&fleet_node("node-b", &nats.url()));
+    b.healthy(Duration::from_secs(30)).await;
+    let prom = Prometheus::start(&[a.port, b.port]).await;
+
+    // Both nodes claimed seats, as Prometheus scraped them.
+    support::wait_for(
+        "claims won by both nodes in Prometheus",
+        Duration::from_secs(60),
+        Duration::from_millis(250),
+        || async {
+            (prom
+                .query(r#"sum by (node) (crewlet_claims_total{job="crewlet",outcome="won"})"#)
+                .await
+                .len()
+                == 2)
+                .then_some(())
+        },
+    )
+    .await;
+
+    // Mail to every seat: four turns, four deliveries acknowledged.
+    for (i, seat) in ["s0", "s1", "s2", "s3"].iter().enumerate() {
+        let r = client()
+            .post(a.url(&format!("/api/seats/{seat}/inbox")))
+            .bearer_auth(OPS_TOKEN)
+            .body(format!(
+                r#"{{"id": "p-{i}", "type": "task_assigned", "body": {{}}}}"#
+            ))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    prom.until(
+        "four completed turns in Prometheus",
+        r#"sum(crewlet_turns_total{outcome="completed"})"#,
+        |v| v >= 4.0,
+    )
+    .await;
+    prom.until(
+        "four acknowledged deliveries in Prometheus",
+        r#"sum(crewlet_deliveries_total{disposition="ack"})"#,
+        |v| v >= 4.0,
+    )
+    .await;
+    prom.until(
+        "the store's latency in Prometheus",
+        r#"sum(crewlet_store_call_duration_seconds_count{node="node-b"})"#,
+        |v| v > 0.0,
+    )
+    .await;
+
+    // Node B dies: Prometheus sees it down, and node A claims its seats.
+    let a_claims = prom
+        .until(
+            "node A's claims",
+            r#"sum(crewlet_claims_total{node="node-a",outcome="won"})"#,
+            |v| v >= 1.0,
+        )
+        .await;
+    b.kill9();
+    prom.until(
+        "node B down in Prometheus",
+        &format!(r#"up{{instance="127.0.0.1:{}"}}"#, b.port),
+        |v| v == 0.0,
+    )
+    .await;
+    prom.until(
+        "node A claiming node B's seats",
+        r#"sum(crewlet_claims_total{node="node-a",outcome="won"})"#,
+        |v| v > a_claims,
+    )
+    .await;
 }

@@ -552,6 +552,11 @@ test("a seat's page shows its story from before it was opened, and a message sen
   const id = await sent.getAttribute('data-sent');
   await page.locator('ol.effects li.effect', { hasText: `echo of ${id}` }).waitFor();
   assert.equal(await page.inputValue('#seat-message'), '', 'the box is cleared once sent');
+  // The last hour charts its turns, a bar a minute.
+  const hour = page.locator('section.last-hour');
+  await until('the last hour to count the turns', async () => Number(await hour.getAttribute('data-turns')) >= 2);
+  assert.equal(await hour.locator('svg.chart rect.bar').count(), 60);
+  assert.match(await hour.innerText(), /\d+ turns in the last hour/);
   await page.screenshot({ path: join(resultsDir, 'seat-1280.png'), fullPage: true });
   await page.setViewportSize({ width: 390, height: 844 });
   await page.screenshot({ path: join(resultsDir, 'seat-390.png'), fullPage: true });

@@ -240,6 +240,24 @@ pub struct SeatDetail {
     pub outbox: Vec<EffectView>,
     /// Why the outbox could not be read, when it could not.
     pub outbox_error: Option<String>,
+    /// Its finished turns per minute over the last hour (minutes with
+    /// none are left out), from the events the node kept.
+    #[serde(default)]
+    pub activity: Vec<ActivityMinute>,
+    /// The minute the last hour ends at (`YYYY-MM-DDTHH:MM`, UTC), on the
+    /// node's clock.
+    #[serde(default)]
+    pub activity_to: String,
+}
+
+/// One minute of a seat's turns.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ActivityMinute {
+    /// `YYYY-MM-DDTHH:MM`, UTC.
+    pub minute: String,
+    pub turns: u64,
+    /// Their mean duration.
+    pub mean_ms: u64,
 }
 
 /// Effects the seat page shows.

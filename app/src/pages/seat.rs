@@ -9,12 +9,12 @@
 use leptos::prelude::*;
 use leptos_router::hooks::{use_params_map, use_query_map};
 
-use crate::api::{EffectView, SeatDetail};
+use crate::api::{ActivityMinute, EffectView, SeatDetail};
 use crate::components::notice::ErrorNotice;
 use crate::error::AppError;
 use crate::fns::{seat_page, send_message, whoami};
 use crate::live::{EVENT_NAMES, LiveBadge, refetch_on};
-use crate::view::{TimelineItem, timeline};
+use crate::view::{TimelineItem, bars, line_points, timeline};
 
 #[component]
 pub fn SeatPage() -> impl IntoView {
@@ -93,6 +93,7 @@ fn SeatStory(detail: SeatDetail, handle: Signal<String>) -> impl IntoView {
         .then(|| detail.timeline.events.last().map(|e| e.id))
         .flatten();
     view! {
+        <LastHour minutes=detail.activity.clone() to=detail.activity_to.clone() />
         <section class="outbox" aria-labelledby="outbox-h">
             <h2 id="outbox-h">"What it said"</h2>
             {detail.outbox_error.clone().map(|e| view! { <p class="notice notice-warn">{format!("The outbox cannot be read: {e}")}</p> })}
@@ -119,6 +120,61 @@ fn SeatStory(detail: SeatDetail, handle: Signal<String>) -> impl IntoView {
                     </a>
                 }
             })}
+        </section>
+    }
+}
+
+/// The seat's last hour: turns per minute (bars) and their mean duration
+/// (a line), with the totals in words.
+#[component]
+fn LastHour(minutes: Vec<ActivityMinute>, to: String) -> impl IntoView {
+    const W: f64 = 600.0;
+    const H: f64 = 60.0;
+    let turns: Vec<u64> = minutes.iter().map(|m| m.turns).collect();
+    let total: u64 = turns.iter().sum();
+    let busiest = turns.iter().copied().max().unwrap_or(0);
+    let durations: Vec<Option<u64>> = minutes
+        .iter()
+        .map(|m| (m.turns > 0).then_some(m.mean_ms))
+        .collect();
+    let mean = if total == 0 {
+        0
+    } else {
+        minutes.iter().map(|m| m.turns * m.mean_ms).sum::<u64>() / total
+    };
+    let summary = if total == 0 {
+        "No turn finished in the last hour.".to_string()
+    } else {
+        format!(
+            "{total} turn{} in the last hour (at most {busiest} a minute), {} on average.",
+            if total == 1 { "" } else { "s" },
+            crate::view::ms_words(mean)
+        )
+    };
+    let points = line_points(&durations, W, H);
+    view! {
+        <section class="last-hour" aria-labelledby="last-hour-h" data-turns=total>
+            <h2 id="last-hour-h">"The last hour"</h2>
+            <p class="muted small">{summary}{format!(" Up to {to} UTC.")}</p>
+            <figure>
+                <svg class="chart" viewBox=format!("0 0 {W} {H}") preserveAspectRatio="none" role="img" aria-label="Turns finished per minute over the last hour">
+                    {bars(&turns, W, H)
+                        .into_iter()
+                        .map(|b| view! { <rect x=b.x y=b.y width=b.w height=b.h class="bar" /> })
+                        .collect_view()}
+                </svg>
+                <figcaption class="muted small">"Turns per minute"</figcaption>
+            </figure>
+            <figure>
+                <svg class="chart" viewBox=format!("0 0 {W} {H}") preserveAspectRatio="none" role="img" aria-label="Mean turn duration per minute over the last hour">
+                    <polyline points=points class="line" />
+                    {crate::view::dots(&durations, W, H)
+                        .into_iter()
+                        .map(|(x, y)| view! { <circle cx=x cy=y r="2" class="dot" /> })
+                        .collect_view()}
+                </svg>
+                <figcaption class="muted small">"Mean turn duration"</figcaption>
+            </figure>
         </section>
     }
 }

@@ -2,6 +2,7 @@
 //! words and folds into what a page shows. Nothing here touches the DOM or
 //! the node, so every piece is tested as a plain function.
 
+mod chart;
 mod events;
 mod fleet;
 mod handoffs;
@@ -10,6 +11,7 @@ mod seats;
 mod time;
 mod timeline;
 
+pub use chart::{Bar, bars, dots, line_points, ms_words};
 pub use events::{Severity, severity};
 pub use fleet::{duration_words, presence_left, rfc3339_seconds, unfollowed};
 pub use handoffs::{HANDOFFS_KEPT, HandoffState, HandoffView, apply_handoff_event};

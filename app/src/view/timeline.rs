@@ -99,7 +99,14 @@ fn summary(v: &Value) -> String {
 fn turn_words(v: &Value, seconds: Option<f64>) -> (String, String, Severity) {
     let outcome = text(v, "outcome");
     let mut parts = Vec::new();
-    if let Some(s) = seconds {
+    // The turn's own measure when it carries one (its events' times are
+    // whole seconds).
+    let measured = v
+        .get("duration_ms")
+        .and_then(Value::as_u64)
+        .filter(|ms| *ms > 0)
+        .map(|ms| ms as f64 / 1000.0);
+    if let Some(s) = measured.or(seconds) {
         parts.push(if s < 1.0 {
             format!("{} ms", (s * 1000.0).round() as u64)
         } else {
@@ -301,6 +308,22 @@ mod tests {
         assert_eq!(
             (t[1].title.as_str(), t[1].severity),
             ("a turn panicked", Severity::Error)
+        );
+    }
+
+    #[test]
+    fn a_turn_that_carries_its_duration_reads_it_rather_than_its_events_times() {
+        let events = vec![ev(
+            3,
+            "turn_completed",
+            serde_json::json!({"at": "2026-12-01T10:00:03Z", "turn_id": "t1", "outcome": "completed",
+                "rounds": 1, "disposition": "ack", "duration_ms": 42}),
+        )];
+        let t = timeline(&events, &[]);
+        assert!(
+            t[0].detail.starts_with("42 ms · 1 round"),
+            "{}",
+            t[0].detail
         );
     }
 }

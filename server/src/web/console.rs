@@ -593,7 +593,23 @@ impl Console for NodeConsole {
         });
         let actions = self.fleet_audit.read_about(100, Some(handle));
         let outbox = self.outbox(handle, app::api::SEAT_OUTBOX_SHOWN);
-        let (timeline, actions, outbox) = futures::join!(timeline, actions, outbox);
+        // The last hour, on this node's clock.
+        let now = time::OffsetDateTime::now_utc();
+        let minute = |t: time::OffsetDateTime| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .unwrap_or_default()
+                .chars()
+                .take(16)
+                .collect::<String>()
+        };
+        let minutes: Vec<String> = (0..60)
+            .rev()
+            .map(|ago| minute(now - time::Duration::minutes(ago)))
+            .collect();
+        let activity_to = minutes.last().cloned().unwrap_or_default();
+        let activity = self.history.activity(handle, &minutes[0]);
+        let (timeline, actions, outbox, activity) =
+            futures::join!(timeline, actions, outbox, activity);
         let (outbox, outbox_error) = match outbox {
             Ok(v) => (v, None),
             Err(e) => (Vec::new(), Some(e.to_string())),
@@ -605,6 +621,14 @@ impl Console for NodeConsole {
             actions: actions.map(|a| a.entries).unwrap_or_default(),
             outbox,
             outbox_error,
+            activity: crate::web::history::fill_minutes(
+                &minutes,
+                activity.unwrap_or_else(|e| {
+                    tracing::warn!(error = %e, "a seat's activity cannot be read");
+                    Vec::new()
+                }),
+            ),
+            activity_to,
         })
     }
 

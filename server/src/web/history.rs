@@ -170,6 +170,56 @@ impl EventHistory {
     }
 }
 
+impl EventHistory {
+    /// `seat`'s finished turns per minute since `since` (RFC 3339): each
+    /// minute (`YYYY-MM-DDTHH:MM`) with turns, how many, and their mean
+    /// duration in ms, oldest first.
+    pub async fn activity(
+        &self,
+        seat: &str,
+        since: &str,
+    ) -> Result<Vec<app::api::ActivityMinute>, sqlx::Error> {
+        let rows: Vec<(String, i64, f64)> = sqlx::query_as(
+            "SELECT substr(at, 1, 16) AS minute, COUNT(*), \
+             AVG(COALESCE(json_extract(data, '$.duration_ms'), 0)) \
+             FROM fleet_events WHERE seat = ? AND name = 'turn_completed' AND at >= ? \
+             GROUP BY minute ORDER BY minute",
+        )
+        .bind(seat)
+        .bind(since)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(minute, turns, mean_ms)| app::api::ActivityMinute {
+                minute,
+                turns: turns.max(0) as u64,
+                mean_ms: mean_ms.max(0.0).round() as u64,
+            })
+            .collect())
+    }
+}
+
+/// Pure: one entry per minute of `minutes` (oldest first), the counted
+/// minutes of `rows` in place and the others empty.
+pub fn fill_minutes(
+    minutes: &[String],
+    rows: Vec<app::api::ActivityMinute>,
+) -> Vec<app::api::ActivityMinute> {
+    let mut counted: std::collections::HashMap<String, app::api::ActivityMinute> =
+        rows.into_iter().map(|r| (r.minute.clone(), r)).collect();
+    minutes
+        .iter()
+        .map(|m| {
+            counted.remove(m).unwrap_or(app::api::ActivityMinute {
+                minute: m.clone(),
+                turns: 0,
+                mean_ms: 0,
+            })
+        })
+        .collect()
+}
+
 async fn write(pool: &SqlitePool, batch: &[Row]) -> Result<(), sqlx::Error> {
     let mut tx = pool.begin().await?;
     for (id, at, name, node, seat, turn, data) in batch {
@@ -201,6 +251,31 @@ async fn prune(pool: &SqlitePool) -> Result<(), sqlx::Error> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn an_hour_has_every_minute_the_counted_ones_in_place_and_the_rest_empty() {
+        let minutes: Vec<String> = ["10:00", "10:01", "10:02"]
+            .iter()
+            .map(|m| format!("2026-12-02T{m}"))
+            .collect();
+        let rows = vec![app::api::ActivityMinute {
+            minute: "2026-12-02T10:01".into(),
+            turns: 3,
+            mean_ms: 40,
+        }];
+        let filled = fill_minutes(&minutes, rows);
+        assert_eq!(
+            filled
+                .iter()
+                .map(|m| (m.minute.as_str(), m.turns, m.mean_ms))
+                .collect::<Vec<_>>(),
+            vec![
+                ("2026-12-02T10:00", 0, 0),
+                ("2026-12-02T10:01", 3, 40),
+                ("2026-12-02T10:02", 0, 0),
+            ]
+        );
+    }
+
     use super::*;
 
     #[test]

@@ -137,11 +137,12 @@ fn LastHour(minutes: Vec<ActivityMinute>, to: String) -> impl IntoView {
         .iter()
         .map(|m| (m.turns > 0).then_some(m.mean_ms))
         .collect();
-    let mean = if total == 0 {
-        0
-    } else {
-        minutes.iter().map(|m| m.turns * m.mean_ms).sum::<u64>() / total
-    };
+    let mean = minutes
+        .iter()
+        .map(|m| m.turns * m.mean_ms)
+        .sum::<u64>()
+        .checked_div(total)
+        .unwrap_or(0);
     let summary = if total == 0 {
         "No turn finished in the last hour.".to_string()
     } else {

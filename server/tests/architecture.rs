@@ -205,6 +205,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("config", 0),
     ("logging", 0),
     ("db", 0),
+    ("metrics", 0),
     ("coord", 1),
     ("queue", 1),
     ("events", 1),

@@ -419,6 +419,7 @@ async fn idle_node(
     seats: usize,
     more: &str,
     cpu_window: Option<Duration>,
+    scrape_every: Option<Duration>,
 ) -> Result<IdleNode, String> {
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
     let roles: String = (0..seats)
@@ -489,10 +490,26 @@ async fn idle_node(
                 "the idle node holds {seats} seats; reading its CPU for {} s…",
                 window.as_secs()
             );
+            // A scraper, as Prometheus is one, for the window.
+            let scraper = scrape_every.map(|every| {
+                let url = format!("http://{addr}/metrics");
+                tokio::spawn(async move {
+                    let mut tick = tokio::time::interval(every);
+                    loop {
+                        tick.tick().await;
+                        if let Ok(r) = reqwest::get(&url).await {
+                            let _ = r.bytes().await;
+                        }
+                    }
+                })
+            });
             let before = cpu_ticks(pid).ok_or("cannot read /proc")?;
             let t0 = Instant::now();
             tokio::time::sleep(window).await;
             let after = cpu_ticks(pid).ok_or("cannot read /proc")?;
+            if let Some(s) = scraper {
+                s.abort();
+            }
             let wall = t0.elapsed();
             // SAFETY: sysconf only reads a constant of the system.
             let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
@@ -627,14 +644,20 @@ fn main() {
         }
         let window = Duration::from_secs(env_number("CREWLET_BENCH_CPU_SECONDS", 30) as u64);
         let mut rss_full = None;
-        for (what, more) in [
-            ("", ""),
+        for (what, more, scrape) in [
+            ("", "", None),
+            (
+                ", GET /metrics every 5 s (a Prometheus scrape)",
+                "",
+                Some(Duration::from_secs(5)),
+            ),
             (
                 ", memory changelog cycle off (`memory.flush_seconds = 3600`), for comparison",
                 "[memory]\nflush_seconds = 3600\n",
+                None,
             ),
         ] {
-            match idle_node(IDLE_SEATS, more, Some(window)).await {
+            match idle_node(IDLE_SEATS, more, Some(window), scrape).await {
                 Ok(n) => {
                     rss_full = rss_full.or(Some(n.rss_kib));
                     out.push(format!(
@@ -651,7 +674,7 @@ fn main() {
         }
         // Resident memory per held seat: the node above against the same
         // node holding FEW_SEATS.
-        match (rss_full, idle_node(FEW_SEATS, "", None).await) {
+        match (rss_full, idle_node(FEW_SEATS, "", None, None).await) {
             (Some(full), Ok(few)) => out.push(format!(
                 "| node resident memory per held seat ({IDLE_SEATS} idle seats against {FEW_SEATS}) | {:.1} KiB a seat (RSS {:.1} MiB with {IDLE_SEATS}, {:.1} MiB with {FEW_SEATS}) | — |",
                 (full as f64 - few.rss_kib as f64) / (IDLE_SEATS - FEW_SEATS) as f64,

@@ -49,6 +49,20 @@ async function seatsListed(page, nodeId) {
   return row.locator('li[data-seat]').evaluateAll((lis) => lis.map((li) => li.dataset.seat));
 }
 
+/** Node A's Seats page, live, at the row of a seat node B holds. */
+async function seatsPageAtSeatOfB(page) {
+  const seat = await until('a seat held by node B', async () => {
+    await page.goto(`${nodeA.url}/settings/nodes`);
+    await page.waitForSelector('html[data-hydrated]');
+    await page.locator('tr[data-node="node-a"]').waitFor();
+    return (await seatsListed(page, 'node-b'))[0];
+  }, 40000);
+  await page.goto(`${nodeA.url}/seats`);
+  await page.waitForSelector('html[data-hydrated]');
+  await page.locator('.live.live-open').waitFor();
+  return { seat, row: page.locator(`tr[data-seat="${seat}"]`) };
+}
+
 test('a seat moves to a joining node and the nodes page shows it live', { skip }, async () => {
   const { page, context, problems } = await strictPage(browser);
   await signIn(page, nodeA.url, OPERATOR.name, OPERATOR.password);
@@ -188,16 +202,7 @@ test("node A's seats page shows a turn running on node B, and stopping it there 
   await startNodeB();
   const { page, context, problems } = await strictPage(browser);
   await signIn(page, nodeA.url, OPERATOR.name, OPERATOR.password);
-  const seat = await until('a seat held by node B', async () => {
-    await page.goto(`${nodeA.url}/settings/nodes`);
-    await page.waitForSelector('html[data-hydrated]');
-    await page.locator('tr[data-node="node-a"]').waitFor();
-    return (await seatsListed(page, 'node-b'))[0];
-  }, 40000);
-  await page.goto(`${nodeA.url}/seats`);
-  await page.waitForSelector('html[data-hydrated]');
-  await page.locator('.live.live-open').waitFor();
-  const row = page.locator(`tr[data-seat="${seat}"]`);
+  const { seat, row } = await seatsPageAtSeatOfB(page);
   await row.waitFor();
   assert.match(await row.innerText(), /node-b/);
   await page.evaluate(async () => {
@@ -291,16 +296,7 @@ test("on the fleet Move… moves a seat node B holds to node A, and on its page 
   await startNodeB();
   const { page, context, problems } = await strictPage(browser);
   await signIn(page, nodeA.url, OPERATOR.name, OPERATOR.password);
-  const seat = await until('a seat held by node B', async () => {
-    await page.goto(`${nodeA.url}/settings/nodes`);
-    await page.waitForSelector('html[data-hydrated]');
-    await page.locator('tr[data-node="node-a"]').waitFor();
-    return (await seatsListed(page, 'node-b'))[0];
-  }, 40000);
-  await page.goto(`${nodeA.url}/seats`);
-  await page.waitForSelector('html[data-hydrated]');
-  await page.locator('.live.live-open').waitFor();
-  const row = page.locator(`tr[data-seat="${seat}"]`);
+  const { seat, row } = await seatsPageAtSeatOfB(page);
   const move = row.locator('button[data-action="move"]');
   await until('Move… to be enabled (another node would take it)', async () => !(await move.isDisabled()));
   await move.click();

@@ -1360,11 +1360,13 @@ async fn a_requeued_dead_letter_is_delivered_again_once_and_a_discarded_one_is_g
     recv(&mut rx, "the first delivery").await;
     recv(&mut rx, "the second delivery").await;
     pending_is(q, &spec.name, 0).await;
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while q.dead_letter_count().await.unwrap() < 2 {
-        assert!(tokio::time::Instant::now() < deadline, "two dead letters");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    support::wait_for(
+        "two dead letters",
+        WAIT,
+        Duration::from_millis(10),
+        || async { (q.dead_letter_count().await.unwrap() >= 2).then_some(()) },
+    )
+    .await;
     let dead = q.dead_letters(10).await.unwrap();
     assert_eq!(dead.len(), 2);
     let (second, first) = (dead[0].clone(), dead[1].clone());

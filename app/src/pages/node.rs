@@ -135,18 +135,7 @@ fn NodeCard(n: NodeView, stale: Option<String>) -> impl IntoView {
             {n
                 .seats
                 .into_iter()
-                .map(|s| {
-                    let since = s.since.clone();
-                    view! {
-                        <li data-seat=s.handle.clone()>
-                            <a class="mono seat-link" href=format!("/seats/{}", s.handle)>{s.handle.clone()}</a>
-                            <span class="muted small">
-                                {format!(" · epoch {} · since ", s.epoch)}
-                                <crate::components::time::When at=since.clone() />
-                            </span>
-                        </li>
-                    }
-                })
+                .map(|s| view! { <crate::pages::nodes::HeldSeatItem s /> })
                 .collect_view()}
         </ul>
     }

@@ -364,6 +364,21 @@ fn Alarm(alarm: FleetAlarm, ticks: RwSignal<u64>) -> impl IntoView {
     }
 }
 
+/// One seat a node holds, linked to its page, with its epoch and since.
+#[component]
+pub fn HeldSeatItem(s: crate::api::HeldSeatView) -> impl IntoView {
+    let since = s.since.clone();
+    view! {
+        <li data-seat=s.handle.clone()>
+            <a class="mono seat-link" href=format!("/seats/{}", s.handle)>{s.handle.clone()}</a>
+            <span class="muted small">
+                {format!(" · epoch {} · since ", s.epoch)}
+                <crate::components::time::When at=since.clone() />
+            </span>
+        </li>
+    }
+}
+
 #[component]
 fn NodeRow(
     /// The node as the page reads it now: the row stays while the node is
@@ -411,18 +426,7 @@ fn NodeRow(
                         {node
                             .with(|n| n.seats.clone())
                             .into_iter()
-                            .map(|s| {
-                                let since = s.since.clone();
-                                view! {
-                                    <li data-seat=s.handle.clone()>
-                                        <a class="mono seat-link" href=format!("/seats/{}", s.handle)>{s.handle.clone()}</a>
-                                        <span class="muted small">
-                                            {format!(" · epoch {} · since ", s.epoch)}
-                                            <crate::components::time::When at=since.clone() />
-                                        </span>
-                                    </li>
-                                }
-                            })
+                            .map(|s| view! { <HeldSeatItem s /> })
                             .collect_view()}
                     </ul>
                 }

@@ -37,6 +37,9 @@ pub enum ConsoleError {
 
 #[async_trait::async_trait]
 pub trait Console: Send + Sync + 'static {
+    /// Every live node's last hour (seats held, turns per minute, store
+    /// p99), each node answering for its own.
+    async fn node_trends(&self) -> Result<crate::api::FleetTrends, ConsoleError>;
     /// Every live node and its seats, with the alarms on top. While the
     /// roster cannot be read: the last roster read, marked stale (every
     /// node's status `unknown`), or `Unavailable` when none was ever read.

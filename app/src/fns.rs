@@ -87,6 +87,13 @@ pub async fn fleet() -> Result<FleetView, AppError> {
     ssr::console()?.fleet().await.map_err(ssr::fail)
 }
 
+/// Every live node's last hour, each answering for its own.
+#[server(endpoint = "node_trends")]
+pub async fn node_trends() -> Result<crate::api::FleetTrends, AppError> {
+    ssr::person().await?;
+    ssr::console()?.node_trends().await.map_err(ssr::fail)
+}
+
 /// One seat's memory, answered by the node that holds it.
 #[server(endpoint = "seat_memory")]
 pub async fn seat_memory(handle: String) -> Result<SeatMemoryRead, AppError> {

@@ -288,15 +288,8 @@ impl FleetAudit {
             ..AuditView::default()
         };
         let mut gathered = vec![(self.node_id.clone(), mine)];
-        let peers: Vec<(String, String)> = match self.store.list("node:").await {
-            Ok(presence) => presence
-                .into_iter()
-                .filter(|p| p.owner != self.incarnation)
-                .filter_map(|p| {
-                    let id = p.resource.strip_prefix("node:")?.to_string();
-                    Some((id, p.owner))
-                })
-                .collect(),
+        let peers = match crate::scatter::peers(&*self.store, &self.incarnation).await {
+            Ok(p) => p,
             Err(e) => {
                 log.roster_error = Some(format!(
                     "the fleet's roster cannot be read ({e}), so no other node was asked."
@@ -311,24 +304,12 @@ impl FleetAudit {
             })
             .unwrap_or_default(),
         );
-        let asked = futures::future::join_all(peers.into_iter().map(|(node_id, owner)| {
-            let request = request.clone();
-            async move {
-                let got = self
-                    .scatter
-                    .ask(&audit_subject(&owner), request, self.budget)
-                    .await;
-                (node_id, got)
-            }
-        }))
-        .await;
+        let asked =
+            crate::scatter::ask_each(&*self.scatter, peers, audit_subject, request, self.budget)
+                .await;
         for (node_id, got) in asked {
             let why = match got {
-                Err(ScatterError::TimedOut(b)) => format!("it did not answer within {b:?}"),
-                Err(ScatterError::NoResponders(_)) => {
-                    "nothing answers for it (it may be stopping)".to_string()
-                }
-                Err(e) => e.to_string(),
+                Err(e) => crate::scatter::silence(&e),
                 Ok(body) => match serde_json::from_slice::<AuditReply>(&body) {
                     Ok(AuditReply { error: Some(e), .. }) => e,
                     Ok(r) => {

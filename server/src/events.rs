@@ -81,6 +81,9 @@ pub enum Event {
         claimed: usize,
         released: usize,
         fleet_full: bool,
+        /// How long the pass took.
+        #[serde(default)]
+        duration_ms: u64,
     },
     SeatClaimed {
         seat: String,
@@ -560,6 +563,11 @@ impl EventBus {
         &self.node
     }
 
+    /// The incarnation whose events this bus emits.
+    pub fn incarnation(&self) -> &str {
+        &self.incarnation
+    }
+
     /// Emit `event`: to the log, to this node's subscribers and, on a
     /// fleet, to every peer.
     pub fn emit(&self, event: Event) {
@@ -651,19 +659,27 @@ pub fn metric_updates(e: &Event) -> Vec<Update> {
     use crate::metrics as m;
     match e {
         // Seats held and unproven are read at each scrape.
-        Event::SeatSweep { .. } => vec![Update::Count {
-            name: m::SWEEPS,
-            labels: Vec::new(),
-            by: 1,
-        }],
-        Event::SeatClaimed { .. } => vec![Update::count(m::CLAIMS, "outcome", "won")],
+        // Claims and renewals are counted where the store answers them
+        // (`coord::claim_outcome`, `Renewal::outcome`).
+        Event::SeatSweep {
+            claimed,
+            released,
+            duration_ms,
+            ..
+        } => vec![
+            Update::Count {
+                name: m::SWEEPS,
+                labels: Vec::new(),
+                by: 1,
+            },
+            Update::seconds_from_ms(m::SWEEP_DURATION, *duration_ms),
+            Update::observe(m::SWEEP_CLAIMS, *claimed as f64),
+            Update::observe(m::SWEEP_RELEASES, *released as f64),
+        ],
         Event::SeatClaimsBlockedByOlderProtocol { .. } => {
             vec![Update::count(m::CLAIMS, "outcome", "protocol_gate")]
         }
         Event::SeatClaimsWithheld { .. } => vec![Update::count(m::CLAIMS, "outcome", "withheld")],
-        Event::SeatRenewUnknown { .. } => {
-            vec![Update::count(m::RENEWALS, "outcome", "store_unreachable")]
-        }
         Event::SeatDetached { reason, .. } => {
             vec![Update::count(m::RELEASES, "reason", reason.as_str())]
         }
@@ -681,14 +697,13 @@ pub fn metric_updates(e: &Event) -> Vec<Update> {
         Event::TurnCompleted {
             outcome,
             rounds,
-            calls,
             disposition,
             tokens,
             duration_ms,
             ..
         } => {
             let mut out = vec![
-                Update::count(m::TURNS, "outcome", closed(outcome, TURN_OUTCOMES)),
+                Update::count(m::TURNS, "outcome", turn_outcome(outcome, disposition)),
                 Update::count(
                     m::DELIVERIES,
                     "disposition",
@@ -701,13 +716,7 @@ pub fn metric_updates(e: &Event) -> Vec<Update> {
                     value: f64::from(*rounds),
                 },
             ];
-            if *calls > 0 {
-                out.push(Update::Count {
-                    name: m::TOOL_CALLS,
-                    labels: Vec::new(),
-                    by: u64::from(*calls),
-                });
-            }
+            // Tool calls are counted by tool as the engine executes them.
             if let Some(t) = tokens.filter(|t| *t > 0) {
                 out.push(Update::Count {
                     name: m::TOKENS,
@@ -743,15 +752,22 @@ pub fn metric_updates(e: &Event) -> Vec<Update> {
     }
 }
 
-/// The turn outcomes a label may carry (anything else is `other`).
-const TURN_OUTCOMES: &[&str] = &[
-    "completed",
-    "failed",
-    "fenced",
-    "stopped",
-    "parked",
-    "panicked",
-];
+/// The turn outcomes a label may carry (anything else is `other`); a
+/// turn that `failed` is counted by what became of its mail.
+const TURN_OUTCOMES: &[&str] = &["completed", "fenced", "stopped", "parked", "panicked"];
+
+/// Pure: a turn's `crewlet_turns_total{outcome}`: a broken turn whose mail
+/// was handed back (`nak`) is `broken_redelivered`, one that was recorded
+/// and acknowledged `broken_recorded`, one whose mail was dead-lettered
+/// `broken_dead_lettered`; the others as they are named.
+fn turn_outcome(outcome: &str, disposition: &str) -> String {
+    match (outcome, disposition) {
+        ("failed", "nak" | "defer") => "broken_redelivered".into(),
+        ("failed", "poison") => "broken_dead_lettered".into(),
+        ("failed", _) => "broken_recorded".into(),
+        _ => closed(outcome, TURN_OUTCOMES),
+    }
+}
 /// The dispositions a label may carry.
 const DISPOSITIONS: &[&str] = &["ack", "nak", "defer", "poison"];
 /// The skip reasons a label may carry.
@@ -802,11 +818,52 @@ mod tests {
 
     #[test]
     fn claims_renewals_and_releases_count_by_outcome_and_reason() {
+        use crate::coord::lease::{LeaseState, StoreTime};
+        use crate::coord::{Claim, Lease, Renewal, StoreError, claim_outcome};
+        let lease = Lease {
+            resource: "seat:a".into(),
+            owner: "n1:x".into(),
+            epoch: 1,
+            acquired_at: StoreTime::from_unix_nanos(0),
+            expires_at: StoreTime::from_unix_nanos(1),
+            preferred: "n1".into(),
+            protocol: 4,
+            state: LeaseState::Held,
+            metadata: Default::default(),
+            revision: 1,
+            ttl: std::time::Duration::from_secs(1),
+            claim: String::new(),
+            offer: None,
+        };
+        // A seat claim counts what the store answered.
+        assert_eq!(claim_outcome(&Ok(Claim::Won(lease.clone()))), "won");
+        assert_eq!(
+            claim_outcome(&Ok(Claim::HeldBy(lease.clone()))),
+            "held_by_peer"
+        );
+        assert_eq!(
+            claim_outcome(&Err(StoreError::Unavailable("down".into()))),
+            "store_error"
+        );
+        // And a renewal too, three-valued.
+        assert_eq!(Renewal::Renewed(lease).outcome(), "renewed");
+        assert_eq!(Renewal::Lost.outcome(), "lost");
+        assert_eq!(
+            Renewal::Unknown(StoreError::Unavailable("down".into())).outcome(),
+            "store_unreachable"
+        );
+        // The events of a claim and of a renewal the store could not
+        // answer count nothing again.
         let claimed = Event::SeatClaimed {
             seat: "a".into(),
             epoch: 1,
         };
-        assert_eq!(counted(&claimed), vec![one(m::CLAIMS, "outcome", "won")]);
+        assert!(metric_updates(&claimed).is_empty());
+        let renew = Event::SeatRenewUnknown {
+            seat: "a".into(),
+            error: "timed out".into(),
+        };
+        assert!(metric_updates(&renew).is_empty());
         let gate = Event::SeatClaimsBlockedByOlderProtocol {
             floor: 3,
             protocol: 4,
@@ -815,14 +872,6 @@ mod tests {
         assert_eq!(
             counted(&gate),
             vec![one(m::CLAIMS, "outcome", "protocol_gate")]
-        );
-        let renew = Event::SeatRenewUnknown {
-            seat: "a".into(),
-            error: "timed out".into(),
-        };
-        assert_eq!(
-            counted(&renew),
-            vec![one(m::RENEWALS, "outcome", "store_unreachable")]
         );
         let gone = Event::SeatDetached {
             seat: "a".into(),
@@ -912,19 +961,15 @@ mod tests {
                     value: 3.0
                 },
                 Update::Count {
-                    name: m::TOOL_CALLS,
-                    labels: vec![],
-                    by: 2
-                },
-                Update::Count {
                     name: m::TOKENS,
                     labels: vec![],
                     by: 120
                 },
             ]
         );
-        // No calls, no tokens: nothing counted for them; an unknown outcome
-        // is `other` (the label's values stay a closed list).
+        // No tokens: nothing counted for them (tool calls are counted as
+        // the engine executes them); an unknown outcome is `other` (the
+        // label's values stay a closed list).
         let c = counted(&turn("exploded", "nak", 0, None));
         assert_eq!(
             c,
@@ -933,6 +978,13 @@ mod tests {
                 one(m::DELIVERIES, "disposition", "nak")
             ]
         );
+        // A broken turn counts by what became of its mail.
+        let outcome = |o: &str, d: &str| counted(&turn(o, d, 0, None))[0].1[0].1.clone();
+        assert_eq!(outcome("failed", "nak"), "broken_redelivered");
+        assert_eq!(outcome("failed", "defer"), "broken_redelivered");
+        assert_eq!(outcome("failed", "ack"), "broken_recorded");
+        assert_eq!(outcome("failed", "poison"), "broken_dead_lettered");
+        assert_eq!(outcome("fenced", "nak"), "fenced");
     }
 
     #[test]
@@ -992,8 +1044,18 @@ mod tests {
             claimed: 0,
             released: 0,
             fleet_full: false,
+            duration_ms: 250,
         };
         assert_eq!(counted(&sweep), vec![(m::SWEEPS, vec![], 1)]);
+        // A pass observes how long it took and what it claimed and gave back.
+        assert_eq!(
+            metric_updates(&sweep)[1..],
+            [
+                Update::observe(m::SWEEP_DURATION, 0.25),
+                Update::observe(m::SWEEP_CLAIMS, 0.0),
+                Update::observe(m::SWEEP_RELEASES, 0.0),
+            ]
+        );
         // Events that are not counted move nothing.
         assert!(metric_updates(&Event::NodeDraining {}).is_empty());
     }

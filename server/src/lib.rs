@@ -22,6 +22,7 @@ pub mod queue;
 pub mod scatter;
 pub mod seat;
 pub mod tasks;
+pub mod trends;
 pub mod watchdog;
 pub mod web;
 

@@ -7,20 +7,61 @@
 //! One process is one node: every series carries the global label `node`
 //! (the first node started in the process names it). Label sets are
 //! bounded: outcomes, dispositions, reasons and routes are closed lists;
-//! seat handles label no series.
+//! a tool call's `tool` is one the company's roles are given (the built-in
+//! tools and what their tool servers list); seat handles label only the
+//! per-seat inbox depth, and only while the company has at most
+//! `metrics.seat_series_limit` seats.
 
 use std::sync::OnceLock;
 use std::time::Duration;
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
-/// Claims of seats, by `outcome`: `won`, `protocol_gate` (this pass's
-/// claims refused by the protocol gate), `withheld` (a pass that claimed
-/// nothing on purpose).
+/// Claims of seats (a handoff's take of an offered seat included), by
+/// `outcome`: `won`, `held_by_peer` (a live lease
+/// was found), `store_error` (the store did not answer: unknown ownership
+/// is not ownership), `protocol_gate` (this pass's claims refused by the
+/// protocol gate), `withheld` (a pass that claimed nothing on purpose).
 pub const CLAIMS: &str = "crewlet_claims_total";
-/// Renewals that failed, by `outcome`: `store_unreachable` (the store did
-/// not answer: the seat is kept, its inbox quiesced).
+/// Seat renewals, by `outcome`: `renewed`, `lost` (the tenure is over),
+/// `store_unreachable` (the store did not answer: the seat is kept, its
+/// inbox quiesced).
 pub const RENEWALS: &str = "crewlet_renewals_total";
+/// How long a read of the live lease view waited for the view to be level
+/// with the bucket's last write.
+pub const LEASE_VIEW_CATCH_UP: &str = "crewlet_lease_view_catch_up_seconds";
+/// How many revisions the live lease view was behind the bucket's last
+/// write when it was last read.
+pub const LEASE_VIEW_LAG: &str = "crewlet_lease_view_lag_revisions";
+/// How long a placement pass took.
+pub const SWEEP_DURATION: &str = "crewlet_sweep_duration_seconds";
+/// Seats one placement pass claimed.
+pub const SWEEP_CLAIMS: &str = "crewlet_sweep_claims";
+/// Seats one placement pass gave back.
+pub const SWEEP_RELEASES: &str = "crewlet_sweep_releases";
+/// Mail waiting in the inboxes of the seats this node holds (unacknowledged
+/// included), read on the sweep's cadence.
+pub const INBOX_DEPTH: &str = "crewlet_inbox_depth_messages";
+/// The same, by `seat` (only while the company has at most
+/// `metrics.seat_series_limit` seats).
+pub const SEAT_INBOX_DEPTH: &str = "crewlet_seat_inbox_depth_messages";
+/// Memory changelog flushes, by `outcome` (`ok`, `failed`).
+pub const MEMORY_FLUSHES: &str = "crewlet_memory_flushes_total";
+/// How long a memory changelog flush took.
+pub const MEMORY_FLUSH_DURATION: &str = "crewlet_memory_flush_duration_seconds";
+/// Memory rows a flush published.
+pub const MEMORY_FLUSHED_ROWS: &str = "crewlet_memory_flushed_rows_total";
+/// Memory hydrations (a seat's memory replayed as it is established), by
+/// `outcome` (`ok`, `failed`).
+pub const MEMORY_HYDRATIONS: &str = "crewlet_memory_hydrations_total";
+/// How long a hydration took.
+pub const MEMORY_HYDRATE_DURATION: &str = "crewlet_memory_hydrate_duration_seconds";
+/// Memory rows a hydration replayed, by `result` (`inserted`,
+/// `kept_local`, `vector_taken`, `replaced`, `collided`, `unreadable`).
+pub const MEMORY_HYDRATED_ROWS: &str = "crewlet_memory_hydrated_rows_total";
+/// Reads of a seat's memory, by `answer`: `held` (its holder answered),
+/// `unheld` (no node holds it), `unavailable` (its holder could not).
+pub const MEMORY_READS: &str = "crewlet_memory_reads_total";
 /// Seats given back, by `reason` (drain, rebalance, lost, …).
 pub const RELEASES: &str = "crewlet_seat_releases_total";
 /// How long the coordination store's primitives took, by `op` (get,
@@ -44,14 +85,18 @@ pub const SWEEPS: &str = "crewlet_sweeps_total";
 pub const HANDOFFS: &str = "crewlet_handoffs_total";
 /// How long no turn could be admitted during a handoff.
 pub const HANDOFF_DARK: &str = "crewlet_handoff_dark_seconds";
-/// Turns, by `outcome`: completed, failed, fenced, stopped, parked,
-/// panicked.
+/// Turns, by `outcome`: `completed`, `broken_redelivered` (broke; its
+/// mail handed back), `broken_recorded` (broke after reaching outside;
+/// recorded, never run again), `broken_dead_lettered`, `fenced`,
+/// `stopped`, `parked`, `panicked`.
+/// Triggers the ledger skips are [`TRIGGERS_SKIPPED`].
 pub const TURNS: &str = "crewlet_turns_total";
 /// How long turns ran.
 pub const TURN_DURATION: &str = "crewlet_turn_duration_seconds";
 /// Rounds per turn.
 pub const TURN_ROUNDS: &str = "crewlet_turn_rounds";
-/// Tool calls the engine executed for turns.
+/// Tool calls the engine executed for turns, by `tool` and `outcome`
+/// (`ok`, `failed`, `refused`, `parked`).
 pub const TOOL_CALLS: &str = "crewlet_tool_calls_total";
 /// Tokens the model agents' completions spent.
 pub const TOKENS: &str = "crewlet_model_tokens_total";
@@ -80,6 +125,8 @@ const SECONDS_BUCKETS: &[f64] = &[
 ];
 /// The buckets of the rounds per turn.
 const ROUNDS_BUCKETS: &[f64] = &[1.0, 2.0, 3.0, 5.0, 8.0, 13.0, 21.0, 50.0];
+/// The buckets of the seats a pass claims or gives back.
+const PASS_BUCKETS: &[f64] = &[0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 64.0];
 
 /// One change to one series.
 #[derive(Clone, Debug, PartialEq)]
@@ -98,6 +145,12 @@ pub enum Update {
     },
     /// Set a gauge.
     Set { name: &'static str, value: f64 },
+    /// Set one series of a labelled gauge.
+    SetLabelled {
+        name: &'static str,
+        labels: Vec<(&'static str, String)>,
+        value: f64,
+    },
 }
 
 impl Update {
@@ -107,6 +160,28 @@ impl Update {
             name,
             labels: vec![(label, value.into())],
             by: 1,
+        }
+    }
+
+    /// One more of counter `name` with two labels.
+    pub fn count2(
+        name: &'static str,
+        a: (&'static str, String),
+        b: (&'static str, String),
+    ) -> Update {
+        Update::Count {
+            name,
+            labels: vec![a, b],
+            by: 1,
+        }
+    }
+
+    /// A histogram value with no label.
+    pub fn observe(name: &'static str, value: f64) -> Update {
+        Update::Observe {
+            name,
+            labels: Vec::new(),
+            value,
         }
     }
 
@@ -142,7 +217,52 @@ pub fn apply(u: &Update) {
         Update::Set { name, value } => {
             metrics::gauge!(*name).set(*value);
         }
+        Update::SetLabelled {
+            name,
+            labels,
+            value,
+        } => {
+            metrics::gauge!(*name, pairs(labels)).set(*value);
+        }
     }
+}
+
+/// The store call latencies (seconds) noted since they were last taken, at
+/// most [`LATENCIES_KEPT`] (later ones replace earlier ones in turn): what
+/// the node's trend reads its store p99 from each minute. One process is
+/// one node, as for the recorder.
+static LATENCIES: std::sync::Mutex<(Vec<f64>, u64)> = std::sync::Mutex::new((Vec::new(), 0));
+/// How many latencies a minute keeps.
+pub const LATENCIES_KEPT: usize = 4_096;
+
+/// Note one store call's latency.
+pub fn note_store_latency(seconds: f64) {
+    let mut l = LATENCIES.lock().unwrap_or_else(|e| e.into_inner());
+    let (kept, seen) = &mut *l;
+    if kept.len() < LATENCIES_KEPT {
+        kept.push(seconds);
+    } else {
+        kept[(*seen as usize) % LATENCIES_KEPT] = seconds;
+    }
+    *seen += 1;
+}
+
+/// The latencies noted since the last take, emptied.
+pub fn take_store_latencies() -> Vec<f64> {
+    let mut l = LATENCIES.lock().unwrap_or_else(|e| e.into_inner());
+    l.1 = 0;
+    std::mem::take(&mut l.0)
+}
+
+/// Pure: the 99th percentile of `values` (nearest rank); `None` for none.
+pub fn p99(values: &[f64]) -> Option<f64> {
+    if values.is_empty() {
+        return None;
+    }
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    let rank = ((v.len() as f64) * 0.99).ceil() as usize;
+    v.get(rank.clamp(1, v.len()) - 1).copied()
 }
 
 static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
@@ -157,6 +277,8 @@ pub fn install(node_id: &str) -> Option<&'static PrometheusHandle> {
                 .add_global_label("node", node_id)
                 .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), SECONDS_BUCKETS)
                 .and_then(|b| b.set_buckets_for_metric(Matcher::Full(TURN_ROUNDS.into()), ROUNDS_BUCKETS))
+                .and_then(|b| b.set_buckets_for_metric(Matcher::Full(SWEEP_CLAIMS.into()), PASS_BUCKETS))
+                .and_then(|b| b.set_buckets_for_metric(Matcher::Full(SWEEP_RELEASES.into()), PASS_BUCKETS))
                 .map_err(|e| e.to_string())
                 .and_then(|b| b.install_recorder().map_err(|e| e.to_string()));
             match built {
@@ -198,12 +320,82 @@ fn describe() {
     describe_counter!(
         CLAIMS,
         Unit::Count,
-        "Seat claims, by outcome (won, protocol_gate, withheld)."
+        "Seat claims, by outcome (won, held_by_peer, store_error, protocol_gate, withheld)."
     );
     describe_counter!(
         RENEWALS,
         Unit::Count,
-        "Seat renewals that failed, by outcome (store_unreachable)."
+        "Seat renewals, by outcome (renewed, lost, store_unreachable)."
+    );
+    describe_histogram!(
+        LEASE_VIEW_CATCH_UP,
+        Unit::Seconds,
+        "How long a read of the live lease view waited for it to be level with the bucket."
+    );
+    describe_gauge!(
+        LEASE_VIEW_LAG,
+        Unit::Count,
+        "Revisions the live lease view was behind the bucket at its last read."
+    );
+    describe_histogram!(
+        SWEEP_DURATION,
+        Unit::Seconds,
+        "How long placement passes took."
+    );
+    describe_histogram!(
+        SWEEP_CLAIMS,
+        Unit::Count,
+        "Seats one placement pass claimed."
+    );
+    describe_histogram!(
+        SWEEP_RELEASES,
+        Unit::Count,
+        "Seats one placement pass gave back."
+    );
+    describe_gauge!(
+        INBOX_DEPTH,
+        Unit::Count,
+        "Mail waiting in the inboxes of the seats this node holds (read on the sweep's cadence)."
+    );
+    describe_gauge!(
+        SEAT_INBOX_DEPTH,
+        Unit::Count,
+        "Mail waiting in one seat's inbox, by seat (small companies only)."
+    );
+    describe_counter!(
+        MEMORY_FLUSHES,
+        Unit::Count,
+        "Memory changelog flushes, by outcome."
+    );
+    describe_histogram!(
+        MEMORY_FLUSH_DURATION,
+        Unit::Seconds,
+        "How long memory changelog flushes took."
+    );
+    describe_counter!(
+        MEMORY_FLUSHED_ROWS,
+        Unit::Count,
+        "Memory rows flushes published."
+    );
+    describe_counter!(
+        MEMORY_HYDRATIONS,
+        Unit::Count,
+        "Memory hydrations, by outcome."
+    );
+    describe_histogram!(
+        MEMORY_HYDRATE_DURATION,
+        Unit::Seconds,
+        "How long memory hydrations took."
+    );
+    describe_counter!(
+        MEMORY_HYDRATED_ROWS,
+        Unit::Count,
+        "Memory rows hydrations replayed, by result."
+    );
+    describe_counter!(
+        MEMORY_READS,
+        Unit::Count,
+        "Reads of a seat's memory, by answer (held, unheld, unavailable)."
     );
     describe_counter!(RELEASES, Unit::Count, "Seats given back, by reason.");
     describe_histogram!(
@@ -243,13 +435,17 @@ fn describe() {
         Unit::Seconds,
         "How long no turn could be admitted during a handoff."
     );
-    describe_counter!(TURNS, Unit::Count, "Turns, by outcome.");
+    describe_counter!(
+        TURNS,
+        Unit::Count,
+        "Turns, by outcome (completed, broken_redelivered, broken_recorded, broken_dead_lettered, fenced, stopped, parked, panicked)."
+    );
     describe_histogram!(TURN_DURATION, Unit::Seconds, "How long turns ran.");
     describe_histogram!(TURN_ROUNDS, Unit::Count, "Rounds per turn.");
     describe_counter!(
         TOOL_CALLS,
         Unit::Count,
-        "Tool calls the engine executed for turns."
+        "Tool calls the engine executed for turns, by tool and outcome."
     );
     describe_counter!(
         TOKENS,
@@ -280,4 +476,20 @@ fn describe() {
         Unit::Count,
         "Tool servers that failed to start or exited."
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn p99_is_the_nearest_rank_and_none_of_nothing() {
+        assert_eq!(p99(&[]), None);
+        assert_eq!(p99(&[0.5]), Some(0.5));
+        let hundred: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(p99(&hundred), Some(99.0));
+        let mut two_hundred: Vec<f64> = (1..=200).rev().map(f64::from).collect();
+        two_hundred.push(1000.0);
+        assert_eq!(p99(&two_hundred), Some(199.0));
+    }
 }

@@ -46,6 +46,51 @@ pub trait Scatter: Send + Sync {
     async fn listen(&self, subject: &str) -> Result<Inbound, ScatterError>;
 }
 
+/// Every live peer of the fleet but `me` (an incarnation), as `(node id,
+/// incarnation)`, from the presence leases.
+pub async fn peers(
+    store: &dyn crate::coord::Store,
+    me: &str,
+) -> Result<Vec<(String, String)>, crate::coord::StoreError> {
+    Ok(store
+        .list("node:")
+        .await?
+        .into_iter()
+        .filter(|p| p.owner != me)
+        .filter_map(|p| {
+            let id = p.resource.strip_prefix("node:")?.to_string();
+            Some((id, p.owner))
+        })
+        .collect())
+}
+
+/// Ask each of `peers` (`(node id, incarnation)`) the same `request` on
+/// `subject_of(incarnation)`, all at once, each within `budget`; their
+/// answers by node id, in `peers`' order.
+pub async fn ask_each(
+    scatter: &dyn Scatter,
+    peers: Vec<(String, String)>,
+    subject_of: impl Fn(&str) -> String,
+    request: Bytes,
+    budget: Duration,
+) -> Vec<(String, Result<Bytes, ScatterError>)> {
+    futures::future::join_all(peers.into_iter().map(|(node_id, owner)| {
+        let subject = subject_of(&owner);
+        let request = request.clone();
+        async move { (node_id, scatter.ask(&subject, request, budget).await) }
+    }))
+    .await
+}
+
+/// Pure: why a peer gave no answer, in words.
+pub fn silence(e: &ScatterError) -> String {
+    match e {
+        ScatterError::TimedOut(b) => format!("it did not answer within {b:?}"),
+        ScatterError::NoResponders(_) => "nothing answers for it (it may be stopping)".to_string(),
+        e => e.to_string(),
+    }
+}
+
 /// One request taken by a listener.
 pub struct Incoming {
     pub payload: Bytes,

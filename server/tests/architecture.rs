@@ -212,6 +212,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("audit", 1),
     ("scatter", 1),
     ("company", 1),
+    ("trends", 1),
     ("memory", 2),
     ("seat", 2),
     ("engine", 3),

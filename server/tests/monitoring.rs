@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
-use support::http_node::{HttpNode, OPS_TOKEN, client};
+use support::http_node::{HttpNode, MONITORING_TOKEN, OPS_TOKEN, client};
 use tokio::io::AsyncWriteExt;
 
 /// The Debian `prometheus` package's `program`, or the one `var` names.
@@ -151,6 +151,162 @@ async fn the_families_an_operator_alerts_on_move_as_the_node_works_and_pass_prom
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+    n.stop().await;
+}
+
+/// Scrape `n` until `what` holds of the exposition (20 s at most).
+async fn scrape_until(n: &HttpNode, what: &str, ok: impl Fn(&str) -> bool) -> String {
+    support::wait_for(
+        what,
+        Duration::from_secs(20),
+        Duration::from_millis(50),
+        || async {
+            let body = scrape(n).await;
+            ok(&body).then_some(body)
+        },
+    )
+    .await
+}
+
+#[tokio::test]
+async fn inbox_depth_renewals_sweeps_memory_tool_calls_and_reads_move_as_a_seat_works() {
+    // A fast node: sweeps, heartbeats and memory flushes every second;
+    // seat `beta` is this test's own (the recorder is the process's).
+    let n = HttpNode::start_with(
+        r#"
+[[roles]]
+handle = "beta"
+agent = { kind = "echo", drills = true }
+
+[coordination]
+lease_ttl_seconds = 3
+heartbeat_seconds = 1
+sweep_seconds = 1
+
+[memory]
+flush_seconds = 1
+"#,
+    )
+    .await;
+    let send = |id: &'static str, body: &'static str| {
+        let url = n.url("/api/seats/beta/inbox");
+        async move {
+            let r = client()
+                .post(url)
+                .bearer_auth(OPS_TOKEN)
+                .body(format!(
+                    r#"{{"id": "{id}", "type": "task_assigned", "body": {body}}}"#
+                ))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200, "{}", r.text().await.unwrap_or_default());
+        }
+    };
+    let beta = r#"seat="beta""#;
+    // Held, renewed, swept; its memory hydrated as it was established.
+    let body = scrape_until(&n, "beta held and renewed", |b| {
+        value(b, "crewlet_renewals_total", &[r#"outcome="renewed""#]) >= 1.0
+            && value(b, "crewlet_seat_inbox_depth_messages", &[beta]) == 0.0
+            && b.contains(r#"crewlet_seat_inbox_depth_messages{"#)
+    })
+    .await;
+    assert!(
+        value(&body, "crewlet_sweep_duration_seconds_count", &[]) >= 1.0,
+        "{body}"
+    );
+    assert!(
+        value(&body, "crewlet_sweep_claims_count", &[]) >= 1.0,
+        "{body}"
+    );
+    assert!(
+        value(
+            &body,
+            "crewlet_memory_hydrations_total",
+            &[r#"outcome="ok""#]
+        ) >= 1.0,
+        "{body}"
+    );
+    assert!(
+        value(&body, "crewlet_claims_total", &[r#"outcome="won""#]) >= 2.0,
+        "{body}"
+    );
+
+    // Paused, its mail waits: the inbox depth is read on the sweep's
+    // cadence, per seat for a company this small.
+    let r = client()
+        .post(n.url("/api/seats/beta/pause"))
+        .bearer_auth(OPS_TOKEN)
+        .json(&serde_json::json!({"reason": "hold the mail"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap_or_default());
+    send("w-1", r#"{"text": "one"}"#).await;
+    send("w-2", r#"{"text": "two"}"#).await;
+    send("w-3", r#"{"text": "three"}"#).await;
+    scrape_until(
+        &n,
+        "beta's three waiting messages in its inbox depth",
+        |b| value(b, "crewlet_seat_inbox_depth_messages", &[beta]) >= 3.0,
+    )
+    .await;
+
+    // Resumed, they run: the depth falls back to 0; a turn's answer is a
+    // post_outbox call; a call of a tool nobody gave the seat is
+    // counted as `unknown`, refused.
+    let r = client()
+        .post(n.url("/api/seats/beta/resume"))
+        .bearer_auth(OPS_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap_or_default());
+    send(
+        "w-4",
+        r#"{"text": "four", "tools": [{"name": "made_up_tool"}]}"#,
+    )
+    .await;
+    let body = scrape_until(
+        &n,
+        "beta's inbox emptied and its turns' calls counted",
+        |b| {
+            value(b, "crewlet_seat_inbox_depth_messages", &[beta]) == 0.0
+                && value(
+                    b,
+                    "crewlet_tool_calls_total",
+                    &[r#"tool="unknown""#, r#"outcome="refused""#],
+                ) >= 1.0
+        },
+    )
+    .await;
+    assert!(
+        value(
+            &body,
+            "crewlet_tool_calls_total",
+            &[r#"tool="post_outbox""#, r#"outcome="ok""#]
+        ) >= 1.0,
+        "{body}"
+    );
+    // The echo agent's diary rows are flushed to the changelog.
+    scrape_until(&n, "a memory flush that published rows", |b| {
+        value(b, "crewlet_memory_flushed_rows_total", &[]) >= 1.0
+            && value(b, "crewlet_memory_flushes_total", &[r#"outcome="ok""#]) >= 1.0
+    })
+    .await;
+
+    // A read of the seat's memory is counted by its answer.
+    let r = client()
+        .get(n.url("/api/seats/beta/memory"))
+        .bearer_auth(MONITORING_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    scrape_until(&n, "a memory read answered by the holder", |b| {
+        value(b, "crewlet_memory_reads_total", &[r#"answer="held""#]) >= 1.0
+    })
+    .await;
     n.stop().await;
 }
 

@@ -13,6 +13,7 @@ mod memory;
 mod node_order;
 mod people;
 mod seats;
+mod trends;
 
 pub use audit::*;
 pub use dead_letters::*;
@@ -22,6 +23,7 @@ pub use memory::*;
 pub use node_order::*;
 pub use people::*;
 pub use seats::*;
+pub use trends::*;
 
 pub use crate::view::{
     HANDOFFS_KEPT, HandoffState, HandoffView, apply_handoff_event, duration_words, presence_left,

@@ -248,6 +248,13 @@ pub struct SeatDetail {
     /// node's clock.
     #[serde(default)]
     pub activity_to: String,
+    /// Its inbox depth per minute over the same hour, as its holder
+    /// sampled it (empty when no node holds it).
+    #[serde(default)]
+    pub inbox: Vec<crate::api::InboxMinute>,
+    /// Why the inbox's hour could not be had from its holder, when not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inbox_error: Option<String>,
 }
 
 /// One minute of a seat's turns.

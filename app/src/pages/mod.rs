@@ -8,6 +8,7 @@ pub mod login;
 pub mod memory;
 pub mod node;
 pub mod node_order;
+pub mod node_trends;
 pub mod nodes;
 pub mod people;
 pub mod seat;

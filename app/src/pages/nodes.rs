@@ -136,6 +136,7 @@ pub fn NodesPage() -> impl IntoView {
                 <PriorityOrder order=order operator=operator />
             </Transition>
             <Handoffs list=handoffs />
+            <crate::pages::node_trends::NodeStrips />
         </section>
     }
 }

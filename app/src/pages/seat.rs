@@ -9,12 +9,12 @@
 use leptos::prelude::*;
 use leptos_router::hooks::{use_params_map, use_query_map};
 
-use crate::api::{ActivityMinute, EffectView, SeatDetail};
+use crate::api::{ActivityMinute, EffectView, InboxMinute, SeatDetail};
 use crate::components::notice::ErrorNotice;
 use crate::error::AppError;
 use crate::fns::{seat_page, send_message, whoami};
 use crate::live::{EVENT_NAMES, LiveBadge, refetch_on};
-use crate::view::{TimelineItem, bars, line_points, timeline};
+use crate::view::{TimelineItem, bars, inbox_words, line_points, timeline};
 
 #[component]
 pub fn SeatPage() -> impl IntoView {
@@ -93,7 +93,7 @@ fn SeatStory(detail: SeatDetail, handle: Signal<String>) -> impl IntoView {
         .then(|| detail.timeline.events.last().map(|e| e.id))
         .flatten();
     view! {
-        <LastHour minutes=detail.activity.clone() to=detail.activity_to.clone() />
+        <LastHour minutes=detail.activity.clone() to=detail.activity_to.clone() inbox=detail.inbox.clone() inbox_error=detail.inbox_error.clone() />
         <section class="outbox" aria-labelledby="outbox-h">
             <h2 id="outbox-h">"What it said"</h2>
             {detail.outbox_error.clone().map(|e| view! { <p class="notice notice-warn">{format!("The outbox cannot be read: {e}")}</p> })}
@@ -124,10 +124,16 @@ fn SeatStory(detail: SeatDetail, handle: Signal<String>) -> impl IntoView {
     }
 }
 
-/// The seat's last hour: turns per minute (bars) and their mean duration
-/// (a line), with the totals in words.
+/// The seat's last hour: turns per minute (bars), their mean duration
+/// (a line) and its inbox depth as its holder sampled it (a line), with
+/// the totals in words.
 #[component]
-fn LastHour(minutes: Vec<ActivityMinute>, to: String) -> impl IntoView {
+fn LastHour(
+    minutes: Vec<ActivityMinute>,
+    to: String,
+    inbox: Vec<InboxMinute>,
+    inbox_error: Option<String>,
+) -> impl IntoView {
     const W: f64 = 600.0;
     const H: f64 = 60.0;
     let turns: Vec<u64> = minutes.iter().map(|m| m.turns).collect();
@@ -153,6 +159,13 @@ fn LastHour(minutes: Vec<ActivityMinute>, to: String) -> impl IntoView {
         )
     };
     let points = line_points(&durations, W, H);
+    let depths: Vec<Option<u64>> = inbox.iter().map(|m| m.depth).collect();
+    let inbox_points = line_points(&depths, W, H);
+    let inbox_deepest = depths.iter().flatten().max().copied().unwrap_or(0);
+    let inbox_said = match inbox_error {
+        Some(e) => e,
+        None => inbox_words(&depths),
+    };
     view! {
         <section class="last-hour" aria-labelledby="last-hour-h" data-turns=total>
             <h2 id="last-hour-h">"The last hour"</h2>
@@ -175,6 +188,16 @@ fn LastHour(minutes: Vec<ActivityMinute>, to: String) -> impl IntoView {
                         .collect_view()}
                 </svg>
                 <figcaption class="muted small">"Mean turn duration"</figcaption>
+            </figure>
+            <figure class="inbox-depth" data-deepest=inbox_deepest>
+                <svg class="chart" viewBox=format!("0 0 {W} {H}") preserveAspectRatio="none" role="img" aria-label="Inbox depth per minute over the last hour">
+                    <polyline points=inbox_points class="line" />
+                    {crate::view::dots(&depths, W, H)
+                        .into_iter()
+                        .map(|(x, y)| view! { <circle cx=x cy=y r="2" class="dot" /> })
+                        .collect_view()}
+                </svg>
+                <figcaption class="muted small">{format!("Inbox depth: {inbox_said}")}</figcaption>
             </figure>
         </section>
     }

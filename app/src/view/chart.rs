@@ -69,9 +69,107 @@ pub fn ms_words(ms: u64) -> String {
     }
 }
 
+/// Pure: a seat's inbox over the hour in words: the latest sample, the
+/// deepest, or that nobody sampled it.
+pub fn inbox_words(depths: &[Option<u64>]) -> String {
+    let sampled: Vec<u64> = depths.iter().flatten().copied().collect();
+    match (sampled.last(), sampled.iter().max()) {
+        (Some(now), Some(top)) => {
+            let mail = |n: u64| {
+                if n == 1 {
+                    "1 message".to_string()
+                } else {
+                    format!("{n} messages")
+                }
+            };
+            format!(
+                "{} waiting at the last sample, at most {} in the hour.",
+                mail(*now),
+                mail(*top)
+            )
+        }
+        _ => "not sampled in the last hour (no node held the seat).".to_string(),
+    }
+}
+
+/// A node's strip in words.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StripWords {
+    pub held: String,
+    pub turns: String,
+    pub store: String,
+    pub turns_total: u64,
+}
+
+/// Pure: a node's hour in words: the seats it holds at its last sample,
+/// its turns in the hour and its busiest minute, and its store p99 at its
+/// last timed minute and at its worst.
+pub fn strip_words(minutes: &[crate::api::NodeMinute]) -> StripWords {
+    let held = minutes.iter().filter_map(|m| m.seats_held).next_back();
+    let turns_total: u64 = minutes.iter().map(|m| m.turns).sum();
+    let busiest = minutes.iter().map(|m| m.turns).max().unwrap_or(0);
+    let p99s: Vec<u64> = minutes.iter().filter_map(|m| m.store_p99_us).collect();
+    let us = |v: u64| match v {
+        0..=999 => format!("{v} µs"),
+        1_000..=9_999 => format!("{:.1} ms", v as f64 / 1000.0),
+        _ => ms_words(v / 1_000),
+    };
+    StripWords {
+        held: match held {
+            Some(n) => format!("Seats held: {n} now"),
+            None => "Seats held: not sampled".to_string(),
+        },
+        turns: if turns_total == 0 {
+            "Turns: none this hour".to_string()
+        } else {
+            format!("Turns: {turns_total} this hour, at most {busiest} a minute")
+        },
+        store: match (p99s.last(), p99s.iter().max()) {
+            (Some(now), Some(top)) => format!("Store p99: {} now, {} at worst", us(*now), us(*top)),
+            _ => "Store p99: no call timed".to_string(),
+        },
+        turns_total,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_nodes_strip_in_words_names_its_seats_now_its_turns_and_its_store_p99() {
+        let m = |held: Option<u64>, turns: u64, p99: Option<u64>| crate::api::NodeMinute {
+            minute: String::new(),
+            seats_held: held,
+            turns,
+            store_p99_us: p99,
+        };
+        let w = strip_words(&[
+            m(Some(3), 2, Some(400)),
+            m(Some(5), 7, Some(2_500)),
+            m(None, 0, Some(900)),
+        ]);
+        assert_eq!(w.held, "Seats held: 5 now");
+        assert_eq!(w.turns, "Turns: 9 this hour, at most 7 a minute");
+        assert_eq!(w.store, "Store p99: 900 µs now, 2.5 ms at worst");
+        assert_eq!(w.turns_total, 9);
+        let quiet = strip_words(&[m(None, 0, None)]);
+        assert_eq!(quiet.held, "Seats held: not sampled");
+        assert_eq!(quiet.turns, "Turns: none this hour");
+        assert_eq!(quiet.store, "Store p99: no call timed");
+    }
+
+    #[test]
+    fn the_inbox_in_words_says_the_last_sample_and_the_deepest_or_that_none_was_taken() {
+        assert_eq!(
+            inbox_words(&[None, Some(4), Some(9), Some(1), None]),
+            "1 message waiting at the last sample, at most 9 messages in the hour."
+        );
+        assert_eq!(
+            inbox_words(&[None, None]),
+            "not sampled in the last hour (no node held the seat)."
+        );
+    }
 
     #[test]
     fn a_duration_in_ms_reads_in_ms_then_seconds_then_minutes() {

@@ -11,7 +11,7 @@ mod seats;
 mod time;
 mod timeline;
 
-pub use chart::{Bar, bars, dots, line_points, ms_words};
+pub use chart::{Bar, bars, dots, inbox_words, line_points, ms_words, strip_words};
 pub use events::{Severity, severity};
 pub use fleet::{duration_words, presence_left, rfc3339_seconds, unfollowed};
 pub use handoffs::{HANDOFFS_KEPT, HandoffState, HandoffView, apply_handoff_event};

@@ -109,6 +109,25 @@ pub struct Config {
     /// What a turn's `run_detached` may start on this node (node-local:
     /// never taken from an applied company).
     pub runs: RunsSection,
+    /// What `GET /metrics` exports (node-local).
+    pub metrics: MetricsSection,
+}
+
+/// `[metrics]`: what `GET /metrics` exports.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MetricsSection {
+    /// Series labelled by seat (`crewlet_seat_inbox_depth_messages`) are
+    /// exported while the company has at most this many seats; 0: never.
+    pub seat_series_limit: u64,
+}
+
+impl Default for MetricsSection {
+    fn default() -> Self {
+        MetricsSection {
+            seat_series_limit: 200,
+        }
+    }
 }
 
 /// `[runs]`: the programs `run_detached` may start on this node.

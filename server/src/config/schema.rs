@@ -100,6 +100,7 @@ fn exemplar(agent: AgentConfig) -> Config {
         runs: RunsSection {
             allow: vec!["/usr/bin/true".into()],
         },
+        metrics: MetricsSection::default(),
     }
 }
 

@@ -191,6 +191,16 @@ pub enum Claim {
     HeldBy(Lease),
 }
 
+/// Pure: what a seat claim's answer counts as in
+/// `crewlet_claims_total{outcome}`: `won`, `held_by_peer`, `store_error`.
+pub fn claim_outcome(answer: &Result<Claim, StoreError>) -> &'static str {
+    match answer {
+        Ok(Claim::Won(_)) => "won",
+        Ok(Claim::HeldBy(_)) => "held_by_peer",
+        Err(_) => "store_error",
+    }
+}
+
 /// The answer to a renewal: three-valued, because an unreachable store says
 /// nothing about ownership.
 #[derive(Clone, Debug, PartialEq)]
@@ -200,6 +210,18 @@ pub enum Renewal {
     Lost,
     /// The store could not say.
     Unknown(StoreError),
+}
+
+impl Renewal {
+    /// What it counts as in `crewlet_renewals_total{outcome}`: `renewed`,
+    /// `lost`, `store_unreachable`.
+    pub fn outcome(&self) -> &'static str {
+        match self {
+            Renewal::Renewed(_) => "renewed",
+            Renewal::Lost => "lost",
+            Renewal::Unknown(_) => "store_unreachable",
+        }
+    }
 }
 
 /// The answer to a release.

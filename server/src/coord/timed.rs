@@ -42,11 +42,13 @@ impl Failed for WriteError {
 
 /// Record one call of `op` that took since `began`, and whether it failed.
 fn observed<T, E: Failed>(op: &'static str, began: Instant, r: Result<T, E>) -> Result<T, E> {
+    let took = began.elapsed().as_secs_f64();
     m::apply(&Update::Observe {
         name: m::STORE_DURATION,
         labels: vec![("op", op.to_string())],
-        value: began.elapsed().as_secs_f64(),
+        value: took,
     });
+    m::note_store_latency(took);
     if r.as_ref().is_err_and(Failed::failed) {
         m::apply(&Update::count(m::STORE_ERRORS, "op", op));
     }

@@ -23,7 +23,20 @@ use tokio::sync::watch;
 use super::kv::{Backend, BucketId, RawEvent};
 use super::lease::{Lease, LeaseRecord, ResourceKind, StoreTime};
 use super::{Revision, StoreError};
+use crate::metrics::{self as m, Update};
 use crate::tasks::Tasks;
+
+/// Pure: what one read of the view moves: how many revisions it was
+/// behind the bucket's last write, and how long it waited to be level.
+pub fn lag_updates(behind: Revision, waited_seconds: f64) -> Vec<Update> {
+    vec![
+        Update::Set {
+            name: m::LEASE_VIEW_LAG,
+            value: behind as f64,
+        },
+        Update::observe(m::LEASE_VIEW_CATCH_UP, waited_seconds),
+    ]
+}
 
 /// The view stops this long after it was last used (spec: a minute).
 pub const DEFAULT_IDLE: Duration = Duration::from_secs(60);
@@ -246,6 +259,8 @@ impl LeaseView {
     ) -> Result<T, StoreError> {
         self.touch(backend, tasks);
         if let Some(last) = backend.last_revision(BucketId::Leases, "").await? {
+            let began = std::time::Instant::now();
+            let behind = last.saturating_sub(*self.applied.borrow());
             let mut rx = self.applied.subscribe();
             loop {
                 let waited = tokio::time::timeout(RECHECK, async {
@@ -265,6 +280,9 @@ impl LeaseView {
                         self.touch(backend, tasks);
                     }
                 }
+            }
+            for u in lag_updates(behind, began.elapsed().as_secs_f64()) {
+                m::apply(&u);
             }
         }
         let st = self.lock();
@@ -294,6 +312,20 @@ mod tests {
             claim: String::new(),
             offer: None,
         }
+    }
+
+    #[test]
+    fn a_read_sets_the_lag_in_revisions_and_observes_the_catch_up() {
+        assert_eq!(
+            lag_updates(7, 0.003),
+            vec![
+                Update::Set {
+                    name: m::LEASE_VIEW_LAG,
+                    value: 7.0
+                },
+                Update::observe(m::LEASE_VIEW_CATCH_UP, 0.003),
+            ]
+        );
     }
 
     #[test]

@@ -599,7 +599,9 @@ impl TurnEngine {
                     args: record.arguments.clone(),
                     annotations: Default::default(),
                 };
-                let r = self.tools.call_mcp(handle, &call).await.result;
+                let done = self.tools.call_mcp(handle, &call).await;
+                crate::metrics::apply(&super::tools::call_update(&call.name, true, &done));
+                let r = done.result;
                 let o = CallOutcome {
                     ok: r.ok,
                     output: r.output,

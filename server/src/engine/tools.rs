@@ -28,6 +28,7 @@ use super::turn::Executed;
 use crate::company::Company;
 use crate::config::RoleConfig;
 use crate::memory::MemoryStore;
+use crate::metrics::{self, Update};
 use crate::queue::Queue;
 
 const fn own(read_only: bool, open_world: bool) -> Annotations {
@@ -392,9 +393,48 @@ impl Tools {
     }
 }
 
+/// Pure: what one executed call counts as in
+/// `crewlet_tool_calls_total{tool, outcome}`: the tool by name when the
+/// seat is given it (`known`; else `unknown`, so a model's invented names
+/// never become series), and `parked` (a detached run or an approval),
+/// `ok`, `failed` (sent, and it failed) or `refused` (refused before it
+/// reached anything).
+pub fn call_update(tool: &str, known: bool, done: &Executed) -> Update {
+    let outcome = if done.parks.is_some() {
+        "parked"
+    } else if done.result.ok {
+        "ok"
+    } else if done.reached {
+        "failed"
+    } else {
+        "refused"
+    };
+    let tool = if known { tool } else { "unknown" };
+    Update::count2(
+        metrics::TOOL_CALLS,
+        ("tool", tool.to_string()),
+        ("outcome", outcome.to_string()),
+    )
+}
+
 #[async_trait::async_trait]
 impl super::turn::ToolRunner for Tools {
     async fn execute(&self, turn: &TurnInput, call: &ToolCall) -> Executed {
+        let known = annotations_of(&call.name).is_some()
+            || self
+                .mcp
+                .get(&turn.seat)
+                .is_some_and(|m| m.annotations(&call.name).is_some());
+        let done = self.execute_call(turn, call).await;
+        metrics::apply(&call_update(&call.name, known, &done));
+        done
+    }
+}
+
+impl Tools {
+    /// Execute one call: a built-in tool here, any other through the
+    /// seat's tool servers.
+    async fn execute_call(&self, turn: &TurnInput, call: &ToolCall) -> Executed {
         // A tool's own annotations rule (the built-in's, or what its MCP
         // server listed); what the agent claimed about it cannot make an
         // outbound effect read-only.
@@ -415,9 +455,7 @@ impl super::turn::ToolRunner for Tools {
             reached,
         }
     }
-}
 
-impl Tools {
     /// A call of one of the seat's MCP tools: one its role says a person
     /// approves first is asked for and parks the turn; any other is called.
     async fn execute_mcp(&self, turn: &TurnInput, call: &ToolCall) -> Executed {
@@ -538,5 +576,52 @@ impl Tools {
             tools.extend(m.tools());
         }
         tools
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn labels(u: Update) -> Vec<(&'static str, String)> {
+        match u {
+            Update::Count { name, labels, by } => {
+                assert_eq!((name, by), (metrics::TOOL_CALLS, 1));
+                labels
+            }
+            other => panic!("not a count: {other:?}"),
+        }
+    }
+
+    fn pair(tool: &str, outcome: &str) -> Vec<(&'static str, String)> {
+        vec![("tool", tool.to_string()), ("outcome", outcome.to_string())]
+    }
+
+    #[test]
+    fn a_tool_call_counts_by_tool_and_outcome_and_an_invented_tool_is_unknown() {
+        let ok = Executed::of(ToolResult::ok("c", json!({})), true);
+        assert_eq!(
+            labels(call_update("post_outbox", true, &ok)),
+            pair("post_outbox", "ok")
+        );
+        let failed = Executed::of(ToolResult::err("c", "timed out"), true);
+        assert_eq!(
+            labels(call_update("fs.write_file", true, &failed)),
+            pair("fs.write_file", "failed")
+        );
+        let refused = Executed::of(ToolResult::err("c", "no tool named"), false);
+        assert_eq!(
+            labels(call_update("made_up", false, &refused)),
+            pair("unknown", "refused")
+        );
+        let parked = Executed {
+            result: ToolResult::ok("c", json!({"parked": true})),
+            reached: false,
+            parks: Some("approval-1".into()),
+        };
+        assert_eq!(
+            labels(call_update("fs.write_file", true, &parked)),
+            pair("fs.write_file", "parked")
+        );
     }
 }

@@ -20,6 +20,7 @@ use async_nats::jetstream::{self as js, consumer, stream};
 use futures::StreamExt;
 
 use super::store::{Applied, ApplyError, CarriedRow, MemoryStore};
+use crate::metrics::{self as m, Update};
 
 /// The changelog stream.
 pub const MEMORY_STREAM: &str = "CREWLET_MEMORY";
@@ -320,7 +321,42 @@ impl Changelog for NatsChangelog {
 }
 
 /// Publish the seat's rows stamped since the last flush. Returns how many.
+/// Timed and counted (`crewlet_memory_flush*`).
 pub async fn flush(
+    store: &MemoryStore,
+    log: &dyn Changelog,
+    handle: &str,
+) -> Result<usize, ChangelogError> {
+    let began = std::time::Instant::now();
+    let done = flush_rows(store, log, handle).await;
+    for u in flush_updates(done.as_ref().ok().copied(), began.elapsed().as_secs_f64()) {
+        crate::metrics::apply(&u);
+    }
+    done
+}
+
+/// Pure: what a flush that published `rows` (`None`: it failed) in
+/// `seconds` moves.
+pub fn flush_updates(rows: Option<usize>, seconds: f64) -> Vec<Update> {
+    let mut out = vec![
+        Update::count(
+            m::MEMORY_FLUSHES,
+            "outcome",
+            if rows.is_some() { "ok" } else { "failed" },
+        ),
+        Update::observe(m::MEMORY_FLUSH_DURATION, seconds),
+    ];
+    if let Some(n) = rows.filter(|n| *n > 0) {
+        out.push(Update::Count {
+            name: m::MEMORY_FLUSHED_ROWS,
+            labels: Vec::new(),
+            by: n as u64,
+        });
+    }
+    out
+}
+
+async fn flush_rows(
     store: &MemoryStore,
     log: &dyn Changelog,
     handle: &str,
@@ -352,7 +388,53 @@ pub struct Hydrated {
 /// Replay the seat's subjects into the local store by the spec's rules.
 /// An unreachable changelog or an unwritable store is an error (the seat
 /// is refused); a row that collides, or that cannot be read, is skipped.
+/// Timed and counted (`crewlet_memory_hydrat*`).
 pub async fn hydrate(
+    store: &MemoryStore,
+    log: &dyn Changelog,
+    handle: &str,
+) -> Result<Hydrated, ChangelogError> {
+    let began = std::time::Instant::now();
+    let done = hydrate_rows(store, log, handle).await;
+    for u in hydrate_updates(done.as_ref().ok(), began.elapsed().as_secs_f64()) {
+        crate::metrics::apply(&u);
+    }
+    done
+}
+
+/// Pure: what a hydration that did `h` (`None`: it failed) in `seconds`
+/// moves: its outcome, its duration and its rows by result.
+pub fn hydrate_updates(h: Option<&Hydrated>, seconds: f64) -> Vec<Update> {
+    let mut out = vec![
+        Update::count(
+            m::MEMORY_HYDRATIONS,
+            "outcome",
+            if h.is_some() { "ok" } else { "failed" },
+        ),
+        Update::observe(m::MEMORY_HYDRATE_DURATION, seconds),
+    ];
+    if let Some(h) = h {
+        for (result, n) in [
+            ("inserted", h.inserted),
+            ("kept_local", h.kept_local),
+            ("vector_taken", h.vectors_taken),
+            ("replaced", h.replaced),
+            ("collided", h.collided),
+            ("unreadable", h.unreadable),
+        ] {
+            if n > 0 {
+                out.push(Update::Count {
+                    name: m::MEMORY_HYDRATED_ROWS,
+                    labels: vec![("result", result.to_string())],
+                    by: n as u64,
+                });
+            }
+        }
+    }
+    out
+}
+
+async fn hydrate_rows(
     store: &MemoryStore,
     log: &dyn Changelog,
     handle: &str,
@@ -374,4 +456,64 @@ pub async fn hydrate(
         }
     }
     Ok(h)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_flush_counts_its_outcome_and_rows_and_observes_its_duration() {
+        assert_eq!(
+            flush_updates(Some(3), 0.02),
+            vec![
+                Update::count(m::MEMORY_FLUSHES, "outcome", "ok"),
+                Update::observe(m::MEMORY_FLUSH_DURATION, 0.02),
+                Update::Count {
+                    name: m::MEMORY_FLUSHED_ROWS,
+                    labels: vec![],
+                    by: 3
+                },
+            ]
+        );
+        // Nothing to publish: no rows counted; a failed flush says so.
+        assert_eq!(flush_updates(Some(0), 0.0).len(), 2);
+        assert_eq!(
+            flush_updates(None, 1.0)[0],
+            Update::count(m::MEMORY_FLUSHES, "outcome", "failed")
+        );
+    }
+
+    #[test]
+    fn a_hydration_counts_its_outcome_and_its_rows_by_result() {
+        let h = Hydrated {
+            inserted: 5,
+            collided: 1,
+            ..Hydrated::default()
+        };
+        assert_eq!(
+            hydrate_updates(Some(&h), 0.5),
+            vec![
+                Update::count(m::MEMORY_HYDRATIONS, "outcome", "ok"),
+                Update::observe(m::MEMORY_HYDRATE_DURATION, 0.5),
+                Update::Count {
+                    name: m::MEMORY_HYDRATED_ROWS,
+                    labels: vec![("result", "inserted".into())],
+                    by: 5
+                },
+                Update::Count {
+                    name: m::MEMORY_HYDRATED_ROWS,
+                    labels: vec![("result", "collided".into())],
+                    by: 1
+                },
+            ]
+        );
+        assert_eq!(
+            hydrate_updates(None, 0.1),
+            vec![
+                Update::count(m::MEMORY_HYDRATIONS, "outcome", "failed"),
+                Update::observe(m::MEMORY_HYDRATE_DURATION, 0.1),
+            ]
+        );
+    }
 }

@@ -118,6 +118,16 @@ pub fn subject(incarnation: &str) -> String {
 /// (the web layer types them per table).
 pub type SeatRead = MemoryAnswer<SeatMemory>;
 
+/// Pure: a memory read's answer as `crewlet_memory_reads_total{answer}`
+/// counts it: `held`, `unheld` or `unavailable`.
+pub fn answer_label<T>(a: &MemoryAnswer<T>) -> &'static str {
+    match a {
+        MemoryAnswer::Held { .. } => "held",
+        MemoryAnswer::Unheld { .. } => "unheld",
+        MemoryAnswer::Unavailable { .. } => "unavailable",
+    }
+}
+
 /// The seat's lease holder: its node, its process incarnation, the epoch of
 /// its tenure.
 fn holder_of(lease: &Lease) -> MemoryHolder {
@@ -370,8 +380,21 @@ impl MemRead {
         }
     }
 
-    /// Read one seat's memory from whichever node holds it.
+    /// Read one seat's memory from whichever node holds it (counted by
+    /// answer in `crewlet_memory_reads_total`).
     pub async fn read(&self, handle: &str) -> Result<SeatRead, MemReadError> {
+        let read = self.read_seat(handle).await;
+        if let Ok(a) = &read {
+            crate::metrics::apply(&crate::metrics::Update::count(
+                crate::metrics::MEMORY_READS,
+                "answer",
+                answer_label(a),
+            ));
+        }
+        read
+    }
+
+    async fn read_seat(&self, handle: &str) -> Result<SeatRead, MemReadError> {
         let lease = self.engine.store().lease(&format!("seat:{handle}")).await?;
         let Some(lease) = lease else {
             return Ok(MemoryAnswer::Unheld {
@@ -790,6 +813,37 @@ mod tests {
         // The pages list the tables in the same order.
         assert_eq!(c.named().map(|(_, n)| n), [1, 2, 3, 4, 5, 6, 7]);
         assert_eq!(c.total(), 28);
+    }
+
+    #[test]
+    fn a_memory_read_counts_by_its_answer() {
+        let me = MemoryAnswerer {
+            node_id: "n1".into(),
+            incarnation: "n1:x".into(),
+            epoch: None,
+            local: true,
+        };
+        let unheld: MemoryAnswer<SeatMemory> = MemoryAnswer::Unheld {
+            handle: "a".into(),
+            answered_by: me.clone(),
+            memory: SeatMemory::default(),
+        };
+        assert_eq!(answer_label(&unheld), "unheld");
+        let holder = MemoryHolder {
+            node_id: "n2".into(),
+            incarnation: "n2:y".into(),
+            epoch: 3,
+        };
+        let held: MemoryAnswer<SeatMemory> = MemoryAnswer::Held {
+            handle: "a".into(),
+            holder: holder.clone(),
+            answered_by: me.clone(),
+            memory: SeatMemory::default(),
+        };
+        assert_eq!(answer_label(&held), "held");
+        let away: MemoryAnswer<SeatMemory> =
+            unavailable("a", holder, me, MemoryUnavailable::NoResponder);
+        assert_eq!(answer_label(&away), "unavailable");
     }
 
     #[test]

@@ -62,6 +62,8 @@ pub enum NodeError {
     MemRead(MemReadError),
     #[error(transparent)]
     AuditRead(crate::audit::FleetAuditError),
+    #[error(transparent)]
+    Trends(crate::trends::TrendsError),
     #[error("cannot create the mailboxes of seat {seat}: {source}")]
     Mailbox {
         seat: String,
@@ -331,6 +333,7 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
     ));
     memread.serve(&tasks).await.map_err(NodeError::MemRead)?;
     // Audit reads: this node answers with the actions taken through it.
+    let scatter_for_trends = scatter.clone();
     let audit = Arc::new(crate::audit::FleetAudit::new(
         pool.clone(),
         engine.store().clone(),
@@ -340,6 +343,15 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
         Duration::from_millis(config.memory.scatter_budget_ms),
     ));
     audit.serve(&tasks).await.map_err(NodeError::AuditRead)?;
+    // The node's last hour for the charts: this node answers for its own.
+    let trends = Arc::new(crate::trends::Trends::new(
+        engine.config().node_id.clone(),
+        engine.config().owner.clone(),
+        engine.store().clone(),
+        scatter_for_trends,
+        Duration::from_millis(config.memory.scatter_budget_ms),
+    ));
+    trends.serve(&tasks).await.map_err(NodeError::Trends)?;
 
     let site = site_root();
     warn_if_unbuilt(&site);
@@ -354,6 +366,7 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
         turns: turns.clone(),
         memread: memread.clone(),
         audit,
+        trends: trends.clone(),
     })
     .await?;
     let token = tasks.token();
@@ -370,6 +383,7 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
         &config, &info, &tasks, &store, &queue, &events, &engine, &turns, &pool,
     );
     start_memory_flush(&config, &tasks, &engine, &turns);
+    start_trends(&config, &tasks, &engine, &events, &trends);
     if let Err(e) = engine.arm_watchdog() {
         tracing::warn!(error = %e, "cannot start the watchdog thread");
     }
@@ -546,6 +560,77 @@ fn start_memory_flush(
             let n = turns.flush_memory(&held).await;
             if n > 0 {
                 tracing::debug!(rows = n, seats = held.len(), "memory changelog cycle");
+            }
+        }
+    });
+}
+
+/// The node's own last hour: on the sweep's cadence, the inbox depth of
+/// every seat held here (the `crewlet_inbox_depth_messages` gauges, and a
+/// sample for the charts with the seats held and the store calls' latency);
+/// and each turn this node finishes.
+fn start_trends(
+    config: &Config,
+    tasks: &Tasks,
+    engine: &Arc<SeatEngine>,
+    events: &EventBus,
+    trends: &Arc<crate::trends::Trends>,
+) {
+    use crate::trends::{inbox_updates, seat_series};
+    use futures::StreamExt;
+    let (engine, sampled) = (engine.clone(), trends.clone());
+    let every = Duration::from_secs(config.coordination.sweep_seconds.max(1));
+    let limit = config.metrics.seat_series_limit;
+    tasks.spawn("trends-sampler", async move {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last: Vec<String> = Vec::new();
+        loop {
+            tick.tick().await;
+            let held = engine.host().held();
+            let queue = engine.queue().clone();
+            let depths: Vec<(String, u64)> = futures::stream::iter(held.clone())
+                .map(|h| {
+                    let queue = queue.clone();
+                    async move {
+                        let d = queue.pending(&crate::queue::inbox_group(&h)).await.ok();
+                        d.map(|d| (h, d))
+                    }
+                })
+                .buffer_unordered(8)
+                .filter_map(std::future::ready)
+                .collect()
+                .await;
+            let per_seat = seat_series(engine.company_watch().borrow().roles.len(), limit);
+            let gone: Vec<String> = last.iter().filter(|h| !held.contains(h)).cloned().collect();
+            for u in inbox_updates(&depths, per_seat, &gone) {
+                crate::metrics::apply(&u);
+            }
+            sampled.sample(
+                held.len() as u64,
+                &crate::metrics::take_store_latencies(),
+                &depths,
+            );
+            last = held;
+        }
+    });
+    let mut rx = events.subscribe();
+    let (me, counted) = (events.incarnation().to_string(), trends.clone());
+    tasks.spawn("trends-turns", async move {
+        use tokio::sync::broadcast::error::RecvError;
+        loop {
+            match rx.recv().await {
+                Ok(e) if e.incarnation == me && e.event.name() == "turn_completed" => {
+                    counted.turn_finished()
+                }
+                Ok(_) => {}
+                Err(RecvError::Lagged(n)) => {
+                    tracing::debug!(
+                        missed = n,
+                        "the turn counter of the node's trend fell behind"
+                    )
+                }
+                Err(RecvError::Closed) => return,
             }
         }
     });

@@ -26,6 +26,7 @@ use tokio::time::Instant;
 
 use crate::coord::{Claim, ClaimRequest, Lease, Release, Renewal, Store};
 use crate::events::{DetachReason, Event, EventBus};
+use crate::metrics::{self, Update};
 use crate::queue::{Attachment, Handler, Queue, inbox_group};
 
 mod handoff;
@@ -542,6 +543,11 @@ impl SeatHost {
         );
         let claimed = self.inner.store.claim(req).await;
         progress();
+        metrics::apply(&Update::count(
+            metrics::CLAIMS,
+            "outcome",
+            crate::coord::claim_outcome(&claimed),
+        ));
         let lease = match claimed? {
             Claim::HeldBy(l) => return Ok(Acquired::HeldBy(Box::new(l))),
             Claim::Won(l) => l,
@@ -843,12 +849,17 @@ impl SeatHost {
             return;
         }
         let sent = Instant::now();
-        match self
+        let renewal = self
             .inner
             .store
             .renew(&lease, &self.inner.cfg.owner, self.renewal_metadata(&lease))
-            .await
-        {
+            .await;
+        metrics::apply(&Update::count(
+            metrics::RENEWALS,
+            "outcome",
+            renewal.outcome(),
+        ));
+        match renewal {
             Renewal::Renewed(l) => {
                 let mut seats = lock(&self.inner.seats);
                 if let Some(e) = seats.get_mut(handle) {

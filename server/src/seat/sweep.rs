@@ -859,6 +859,7 @@ impl SeatEngine {
     ///
     /// True when the pass left seats for a recheck [`placement::RECHECK_AFTER`] later.
     async fn sweep_pass(&self, progress: &Progress<'_>) -> bool {
+        let began = std::time::Instant::now();
         let Some((snap, plan, standing)) = self.plan_pass(progress).await else {
             return false;
         };
@@ -914,6 +915,7 @@ impl SeatEngine {
             claimed,
             released,
             fleet_full: plan.withheld == Some(Withheld::FleetFull),
+            duration_ms: began.elapsed().as_millis() as u64,
         });
         !plan.rechecks.is_empty()
     }

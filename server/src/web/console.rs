@@ -45,6 +45,8 @@ pub struct ConsoleParts {
     pub audit: Arc<crate::audit::FleetAudit>,
     /// The fleet's events this node kept.
     pub history: crate::web::history::EventHistory,
+    /// The last hour of this node and, asked, of its peers.
+    pub trends: Arc<crate::trends::Trends>,
     /// Whether this node accepts a company revision with command agents
     /// (`node.allow_command_agents`).
     pub command_agents: bool,
@@ -62,6 +64,7 @@ pub struct NodeConsole {
     memread: Arc<MemRead>,
     fleet_audit: Arc<crate::audit::FleetAudit>,
     history: crate::web::history::EventHistory,
+    trends: Arc<crate::trends::Trends>,
     /// The last roster read, shown (stale) while the store cannot be read.
     roster: RosterMemory,
     command_agents: bool,
@@ -80,6 +83,7 @@ impl NodeConsole {
             memread,
             audit: fleet_audit,
             history,
+            trends,
             command_agents,
             environment,
         } = parts;
@@ -93,9 +97,33 @@ impl NodeConsole {
             memread,
             fleet_audit,
             history,
+            trends,
             roster: RosterMemory::default(),
             command_agents,
             environment,
+        }
+    }
+
+    /// A seat's inbox depth over `hour`, from the node that holds it
+    /// (nothing when no node does; why, when its holder cannot say).
+    async fn inbox_hour(
+        &self,
+        handle: &str,
+        hour: &[String],
+    ) -> Result<Vec<app::api::InboxMinute>, String> {
+        let lease = self
+            .engine
+            .store()
+            .lease(&format!("seat:{handle}"))
+            .await
+            .map_err(|e| format!("the seat's holder cannot be read: {e}"))?;
+        match lease {
+            None => Ok(Vec::new()),
+            Some(l) => self
+                .trends
+                .seat_inbox(handle, &l.owner, hour)
+                .await
+                .map_err(|why| format!("its holder's samples cannot be had: {why}")),
         }
     }
 
@@ -594,22 +622,16 @@ impl Console for NodeConsole {
         let actions = self.fleet_audit.read_about(100, Some(handle));
         let outbox = self.outbox(handle, app::api::SEAT_OUTBOX_SHOWN);
         // The last hour, on this node's clock.
-        let now = time::OffsetDateTime::now_utc();
-        let minute = |t: time::OffsetDateTime| {
-            t.format(&time::format_description::well_known::Rfc3339)
-                .unwrap_or_default()
-                .chars()
-                .take(16)
-                .collect::<String>()
-        };
-        let minutes: Vec<String> = (0..60)
-            .rev()
-            .map(|ago| minute(now - time::Duration::minutes(ago)))
-            .collect();
+        let minutes = crate::trends::hour_to(time::OffsetDateTime::now_utc());
         let activity_to = minutes.last().cloned().unwrap_or_default();
         let activity = self.history.activity(handle, &minutes[0]);
-        let (timeline, actions, outbox, activity) =
-            futures::join!(timeline, actions, outbox, activity);
+        let inbox = self.inbox_hour(handle, &minutes);
+        let (timeline, actions, outbox, activity, inbox) =
+            futures::join!(timeline, actions, outbox, activity, inbox);
+        let (inbox, inbox_error) = match inbox {
+            Ok(v) => (v, None),
+            Err(e) => (Vec::new(), Some(e)),
+        };
         let (outbox, outbox_error) = match outbox {
             Ok(v) => (v, None),
             Err(e) => (Vec::new(), Some(e.to_string())),
@@ -629,7 +651,13 @@ impl Console for NodeConsole {
                 }),
             ),
             activity_to,
+            inbox,
+            inbox_error,
         })
+    }
+
+    async fn node_trends(&self) -> Result<app::api::FleetTrends, ConsoleError> {
+        Ok(self.trends.fleet().await)
     }
 
     async fn outbox(&self, handle: &str, limit: usize) -> Result<Vec<EffectView>, ConsoleError> {

@@ -80,6 +80,8 @@ pub struct WebSetup<'a> {
     pub memread: Arc<crate::memory::memread::MemRead>,
     /// The fleet's audit log, gathered from every live node.
     pub audit: Arc<crate::audit::FleetAudit>,
+    /// The last hour of this node and, asked, of its peers.
+    pub trends: Arc<crate::trends::Trends>,
 }
 
 /// `GET /health`.
@@ -116,6 +118,7 @@ pub async fn router(setup: WebSetup<'_>) -> Result<Router, WebError> {
         turns,
         memread,
         audit,
+        trends,
     } = setup;
 
     let store = SqliteStore::new(pool.clone())
@@ -174,6 +177,7 @@ pub async fn router(setup: WebSetup<'_>) -> Result<Router, WebError> {
         memread,
         audit,
         history,
+        trends,
         command_agents: config.node.command_agents_allowed(config.coordination.kind),
         environment: config.node.environment,
     }));

@@ -487,6 +487,12 @@ impl SeatHost {
             )
             .await;
         progress();
+        // A take is a claim (of an offered seat): counted the same way.
+        crate::metrics::apply(&crate::metrics::Update::count(
+            crate::metrics::CLAIMS,
+            "outcome",
+            crate::coord::claim_outcome(&taken),
+        ));
         let lease = match taken {
             Ok(Claim::Won(l)) => l,
             Ok(Claim::HeldBy(l)) => {

@@ -564,6 +564,50 @@ test("a seat's page shows its story from before it was opened, and a message sen
   await context.close();
 });
 
+test("a seat's page charts its inbox depth as its holder sampled it: mail a pause holds shows, and drains once resumed", async () => {
+  const { page, context, problems } = await livePage(OPERATOR, '/seats');
+  assert.equal((await serverFn(page, 'pause_seat', { handle: 'beta-agent', reason: 'hold the mail' })).status, 200);
+  for (const id of ['held-1', 'held-2']) {
+    assert.equal((await publish(page, 'beta-agent', { id, type: 'task_assigned', body: { text: id } })).status, 200);
+  }
+  // The holder samples on the sweep's cadence; the page reads the hour as it opens.
+  const depth = page.locator('section.last-hour figure.inbox-depth');
+  await until('the inbox depth chart to show the two held messages', async () => {
+    await page.goto(`${node.url}/seats/beta-agent`);
+    await page.waitForSelector('html[data-hydrated]');
+    return Number(await depth.getAttribute('data-deepest')) >= 2;
+  });
+  assert.match(await depth.innerText(), /2 messages waiting at the last sample/);
+  assert.ok((await depth.locator('svg.chart circle.dot').count()) >= 1, 'a sampled minute is a dot');
+  assert.equal((await serverFn(page, 'resume_seat', { handle: 'beta-agent' })).status, 200);
+  await until('the inbox drained in the chart', async () => {
+    await page.goto(`${node.url}/seats/beta-agent`);
+    await page.waitForSelector('html[data-hydrated]');
+    return /0 messages waiting at the last sample, at most 2 messages in the hour/.test(await depth.innerText());
+  });
+  await page.screenshot({ path: join(resultsDir, 'seat-inbox-1280.png'), fullPage: true });
+  assert.deepEqual(problems, []);
+  await context.close();
+});
+
+test('Settings › Nodes has a strip per node for its last hour: the seats it held, its turns and its store p99', async () => {
+  const { page, context, problems } = await livePage(OPERATOR, '/settings/nodes');
+  assert.equal((await publish(page, 'alpha-agent', { id: 'strip-1', type: 'task_assigned', body: { text: 'count me' } })).status, 200);
+  const strip = page.locator('.node-strips li.strip[data-node="node-e2e"]');
+  await until('the strip to show the seats held and a turn', async () => {
+    await page.goto(`${node.url}/settings/nodes`);
+    await page.waitForSelector('html[data-hydrated]');
+    const text = await strip.innerText();
+    return /Seats held: 2 now/.test(text) && Number(await strip.getAttribute('data-turns')) >= 1 && /Store p99: \d/.test(text);
+  });
+  assert.equal(await strip.locator('svg.chart rect.bar').count(), 60, 'a turn bar a minute');
+  assert.ok((await strip.locator('svg.chart circle.dot').count()) >= 2, 'seats held and the store p99 as dots');
+  await strip.locator('a', { hasText: 'node-e2e' }).waitFor();
+  await page.screenshot({ path: join(resultsDir, 'nodes-strips-1280.png'), fullPage: true });
+  assert.deepEqual(problems, []);
+  await context.close();
+});
+
 test('the Seats page is readable at 390 px wide', async () => {
   const { page, context, problems } = await livePage(OPERATOR, '/seats', { width: 390, height: 844 });
   await page.locator('tr[data-seat="alpha-agent"]').waitFor();

@@ -198,6 +198,25 @@ test('a memory read on a node that does not hold the seat says which node answer
   await context.close();
 });
 
+test("node A's Settings › Nodes has node B's strip, answered by node B over the fleet", { skip }, async () => {
+  await startNodeB();
+  const { page, context, problems } = await strictPage(browser);
+  await signIn(page, nodeA.url, OPERATOR.name, OPERATOR.password);
+  const strip = (id) => page.locator(`.node-strips li.strip[data-node="${id}"]`);
+  await until("both nodes' strips, node B's with seats held", async () => {
+    await page.goto(`${nodeA.url}/settings/nodes`);
+    await page.waitForSelector('html[data-hydrated]');
+    await strip('node-a').waitFor();
+    if ((await strip('node-b').count()) === 0) return false;
+    const b = await strip('node-b').innerText();
+    return /Seats held: [1-9]\d* now/.test(b) && !/cannot be had/.test(b);
+  }, 40000);
+  assert.match(await strip('node-a').innerText(), /Seats held: \d+ now/);
+  await page.screenshot({ path: join(resultsDir, 'fleet-strips-1280.png'), fullPage: true });
+  assert.deepEqual(problems, []);
+  await context.close();
+});
+
 test("node A's seats page shows a turn running on node B, and stopping it there ends it stopped", { skip }, async () => {
   await startNodeB();
   const { page, context, problems } = await strictPage(browser);

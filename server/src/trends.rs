@@ -115,7 +115,7 @@ impl Window {
         depths: &[(String, u64)],
     ) {
         let open = self.at(minute);
-        open.seats_held = Some(open.seats_held.unwrap_or(0).max(seats_held));
+        open.seats_held = Some(seats_held);
         let room = LATENCIES_PER_MINUTE.saturating_sub(open.latencies.len());
         open.latencies.extend(latencies.iter().take(room));
         for (seat, depth) in depths {
@@ -123,10 +123,12 @@ impl Window {
             match kept.back_mut() {
                 Some(last) if last.minute == minute => {
                     last.depth = Some(last.depth.unwrap_or(0).max(*depth));
+                    last.latest = Some(*depth);
                 }
                 _ => kept.push_back(InboxMinute {
                     minute: minute.to_string(),
                     depth: Some(*depth),
+                    latest: Some(*depth),
                 }),
             }
             while kept.len() > MINUTES_KEPT {
@@ -278,6 +280,7 @@ fn empty_inbox_minute(m: &str) -> InboxMinute {
     InboxMinute {
         minute: m.to_string(),
         depth: None,
+        latest: None,
     }
 }
 
@@ -529,7 +532,7 @@ mod tests {
             vec![
                 NodeMinute {
                     minute: "2026-12-02T10:00".into(),
-                    seats_held: Some(5),
+                    seats_held: Some(4),
                     turns: 2,
                     store_p99_us: Some(10_000),
                 },
@@ -583,11 +586,13 @@ mod tests {
             vec![
                 InboxMinute {
                     minute: "2026-12-02T10:00".into(),
-                    depth: Some(7)
+                    depth: Some(7),
+                    latest: Some(3),
                 },
                 InboxMinute {
                     minute: "2026-12-02T10:02".into(),
-                    depth: Some(0)
+                    depth: Some(0),
+                    latest: Some(0),
                 },
             ]
         );
@@ -605,6 +610,7 @@ mod tests {
         let have = vec![InboxMinute {
             minute: "2026-12-02T10:29".into(),
             depth: Some(4),
+            latest: Some(1),
         }];
         let filled = fill(&hour, &have, |m| &m.minute, empty_inbox_minute);
         assert_eq!(filled.len(), 60);

@@ -8,7 +8,8 @@ use serde::{Deserialize, Serialize};
 pub struct NodeMinute {
     /// `YYYY-MM-DDTHH:MM`, UTC, on the node's clock.
     pub minute: String,
-    /// The most seats it held in the minute (none: it was not sampled).
+    /// The seats it held at the minute's last sample (none: it was not
+    /// sampled).
     pub seats_held: Option<u64>,
     /// Turns it finished in the minute.
     pub turns: u64,
@@ -46,4 +47,7 @@ pub struct InboxMinute {
     pub minute: String,
     /// The deepest it was seen in the minute (none: not sampled then).
     pub depth: Option<u64>,
+    /// Its depth at the minute's last sample.
+    #[serde(default)]
+    pub latest: Option<u64>,
 }

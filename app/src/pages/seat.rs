@@ -164,7 +164,7 @@ fn LastHour(
     let inbox_deepest = depths.iter().flatten().max().copied().unwrap_or(0);
     let inbox_said = match inbox_error {
         Some(e) => e,
-        None => inbox_words(&depths),
+        None => inbox_words(&inbox),
     };
     view! {
         <section class="last-hour" aria-labelledby="last-hour-h" data-turns=total>

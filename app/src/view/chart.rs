@@ -69,11 +69,15 @@ pub fn ms_words(ms: u64) -> String {
     }
 }
 
-/// Pure: a seat's inbox over the hour in words: the latest sample, the
-/// deepest, or that nobody sampled it.
-pub fn inbox_words(depths: &[Option<u64>]) -> String {
-    let sampled: Vec<u64> = depths.iter().flatten().copied().collect();
-    match (sampled.last(), sampled.iter().max()) {
+/// Pure: a seat's inbox over the hour in words: its depth at the latest
+/// sample, the deepest in the hour, or that nobody sampled it.
+pub fn inbox_words(minutes: &[crate::api::InboxMinute]) -> String {
+    let latest = minutes
+        .iter()
+        .filter_map(|m| m.latest.or(m.depth))
+        .next_back();
+    let top = minutes.iter().filter_map(|m| m.depth).max();
+    match (latest, top) {
         (Some(now), Some(top)) => {
             let mail = |n: u64| {
                 if n == 1 {
@@ -84,8 +88,8 @@ pub fn inbox_words(depths: &[Option<u64>]) -> String {
             };
             format!(
                 "{} waiting at the last sample, at most {} in the hour.",
-                mail(*now),
-                mail(*top)
+                mail(now),
+                mail(top)
             )
         }
         _ => "not sampled in the last hour (no node held the seat).".to_string(),
@@ -161,12 +165,22 @@ mod tests {
 
     #[test]
     fn the_inbox_in_words_says_the_last_sample_and_the_deepest_or_that_none_was_taken() {
+        let m = |depth: Option<u64>, latest: Option<u64>| crate::api::InboxMinute {
+            minute: String::new(),
+            depth,
+            latest,
+        };
         assert_eq!(
-            inbox_words(&[None, Some(4), Some(9), Some(1), None]),
+            inbox_words(&[
+                m(None, None),
+                m(Some(4), Some(4)),
+                m(Some(9), Some(1)),
+                m(None, None)
+            ]),
             "1 message waiting at the last sample, at most 9 messages in the hour."
         );
         assert_eq!(
-            inbox_words(&[None, None]),
+            inbox_words(&[m(None, None), m(None, None)]),
             "not sampled in the last hour (no node held the seat)."
         );
     }

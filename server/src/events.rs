@@ -88,6 +88,10 @@ pub enum Event {
     SeatClaimed {
         seat: String,
         epoch: u64,
+        /// How long the claim's store calls took (a take's, for a seat
+        /// taken through a handoff).
+        #[serde(default)]
+        claim_ms: u64,
     },
     SeatAttached {
         seat: String,
@@ -683,6 +687,9 @@ pub fn metric_updates(e: &Event) -> Vec<Update> {
         Event::SeatDetached { reason, .. } => {
             vec![Update::count(m::RELEASES, "reason", reason.as_str())]
         }
+        Event::SeatClaimed { claim_ms, .. } => {
+            vec![Update::seconds_from_ms(m::CLAIM_DURATION, *claim_ms)]
+        }
         Event::SeatsUnplaceable { seats } => vec![Update::Set {
             name: m::SEATS_UNPLACEABLE,
             value: seats.len() as f64,
@@ -852,13 +859,18 @@ mod tests {
             Renewal::Unknown(StoreError::Unavailable("down".into())).outcome(),
             "store_unreachable"
         );
-        // The events of a claim and of a renewal the store could not
-        // answer count nothing again.
+        // A renewal the store could not answer counts nothing again.
+        // A won claim's event observes how long it took; it counts
+        // nothing again.
         let claimed = Event::SeatClaimed {
             seat: "a".into(),
             epoch: 1,
+            claim_ms: 2,
         };
-        assert!(metric_updates(&claimed).is_empty());
+        assert_eq!(
+            metric_updates(&claimed),
+            vec![Update::observe(m::CLAIM_DURATION, 0.002)]
+        );
         let renew = Event::SeatRenewUnknown {
             seat: "a".into(),
             error: "timed out".into(),
@@ -1100,6 +1112,7 @@ mod tests {
         bus.emit(Event::SeatClaimed {
             seat: "s".into(),
             epoch: 3,
+            claim_ms: 0,
         });
         for rx in [&mut a, &mut b] {
             let e = rx.recv().await.unwrap();
@@ -1108,7 +1121,8 @@ mod tests {
                 e.event,
                 Event::SeatClaimed {
                     seat: "s".into(),
-                    epoch: 3
+                    epoch: 3,
+                    claim_ms: 0,
                 }
             );
             assert!(rx.try_recv().is_err());
@@ -1120,6 +1134,7 @@ mod tests {
             event: Event::SeatClaimed {
                 seat: "s".into(),
                 epoch: 3,
+                claim_ms: 0,
             },
         })
         .unwrap();

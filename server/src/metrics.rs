@@ -23,6 +23,8 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 /// is not ownership), `protocol_gate` (this pass's claims refused by the
 /// protocol gate), `withheld` (a pass that claimed nothing on purpose).
 pub const CLAIMS: &str = "crewlet_claims_total";
+/// How long a won claim's store calls took (seconds).
+pub const CLAIM_DURATION: &str = "crewlet_claim_duration_seconds";
 /// Seat renewals, by `outcome`: `renewed`, `lost` (the tenure is over),
 /// `store_unreachable` (the store did not answer: the seat is kept, its
 /// inbox quiesced).
@@ -321,6 +323,11 @@ fn describe() {
         CLAIMS,
         Unit::Count,
         "Seat claims, by outcome (won, held_by_peer, store_error, protocol_gate, withheld)."
+    );
+    describe_histogram!(
+        CLAIM_DURATION,
+        Unit::Seconds,
+        "How long won seat claims' store calls took."
     );
     describe_counter!(
         RENEWALS,

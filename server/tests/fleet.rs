@@ -1448,6 +1448,7 @@ async fn an_event_emitted_on_one_node_reaches_every_peers_bus_once() {
         a.emit(Event::SeatClaimed {
             seat: "x".into(),
             epoch: 9,
+            claim_ms: 0,
         });
         if let Ok(Ok(e)) = tokio::time::timeout(Duration::from_millis(200), at_b.recv()).await {
             break e;
@@ -1459,7 +1460,8 @@ async fn an_event_emitted_on_one_node_reaches_every_peers_bus_once() {
         got.event,
         Event::SeatClaimed {
             seat: "x".into(),
-            epoch: 9
+            epoch: 9,
+            claim_ms: 0,
         }
     );
     // a's own subscribers hear it from a, never echoed back from the fleet.

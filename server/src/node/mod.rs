@@ -220,7 +220,15 @@ pub async fn backends(
                 queue_sink(events),
             )
             .await
-            .map_err(NodeError::Queue)?,
+            .map_err(NodeError::Queue)
+            .inspect(|q| {
+                tracing::info!(
+                    nats_server = %c.server_info().version,
+                    api_level = q.api_level(),
+                    stranded_look_every_s = crate::queue::jetstream::stranded_every(q.api_level()).as_secs(),
+                    "JetStream: newer features are gated on the server's API level"
+                )
+            })?,
         ),
     };
     Ok((store, queue, client))

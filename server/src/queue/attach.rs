@@ -66,6 +66,11 @@ pub trait Source: Send + Sync + 'static {
     ) -> Result<Option<Vec<Fetched>>, QueueError> {
         Ok(Some(Vec::new()))
     }
+
+    /// How often a quiet subscription looks for stranded mail.
+    fn stranded_every(&self) -> Duration {
+        STRANDED_EVERY
+    }
 }
 
 /// Settle one fetched message.
@@ -129,7 +134,8 @@ pub const FETCH_WAIT: Duration = Duration::from_secs(5);
 /// How long a coalescing fetch waits for one more waiting message.
 pub const COALESCE_WAIT: Duration = Duration::from_millis(10);
 /// How often an attached loop looks for stranded mail when nothing else
-/// made it look (it also looks at attach and after a fetch error).
+/// made it look (it also looks at attach and after a fetch error), unless
+/// its source says otherwise ([`Source::stranded_every`]).
 pub const STRANDED_EVERY: Duration = Duration::from_secs(30);
 /// After a fetch error, how long the loop lets acknowledgements already
 /// on their way land before it looks for stranded mail.
@@ -327,7 +333,7 @@ async fn look_for_stranded(l: &Loop) -> (Vec<Fetched>, tokio::time::Instant) {
                 });
             }
             let due = if found.is_empty() {
-                STRANDED_EVERY
+                l.source.stranded_every()
             } else {
                 STRANDED_AFTER_ERROR
             };

@@ -119,6 +119,42 @@ pub struct JetStreamQueue {
     agents: stream::Stream,
     settings: JetStreamSettings,
     events: EventSink,
+    /// The server's JetStream API level (`$JS.API.INFO`; 0 before 2.11).
+    api_level: u32,
+}
+
+/// Pure: the JetStream API level a `$JS.API.INFO` answer states
+/// (`api.level`; 0 when it states none, as servers before 2.11 do).
+pub fn api_level_in(info: &serde_json::Value) -> u32 {
+    info.pointer("/api/level")
+        .and_then(serde_json::Value::as_u64)
+        .map_or(0, |l| u32::try_from(l).unwrap_or(u32::MAX))
+}
+
+/// The server's JetStream API level, asked of `$JS.API.INFO`: newer
+/// features are gated on it, never on the version string. 0 when the
+/// answer cannot be had or read (every feature off).
+pub async fn api_level(client: &async_nats::Client, timeout: Duration) -> u32 {
+    match tokio::time::timeout(timeout, client.request("$JS.API.INFO", Bytes::new())).await {
+        Ok(Ok(m)) => serde_json::from_slice(&m.payload)
+            .map(|v| api_level_in(&v))
+            .unwrap_or(0),
+        _ => 0,
+    }
+}
+
+/// Pure: how often a quiet subscription looks for mail its consumer
+/// stranded, on a server of JetStream API `level`. Before level 1 (2.9,
+/// 2.10) every 30 s: 2.9's consumers stranded mail after leader changes
+/// and 2.10 before 2.10.26 had the same bugs (nats-server #6469, #6526).
+/// From level 1 (2.11 and later, fixed) every 5 minutes, as a safety net:
+/// a look costs a consumer info and a stream read per subscription.
+pub fn stranded_every(level: u32) -> Duration {
+    if level >= 1 {
+        Duration::from_secs(300)
+    } else {
+        super::attach::STRANDED_EVERY
+    }
 }
 
 fn backend(e: impl std::fmt::Display) -> QueueError {
@@ -169,12 +205,19 @@ impl JetStreamQueue {
             stream: DEAD_STREAM.into(),
             message: e.to_string(),
         })?;
+        let api_level = api_level(&js.client(), settings.timeout).await;
         Ok(JetStreamQueue {
             js,
             agents,
             settings,
             events,
+            api_level,
         })
+    }
+
+    /// The server's JetStream API level, as read when the queue opened.
+    pub fn api_level(&self) -> u32 {
+        self.api_level
     }
 
     /// Publish once, bounded; the broker's acknowledgement.
@@ -327,6 +370,53 @@ impl JetStreamQueue {
 }
 
 impl JetStreamQueue {
+    /// An existing mailbox against `spec`: the same is kept, another ack
+    /// window adopted, anything else refused.
+    async fn settle_existing(
+        &self,
+        spec: &SubscriptionSpec,
+        existing: &pull::Config,
+    ) -> Result<(), QueueError> {
+        match fit(
+            &existing.filter_subject,
+            &existing.description,
+            existing.ack_wait,
+            &wanted(spec),
+        ) {
+            Fit::Same => Ok(()),
+            Fit::OtherWindow => self.adopt_window(spec, existing.ack_wait).await,
+            Fit::Other => Err(QueueError::SettingsMismatch {
+                name: spec.name.clone(),
+                existing: describe_existing(existing),
+                wanted: spec.describe(),
+            }),
+        }
+    }
+
+    /// Create a missing mailbox with `action: create`: from 2.10 a consumer
+    /// a peer made meanwhile with other settings is refused by the server
+    /// instead of silently rewritten (10148), and is then settled as any
+    /// existing one; 2.9 ignores the action (the compare before the create
+    /// is what guards it there).
+    async fn create_mailbox(&self, spec: &SubscriptionSpec) -> Result<(), QueueError> {
+        use async_nats::jetstream::stream::ConsumerCreateStrictErrorKind;
+        match bounded(
+            self.settings.timeout,
+            self.agents.create_consumer_strict(wanted(spec)),
+        )
+        .await?
+        {
+            Ok(_) => Ok(()),
+            Err(e) if e.kind() == ConsumerCreateStrictErrorKind::AlreadyExists => {
+                match self.consumer_info(&spec.name).await? {
+                    Some(existing) => self.settle_existing(spec, &existing).await,
+                    None => Err(backend(e)),
+                }
+            }
+            Err(e) => Err(backend(e)),
+        }
+    }
+
     /// Change an existing mailbox's ack window to `spec`'s (an update of
     /// the consumer in place: its position and its pending mail stay).
     async fn adopt_window(
@@ -424,27 +514,10 @@ fn wanted(spec: &SubscriptionSpec) -> pull::Config {
 #[async_trait::async_trait]
 impl Queue for JetStreamQueue {
     async fn ensure_subscription(&self, spec: &SubscriptionSpec) -> Result<(), QueueError> {
-        let want = wanted(spec);
-        if let Some(existing) = self.consumer_info(&spec.name).await? {
-            return match fit(
-                &existing.filter_subject,
-                &existing.description,
-                existing.ack_wait,
-                &want,
-            ) {
-                Fit::Same => Ok(()),
-                Fit::OtherWindow => self.adopt_window(spec, existing.ack_wait).await,
-                Fit::Other => Err(QueueError::SettingsMismatch {
-                    name: spec.name.clone(),
-                    existing: describe_existing(&existing),
-                    wanted: spec.describe(),
-                }),
-            };
+        match self.consumer_info(&spec.name).await? {
+            Some(existing) => self.settle_existing(spec, &existing).await,
+            None => self.create_mailbox(spec).await,
         }
-        bounded(self.settings.timeout, self.agents.create_consumer(want))
-            .await?
-            .map_err(backend)?;
-        Ok(())
     }
 
     async fn ensure_subscriptions(
@@ -502,10 +575,9 @@ impl Queue for JetStreamQueue {
                     }
                 }
                 None => {
-                    bounded(self.settings.timeout, self.agents.create_consumer(want))
+                    self.create_mailbox(spec)
                         .await
-                        .map_err(|e| (spec.name.clone(), e))?
-                        .map_err(|e| (spec.name.clone(), backend(e)))?;
+                        .map_err(|e| (spec.name.clone(), e))?;
                 }
             }
         }
@@ -575,6 +647,7 @@ impl Queue for JetStreamQueue {
             js: self.js.clone(),
             name: name.to_string(),
             timeout: self.settings.timeout,
+            stranded_every: stranded_every(self.api_level),
         });
         Ok(Attachment::start(
             name.to_string(),
@@ -651,6 +724,7 @@ struct PullSource {
     js: js::Context,
     name: String,
     timeout: Duration,
+    stranded_every: Duration,
 }
 
 #[async_trait::async_trait]
@@ -697,6 +771,10 @@ impl Source for PullSource {
                 timeout: self.timeout,
             }),
         }))
+    }
+
+    fn stranded_every(&self) -> Duration {
+        self.stranded_every
     }
 
     async fn take_stranded(&self, judge: &dyn Handler) -> Result<Option<Vec<Fetched>>, QueueError> {
@@ -1065,6 +1143,27 @@ fn dead_letter_of(id: u64, m: async_nats::jetstream::message::StreamMessage) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_api_level_is_read_from_the_info_answer_and_0_where_it_states_none() {
+        let level = |j: &str| api_level_in(&serde_json::from_str(j).unwrap_or_default());
+        // 2.15.1's answer (abridged), 2.9.10's (no level), a garbled one.
+        assert_eq!(
+            level(
+                r#"{"type":"io.nats.jetstream.api.v1.account_info_response","api":{"level":2,"total":7,"errors":0}}"#
+            ),
+            2
+        );
+        assert_eq!(level(r#"{"api":{"total":7,"errors":0}}"#), 0);
+        assert_eq!(level(r#"{"api":{"level":"two"}}"#), 0);
+    }
+
+    #[test]
+    fn stranded_mail_is_looked_for_every_30_s_before_api_level_1_and_every_5_minutes_after() {
+        assert_eq!(stranded_every(0), Duration::from_secs(30));
+        assert_eq!(stranded_every(1), Duration::from_secs(300));
+        assert_eq!(stranded_every(2), Duration::from_secs(300));
+    }
 
     #[test]
     fn stored_mail_is_kept_and_uncovered_mail_is_the_contracts_discard() {

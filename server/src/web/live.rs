@@ -795,6 +795,7 @@ mod tests {
             Event::SeatClaimed {
                 seat: "a".into(),
                 epoch: 4,
+                claim_ms: 0,
             },
         ));
         assert!(!notes.snapshot().contains_key("a"));

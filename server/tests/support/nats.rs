@@ -32,6 +32,39 @@ fn binary() -> PathBuf {
     PathBuf::from("nats-server")
 }
 
+/// The version of the nats-server the tests start (`nats-server
+/// --version`), as (major, minor, patch); `None` when it cannot be read.
+pub fn version() -> Option<(u32, u32, u32)> {
+    let out = Command::new(binary()).arg("--version").output().ok()?;
+    parse_version(&String::from_utf8_lossy(&out.stdout))
+}
+
+/// `nats-server: v2.15.1` → (2, 15, 1).
+fn parse_version(text: &str) -> Option<(u32, u32, u32)> {
+    let v = text.trim().rsplit('v').next()?;
+    let mut parts = v.split(['.', '-']).map(|p| p.parse::<u32>().ok());
+    Some((parts.next()??, parts.next()??, parts.next()??))
+}
+
+/// The version in words, for a skip's reason.
+pub fn version_words() -> String {
+    match version() {
+        Some((a, b, c)) => format!("nats-server {a}.{b}.{c}"),
+        None => "this nats-server (its version cannot be read)".to_string(),
+    }
+}
+
+/// Say on the terminal — past the test harness's capture, so a CI log
+/// shows it — that `test` is skipped on this server, and why.
+pub fn skip(test: &str, why: &str) {
+    use std::io::Write;
+    let _ = writeln!(
+        std::io::stderr(),
+        "skipped: {test} on {}: {why}",
+        version_words()
+    );
+}
+
 /// One running (or killed) nats-server.
 pub struct NatsServer {
     name: String,

@@ -508,6 +508,7 @@ impl SeatHost {
         self.inner.events.emit(Event::SeatClaimed {
             seat: handle.to_string(),
             epoch,
+            claim_ms: sent.elapsed().as_millis() as u64,
         });
         lock(&self.inner.seats).insert(
             handle.to_string(),

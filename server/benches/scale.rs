@@ -337,14 +337,18 @@ fn rss_mib() -> f64 {
 }
 
 async fn point(n: usize, seats: usize, limit: Duration) -> Point {
-    let cluster = support::nats::NatsCluster::start(3).await;
+    // A 10,000-seat company revision is one value of about 2 MB: past
+    // the server's default 1 MiB payload limit.
+    let cluster = support::nats::NatsCluster::start_configured(3, "", "max_payload: 8MB").await;
     let urls = cluster.urls();
     let monitors: Vec<String> = cluster.servers.iter().map(|s| s.monitor_url()).collect();
     let admin = store_on(&urls, "crewlet-apply").await;
     company::apply(&*admin, "scale", &roles(seats))
         .await
         .unwrap();
-    let client = async_nats::connect(urls.join(",")).await.expect("connect");
+    let client = async_nats::connect(urls[0].as_str())
+        .await
+        .expect("connect");
     let js = async_nats::jetstream::new(client);
 
     let seen = Arc::new(Mutex::new(Seen::default()));
@@ -486,7 +490,14 @@ async fn main() {
         .collect();
     let seats = env_number("CREWLET_SCALE_SEATS", 10_000) as usize;
     let limit = Duration::from_secs(env_number("CREWLET_SCALE_LIMIT_S", 300));
-    let mut points = Vec::new();
+    println!();
+    println!(
+        "| scale (3-server cluster on loopback; TTL {} s, heartbeat {} s, sweep {} s, claim limit {CLAIM_LIMIT}) | measured | goal |",
+        TTL.as_secs(),
+        HEARTBEAT.as_secs(),
+        SWEEP.as_secs()
+    );
+    println!("|---|---|---|");
     for n in sizes {
         let t = Instant::now();
         eprintln!("scale: {n} nodes, {seats} seats: starting");
@@ -496,66 +507,70 @@ async fn main() {
             t.elapsed().as_secs_f64(),
             secs(p.cold)
         );
-        let stop = p.cold.is_none() || p.after_kill.is_none();
-        points.push(p);
-        if stop {
+        // Each size's rows as soon as it is measured.
+        rows(&p);
+        if p.cold.is_none() || p.after_kill.is_none() {
             eprintln!("scale: {n} nodes did not converge within {limit:?}; the curve stops here");
             break;
         }
     }
-    println!();
-    println!(
-        "| scale (3-server cluster on loopback; TTL {} s, heartbeat {} s, sweep {} s, claim limit {CLAIM_LIMIT}) | measured | goal |",
-        TTL.as_secs(),
-        HEARTBEAT.as_secs(),
-        SWEEP.as_secs()
+}
+
+fn rows(p: &Point) {
+    use std::io::Write;
+    let f = format!("{} nodes / {} seats", p.nodes, p.seats);
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(
+        out,
+        "| {f}: cold start, every seat held | {}; seats per node most {} / fewest {} | converges |",
+        secs(p.cold),
+        p.spread.0,
+        p.spread.1
     );
-    println!("|---|---|---|");
-    for p in &points {
-        let f = format!("{} nodes / {} seats", p.nodes, p.seats);
-        println!(
-            "| {f}: cold start, every seat held | {}; seats per node most {} / fewest {} | converges |",
-            secs(p.cold),
-            p.spread.0,
-            p.spread.1
-        );
-        println!(
-            "| {f}: claim during the cold start | p50 {} ms / p99 {} ms ({} claims) | — |",
-            p.claim.0, p.claim.1, p.claim.2
-        );
-        println!(
-            "| {f}: steady-state store writes | {:.0} /s against (seats + nodes) ÷ heartbeat = {:.0} /s (×{:.2}) | ≤ ×1.0 |",
-            p.writes_per_s,
-            p.writes_goal,
-            p.writes_per_s / p.writes_goal.max(1.0)
-        );
-        println!(
-            "| {f}: messages one node receives per sweep (steady) | {:.1} | — |",
-            p.msgs_per_sweep
-        );
-        println!(
-            "| {f}: each server's CPU, mean/max % of one core; quorum | {}; {} | no stall |",
-            p.cpu, p.quorum
-        );
-        println!(
-            "| {f}: {} killed → every seat held again; dark time per moved seat | {}; p50 {} ms / p99 {} ms ({} seats) | ≈ TTL + sweep |",
-            p.killed,
-            secs(p.after_kill),
-            p.kill_dark.0,
-            p.kill_dark.1,
-            p.kill_dark.2
-        );
-        println!(
-            "| {f}: {} joining → shares even; handoff dark time per moved seat | {}; p50 {} ms / p99 {} ms ({} seats) | — |",
-            p.killed,
-            secs(p.after_join),
-            p.join_dark.0,
-            p.join_dark.1,
-            p.join_dark.2
-        );
-        println!(
-            "| {f}: this process's resident memory (every node) | {:.0} MiB | — |",
-            p.rss_mib
-        );
-    }
+    let _ = writeln!(
+        out,
+        "| {f}: claim during the cold start | p50 {} ms / p99 {} ms ({} claims) | — |",
+        p.claim.0, p.claim.1, p.claim.2
+    );
+    let _ = writeln!(
+        out,
+        "| {f}: steady-state store writes | {:.0} /s against (seats + nodes) ÷ heartbeat = {:.0} /s (×{:.2}) | ≤ ×1.0 |",
+        p.writes_per_s,
+        p.writes_goal,
+        p.writes_per_s / p.writes_goal.max(1.0)
+    );
+    let _ = writeln!(
+        out,
+        "| {f}: messages one node receives per sweep (steady) | {:.1} | — |",
+        p.msgs_per_sweep
+    );
+    let _ = writeln!(
+        out,
+        "| {f}: each server's CPU, mean/max % of one core; quorum | {}; {} | no stall |",
+        p.cpu, p.quorum
+    );
+    let _ = writeln!(
+        out,
+        "| {f}: {} killed → every seat held again; dark time per moved seat | {}; p50 {} ms / p99 {} ms ({} seats) | ≈ TTL + sweep |",
+        p.killed,
+        secs(p.after_kill),
+        p.kill_dark.0,
+        p.kill_dark.1,
+        p.kill_dark.2
+    );
+    let _ = writeln!(
+        out,
+        "| {f}: {} joining → shares even; handoff dark time per moved seat | {}; p50 {} ms / p99 {} ms ({} seats) | — |",
+        p.killed,
+        secs(p.after_join),
+        p.join_dark.0,
+        p.join_dark.1,
+        p.join_dark.2
+    );
+    let _ = writeln!(
+        out,
+        "| {f}: this process's resident memory (every node) | {:.0} MiB | — |",
+        p.rss_mib
+    );
+    let _ = out.flush();
 }

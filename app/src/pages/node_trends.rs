@@ -6,9 +6,10 @@
 use leptos::prelude::*;
 
 use crate::api::{FleetTrends, NodeTrend};
+use crate::components::chart::{BarChart, LineChart};
 use crate::components::notice::ErrorNotice;
 use crate::fns::node_trends;
-use crate::view::{bars, dots, line_points, strip_words};
+use crate::view::strip_words;
 
 const W: f64 = 240.0;
 const H: f64 = 32.0;
@@ -62,18 +63,6 @@ fn Strip(node: NodeTrend) -> impl IntoView {
     let turns: Vec<u64> = node.minutes.iter().map(|m| m.turns).collect();
     let p99: Vec<Option<u64>> = node.minutes.iter().map(|m| m.store_p99_us).collect();
     let href = format!("/nodes/{}", crate::pages::encode(&node.node_id));
-    let line = |values: Vec<Option<u64>>, label: &'static str| {
-        let points = line_points(&values, W, H);
-        view! {
-            <svg class="chart strip-chart" viewBox=format!("0 0 {W} {H}") preserveAspectRatio="none" role="img" aria-label=label>
-                <polyline points=points class="line" />
-                {dots(&values, W, H)
-                    .into_iter()
-                    .map(|(x, y)| view! { <circle cx=x cy=y r="1.5" class="dot" /> })
-                    .collect_view()}
-            </svg>
-        }
-    };
     view! {
         <li class="strip" data-node=node.node_id.clone() data-turns=words.turns_total>
             <div class="strip-head">
@@ -82,20 +71,15 @@ fn Strip(node: NodeTrend) -> impl IntoView {
             </div>
             <div class="strip-charts">
                 <figure>
-                    {line(held, "Seats held per minute over the last hour")}
+                    <LineChart values=held width=W height=H class="strip-chart" dot=1.5 label="Seats held per minute over the last hour" />
                     <figcaption class="muted small">{words.held}</figcaption>
                 </figure>
                 <figure>
-                    <svg class="chart strip-chart" viewBox=format!("0 0 {W} {H}") preserveAspectRatio="none" role="img" aria-label="Turns finished per minute over the last hour">
-                        {bars(&turns, W, H)
-                            .into_iter()
-                            .map(|b| view! { <rect x=b.x y=b.y width=b.w height=b.h class="bar" /> })
-                            .collect_view()}
-                    </svg>
+                    <BarChart values=turns width=W height=H class="strip-chart" label="Turns finished per minute over the last hour" />
                     <figcaption class="muted small">{words.turns}</figcaption>
                 </figure>
                 <figure>
-                    {line(p99, "Coordination store p99 per minute over the last hour")}
+                    <LineChart values=p99 width=W height=H class="strip-chart" dot=1.5 label="Coordination store p99 per minute over the last hour" />
                     <figcaption class="muted small">{words.store}</figcaption>
                 </figure>
             </div>

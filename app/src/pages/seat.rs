@@ -10,11 +10,12 @@ use leptos::prelude::*;
 use leptos_router::hooks::{use_params_map, use_query_map};
 
 use crate::api::{ActivityMinute, EffectView, InboxMinute, SeatDetail};
+use crate::components::chart::{BarChart, LineChart};
 use crate::components::notice::ErrorNotice;
 use crate::error::AppError;
 use crate::fns::{seat_page, send_message, whoami};
 use crate::live::{EVENT_NAMES, LiveBadge, refetch_on};
-use crate::view::{TimelineItem, bars, inbox_words, line_points, timeline};
+use crate::view::{TimelineItem, inbox_words, timeline};
 
 #[component]
 pub fn SeatPage() -> impl IntoView {
@@ -158,9 +159,7 @@ fn LastHour(
             crate::view::ms_words(mean)
         )
     };
-    let points = line_points(&durations, W, H);
     let depths: Vec<Option<u64>> = inbox.iter().map(|m| m.depth).collect();
-    let inbox_points = line_points(&depths, W, H);
     let inbox_deepest = depths.iter().flatten().max().copied().unwrap_or(0);
     let inbox_said = match inbox_error {
         Some(e) => e,
@@ -171,32 +170,15 @@ fn LastHour(
             <h2 id="last-hour-h">"The last hour"</h2>
             <p class="muted small">{summary}{format!(" Up to {to} UTC.")}</p>
             <figure>
-                <svg class="chart" viewBox=format!("0 0 {W} {H}") preserveAspectRatio="none" role="img" aria-label="Turns finished per minute over the last hour">
-                    {bars(&turns, W, H)
-                        .into_iter()
-                        .map(|b| view! { <rect x=b.x y=b.y width=b.w height=b.h class="bar" /> })
-                        .collect_view()}
-                </svg>
+                <BarChart values=turns width=W height=H label="Turns finished per minute over the last hour" />
                 <figcaption class="muted small">"Turns per minute"</figcaption>
             </figure>
             <figure>
-                <svg class="chart" viewBox=format!("0 0 {W} {H}") preserveAspectRatio="none" role="img" aria-label="Mean turn duration per minute over the last hour">
-                    <polyline points=points class="line" />
-                    {crate::view::dots(&durations, W, H)
-                        .into_iter()
-                        .map(|(x, y)| view! { <circle cx=x cy=y r="2" class="dot" /> })
-                        .collect_view()}
-                </svg>
+                <LineChart values=durations width=W height=H label="Mean turn duration per minute over the last hour" />
                 <figcaption class="muted small">"Mean turn duration"</figcaption>
             </figure>
             <figure class="inbox-depth" data-deepest=inbox_deepest>
-                <svg class="chart" viewBox=format!("0 0 {W} {H}") preserveAspectRatio="none" role="img" aria-label="Inbox depth per minute over the last hour">
-                    <polyline points=inbox_points class="line" />
-                    {crate::view::dots(&depths, W, H)
-                        .into_iter()
-                        .map(|(x, y)| view! { <circle cx=x cy=y r="2" class="dot" /> })
-                        .collect_view()}
-                </svg>
+                <LineChart values=depths width=W height=H label="Inbox depth per minute over the last hour" />
                 <figcaption class="muted small">{format!("Inbox depth: {inbox_said}")}</figcaption>
             </figure>
         </section>

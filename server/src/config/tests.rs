@@ -778,3 +778,15 @@ budget = { tokens_per_day = 1000, tokens_per_month = 20000 }
     );
     assert!(zero.problem.contains("for good"), "{zero:?}");
 }
+
+#[test]
+fn per_seat_series_are_on_for_up_to_200_seats_by_default_and_switchable() {
+    assert_eq!(parse("").unwrap().metrics.seat_series_limit, 200);
+    let off = parse("[metrics]\nseat_series_limit = 0\n").unwrap();
+    assert_eq!(off.metrics.seat_series_limit, 0);
+    let p = one(
+        "[metrics]\nseat_series_limt = 10\n",
+        "metrics.seat_series_limt",
+    );
+    assert!(p.fix.contains("`seat_series_limit`"), "{p}");
+}

@@ -495,12 +495,18 @@ impl NatsCluster {
     /// (`no_advertise: true`, say: clients learn no other server's address,
     /// so a client given proxies stays behind them).
     pub async fn start_with(n: usize, cluster_extra: &str) -> NatsCluster {
+        NatsCluster::start_configured(n, cluster_extra, "").await
+    }
+
+    /// [`NatsCluster::start_with`], each server's config also carrying
+    /// `extra` at its top level (`max_payload: 8MB`, say).
+    pub async fn start_configured(n: usize, cluster_extra: &str, extra: &str) -> NatsCluster {
         // A cluster that does not serve JetStream or cannot place a
         // replicated stream in time (a route port another test took between
         // picking and binding it, a meta leader slow on a loaded machine) is
         // started again on fresh ports.
         for attempt in 1..=3 {
-            if let Some(c) = NatsCluster::try_start(n, cluster_extra).await {
+            if let Some(c) = NatsCluster::try_start(n, cluster_extra, extra).await {
                 return c;
             }
             eprintln!(
@@ -510,7 +516,7 @@ impl NatsCluster {
         panic!("a {n}-server cluster could not place a replicated stream, three times");
     }
 
-    async fn try_start(n: usize, cluster_extra: &str) -> Option<NatsCluster> {
+    async fn try_start(n: usize, cluster_extra: &str, extra: &str) -> Option<NatsCluster> {
         let ports: Vec<(u16, u16, u16)> = (0..n)
             .map(|_| (free_port(), free_port(), free_port()))
             .collect();
@@ -524,7 +530,7 @@ impl NatsCluster {
                     *port,
                     *monitor,
                     Some((*cluster, &routes, cluster_extra)),
-                    "",
+                    extra,
                 )
             })
             .collect();

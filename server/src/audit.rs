@@ -12,7 +12,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use sqlx::SqlitePool;
 
@@ -194,27 +193,20 @@ impl FleetAudit {
     /// `tasks` stops. Returns once the node is listening.
     pub async fn serve(self: &Arc<Self>, tasks: &Tasks) -> Result<(), FleetAuditError> {
         let subject = audit_subject(&self.incarnation);
-        let inbound = self
-            .scatter
-            .listen(&subject)
-            .await
-            .map_err(|source| FleetAuditError::Listen { subject, source })?;
         let me = self.clone();
-        tasks.spawn("auditread-responder", async move {
-            inbound
-                .for_each_concurrent(4, |mut req| {
-                    let me = me.clone();
-                    async move {
-                        let reply = me.answer(&req.payload).await;
-                        let body = serde_json::to_vec(&reply).unwrap_or_default();
-                        if let Err(e) = req.answer(Bytes::from(body)).await {
-                            tracing::warn!(error = %e, "cannot send an audit read answer");
-                        }
-                    }
-                })
-                .await;
-        });
-        Ok(())
+        crate::scatter::respond(
+            &*self.scatter,
+            &subject,
+            tasks,
+            "auditread-responder",
+            4,
+            move |payload| {
+                let me = me.clone();
+                async move { me.answer(&payload).await }
+            },
+        )
+        .await
+        .map_err(|source| FleetAuditError::Listen { subject, source })
     }
 
     async fn answer(&self, payload: &[u8]) -> AuditReply {

@@ -82,6 +82,40 @@ pub async fn ask_each(
     .await
 }
 
+/// Answer the requests on `subject` until `tasks` stops, at most
+/// `concurrent` at once: each payload is handed to `answer` and what it
+/// returns is sent back as JSON (an answer that cannot be sent is logged).
+/// `task` names the responder's task. Returns once listening.
+pub async fn respond<T, F, Fut>(
+    scatter: &dyn Scatter,
+    subject: &str,
+    tasks: &crate::tasks::Tasks,
+    task: &'static str,
+    concurrent: usize,
+    answer: F,
+) -> Result<(), ScatterError>
+where
+    T: serde::Serialize,
+    F: Fn(Bytes) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = T> + Send,
+{
+    let inbound = scatter.listen(subject).await?;
+    tasks.spawn(task, async move {
+        inbound
+            .for_each_concurrent(concurrent, |mut req| {
+                let reply = answer(req.payload.clone());
+                async move {
+                    let body = serde_json::to_vec(&reply.await).unwrap_or_default();
+                    if let Err(e) = req.answer(Bytes::from(body)).await {
+                        tracing::warn!(error = %e, task, "cannot send an answer");
+                    }
+                }
+            })
+            .await;
+    });
+    Ok(())
+}
+
 /// Pure: why a peer gave no answer, in words.
 pub fn silence(e: &ScatterError) -> String {
     match e {

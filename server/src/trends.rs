@@ -16,7 +16,6 @@ use std::time::Duration;
 
 use app::api::{FleetTrends, InboxMinute, NodeMinute, NodeTrend};
 use bytes::Bytes;
-use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 
 use crate::coord::Store;
@@ -341,27 +340,17 @@ impl Trends {
     /// stops. Returns once the node is listening.
     pub async fn serve(self: &Arc<Self>, tasks: &Tasks) -> Result<(), TrendsError> {
         let subject = trends_subject(&self.incarnation);
-        let inbound = self
-            .scatter
-            .listen(&subject)
-            .await
-            .map_err(|source| TrendsError::Listen { subject, source })?;
         let me = self.clone();
-        tasks.spawn("trends-responder", async move {
-            inbound
-                .for_each_concurrent(4, |mut req| {
-                    let me = me.clone();
-                    async move {
-                        let reply = me.answer(&req.payload);
-                        let body = serde_json::to_vec(&reply).unwrap_or_default();
-                        if let Err(e) = req.answer(Bytes::from(body)).await {
-                            tracing::debug!(error = %e, "cannot send a trend read's answer");
-                        }
-                    }
-                })
-                .await;
-        });
-        Ok(())
+        crate::scatter::respond(
+            &*self.scatter,
+            &subject,
+            tasks,
+            "trends-responder",
+            4,
+            move |payload| std::future::ready(me.answer(&payload)),
+        )
+        .await
+        .map_err(|source| TrendsError::Listen { subject, source })
     }
 
     fn answer(&self, payload: &[u8]) -> Reply {

@@ -9,7 +9,10 @@
 //!   leases held;
 //! - the primitives a claim is made of (one compare-and-set write, one read
 //!   from the leader), for scale;
-//! - the same on the in-process twin.
+//! - the same on the in-process twin;
+//! - where the server allows it (JetStream API level 2: nats-server 2.12
+//!   and later), the claim, renew and floor rows again with every claim one
+//!   atomic batch (`coordination.atomic_claim`), beside the three-write rows.
 //!
 //! The 10 and the 10,000 scenario are sampled alternately, one sample each
 //! in turn, so whatever else the machine is doing weighs on both alike.
@@ -114,12 +117,29 @@ async fn fill<B: Backend>(
 }
 
 async fn nats_scenario(held: usize) -> Result<Scenario<NatsBackend>, String> {
+    nats_scenario_with(held, false)
+        .await?
+        .ok_or_else(|| "no store".to_string())
+}
+
+/// A NATS scenario; with `atomic`, `None` when the server has no atomic
+/// batch (API level below 2).
+async fn nats_scenario_with(
+    held: usize,
+    atomic: bool,
+) -> Result<Option<Scenario<NatsBackend>>, String> {
     let server = NatsServer::start().await;
     let mut o = NatsOptions::new(vec![server.url()]);
     o.lease_ttl = Duration::from_secs(600);
     o.store_timeout = Duration::from_secs(5);
+    o.atomic_claim = atomic;
     let backend = NatsBackend::connect(&o).await.map_err(|e| e.to_string())?;
-    fill(Coordinator::new(backend, options()), held, Some(server)).await
+    if atomic && !backend.atomic() {
+        return Ok(None);
+    }
+    fill(Coordinator::new(backend, options()), held, Some(server))
+        .await
+        .map(Some)
 }
 
 async fn twin_scenario(held: usize) -> Result<Scenario<TwinBackend>, String> {
@@ -260,6 +280,22 @@ async fn run(rows: &mut Vec<Row>) -> Result<(), String> {
     measure("nats", &mut nats, rows).await?;
     baseline(&nats, rows).await?;
     drop(nats);
+    let mut atomic = Vec::new();
+    for held in HELD {
+        if let Some(sc) = nats_scenario_with(held, true).await? {
+            atomic.push(sc);
+        }
+    }
+    if atomic.is_empty() {
+        println!(
+            "atomic claim rows: not measured ({} has no atomic batch: JetStream API level 2, \
+             nats-server 2.12 or later)",
+            support::nats::version_words()
+        );
+    } else {
+        measure("nats atomic", &mut atomic, rows).await?;
+    }
+    drop(atomic);
     let mut twin = Vec::new();
     for held in HELD {
         twin.push(twin_scenario(held).await?);
@@ -313,11 +349,15 @@ async fn main() {
     }
 
     println!(
-        "\ncoordination store on one nats-server 2.9 (loopback) and on the in-process twin; \
+        "\ncoordination store on one {} (loopback) and on the in-process twin; \
          {SAMPLES} samples per row, the 10 and 10,000 scenarios sampled alternately. A claim \
-         is 3 writes + 2 reads in 3 round trips (the counter read rides beside the first \
-         write, the timestamp read right behind the token write); a renewal is 1 write + 1 \
-         pipelined read. Measured from a task on the runtime's workers, as a node claims.\n"
+         is 3 writes + 2 reads in 3 round trips (the counter reads ride beside the first \
+         write, the timestamp read right behind the token write); an atomic claim is 3 reads \
+         in one round trip, then one batch of 2 writes with the timestamp read behind it; a \
+         renewal is 1 write + 1 pipelined read, counted from the clock's bounds when that \
+         read was answered first. Measured from a task on the runtime's workers, as a node \
+         claims.\n",
+        support::nats::version_words()
     );
     println!("| op | leases held | p50 µs | p99 µs | p50 ratio 10,000/10 |");
     println!("|---|---:|---:|---:|---:|");

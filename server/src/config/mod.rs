@@ -377,6 +377,11 @@ pub struct CoordinationSection {
     pub handoff: HandoffMode,
     /// How long an offer stands before the giver withdraws it and resumes.
     pub handoff_timeout_ms: u64,
+    /// Claim a seat or presence lease in one atomic batch write (the epoch
+    /// key beside the lease, both by compare-and-set) where the store
+    /// allows it: JetStream API level 2 (nats-server 2.12 and later), or
+    /// the in-process twin. Off as shipped (README § Coordination).
+    pub atomic_claim: bool,
 }
 
 /// `coordination.handoff`.
@@ -399,6 +404,7 @@ impl Default for CoordinationSection {
             store_timeout_ms: 2000,
             handoff: HandoffMode::TwoPhase,
             handoff_timeout_ms: 5000,
+            atomic_claim: false,
         }
     }
 }

@@ -119,11 +119,37 @@ impl RawEvent {
 }
 
 /// A write that landed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct Written {
     pub revision: Revision,
     /// The write's store timestamp when the backend knows it without a read.
     pub written_at: Option<StoreTime>,
+    /// When the exact timestamp is not known: bounds the backend can vouch
+    /// for without a read — the write was stamped no earlier than the first
+    /// and no later than the second (the store's clock when the write was
+    /// sent, and an upper bound on it when its answer came back).
+    pub within: Option<(StoreTime, StoreTime)>,
+}
+
+/// The epoch counter's key in the leases bucket, beside the lease it counts
+/// for (an atomic claim writes both in one batch): `epoch:{resource}`.
+/// Never a lease: `epoch` is no resource kind.
+pub fn epoch_key(resource: &str) -> String {
+    format!("{EPOCH_KEY_PREFIX}{resource}")
+}
+
+/// The prefix of every epoch key kept in the leases bucket.
+pub const EPOCH_KEY_PREFIX: &str = "epoch:";
+
+/// One compare-and-set write of an atomic batch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BatchWrite {
+    pub key: String,
+    pub value: Bytes,
+    /// The key's last write must be this revision; 0: the key must be absent.
+    pub expected: Revision,
+    /// Kept whatever the bucket's age limit (a counter that must outlive it).
+    pub keep: bool,
 }
 
 /// A write that did not (certainly) land.
@@ -149,6 +175,13 @@ pub trait Backend: Send + Sync + 'static {
     fn connection_changes(&self) -> tokio::sync::watch::Receiver<ConnectionState>;
     /// The key's current value, from the leader; `None` when absent or deleted.
     async fn get(&self, b: BucketId, key: &str) -> Result<Option<RawEntry>, StoreError>;
+    /// The key's last write's revision, a removal marker included (0:
+    /// none), and its value unless it is a marker; from the leader.
+    async fn get_marked(
+        &self,
+        b: BucketId,
+        key: &str,
+    ) -> Result<(Revision, Option<RawEntry>), StoreError>;
     /// Write only if the key is absent (or deleted).
     async fn create(&self, b: BucketId, key: &str, value: Bytes) -> Result<Written, WriteError>;
     /// Write only if the key's last write is `expected`.
@@ -172,6 +205,27 @@ pub trait Backend: Send + Sync + 'static {
     }
     /// Delete only if the key's last write is `expected`.
     async fn delete(&self, b: BucketId, key: &str, expected: Revision) -> Result<(), WriteError>;
+    /// Whether [`Backend::batch`] is available: every write of a batch to one
+    /// bucket stored together or none (JetStream atomic batch publish, API
+    /// level 2, with `coordination.atomic_claim` on).
+    fn atomic_claims(&self) -> bool {
+        false
+    }
+    /// Whether epoch keys ([`epoch_key`]) can exist in the leases bucket
+    /// (an atomic claim ran on this store, or may): every mint then reads
+    /// them beside the epochs bucket.
+    fn epoch_keys(&self) -> bool {
+        false
+    }
+    /// Several compare-and-set writes to bucket `b`, stored together or
+    /// not at all: `Conflict` when any precondition fails (nothing stored).
+    /// The answer is the batch's last write.
+    async fn batch(&self, b: BucketId, writes: Vec<BatchWrite>) -> Result<Written, WriteError> {
+        let _ = (b, writes);
+        Err(WriteError::Unknown(StoreError::Backend(
+            "this store has no atomic batch write".into(),
+        )))
+    }
     /// The store timestamp of `key`'s write `revision`, if it still exists.
     async fn written_at(
         &self,

@@ -342,6 +342,61 @@ pub fn judge_found(found: Option<&Lease>, claim: &str, now: StoreTime) -> Found 
     }
 }
 
+/// What an atomic claim (one batch: the epoch key and the lease, both by
+/// compare-and-set) does, given what it read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AtomicClaim {
+    /// A live lease of someone else's (or of this owner's earlier tenure).
+    Held,
+    /// This claim's own batch, whose answer was lost, landed.
+    Mine,
+    /// Write the batch: the lease over its last write `lease_expected` (0:
+    /// none), the epoch key holding `epoch` over `epoch_expected` (0: none).
+    Write {
+        lease_expected: u64,
+        epoch: u64,
+        epoch_expected: u64,
+    },
+}
+
+/// Pure: judge an atomic claim. `found` is the lease record (none when
+/// absent or a removal marker), `last` the key's last write, a marker
+/// included (0: none); `counter` the epoch key in the leases bucket (its
+/// revision and record), `legacy` the epochs bucket's counter. The epoch
+/// minted is past every counter and past the record's own, so epochs stay
+/// monotonic whichever claim path wrote last.
+pub fn judge_atomic_claim(
+    found: Option<&Lease>,
+    last: u64,
+    counter: Option<(u64, &EpochRecord)>,
+    legacy: Option<&EpochRecord>,
+    claim: &str,
+    now: StoreTime,
+) -> AtomicClaim {
+    if let Some(l) = found {
+        if l.claim == claim && l.state == LeaseState::Held {
+            return AtomicClaim::Mine;
+        }
+        if l.is_live(now) {
+            return AtomicClaim::Held;
+        }
+    }
+    let current = [
+        counter.map(|(_, r)| r.epoch),
+        legacy.map(|r| r.epoch),
+        found.map(|l| l.epoch),
+    ]
+    .into_iter()
+    .flatten()
+    .max()
+    .unwrap_or(0);
+    AtomicClaim::Write {
+        lease_expected: last,
+        epoch: next_epoch(current),
+        epoch_expected: counter.map_or(0, |(rev, _)| rev),
+    }
+}
+
 /// The next epoch after the counter's current value (0 = never minted).
 pub fn next_epoch(current: u64) -> u64 {
     current.saturating_add(1)
@@ -352,6 +407,24 @@ pub fn next_epoch(current: u64) -> u64 {
 /// lapsed and may only be re-acquired, with a new epoch).
 pub fn landed_in_time(expires_at: StoreTime, written_at: StoreTime) -> bool {
     written_at < expires_at
+}
+
+/// Pure: the timestamp a renewal's new tenure is counted from, without
+/// reading the write back. The exact stamp when the store gave it; else,
+/// when the backend's bounds show the write landed in time (its upper
+/// bound before `expires_at`), the lower bound: the holder then believes
+/// its tenure ends no later than the store does, never later. `None`: the
+/// bounds cannot tell (or there are none); read the write's stamp.
+pub fn renewal_stamp(
+    exact: Option<StoreTime>,
+    within: Option<(StoreTime, StoreTime)>,
+    expires_at: StoreTime,
+) -> Option<StoreTime> {
+    match (exact, within) {
+        (Some(at), _) => Some(at),
+        (None, Some((lo, hi))) if lo <= hi && landed_in_time(expires_at, hi) => Some(lo),
+        _ => None,
+    }
 }
 
 /// Whether `current` is still `lease`'s tenure: same owner, same epoch, held.
@@ -433,6 +506,86 @@ mod tests {
 
     fn t(s: i64) -> StoreTime {
         StoreTime::from_unix_nanos(s * 1_000_000_000)
+    }
+
+    fn epoch_rec(epoch: u64, claim: &str) -> EpochRecord {
+        EpochRecord {
+            epoch,
+            claim: claim.into(),
+            holder: "node-a".into(),
+        }
+    }
+
+    #[test]
+    fn an_atomic_claim_mints_past_every_counter_and_the_record() {
+        let mut l = lease("seat:a", 4, 10);
+        l.epoch = 4;
+        l.revision = 9;
+        // Lapsed at t=20: the epoch key says 3, the epochs bucket 6 (a
+        // three-write claim minted there last), the record 4.
+        let plan = judge_atomic_claim(
+            Some(&l),
+            9,
+            Some((5, &epoch_rec(3, "x"))),
+            Some(&epoch_rec(6, "y")),
+            "mine",
+            t(20),
+        );
+        assert_eq!(
+            plan,
+            AtomicClaim::Write {
+                lease_expected: 9,
+                epoch: 7,
+                epoch_expected: 5
+            }
+        );
+        // Nothing anywhere: epoch 1, both keys created.
+        assert_eq!(
+            judge_atomic_claim(None, 0, None, None, "mine", t(0)),
+            AtomicClaim::Write {
+                lease_expected: 0,
+                epoch: 1,
+                epoch_expected: 0
+            }
+        );
+        // A removal marker: the lease is written over the marker's revision.
+        assert_eq!(
+            judge_atomic_claim(None, 12, Some((11, &epoch_rec(2, "x"))), None, "m", t(0)),
+            AtomicClaim::Write {
+                lease_expected: 12,
+                epoch: 3,
+                epoch_expected: 11
+            }
+        );
+    }
+
+    #[test]
+    fn a_renewal_counts_from_its_lower_bound_only_when_it_surely_landed_in_time() {
+        // Exact: used as is.
+        assert_eq!(renewal_stamp(Some(t(5)), None, t(10)), Some(t(5)));
+        // Bounds wholly before the expiry: the lower bound (never later
+        // than the store's stamp, so the holder's expiry is never later).
+        assert_eq!(renewal_stamp(None, Some((t(4), t(6))), t(10)), Some(t(4)));
+        // The upper bound at or past the expiry: it may have landed late.
+        assert_eq!(renewal_stamp(None, Some((t(8), t(10))), t(10)), None);
+        // No bounds, or nonsense bounds: read it.
+        assert_eq!(renewal_stamp(None, None, t(10)), None);
+        assert_eq!(renewal_stamp(None, Some((t(7), t(6))), t(10)), None);
+    }
+
+    #[test]
+    fn an_atomic_claim_never_writes_over_a_live_lease_and_knows_its_own() {
+        let mut l = lease("seat:a", 4, 10);
+        l.claim = "theirs".into();
+        assert_eq!(
+            judge_atomic_claim(Some(&l), l.revision, None, None, "mine", t(5)),
+            AtomicClaim::Held
+        );
+        l.claim = "mine".into();
+        assert_eq!(
+            judge_atomic_claim(Some(&l), l.revision, None, None, "mine", t(5)),
+            AtomicClaim::Mine
+        );
     }
 
     fn lease(resource: &str, protocol: u32, expires: i64) -> Lease {

@@ -71,7 +71,10 @@ pub async fn open(
     match c.kind {
         crate::config::CoordinationType::Local => Ok((
             std::sync::Arc::new(Coordinator::new(
-                timed::Timed::new(TwinBackend::new(Duration::from_secs(c.lease_ttl_seconds))),
+                timed::Timed::new(
+                    TwinBackend::new(Duration::from_secs(c.lease_ttl_seconds))
+                        .with_atomic_claims(c.atomic_claim),
+                ),
                 options,
             )),
             None,

@@ -19,7 +19,8 @@ use std::collections::HashMap;
 use std::future::IntoFuture;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, kv, stream};
@@ -29,8 +30,8 @@ use futures::StreamExt;
 use tokio::sync::watch;
 
 use super::kv::{
-    Backend, BucketId, RawEntry, RawEvent, RawEventStream, WriteError, Written, decode_key,
-    encode_key,
+    Backend, BatchWrite, BucketId, RawEntry, RawEvent, RawEventStream, WriteError, Written,
+    decode_key, encode_key,
 };
 use super::{ConnectionState, Revision, StoreError, StoreTime};
 use crate::config::{CoordinationSection, StreamSection};
@@ -52,6 +53,9 @@ pub struct NatsOptions {
     pub replicas: usize,
     /// The connection's name, as the server's monitoring shows it.
     pub name: String,
+    /// Claim in one atomic batch where the server allows it (JetStream API
+    /// level 2: nats-server 2.12 and later): `coordination.atomic_claim`.
+    pub atomic_claim: bool,
 }
 
 impl NatsOptions {
@@ -66,6 +70,7 @@ impl NatsOptions {
             store_timeout: Duration::from_millis(2000),
             replicas: 1,
             name: "crewlet".into(),
+            atomic_claim: false,
         }
     }
 
@@ -84,23 +89,61 @@ impl NatsOptions {
             store_timeout: Duration::from_millis(coord.store_timeout_ms),
             replicas: if stream.urls.len() >= 3 { 3 } else { 1 },
             name: format!("crewlet-{node_id}"),
+            atomic_claim: coord.atomic_claim,
         }
     }
 }
 
-/// The store's clock: a lower bound on the server's time.
+/// The store's clock: a lower bound on the server's time, and an upper
+/// bound while one is calibrated.
 struct Clock {
     origin: Instant,
     /// server_nanos − local_elapsed_nanos, the largest seen; i64::MIN = none.
     offset: AtomicI64,
+    /// The upper bound's calibration: a server stamp on a write this
+    /// process sent, less the local time when it was sent (the server
+    /// stamped it after that), and the local time of the calibration.
+    upper: Mutex<Option<(i64, i64)>>,
 }
+
+/// An upper bound is trusted this long after its calibration.
+const UPPER_FRESH: Duration = Duration::from_secs(60);
+/// Allowance for the two clocks' rates differing (1,000 ppm, twice what
+/// NTP ever slews), and for timestamp resolution.
+const UPPER_DRIFT_DIVISOR: i64 = 1000;
+const UPPER_SLACK_NANOS: i64 = 1_000_000;
 
 impl Clock {
     fn new() -> Clock {
         Clock {
             origin: Instant::now(),
             offset: AtomicI64::new(i64::MIN),
+            upper: Mutex::new(None),
         }
+    }
+
+    /// The server stamped `server` on a write sent at `sent`: the server's
+    /// clock then read no more than `server`, as seen from `sent`.
+    fn calibrate(&self, server: StoreTime, sent: Instant) {
+        let cand = server.unix_nanos().saturating_sub(self.elapsed(sent));
+        let at = self.elapsed(Instant::now());
+        *self.upper.lock().unwrap_or_else(|p| p.into_inner()) = Some((cand, at));
+    }
+
+    /// An upper bound on the server's time now, while the calibration is
+    /// fresh; `None` otherwise.
+    fn upper_now(&self) -> Option<StoreTime> {
+        let (cand, at) = (*self.upper.lock().unwrap_or_else(|p| p.into_inner()))?;
+        let now = self.elapsed(Instant::now());
+        let since = now.saturating_sub(at);
+        if since > i64::try_from(UPPER_FRESH.as_nanos()).unwrap_or(i64::MAX) {
+            return None;
+        }
+        Some(StoreTime::from_unix_nanos(
+            now.saturating_add(cand)
+                .saturating_add(since / UPPER_DRIFT_DIVISOR)
+                .saturating_add(UPPER_SLACK_NANOS),
+        ))
     }
 
     fn elapsed(&self, at: Instant) -> i64 {
@@ -138,6 +181,12 @@ pub struct NatsBackend {
     clock: Arc<Clock>,
     /// Connection changes as the client reports them.
     events: watch::Receiver<ConnectionState>,
+    /// Claims are one atomic batch (asked for, and the server allows it).
+    atomic: bool,
+    /// Epoch keys may exist in the leases bucket (API level 2 or later).
+    epoch_keys: bool,
+    /// Reads made to learn a write's own timestamp.
+    stamp_reads: AtomicU64,
 }
 
 fn stream_name(b: BucketId) -> String {
@@ -227,14 +276,26 @@ impl NatsBackend {
         let mut js = jetstream::new(client.clone());
         js.set_timeout(opts.store_timeout);
 
+        let level = api_level(&client, opts.store_timeout).await;
+        let mut atomic = opts.atomic_claim && level >= ATOMIC_API_LEVEL;
+        if opts.atomic_claim && !atomic {
+            tracing::warn!(
+                api_level = level,
+                "coordination.atomic_claim is on but the server's JetStream API level is {level} \
+                 (atomic batches need {ATOMIC_API_LEVEL}: nats-server 2.12 or later); claims use three writes"
+            );
+        }
         let mut stores = HashMap::new();
         let mut ttl = opts.lease_ttl;
+        let mut epoch_keys = level >= ATOMIC_API_LEVEL;
         for b in BucketId::ALL {
-            let in_force = ensure_bucket(&js, b, opts.lease_ttl, opts.replicas).await?;
-            if b == BucketId::Leases
-                && let Some(age) = in_force
-            {
-                ttl = age;
+            let found = ensure_bucket(&js, b, opts.lease_ttl, opts.replicas, atomic).await?;
+            if b == BucketId::Leases {
+                epoch_keys |= found.atomic;
+                atomic &= found.atomic;
+                if let Some(age) = found.max_age {
+                    ttl = age;
+                }
             }
             let store = js
                 .get_key_value(b.name())
@@ -253,12 +314,66 @@ impl NatsBackend {
             timeout: opts.store_timeout,
             clock: Arc::new(Clock::new()),
             events,
+            atomic,
+            epoch_keys,
+            stamp_reads: AtomicU64::new(0),
         };
         backend.probe_clock().await?;
         Ok(backend)
     }
 
     /// The underlying client (the queue rides the same connection).
+    /// How many reads this backend made to learn a write's own timestamp
+    /// (a renewal needs none while the clock's upper bound is calibrated).
+    pub fn stamp_reads(&self) -> u64 {
+        self.stamp_reads.load(Ordering::Relaxed)
+    }
+
+    /// Whether claims are one atomic batch on this store.
+    pub fn atomic(&self) -> bool {
+        self.atomic
+    }
+
+    /// A write to `subject` that landed as `sequence`, sent at `sent` when
+    /// the store's clock read `lo`, and the pipelined read of the subject's
+    /// last message: its exact stamp when that read saw it; else bounds
+    /// when the clock's upper bound is calibrated; else read back by
+    /// sequence (which calibrates it).
+    async fn written(
+        &self,
+        b: BucketId,
+        sequence: Revision,
+        (sent, lo): (Instant, StoreTime),
+        last: Option<jetstream::message::StreamMessage>,
+    ) -> Written {
+        let mut w = Written {
+            revision: sequence,
+            ..Default::default()
+        };
+        if let Some(m) = last.filter(|m| m.sequence == sequence) {
+            let at = self.observe(m.time);
+            self.clock.calibrate(at, sent);
+            w.written_at = Some(at);
+            return w;
+        }
+        if let Some(hi) = self.clock.upper_now() {
+            w.within = Some((lo, hi));
+            return w;
+        }
+        self.stamp_reads.fetch_add(1, Ordering::Relaxed);
+        let Ok(store) = self.store(b) else {
+            return w;
+        };
+        if let Ok(Ok(m)) =
+            tokio::time::timeout(self.timeout, store.stream.get_raw_message(sequence)).await
+        {
+            let at = self.observe(m.time);
+            self.clock.calibrate(at, sent);
+            w.written_at = Some(at);
+        }
+        w
+    }
+
     pub fn client(&self) -> &async_nats::Client {
         &self.client
     }
@@ -282,14 +397,16 @@ impl NatsBackend {
         // is as good a reading of the server's clock; try again.
         let mut last = None;
         for _ in 0..10 {
+            let sent = Instant::now();
             let rev = store
                 .put("clock", Bytes::from_static(b"{}"))
                 .await
                 .map_err(|e| self.unavailable(e))?;
             match store.stream.get_raw_message(rev).await {
                 Ok(m) => {
-                    self.clock
-                        .observe(StoreTime::from_offset(m.time), Instant::now());
+                    let at = StoreTime::from_offset(m.time);
+                    self.clock.observe(at, Instant::now());
+                    self.clock.calibrate(at, sent);
                     return Ok(());
                 }
                 Err(e) => last = Some(e.to_string()),
@@ -378,15 +495,43 @@ impl NatsBackend {
     }
 }
 
-/// Create bucket `b`'s stream, or find the one a peer made. Returns the
-/// stream's age limit when it has one (the leases bucket's is the lease TTL
-/// in force).
+/// Create bucket `b`'s stream, or find the one a peer made. Its age limit
+/// (the leases bucket's is the lease TTL in force) is in the answer.
+/// The JetStream API level from which a stream takes atomic batches and
+/// per-message TTLs (nats-server 2.12).
+pub const ATOMIC_API_LEVEL: u32 = 2;
+
+/// The server's JetStream API level (`$JS.API.INFO`); 0 when it cannot be
+/// read (every newer feature off).
+async fn api_level(client: &async_nats::Client, timeout: Duration) -> u32 {
+    match tokio::time::timeout(timeout, client.request("$JS.API.INFO", Bytes::new())).await {
+        Ok(Ok(m)) => serde_json::from_slice::<serde_json::Value>(&m.payload)
+            .ok()
+            .and_then(|v| v.pointer("/api/level").and_then(serde_json::Value::as_u64))
+            .map_or(0, |l| u32::try_from(l).unwrap_or(u32::MAX)),
+        _ => 0,
+    }
+}
+
+/// What [`ensure_bucket`] found in force.
+struct Found {
+    /// The stream's age limit, when it has one.
+    max_age: Option<Duration>,
+    /// It takes atomic batches and per-message TTLs.
+    atomic: bool,
+}
+
+/// Create bucket `b`'s stream, or find the one a peer made. `atomic`: the
+/// leases bucket must take atomic batches and per-message TTLs (an atomic
+/// claim's epoch key never expires): switched on in a stream made without.
 async fn ensure_bucket(
     js: &jetstream::Context,
     b: BucketId,
     lease_ttl: Duration,
     replicas: usize,
-) -> Result<Option<Duration>, StoreError> {
+    atomic: bool,
+) -> Result<Found, StoreError> {
+    let atomic = atomic && b == BucketId::Leases;
     let name = stream_name(b);
     let max_age = b.max_age(lease_ttl).unwrap_or(Duration::ZERO);
     let config = stream::Config {
@@ -411,14 +556,14 @@ async fn ensure_bucket(
         storage: stream::StorageType::File,
         ..Default::default()
     };
+    let config = stream::Config {
+        allow_atomic_publish: atomic,
+        allow_message_ttl: atomic,
+        ..config
+    };
+    let info = |e: &dyn std::fmt::Display| StoreError::Unavailable(format!("stream {name}: {e}"));
     let found = match js.get_stream(&name).await {
-        Ok(mut s) => Some(
-            s.info()
-                .await
-                .map_err(|e| StoreError::Unavailable(format!("stream {name}: {e}")))?
-                .config
-                .max_age,
-        ),
+        Ok(mut s) => Some(s.info().await.map_err(|e| info(&e))?.config.clone()),
         Err(e)
             if jetstream_code(&e, |k| match k {
                 jetstream::context::GetStreamErrorKind::JetStream(j) => Some(j),
@@ -427,26 +572,35 @@ async fn ensure_bucket(
         {
             None
         }
-        Err(e) => return Err(StoreError::Unavailable(format!("stream {name}: {e}"))),
+        Err(e) => return Err(info(&e)),
     };
-    let actual = match found {
-        Some(age) => age,
-        None => match js.create_stream(config).await {
-            Ok(mut s) => s.info().await.map(|i| i.config.max_age).unwrap_or(max_age),
+    let mut in_force = match found {
+        Some(c) => c,
+        None => match js.create_stream(config.clone()).await {
+            Ok(mut s) => s.info().await.map(|i| i.config.clone()).unwrap_or(config),
             Err(e) => {
                 // A peer made it between our look and our create: adopt theirs.
-                let mut s = js
-                    .get_stream(&name)
-                    .await
-                    .map_err(|_| StoreError::Unavailable(format!("stream {name}: {e}")))?;
-                s.info()
-                    .await
-                    .map_err(|e| StoreError::Unavailable(format!("stream {name}: {e}")))?
-                    .config
-                    .max_age
+                let mut s = js.get_stream(&name).await.map_err(|_| info(&e))?;
+                s.info().await.map_err(|e| info(&e))?.config.clone()
             }
         },
     };
+    if atomic && !(in_force.allow_atomic_publish && in_force.allow_message_ttl) {
+        // Made by a node that did not claim atomically: switch both on
+        // (the server allows it on a live stream; neither is switched off).
+        let mut wanted = in_force.clone();
+        wanted.allow_atomic_publish = true;
+        wanted.allow_message_ttl = true;
+        match js.update_stream(wanted).await {
+            Ok(i) => in_force = i.config,
+            Err(e) => tracing::warn!(
+                bucket = b.name(),
+                error = %e,
+                "cannot switch on atomic batches in the leases bucket; claims use three writes"
+            ),
+        }
+    }
+    let actual = in_force.max_age;
     if b == BucketId::Leases && actual != max_age {
         tracing::warn!(
             configured_ttl_seconds = lease_ttl.as_secs_f64(),
@@ -457,7 +611,10 @@ async fn ensure_bucket(
             lease_ttl.as_secs_f64()
         );
     }
-    Ok(if actual.is_zero() { None } else { Some(actual) })
+    Ok(Found {
+        max_age: (!actual.is_zero()).then_some(actual),
+        atomic: in_force.allow_atomic_publish && in_force.allow_message_ttl,
+    })
 }
 
 #[async_trait]
@@ -502,6 +659,36 @@ impl Backend for NatsBackend {
         }))
     }
 
+    async fn get_marked(
+        &self,
+        b: BucketId,
+        key: &str,
+    ) -> Result<(Revision, Option<RawEntry>), StoreError> {
+        let entry = self
+            .store(b)?
+            .entry(encode_key(key))
+            .await
+            .map_err(|e| self.unavailable(e))?;
+        Ok(match entry {
+            None => (0, None),
+            Some(e) => match e.operation {
+                kv::Operation::Put => {
+                    let written_at = self.observe(e.created);
+                    (
+                        e.revision,
+                        Some(RawEntry {
+                            key: key.to_string(),
+                            value: e.value,
+                            revision: e.revision,
+                            written_at,
+                        }),
+                    )
+                }
+                kv::Operation::Delete | kv::Operation::Purge => (e.revision, None),
+            },
+        })
+    }
+
     async fn create(&self, b: BucketId, key: &str, value: Bytes) -> Result<Written, WriteError> {
         let store = self.store(b).map_err(WriteError::Unknown)?;
         let k = encode_key(key);
@@ -509,7 +696,7 @@ impl Backend for NatsBackend {
             Ok(revision) => {
                 return Ok(Written {
                     revision,
-                    written_at: None,
+                    ..Default::default()
                 });
             }
             Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => {}
@@ -527,7 +714,7 @@ impl Backend for NatsBackend {
                 .await
                 .map(|revision| Written {
                     revision,
-                    written_at: None,
+                    ..Default::default()
                 })
                 .map_err(|e| self.write_error(e)),
             Ok(_) => Err(WriteError::Conflict),
@@ -548,7 +735,7 @@ impl Backend for NatsBackend {
             .await
             .map(|revision| Written {
                 revision,
-                written_at: None,
+                ..Default::default()
             })
             .map_err(|e| self.write_error(e))
     }
@@ -573,6 +760,7 @@ impl Backend for NatsBackend {
             async_nats::header::NATS_EXPECTED_LAST_SUBJECT_SEQUENCE,
             async_nats::HeaderValue::from(expected),
         );
+        let sent = (Instant::now(), self.clock.now());
         let ack = self
             .js
             .publish_with_headers(subject.clone(), headers, value)
@@ -583,14 +771,77 @@ impl Backend for NatsBackend {
             store.stream.get_last_raw_message_by_subject(&subject)
         );
         let ack = ack.map_err(|e| self.publish_error(e))?;
-        let written_at = match last {
-            Ok(m) if m.sequence == ack.sequence => Some(self.observe(m.time)),
-            _ => None,
+        Ok(self.written(b, ack.sequence, sent, last.ok()).await)
+    }
+
+    fn atomic_claims(&self) -> bool {
+        self.atomic
+    }
+
+    fn epoch_keys(&self) -> bool {
+        self.epoch_keys
+    }
+
+    /// An atomic batch (ADR-50): every write but the last published with
+    /// the batch's id and sequence and no reply; the last commits it and
+    /// is answered for the whole batch. A stale precondition anywhere
+    /// stores nothing (`wrong last sequence`: a conflict).
+    async fn batch(&self, b: BucketId, writes: Vec<BatchWrite>) -> Result<Written, WriteError> {
+        use async_nats::header;
+        if !self.atomic {
+            return Err(WriteError::Unknown(StoreError::Backend(
+                "atomic batch writes are off (coordination.atomic_claim)".into(),
+            )));
+        }
+        let n = writes.len();
+        let Some(last_key) = writes.last().map(|w| w.key.clone()) else {
+            return Err(WriteError::Conflict);
         };
-        Ok(Written {
-            revision: ack.sequence,
-            written_at,
-        })
+        let store = self.store(b).map_err(WriteError::Unknown)?;
+        let id = {
+            use rand::Rng;
+            let r: u128 = rand::thread_rng().r#gen();
+            format!("{r:032x}")
+        };
+        let sent = (Instant::now(), self.clock.now());
+        let mut ack = None;
+        for (i, w) in writes.into_iter().enumerate() {
+            let mut h = async_nats::HeaderMap::new();
+            h.insert(header::NATS_BATCH_ID, id.as_str());
+            h.insert(header::NATS_BATCH_SEQUENCE, (i + 1).to_string().as_str());
+            h.insert(
+                header::NATS_EXPECTED_LAST_SUBJECT_SEQUENCE,
+                async_nats::HeaderValue::from(w.expected),
+            );
+            if w.keep {
+                h.insert(header::NATS_MESSAGE_TTL, "never");
+            }
+            let subject = subject_of(b, &w.key);
+            if i + 1 < n {
+                self.client
+                    .publish_with_headers(subject, h, w.value)
+                    .await
+                    .map_err(|e| WriteError::Unknown(self.unavailable(e)))?;
+            } else {
+                h.insert(header::NATS_BATCH_COMMIT, header::NATS_BATCH_COMMIT_FINAL);
+                ack = Some(
+                    self.js
+                        .publish_with_headers(subject, h, w.value)
+                        .await
+                        .map_err(|e| self.publish_error(e))?,
+                );
+            }
+        }
+        let Some(ack) = ack else {
+            return Err(WriteError::Conflict);
+        };
+        let subject = subject_of(b, &last_key);
+        let (ack, last) = tokio::join!(
+            ack.into_future(),
+            store.stream.get_last_raw_message_by_subject(&subject)
+        );
+        let ack = ack.map_err(|e| self.publish_error(e))?;
+        Ok(self.written(b, ack.sequence, sent, last.ok()).await)
     }
 
     async fn delete(&self, b: BucketId, key: &str, expected: Revision) -> Result<(), WriteError> {
@@ -608,6 +859,7 @@ impl Backend for NatsBackend {
         revision: Revision,
     ) -> Result<Option<StoreTime>, StoreError> {
         let store = self.store(b)?;
+        self.stamp_reads.fetch_add(1, Ordering::Relaxed);
         match store.stream.get_raw_message(revision).await {
             Ok(m) if m.subject.as_str() == subject_of(b, key) => Ok(Some(self.observe(m.time))),
             Ok(_) => Ok(None),

@@ -1,6 +1,7 @@
 //! The lease protocol, written once over the [`Backend`] primitives: claim
-//! (three writes), renew (three-valued), release (compare-and-set), list,
-//! the live view, and the generic compare-and-set state.
+//! (three writes, or one atomic batch where the backend offers it), renew
+//! (three-valued), release (compare-and-set), list, the live view, and the
+//! generic compare-and-set state.
 //!
 //! It owns the sequencing and the failure handling: a write whose answer was
 //! lost is re-read before anything is retried; a claim that fails after its
@@ -25,9 +26,12 @@ use futures::StreamExt;
 use rand::Rng;
 use tokio::sync::Notify;
 
-use super::kv::{self, Backend, BucketId, RawEntry, RawEvent, RawEventStream, WriteError, Written};
+use super::kv::{
+    self, Backend, BatchWrite, BucketId, RawEntry, RawEvent, RawEventStream, WriteError, Written,
+};
 use super::lease::{
-    self, EpochRecord, Found, Lease, LeaseRecord, LeaseState, Offer, ResourceKind, StoreTime,
+    self, AtomicClaim, EpochRecord, Found, Lease, LeaseRecord, LeaseState, Offer, ResourceKind,
+    StoreTime,
 };
 use super::view::LeaseView;
 use super::{
@@ -43,7 +47,7 @@ const RECHECK: Duration = Duration::from_millis(100);
 /// How often a background give-back looks again.
 const GIVE_BACK_RETRY: Duration = Duration::from_millis(500);
 
-/// The three writes of a claim.
+/// The three writes of a claim, and the one batch of an atomic claim.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ClaimStep {
     /// The record, in claiming state.
@@ -52,6 +56,8 @@ pub enum ClaimStep {
     Counter,
     /// The minted epoch into the record.
     Token,
+    /// An atomic claim's one batch: the epoch key and the held record.
+    Batch,
 }
 
 /// A failure the contract suite injects into the next claim.
@@ -320,7 +326,22 @@ impl<B: Backend> Coordinator<B> {
         claim: &str,
         holder: &str,
         mut read: Option<Option<RawEntry>>,
+        key_read: Option<Option<RawEntry>>,
     ) -> Result<u64, StoreError> {
+        // Where atomic claims may run, the epoch key beside the lease is a
+        // floor too (an atomic claim minted there last).
+        let floor = if self.be().epoch_keys() {
+            let found = match key_read {
+                Some(f) => f,
+                None => self.be().get(BucketId::Leases, &kv::epoch_key(key)).await?,
+            };
+            match found {
+                Some(e) => EpochRecord::decode(&e.key, &e.value)?.epoch,
+                None => 0,
+            }
+        } else {
+            0
+        };
         let mut last_err = None;
         for _ in 0..MAX_ATTEMPTS {
             let current = match read.take() {
@@ -330,7 +351,7 @@ impl<B: Backend> Coordinator<B> {
             let (next, res) = match &current {
                 None => {
                     let rec = EpochRecord {
-                        epoch: lease::next_epoch(0),
+                        epoch: lease::next_epoch(floor),
                         claim: claim.into(),
                         holder: holder.into(),
                     };
@@ -346,7 +367,7 @@ impl<B: Backend> Coordinator<B> {
                         return Ok(cur.epoch);
                     }
                     let rec = EpochRecord {
-                        epoch: lease::next_epoch(cur.epoch),
+                        epoch: lease::next_epoch(cur.epoch.max(floor)),
                         claim: claim.into(),
                         holder: holder.into(),
                     };
@@ -381,6 +402,9 @@ impl<B: Backend> Coordinator<B> {
             _ => self.be().lease_ttl(),
         };
         let key = req.resource.as_str();
+        if b == BucketId::Leases && self.be().atomic_claims() {
+            return self.claim_atomic(req, &guard.claim, ttl).await;
+        }
         let first = LeaseRecord::claiming(req, &guard.claim, ttl);
         let body = first.encode();
         guard.bucket = b;
@@ -394,14 +418,28 @@ impl<B: Backend> Coordinator<B> {
         // is free, and reads the epoch counter beside it (the counter's
         // compare-and-set keeps that read honest); every later attempt
         // re-reads the record first.
-        let (first_attempt, counter) = tokio::join!(
+        let epoch_key = kv::epoch_key(key);
+        let (first_attempt, counter, key_counter) = tokio::join!(
             self.be().create(b, key, body.clone()),
-            self.be().get(BucketId::Epochs, key)
+            self.be().get(BucketId::Epochs, key),
+            async {
+                if b == BucketId::Leases && self.be().epoch_keys() {
+                    self.be().get(BucketId::Leases, &epoch_key).await.ok()
+                } else {
+                    None
+                }
+            }
         );
         let mut pending = Some(first_attempt);
         let mut r1 = None;
         let mut last_err = None;
-        for _ in 0..MAX_ATTEMPTS {
+        // The epoch key read beside the first write is a floor only if that
+        // write won: a later attempt may follow an atomic claim made since.
+        let mut key_counter = key_counter;
+        for attempt in 0..MAX_ATTEMPTS {
+            if attempt > 0 {
+                key_counter = None;
+            }
             let res = match pending.take() {
                 Some(res) => res,
                 None => {
@@ -445,7 +483,14 @@ impl<B: Backend> Coordinator<B> {
         };
 
         match self
-            .commit(b, key, &first, r1, &guard.claim, counter.ok())
+            .commit(
+                b,
+                key,
+                &first,
+                r1,
+                &guard.claim,
+                (counter.ok(), key_counter),
+            )
             .await
         {
             Ok(lease) => {
@@ -460,6 +505,114 @@ impl<B: Backend> Coordinator<B> {
         }
     }
 
+    /// A claim in one atomic batch (a backend with [`Backend::batch`]): read
+    /// the record, the epoch key beside it and the epochs bucket's counter
+    /// together, then write the epoch key and the held record in one batch,
+    /// both by compare-and-set. Nothing is half done: a stale read stores
+    /// nothing and is read again; a lost answer is read again, and the
+    /// record says whether the batch landed.
+    async fn claim_atomic(
+        &self,
+        req: &ClaimRequest,
+        claim: &str,
+        ttl: Duration,
+    ) -> Result<Claim, StoreError> {
+        let b = BucketId::Leases;
+        let key = req.resource.as_str();
+        let epoch_key = kv::epoch_key(key);
+        let claiming = LeaseRecord::claiming(req, claim, ttl);
+        let mut last_err = None;
+        for _ in 0..MAX_ATTEMPTS {
+            let (record, counter, legacy) = tokio::join!(
+                self.be().get_marked(b, key),
+                self.be().get(b, &epoch_key),
+                self.be().get(BucketId::Epochs, key)
+            );
+            let (last, record) = record?;
+            let found = record.map(|e| self.resolve(b, e)).transpose()?;
+            let counter = counter?
+                .map(|e| EpochRecord::decode(&e.key, &e.value).map(|r| (e.revision, r)))
+                .transpose()?;
+            let legacy = legacy?
+                .map(|e| EpochRecord::decode(&e.key, &e.value))
+                .transpose()?;
+            let plan = lease::judge_atomic_claim(
+                found.as_ref(),
+                last,
+                counter.as_ref().map(|(rev, r)| (*rev, r)),
+                legacy.as_ref(),
+                claim,
+                self.be().now(),
+            );
+            let (lease_expected, epoch, epoch_expected) = match plan {
+                AtomicClaim::Mine => {
+                    return found
+                        .map(Claim::Won)
+                        .ok_or_else(|| StoreError::ClaimFailed {
+                            key: key.into(),
+                            reason: "held by nobody".into(),
+                        });
+                }
+                AtomicClaim::Held => {
+                    return found
+                        .map(Claim::HeldBy)
+                        .ok_or_else(|| StoreError::ClaimFailed {
+                            key: key.into(),
+                            reason: "held by nobody".into(),
+                        });
+                }
+                AtomicClaim::Write {
+                    lease_expected,
+                    epoch,
+                    epoch_expected,
+                } => (lease_expected, epoch, epoch_expected),
+            };
+            let rec = claiming.committed(epoch);
+            let counter = EpochRecord {
+                epoch,
+                claim: claim.into(),
+                holder: req.preferred.clone(),
+            };
+            let res = self
+                .be()
+                .batch(
+                    b,
+                    vec![
+                        BatchWrite {
+                            key: epoch_key.clone(),
+                            value: counter.encode(),
+                            expected: epoch_expected,
+                            keep: true,
+                        },
+                        BatchWrite {
+                            key: key.to_string(),
+                            value: rec.encode(),
+                            expected: lease_expected,
+                            keep: false,
+                        },
+                    ],
+                )
+                .await;
+            match self.after_write(ClaimStep::Batch, res) {
+                Ok(w) => {
+                    let at = self.stamp(b, key, w).await?;
+                    let mut lease = Lease::resolve(rec, w.revision, at, self.bucket_ttl(b));
+                    lease.resource = key.into();
+                    return Ok(Claim::Won(lease));
+                }
+                // A peer wrote first (or the read was stale): nothing was
+                // stored; read again.
+                Err(WriteError::Conflict) => {}
+                // Read again: the record says whether the batch landed.
+                Err(WriteError::Unknown(e)) => last_err = Some(e),
+            }
+        }
+        Err(last_err.unwrap_or_else(|| StoreError::ClaimFailed {
+            key: key.into(),
+            reason: "the key stayed contended".into(),
+        }))
+    }
+
     /// Writes 2 and 3: mint the epoch, put it into the record.
     async fn commit(
         &self,
@@ -468,11 +621,11 @@ impl<B: Backend> Coordinator<B> {
         first: &LeaseRecord,
         r1: Revision,
         claim: &str,
-        counter: Option<Option<RawEntry>>,
+        (counter, key_counter): (Option<Option<RawEntry>>, Option<Option<RawEntry>>),
     ) -> Result<Lease, StoreError> {
         self.fault_point(ClaimStep::Record).await?;
         let epoch = self
-            .mint_epoch(key, claim, &first.preferred, counter)
+            .mint_epoch(key, claim, &first.preferred, counter, key_counter)
             .await?;
         self.fault_point(ClaimStep::Counter).await?;
 
@@ -496,7 +649,7 @@ impl<B: Backend> Coordinator<B> {
                     {
                         written = Some(Written {
                             revision: l.revision,
-                            written_at: None,
+                            ..Default::default()
                         });
                         break;
                     }
@@ -569,7 +722,7 @@ impl<B: Backend> Coordinator<B> {
             let epoch = match minted {
                 Some(e) => e,
                 None => {
-                    let e = self.mint_epoch(key, &claim, preferred, None).await?;
+                    let e = self.mint_epoch(key, &claim, preferred, None, None).await?;
                     minted = Some(e);
                     e
                 }
@@ -639,7 +792,13 @@ impl<B: Backend> Coordinator<B> {
                 .await
             {
                 Ok(w) => {
-                    let at = self.stamp(b, key, w).await?;
+                    // Counted from the backend's lower bound when its
+                    // upper bound shows the write landed in time: no
+                    // second round trip to read the stamp back.
+                    let at = match lease::renewal_stamp(w.written_at, w.within, expires) {
+                        Some(at) => at,
+                        None => self.stamp(b, key, w).await?,
+                    };
                     if !lease::landed_in_time(expires, at) {
                         // Landed after the tenure lapsed: it renewed nothing.
                         // Take the late write back so the resource is free.
@@ -776,6 +935,10 @@ impl<B: Backend> Coordinator<B> {
         }
         for b in buckets {
             for e in self.scan(b, prefix).await? {
+                if e.key.starts_with(kv::EPOCH_KEY_PREFIX) {
+                    // An atomic claim's epoch key is no lease.
+                    continue;
+                }
                 match self.resolve(b, e) {
                     Ok(l) => out.push(l),
                     Err(err) => tracing::warn!(error = %err, "unreadable lease record skipped"),
@@ -908,14 +1071,30 @@ impl<B: Backend> Store for Coordinator<B> {
     }
 
     async fn epoch(&self, resource: &str) -> Result<u64, StoreError> {
-        bucket_of(resource)?;
-        match self
-            .bounded(self.be().get(BucketId::Epochs, resource))
-            .await?
-        {
-            Some(e) => Ok(EpochRecord::decode(resource, &e.value)?.epoch),
-            None => Ok(0),
+        let (b, _) = bucket_of(resource)?;
+        // The highest of the epochs bucket's counter and, where atomic
+        // claims may run, the epoch key beside the lease.
+        let keyed = b == BucketId::Leases && self.be().epoch_keys();
+        let epoch_key = kv::epoch_key(resource);
+        let (legacy, key) = self
+            .bounded(async {
+                Ok(tokio::join!(
+                    self.be().get(BucketId::Epochs, resource),
+                    async {
+                        if keyed {
+                            self.be().get(BucketId::Leases, &epoch_key).await
+                        } else {
+                            Ok(None)
+                        }
+                    }
+                ))
+            })
+            .await?;
+        let mut epoch = 0;
+        for e in [legacy?, key?].into_iter().flatten() {
+            epoch = epoch.max(EpochRecord::decode(resource, &e.value)?.epoch);
         }
+        Ok(epoch)
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<Lease>, StoreError> {
@@ -924,17 +1103,31 @@ impl<B: Backend> Store for Coordinator<B> {
 
     async fn holders(&self, prefix: &str) -> Result<BTreeMap<String, String>, StoreError> {
         self.bounded(async {
-            let mut out = BTreeMap::new();
-            for e in self.scan(BucketId::Epochs, prefix).await? {
-                match EpochRecord::decode(&e.key, &e.value) {
-                    Ok(r) if !r.holder.is_empty() => {
-                        out.insert(e.key, r.holder);
+            // The last holder is the one that minted the highest epoch: in
+            // the epochs bucket, or in the epoch key an atomic claim wrote.
+            let mut found: BTreeMap<String, (u64, String)> = BTreeMap::new();
+            let mut read = |key: String, raw: &[u8]| match EpochRecord::decode(&key, raw) {
+                Ok(r) if !r.holder.is_empty() => {
+                    let newer = found.get(&key).is_none_or(|(e, _)| r.epoch > *e);
+                    if newer {
+                        found.insert(key, (r.epoch, r.holder));
                     }
-                    Ok(_) => {}
-                    Err(err) => tracing::warn!(error = %err, "unreadable epoch record skipped"),
+                }
+                Ok(_) => {}
+                Err(err) => tracing::warn!(error = %err, "unreadable epoch record skipped"),
+            };
+            for e in self.scan(BucketId::Epochs, prefix).await? {
+                read(e.key, &e.value);
+            }
+            if self.be().epoch_keys() {
+                let keyed = kv::epoch_key(prefix);
+                for e in self.scan(BucketId::Leases, &keyed).await? {
+                    if let Some(resource) = e.key.strip_prefix(kv::EPOCH_KEY_PREFIX) {
+                        read(resource.to_string(), &e.value);
+                    }
                 }
             }
-            Ok(out)
+            Ok(found.into_iter().map(|(k, (_, h))| (k, h)).collect())
         })
         .await
     }

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use bytes::Bytes;
 
-use super::kv::{Backend, BucketId, RawEntry, RawEventStream, WriteError, Written};
+use super::kv::{Backend, BatchWrite, BucketId, RawEntry, RawEventStream, WriteError, Written};
 use super::{ConnectionState, Revision, StoreError, StoreTime};
 use crate::metrics::{self as m, Update};
 
@@ -76,6 +76,28 @@ impl<B: Backend> Backend for Timed<B> {
     async fn get(&self, b: BucketId, key: &str) -> Result<Option<RawEntry>, StoreError> {
         let t = Instant::now();
         observed("get", t, self.inner.get(b, key).await)
+    }
+
+    async fn get_marked(
+        &self,
+        b: BucketId,
+        key: &str,
+    ) -> Result<(Revision, Option<RawEntry>), StoreError> {
+        let t = Instant::now();
+        observed("get", t, self.inner.get_marked(b, key).await)
+    }
+
+    fn atomic_claims(&self) -> bool {
+        self.inner.atomic_claims()
+    }
+
+    fn epoch_keys(&self) -> bool {
+        self.inner.epoch_keys()
+    }
+
+    async fn batch(&self, b: BucketId, writes: Vec<BatchWrite>) -> Result<Written, WriteError> {
+        let t = Instant::now();
+        observed("batch", t, self.inner.batch(b, writes).await)
     }
 
     async fn create(&self, b: BucketId, key: &str, value: Bytes) -> Result<Written, WriteError> {

@@ -20,7 +20,9 @@ use bytes::Bytes;
 use futures::StreamExt;
 use tokio::sync::broadcast;
 
-use super::kv::{Backend, BucketId, RawEntry, RawEvent, RawEventStream, WriteError, Written};
+use super::kv::{
+    Backend, BatchWrite, BucketId, RawEntry, RawEvent, RawEventStream, WriteError, Written,
+};
 use super::{ConnectionState, Revision, StoreError, StoreTime};
 
 const WATCH_CAPACITY: usize = 65_536;
@@ -82,11 +84,24 @@ impl MemBucket {
     }
 
     fn write(&mut self, key: &str, value: Bytes, now: StoreTime, deleted: bool) -> Revision {
+        self.write_kept(key, value, now, deleted, false)
+    }
+
+    /// A write; `keep`: exempt from the bucket's age limit (JetStream's
+    /// per-message `Nats-TTL: never`).
+    fn write_kept(
+        &mut self,
+        key: &str,
+        value: Bytes,
+        now: StoreTime,
+        deleted: bool,
+        keep: bool,
+    ) -> Revision {
         self.seq += 1;
         let revision = self.seq;
         self.forget(key);
         self.by_rev.insert(revision, key.to_string());
-        if let Some(age) = self.max_age {
+        if let Some(age) = self.max_age.filter(|_| !keep) {
             self.expiry.insert((now.plus(age), revision));
         }
         self.entries.insert(
@@ -131,6 +146,8 @@ pub struct TwinBackend {
     start: tokio::time::Instant,
     /// Always connected: in process there is nothing to lose.
     connected: Arc<tokio::sync::watch::Sender<ConnectionState>>,
+    /// Atomic batch writes offered (`coordination.atomic_claim`).
+    atomic: bool,
 }
 
 impl TwinBackend {
@@ -150,7 +167,15 @@ impl TwinBackend {
             base,
             start: tokio::time::Instant::now(),
             connected: Arc::new(tokio::sync::watch::channel(ConnectionState::Connected).0),
+            atomic: false,
         }
+    }
+
+    /// The same store, claiming in one atomic batch write
+    /// (`coordination.atomic_claim = true`).
+    pub fn with_atomic_claims(mut self, on: bool) -> TwinBackend {
+        self.atomic = on;
+        self
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -209,12 +234,33 @@ impl Backend for TwinBackend {
         })
     }
 
+    async fn get_marked(
+        &self,
+        b: BucketId,
+        key: &str,
+    ) -> Result<(Revision, Option<RawEntry>), StoreError> {
+        self.with(b, |bucket, _| match bucket.entries.get(key) {
+            None => (0, None),
+            Some(e) if e.deleted => (e.revision, None),
+            Some(e) => (
+                e.revision,
+                Some(RawEntry {
+                    key: key.to_string(),
+                    value: e.value.clone(),
+                    revision: e.revision,
+                    written_at: e.written_at,
+                }),
+            ),
+        })
+    }
+
     async fn create(&self, b: BucketId, key: &str, value: Bytes) -> Result<Written, WriteError> {
         self.with(b, |bucket, now| match bucket.entries.get(key) {
             Some(e) if !e.deleted => Err(WriteError::Conflict),
             _ => Ok(Written {
                 revision: bucket.write(key, value, now, false),
                 written_at: Some(now),
+                within: None,
             }),
         })
         .map_err(WriteError::Unknown)?
@@ -235,6 +281,44 @@ impl Backend for TwinBackend {
             Ok(Written {
                 revision: bucket.write(key, value, now, false),
                 written_at: Some(now),
+                within: None,
+            })
+        })
+        .map_err(WriteError::Unknown)?
+    }
+
+    fn atomic_claims(&self) -> bool {
+        self.atomic
+    }
+
+    /// Always read: any twin sharing these buckets may have claimed
+    /// atomically, and a read here costs no round trip.
+    fn epoch_keys(&self) -> bool {
+        true
+    }
+
+    async fn batch(&self, b: BucketId, writes: Vec<BatchWrite>) -> Result<Written, WriteError> {
+        if !self.atomic {
+            return Err(WriteError::Unknown(StoreError::Backend(
+                "atomic batch writes are off (coordination.atomic_claim)".into(),
+            )));
+        }
+        self.with(b, |bucket, now| {
+            let stale = writes.iter().any(|w| {
+                let last = bucket.entries.get(&w.key).map(|e| e.revision).unwrap_or(0);
+                last != w.expected
+            });
+            if stale || writes.is_empty() {
+                return Err(WriteError::Conflict);
+            }
+            let mut revision = 0;
+            for w in writes {
+                revision = bucket.write_kept(&w.key, w.value, now, false, w.keep);
+            }
+            Ok(Written {
+                revision,
+                written_at: Some(now),
+                within: None,
             })
         })
         .map_err(WriteError::Unknown)?

@@ -222,6 +222,8 @@ impl LeaseView {
         {
             let mut st = self.lock();
             match ev {
+                // An atomic claim's epoch key is no lease.
+                RawEvent::Put(e) if e.key.starts_with(super::kv::EPOCH_KEY_PREFIX) => {}
                 RawEvent::Put(e) => match LeaseRecord::decode(&e.key, &e.value) {
                     Ok(rec) => {
                         let mut lease = Lease::resolve(rec, e.revision, e.written_at, Some(ttl));

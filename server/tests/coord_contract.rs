@@ -321,6 +321,9 @@ contract!(
 /// on the twin, and on a server of JetStream API level 2 or later (said
 /// skipped on an older one). The three-write claim's fault tests have no
 /// counterpart here: an atomic claim has no half-done state to give back.
+/// The company file takes the key on `local` only: on NATS the epoch key
+/// kept with `Nats-TTL: never` does not survive a server's restart after a
+/// crash (docs/nats.md), which no test here does.
 macro_rules! atomic_contract {
     ($($name:ident),* $(,)?) => {
         mod atomic {

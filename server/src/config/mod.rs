@@ -378,9 +378,9 @@ pub struct CoordinationSection {
     /// How long an offer stands before the giver withdraws it and resumes.
     pub handoff_timeout_ms: u64,
     /// Claim a seat or presence lease in one atomic batch write (the epoch
-    /// key beside the lease, both by compare-and-set) where the store
-    /// allows it: JetStream API level 2 (nats-server 2.12 and later), or
-    /// the in-process twin. Off as shipped (README § Coordination).
+    /// key beside the lease, both by compare-and-set): `local` only; with
+    /// `embedded-kv` it is refused (README § The company file, One-write
+    /// claims). Off as shipped.
     pub atomic_claim: bool,
 }
 

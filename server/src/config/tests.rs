@@ -216,6 +216,19 @@ fn embedded_kv_beside_local_stream_is_refused() {
 }
 
 #[test]
+fn one_write_claims_are_refused_on_a_fleet_and_taken_on_a_single_node() {
+    let p = one(
+        "[coordination]\ntype = \"embedded-kv\"\natomic_claim = true\n[stream]\ntype = \"nats\"\nurls = [\"nats://127.0.0.1:4222\"]\n",
+        "coordination.atomic_claim",
+    );
+    assert_eq!(p.value.as_deref(), Some("true"));
+    assert!(p.problem.contains("restarts after a crash"), "{p}");
+    assert!(p.fix.contains("remove it"), "{p}");
+    let c = parse("[coordination]\natomic_claim = true\n").expect("local takes it");
+    assert!(c.coordination.atomic_claim);
+}
+
+#[test]
 fn a_fleet_pairing_is_accepted() {
     let c = parse(
         "[coordination]\ntype = \"embedded-kv\"\n[stream]\ntype = \"nats\"\nurls = [\"nats://127.0.0.1:4222\"]\n",

@@ -209,6 +209,18 @@ fn check_coordination(c: &Config, p: &mut Report<'_>) {
             "the default is 5000 (an offer stands five seconds)".into(),
         );
     }
+    if co.atomic_claim && co.kind == CoordinationType::EmbeddedKv {
+        p(
+            "coordination.atomic_claim",
+            Some("true".into()),
+            "one-write claims keep the epoch counter in the leases bucket as a key that never \
+             expires, and nats-server (2.15.1 measured) loses such a key when a server restarts \
+             after a crash: an epoch would be minted twice",
+            "remove it (claims take three writes, with the counter in a bucket of its own); \
+             README § The company file, One-write claims"
+                .into(),
+        );
+    }
 }
 
 /// The pairing of `coordination.type` with `stream.type` (spec § Single node).

@@ -54,7 +54,10 @@ pub struct NatsOptions {
     /// The connection's name, as the server's monitoring shows it.
     pub name: String,
     /// Claim in one atomic batch where the server allows it (JetStream API
-    /// level 2: nats-server 2.12 and later): `coordination.atomic_claim`.
+    /// level 2: nats-server 2.12 and later). Never set from the company file:
+    /// the epoch key it keeps with `Nats-TTL: never` does not survive a
+    /// server's restart after a crash (docs/nats.md); the contract suite and
+    /// the coordination bench set it to exercise and measure the path.
     pub atomic_claim: bool,
 }
 
@@ -89,7 +92,10 @@ impl NatsOptions {
             store_timeout: Duration::from_millis(coord.store_timeout_ms),
             replicas: if stream.urls.len() >= 3 { 3 } else { 1 },
             name: format!("crewlet-{node_id}"),
-            atomic_claim: coord.atomic_claim,
+            // Never from the company file: the configuration refuses
+            // `atomic_claim` with embedded-kv (a key kept with `Nats-TTL:
+            // never` is lost when a server restarts after a crash).
+            atomic_claim: false,
         }
     }
 }
@@ -183,7 +189,8 @@ pub struct NatsBackend {
     events: watch::Receiver<ConnectionState>,
     /// Claims are one atomic batch (asked for, and the server allows it).
     atomic: bool,
-    /// Epoch keys may exist in the leases bucket (API level 2 or later).
+    /// Epoch keys may exist in the leases bucket (it takes atomic batches
+    /// and per-message TTLs: a store claiming atomically switched it so).
     epoch_keys: bool,
     /// Reads made to learn a write's own timestamp.
     stamp_reads: AtomicU64,
@@ -287,7 +294,9 @@ impl NatsBackend {
         }
         let mut stores = HashMap::new();
         let mut ttl = opts.lease_ttl;
-        let mut epoch_keys = level >= ATOMIC_API_LEVEL;
+        // Epoch keys exist only in a leases bucket switched to atomic
+        // batches (by a store with `atomic_claim`): read them only there.
+        let mut epoch_keys = false;
         for b in BucketId::ALL {
             let found = ensure_bucket(&js, b, opts.lease_ttl, opts.replicas, atomic).await?;
             if b == BucketId::Leases {

@@ -165,15 +165,7 @@ fn company_text(seats: &[String]) -> String {
     s
 }
 
-/// `CHAOS_ATOMIC_CLAIM=1`: every node claims in one atomic batch
-/// (`coordination.atomic_claim`; a server below JetStream API level 2
-/// ignores it and the nodes say so).
-fn atomic_claim() -> bool {
-    std::env::var("CHAOS_ATOMIC_CLAIM").as_deref() == Ok("1")
-}
-
 fn node_config(id: &str, port: u16, data: &Path, urls: &[String], company: &str) -> String {
-    let atomic = atomic_claim();
     let urls: Vec<String> = urls.iter().map(|u| format!("\"{u}\"")).collect();
     format!(
         r#"[node]
@@ -188,7 +180,6 @@ lease_ttl_seconds = {TTL_S}
 heartbeat_seconds = {HEARTBEAT_S}
 sweep_seconds = {SWEEP_S}
 store_timeout_ms = {STORE_TIMEOUT_MS}
-atomic_claim = {atomic}
 
 [stream]
 type = "nats"
@@ -1294,17 +1285,12 @@ pub async fn run(sched: Schedule, dir: PathBuf) -> Outcome {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("create the run directory");
     println!(
-        "CHAOS_SEED={} profile={} nodes={} seats={} rate={}/s claims={} — recording in {}",
+        "CHAOS_SEED={} profile={} nodes={} seats={} rate={}/s — recording in {}",
         sched.seed,
         sched.profile.name,
         sched.profile.nodes,
         sched.profile.seats,
         sched.profile.rate,
-        if atomic_claim() {
-            "atomic"
-        } else {
-            "three-write"
-        },
         dir.display()
     );
     println!("{}", sched.describe());

@@ -1077,7 +1077,7 @@ async fn a_tool_server_that_dies_during_a_call_fails_that_call_and_is_started_ag
     let mut a = f.node("a", &[everything_role(&dir, 60)]).await;
     f.until("a has s0 established", WAIT, || a.attached("s0"))
         .await;
-    let before = tool_servers_up(&f, &a, "s0", 3).await;
+    tool_servers_up(&f, &a, "s0", 3).await;
     a.publish(
         "s0",
         &trigger(
@@ -1093,8 +1093,11 @@ async fn a_tool_server_that_dies_during_a_call_fails_that_call_and_is_started_ag
         !a.started_with("K1").is_empty()
     })
     .await;
-    // Every child of the seat is killed while the call runs (the turn has
-    // made its diary call and is in the long one).
+    // Every child the seat runs now is killed while the call runs (the
+    // turn has made its diary call and is in the long one). Read at the
+    // kill, not before the turn: on a loaded machine the seat may have
+    // been set up again meanwhile, with children of its own.
+    let before = tool_servers_up(&f, &a, "s0", 3).await;
     for pid in &before {
         unsafe {
             libc::kill(*pid as libc::pid_t, libc::SIGKILL);

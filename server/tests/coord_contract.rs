@@ -171,9 +171,25 @@ impl<B: Backend> Fx<B> {
         .await;
     }
 
-    /// Until `lease` has lapsed on the store's clock.
+    /// Until `lease` has lapsed on the store's clock — by the store's own
+    /// record of the tenure too: a renewal's holder counts from a lower
+    /// bound on its write's stamp, so the store's expiry may come a little
+    /// after the one the holder was told (never before).
     async fn lapse(&self, lease: &Lease) {
         self.until(lease.expires_at).await;
+        let s = self.store.clone();
+        let (resource, owner, epoch) = (lease.resource.clone(), lease.owner.clone(), lease.epoch);
+        eventually("the store's record of the tenure to lapse", || {
+            let (s, resource, owner) = (s.clone(), resource.clone(), owner.clone());
+            async move {
+                match s.lease(&resource).await {
+                    Ok(Some(cur)) => !(cur.owner == owner && cur.epoch == epoch),
+                    Ok(None) => true,
+                    Err(_) => false,
+                }
+            }
+        })
+        .await;
     }
 
     /// Until the key `resource` has aged out of the leases bucket.
@@ -622,6 +638,16 @@ async fn an_offer_on_a_lapsed_lease_is_never_taken<B: Backend>(fx: Fx<B>) {
     let a = won(&fx.store, req("seat:alice", A)).await;
     let now = fx.store.now().await.expect("now");
     let a = offered(&fx.store, &a, A, Some(offer_to("node-b", "o1", now))).await;
+    let stored = fx
+        .store
+        .lease("seat:alice")
+        .await
+        .expect("read")
+        .expect("held");
+    assert!(
+        a.expires_at <= stored.expires_at,
+        "the holder is never told its tenure outlasts the store's"
+    );
     fx.lapse(&a).await;
     assert!(
         peer.take("seat:alice", "o1", B, "node-b", crewlet::config::PROTOCOL)

@@ -307,6 +307,7 @@ contract!(
     give_back_never_takes_a_sibling_claim,
     refused_give_back_leaves_the_record_to_lapse,
     list_by_prefix_returns_live_leases_of_that_kind,
+    a_lease_renewed_while_a_list_reads_is_still_listed,
     lapsed_leases_leave_the_list_without_any_event,
     view_is_level_with_the_last_write,
     view_judges_liveness_from_expires_at,
@@ -1072,6 +1073,39 @@ async fn list_by_prefix_returns_live_leases_of_that_kind<B: Backend>(fx: Fx<B>) 
     );
     assert_eq!(s.list("").await.expect("list").len(), 4);
     assert_eq!(s.list("mailbox:").await.expect("list"), []);
+}
+
+/// A list sees every live lease even when one is renewed between the
+/// moment the list read its scope's last revision and the moment its watch
+/// began: the renewal lands past that revision (and the renewed key's older
+/// message is gone), so a list that stopped at the revision it first read
+/// left the lease out — a draining node once found no live successor so.
+async fn a_lease_renewed_while_a_list_reads_is_still_listed<B: Backend>(fx: Fx<B>) {
+    let s = &fx.store;
+    let a = won(s, req("node:node-a", A)).await;
+    won(s, req("node:node-b", B)).await;
+    let read = Arc::new(Notify::new());
+    let go = Arc::new(Notify::new());
+    fx.store.inject(Fault::HoldScan {
+        read: read.clone(),
+        go: go.clone(),
+    });
+    let listing = {
+        let s = s.clone();
+        tokio::spawn(async move { s.list("node:").await })
+    };
+    read.notified().await;
+    // node-a's record was written first; renewed now, it is the newest.
+    renewed(s, &a, A).await;
+    go.notify_one();
+    let names: Vec<String> = listing
+        .await
+        .expect("the list task")
+        .expect("list")
+        .into_iter()
+        .map(|l| l.resource)
+        .collect();
+    assert_eq!(names, ["node:node-a", "node:node-b"]);
 }
 
 async fn lapsed_leases_leave_the_list_without_any_event<B: Backend>(fx: Fx<B>) {

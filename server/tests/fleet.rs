@@ -156,6 +156,13 @@ fn labels(v: &[&str]) -> Vec<String> {
 
 impl Fleet {
     async fn new(kind: Kind) -> Fleet {
+        // The engine's own log beside a failing test's output, on request.
+        if std::env::var_os("RUST_LOG").is_some() {
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+                .with_test_writer()
+                .try_init();
+        }
         match kind {
             Kind::Twin => {
                 let store: Arc<dyn Store> = Arc::new(Coordinator::new(
@@ -503,7 +510,7 @@ async fn a_draining_node_that_still_holds_seats_reads_as_draining_and_its_succes
     f: Fleet,
 ) {
     let company = roles("s", 2);
-    let a = f.node("a", &[], &company).await;
+    let mut a = f.node("a", &[], &company).await;
     let hooks_b = Arc::new(TestHooks::default());
     let b = f.node_with("b", &[], &company, hooks_b.clone(), 4).await;
     f.until("a 1/1 split", Duration::from_secs(30), || {
@@ -520,31 +527,56 @@ async fn a_draining_node_that_still_holds_seats_reads_as_draining_and_its_succes
         tokio::spawn(async move { engine.drain().await })
     };
     let store = a.store.clone();
-    f.until_async(
-        "a to read as draining with its seat",
+    // What the roster last read (said if the wait times out).
+    let seen = Arc::new(Mutex::new(String::from("nothing read yet")));
+    let waited = tokio::time::timeout(
         Duration::from_secs(20),
-        || {
-            let store = store.clone();
-            async move {
-                let Ok(view) =
-                    crewlet::node::fleet::read_fleet(&*store, "t", "c", "embedded-kv").await
-                else {
-                    return false;
-                };
-                let a_draining = view.nodes.iter().any(|n| {
-                    n.node_id == "a"
-                        && n.status == app::api::NodeStatus::Draining
-                        && n.seats.len() == 1
-                });
-                let b_serving = view
-                    .nodes
-                    .iter()
-                    .any(|n| n.node_id == "b" && n.status == app::api::NodeStatus::Serving);
-                a_draining && b_serving
-            }
-        },
+        f.until_async(
+            "a to read as draining with its seat",
+            Duration::from_secs(30),
+            || {
+                let store = store.clone();
+                let seen = seen.clone();
+                async move {
+                    let view =
+                        crewlet::node::fleet::read_fleet(&*store, "t", "c", "embedded-kv").await;
+                    *seen.lock().unwrap() = match &view {
+                        Ok(v) => format!(
+                            "{:?}",
+                            v.nodes
+                                .iter()
+                                .map(|n| (&n.node_id, n.status, n.seats.len()))
+                                .collect::<Vec<_>>()
+                        ),
+                        Err(e) => format!("the roster could not be read: {e}"),
+                    };
+                    let Ok(view) = view else {
+                        return false;
+                    };
+                    let a_draining = view.nodes.iter().any(|n| {
+                        n.node_id == "a"
+                            && n.status == app::api::NodeStatus::Draining
+                            && n.seats.len() == 1
+                    });
+                    let b_serving = view
+                        .nodes
+                        .iter()
+                        .any(|n| n.node_id == "b" && n.status == app::api::NodeStatus::Serving);
+                    a_draining && b_serving
+                }
+            },
+        ),
     )
     .await;
+    let b_reads = b.store.list("").await.map(|l| l.len());
+    let a_reads = a.store.list("").await.map(|l| l.len());
+    assert!(
+        waited.is_ok(),
+        "timed out after 20s waiting for a to read as draining with its seat; the roster last read: {}; a's store lists {a_reads:?} leases, b's {b_reads:?}; a's seats: {:?}; a's events: {:?}",
+        seen.lock().unwrap(),
+        a.held(),
+        a.events().iter().map(|e| &e.event).collect::<Vec<_>>(),
+    );
     hooks_b
         .stuck_hydration
         .store(false, std::sync::atomic::Ordering::SeqCst);

@@ -72,6 +72,10 @@ pub enum Fault {
     HoldAfter(ClaimStep, Arc<Notify>),
     /// The store refuses the next give-back.
     RefuseGiveBack,
+    /// The next scan (a list) waits after reading the last revision under
+    /// its scope: it notifies `read`, then waits for `go` before opening
+    /// its watch — a write made meanwhile lands past that revision.
+    HoldScan { read: Arc<Notify>, go: Arc<Notify> },
 }
 
 /// How a coordinator is run.
@@ -859,33 +863,56 @@ impl<B: Backend> Coordinator<B> {
 
     /// Every key's current state (a value or a removal marker) under
     /// `prefix`, read level with the bucket's last write under its scope.
+    ///
+    /// The watch delivers each key's last message in revision order, then
+    /// what is written after. A key written again after the last revision
+    /// was read (or while the watch delivers) is delivered only at its new
+    /// revision, past that last one: so reaching the last revision read is
+    /// not the end until a fresh read of it says nothing under the scope
+    /// was written since. Stopping there instead once missed a live node's
+    /// presence renewed a moment after this node's own release.
     async fn scan_events(&self, b: BucketId, prefix: &str) -> Result<Vec<RawEvent>, StoreError> {
         let scope = scope_of(prefix);
-        let Some(last) = self.be().last_revision(b, scope).await? else {
+        let Some(mut last) = self.be().last_revision(b, scope).await? else {
             return Ok(Vec::new());
         };
+        if let Some(Fault::HoldScan { read, go }) =
+            self.take_fault(|f| matches!(f, Fault::HoldScan { .. }))
+        {
+            read.notify_one();
+            go.notified().await;
+        }
         let mut stream = self.open_watch(b, scope).await?;
         let mut seen = std::collections::BTreeMap::new();
+        let mut reached = 0;
         loop {
             match tokio::time::timeout(RECHECK, stream.next()).await {
                 Ok(Some(Ok(ev))) => {
-                    let rev = ev.revision();
+                    reached = reached.max(ev.revision());
                     let key = match &ev {
                         RawEvent::Put(e) => e.key.clone(),
                         RawEvent::Delete { key, .. } => key.clone(),
                     };
                     seen.insert(key, ev);
-                    if rev >= last {
-                        break;
+                    if reached < last {
+                        continue;
                     }
                 }
                 Ok(Some(Err(e))) => return Err(e),
                 Ok(None) => break,
                 Err(_) => {
-                    if !self.be().revision_exists(b, last).await? {
-                        break;
+                    // Nothing came: the last revision read may be gone (its
+                    // key removed), and then it is never delivered.
+                    if reached < last && self.be().revision_exists(b, last).await? {
+                        continue;
                     }
                 }
+            }
+            // At the last revision read (or it is gone): level only if
+            // nothing under the scope was written since.
+            match self.be().last_revision(b, scope).await? {
+                Some(now) if now > last => last = now,
+                _ => break,
             }
         }
         Ok(seen

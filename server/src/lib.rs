@@ -14,6 +14,7 @@ pub mod duty;
 pub mod engine;
 pub mod events;
 pub mod identity;
+pub mod jetstream_api;
 pub mod logging;
 pub mod memory;
 pub mod metrics;

@@ -206,6 +206,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("logging", 0),
     ("db", 0),
     ("metrics", 0),
+    ("jetstream_api", 0),
     ("coord", 1),
     ("queue", 1),
     ("events", 1),

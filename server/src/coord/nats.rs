@@ -283,7 +283,7 @@ impl NatsBackend {
         let mut js = jetstream::new(client.clone());
         js.set_timeout(opts.store_timeout);
 
-        let level = api_level(&client, opts.store_timeout).await;
+        let level = crate::jetstream_api::api_level(&client, opts.store_timeout).await;
         let mut atomic = opts.atomic_claim && level >= ATOMIC_API_LEVEL;
         if opts.atomic_claim && !atomic {
             tracing::warn!(
@@ -504,23 +504,9 @@ impl NatsBackend {
     }
 }
 
-/// Create bucket `b`'s stream, or find the one a peer made. Its age limit
-/// (the leases bucket's is the lease TTL in force) is in the answer.
 /// The JetStream API level from which a stream takes atomic batches and
 /// per-message TTLs (nats-server 2.12).
 pub const ATOMIC_API_LEVEL: u32 = 2;
-
-/// The server's JetStream API level (`$JS.API.INFO`); 0 when it cannot be
-/// read (every newer feature off).
-async fn api_level(client: &async_nats::Client, timeout: Duration) -> u32 {
-    match tokio::time::timeout(timeout, client.request("$JS.API.INFO", Bytes::new())).await {
-        Ok(Ok(m)) => serde_json::from_slice::<serde_json::Value>(&m.payload)
-            .ok()
-            .and_then(|v| v.pointer("/api/level").and_then(serde_json::Value::as_u64))
-            .map_or(0, |l| u32::try_from(l).unwrap_or(u32::MAX)),
-        _ => 0,
-    }
-}
 
 /// What [`ensure_bucket`] found in force.
 struct Found {

@@ -182,6 +182,14 @@ impl<B: Backend> Coordinator<B> {
         Some(faults.remove(i))
     }
 
+    /// The pause a test armed for the next scan.
+    fn hold_scan(&self) -> Option<(Arc<Notify>, Arc<Notify>)> {
+        match self.take_fault(|f| matches!(f, Fault::HoldScan { .. })) {
+            Some(Fault::HoldScan { read, go }) => Some((read, go)),
+            _ => None,
+        }
+    }
+
     fn be(&self) -> &B {
         &self.inner.backend
     }
@@ -259,6 +267,21 @@ impl<B: Backend> Coordinator<B> {
                 key: key.into(),
                 reason: "the write was replaced before its timestamp could be read".into(),
             })
+    }
+
+    /// The lease a committing write made (a claim's token, an atomic
+    /// claim's batch, a take): `acquired_at` is that write's own stamp.
+    async fn committed(
+        &self,
+        b: BucketId,
+        key: &str,
+        rec: LeaseRecord,
+        w: Written,
+    ) -> Result<Lease, StoreError> {
+        let at = self.stamp(b, key, w).await?;
+        let mut lease = Lease::resolve(rec, w.revision, at, self.bucket_ttl(b));
+        lease.resource = key.into();
+        Ok(lease)
     }
 
     /// Give back the record at `revision` (this claim's own), if still
@@ -598,12 +621,7 @@ impl<B: Backend> Coordinator<B> {
                 )
                 .await;
             match self.after_write(ClaimStep::Batch, res) {
-                Ok(w) => {
-                    let at = self.stamp(b, key, w).await?;
-                    let mut lease = Lease::resolve(rec, w.revision, at, self.bucket_ttl(b));
-                    lease.resource = key.into();
-                    return Ok(Claim::Won(lease));
-                }
+                Ok(w) => return self.committed(b, key, rec, w).await.map(Claim::Won),
                 // A peer wrote first (or the read was stale): nothing was
                 // stored; read again.
                 Err(WriteError::Conflict) => {}
@@ -675,10 +693,7 @@ impl<B: Backend> Coordinator<B> {
             reason: "the token write never landed".into(),
         })?;
         self.fault_point(ClaimStep::Token).await?;
-        let at = self.stamp(b, key, w).await?;
-        let mut lease = Lease::resolve(rec, w.revision, at, self.bucket_ttl(b));
-        lease.resource = key.into();
-        Ok(lease)
+        self.committed(b, key, rec, w).await
     }
 
     /// Writes the next epoch into an offered record, by compare-and-set on
@@ -737,12 +752,7 @@ impl<B: Backend> Coordinator<B> {
                 .update_stamped(b, key, rec.encode(), cur.revision)
                 .await
             {
-                Ok(w) => {
-                    let at = self.stamp(b, key, w).await?;
-                    let mut lease = Lease::resolve(rec, w.revision, at, self.bucket_ttl(b));
-                    lease.resource = key.into();
-                    return Ok(Claim::Won(lease));
-                }
+                Ok(w) => return self.committed(b, key, rec, w).await.map(Claim::Won),
                 // The giver renewed in between: read again.
                 Err(WriteError::Conflict) => {}
                 // Read again: the record says whether it landed.
@@ -876,9 +886,7 @@ impl<B: Backend> Coordinator<B> {
         let Some(mut last) = self.be().last_revision(b, scope).await? else {
             return Ok(Vec::new());
         };
-        if let Some(Fault::HoldScan { read, go }) =
-            self.take_fault(|f| matches!(f, Fault::HoldScan { .. }))
-        {
+        if let Some((read, go)) = self.hold_scan() {
             read.notify_one();
             go.notified().await;
         }

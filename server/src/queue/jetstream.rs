@@ -123,26 +123,6 @@ pub struct JetStreamQueue {
     api_level: u32,
 }
 
-/// Pure: the JetStream API level a `$JS.API.INFO` answer states
-/// (`api.level`; 0 when it states none, as servers before 2.11 do).
-pub fn api_level_in(info: &serde_json::Value) -> u32 {
-    info.pointer("/api/level")
-        .and_then(serde_json::Value::as_u64)
-        .map_or(0, |l| u32::try_from(l).unwrap_or(u32::MAX))
-}
-
-/// The server's JetStream API level, asked of `$JS.API.INFO`: newer
-/// features are gated on it, never on the version string. 0 when the
-/// answer cannot be had or read (every feature off).
-pub async fn api_level(client: &async_nats::Client, timeout: Duration) -> u32 {
-    match tokio::time::timeout(timeout, client.request("$JS.API.INFO", Bytes::new())).await {
-        Ok(Ok(m)) => serde_json::from_slice(&m.payload)
-            .map(|v| api_level_in(&v))
-            .unwrap_or(0),
-        _ => 0,
-    }
-}
-
 /// Pure: how often a quiet subscription looks for mail its consumer
 /// stranded, on a server of JetStream API `level`. Before level 1 (2.9,
 /// 2.10) every 30 s: 2.9's consumers stranded mail after leader changes
@@ -205,7 +185,7 @@ impl JetStreamQueue {
             stream: DEAD_STREAM.into(),
             message: e.to_string(),
         })?;
-        let api_level = api_level(&js.client(), settings.timeout).await;
+        let api_level = crate::jetstream_api::api_level(&js.client(), settings.timeout).await;
         Ok(JetStreamQueue {
             js,
             agents,
@@ -1143,20 +1123,6 @@ fn dead_letter_of(id: u64, m: async_nats::jetstream::message::StreamMessage) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_api_level_is_read_from_the_info_answer_and_0_where_it_states_none() {
-        let level = |j: &str| api_level_in(&serde_json::from_str(j).unwrap_or_default());
-        // 2.15.1's answer (abridged), 2.9.10's (no level), a garbled one.
-        assert_eq!(
-            level(
-                r#"{"type":"io.nats.jetstream.api.v1.account_info_response","api":{"level":2,"total":7,"errors":0}}"#
-            ),
-            2
-        );
-        assert_eq!(level(r#"{"api":{"total":7,"errors":0}}"#), 0);
-        assert_eq!(level(r#"{"api":{"level":"two"}}"#), 0);
-    }
 
     #[test]
     fn stranded_mail_is_looked_for_every_30_s_before_api_level_1_and_every_5_minutes_after() {

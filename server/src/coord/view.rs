@@ -113,6 +113,11 @@ struct ViewState {
     running: bool,
     index: ViewIndex,
     last_used: Option<tokio::time::Instant>,
+    /// Counts the watch's openings (a start, a reopening).
+    opened: u64,
+    /// The opening whose first delivery was found complete (see
+    /// [`LeaseView::read`]); until then every read checks it.
+    settled: u64,
 }
 
 /// The view, shared by every clone of its store.
@@ -149,6 +154,7 @@ impl LeaseView {
             return;
         }
         st.running = true;
+        st.opened += 1;
         st.index.clear();
         self.applied.send_replace(0);
         drop(st);
@@ -210,6 +216,7 @@ impl LeaseView {
             // Reopened from scratch: current values again, nothing stale kept.
             {
                 let mut st = self.lock();
+                st.opened += 1;
                 st.index.clear();
             }
             self.applied.send_replace(0);
@@ -253,6 +260,14 @@ impl LeaseView {
     /// Bring the view level with the bucket's last write (read from the
     /// leader), then hand `f` the leases it holds. Unbounded: the caller
     /// bounds it with the store timeout.
+    ///
+    /// A newly opened watch delivers each key's last message in revision
+    /// order, then what is written after; a key written again meanwhile
+    /// comes only at its new revision, past the last one read — until then
+    /// the view lacks that key altogether. So the first reads of an opening
+    /// are level only once a fresh read of the last revision says nothing
+    /// was written since the revision reached; after that every key is in
+    /// the view and reaching the last revision read is enough.
     pub async fn read<B: Backend, T>(
         self: &Arc<Self>,
         backend: &Arc<B>,
@@ -260,7 +275,7 @@ impl LeaseView {
         f: impl FnOnce(&ViewIndex) -> T,
     ) -> Result<T, StoreError> {
         self.touch(backend, tasks);
-        if let Some(last) = backend.last_revision(BucketId::Leases, "").await? {
+        if let Some(mut last) = backend.last_revision(BucketId::Leases, "").await? {
             let began = std::time::Instant::now();
             let behind = last.saturating_sub(*self.applied.borrow());
             let mut rx = self.applied.subscribe();
@@ -270,16 +285,33 @@ impl LeaseView {
                 })
                 .await;
                 match waited {
-                    Ok(Ok(_)) => break,
+                    Ok(Ok(_)) => {}
                     Ok(Err(_)) => {
                         return Err(StoreError::Unavailable("the lease view stopped".into()));
                     }
                     Err(_) => {
                         // The write may have aged out before the view saw it.
-                        if !backend.revision_exists(BucketId::Leases, last).await? {
-                            break;
+                        if backend.revision_exists(BucketId::Leases, last).await? {
+                            self.touch(backend, tasks);
+                            continue;
                         }
-                        self.touch(backend, tasks);
+                    }
+                }
+                let opening = {
+                    let st = self.lock();
+                    (st.settled != st.opened).then_some(st.opened)
+                };
+                let Some(opening) = opening else {
+                    break;
+                };
+                match backend.last_revision(BucketId::Leases, "").await? {
+                    Some(now) if now > last => last = now,
+                    _ => {
+                        let mut st = self.lock();
+                        if st.opened == opening {
+                            st.settled = opening;
+                        }
+                        break;
                     }
                 }
             }
@@ -295,6 +327,7 @@ impl LeaseView {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::coord::kv::{RawEntry, RawEventStream};
     use crate::coord::lease::{self, LeaseState};
     use std::time::Duration;
 
@@ -314,6 +347,157 @@ mod tests {
             claim: String::new(),
             offer: None,
         }
+    }
+
+    /// A leases bucket whose last revision and watch the test scripts.
+    struct Scripted {
+        last: Mutex<Revision>,
+        last_reads: std::sync::atomic::AtomicUsize,
+        events: Mutex<Option<futures::channel::mpsc::UnboundedReceiver<RawEvent>>>,
+    }
+
+    fn not_scripted() -> StoreError {
+        StoreError::Backend("not part of the script".into())
+    }
+
+    #[async_trait::async_trait]
+    impl Backend for Scripted {
+        fn lease_ttl(&self) -> Duration {
+            Duration::from_secs(3600)
+        }
+        fn now(&self) -> StoreTime {
+            StoreTime::from_unix_nanos(0)
+        }
+        fn connection(&self) -> crate::coord::ConnectionState {
+            crate::coord::ConnectionState::Connected
+        }
+        fn connection_changes(&self) -> watch::Receiver<crate::coord::ConnectionState> {
+            watch::channel(crate::coord::ConnectionState::Connected).1
+        }
+        async fn get(&self, _: BucketId, _: &str) -> Result<Option<RawEntry>, StoreError> {
+            Err(not_scripted())
+        }
+        async fn get_marked(
+            &self,
+            _: BucketId,
+            _: &str,
+        ) -> Result<(Revision, Option<RawEntry>), StoreError> {
+            Err(not_scripted())
+        }
+        async fn create(
+            &self,
+            _: BucketId,
+            _: &str,
+            _: bytes::Bytes,
+        ) -> Result<crate::coord::kv::Written, crate::coord::kv::WriteError> {
+            Err(crate::coord::kv::WriteError::Unknown(not_scripted()))
+        }
+        async fn update(
+            &self,
+            _: BucketId,
+            _: &str,
+            _: bytes::Bytes,
+            _: Revision,
+        ) -> Result<crate::coord::kv::Written, crate::coord::kv::WriteError> {
+            Err(crate::coord::kv::WriteError::Unknown(not_scripted()))
+        }
+        async fn delete(
+            &self,
+            _: BucketId,
+            _: &str,
+            _: Revision,
+        ) -> Result<(), crate::coord::kv::WriteError> {
+            Err(crate::coord::kv::WriteError::Unknown(not_scripted()))
+        }
+        async fn written_at(
+            &self,
+            _: BucketId,
+            _: &str,
+            _: Revision,
+        ) -> Result<Option<StoreTime>, StoreError> {
+            Err(not_scripted())
+        }
+        async fn last_revision(
+            &self,
+            _: BucketId,
+            _: &str,
+        ) -> Result<Option<Revision>, StoreError> {
+            self.last_reads
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok(Some(*self.last.lock().unwrap()))
+        }
+        async fn revision_exists(&self, _: BucketId, _: Revision) -> Result<bool, StoreError> {
+            Ok(true)
+        }
+        async fn purge(&self, _: BucketId, _: &str, _: Revision) -> Result<(), StoreError> {
+            Err(not_scripted())
+        }
+        async fn watch(&self, _: BucketId, _: &str) -> Result<RawEventStream, StoreError> {
+            let rx = self
+                .events
+                .lock()
+                .unwrap()
+                .take()
+                .ok_or_else(not_scripted)?;
+            Ok(rx.map(Ok).boxed())
+        }
+    }
+
+    fn put(resource: &str, revision: Revision) -> RawEvent {
+        let mut l = lease(resource, 4, i64::MAX);
+        l.revision = revision;
+        RawEvent::Put(RawEntry {
+            key: resource.into(),
+            value: LeaseRecord::renewal(&l, "c", None).encode(),
+            revision,
+            written_at: StoreTime::from_unix_nanos(1),
+        })
+    }
+
+    /// Node b's presence was the bucket's last write when the read began;
+    /// node a's, written before it, was renewed before the view's watch
+    /// began, so the watch delivers b's first and a's only after, past the
+    /// revision read. The first read waits for a's; a later read of the
+    /// same opening asks for the last revision once.
+    #[tokio::test(start_paused = true)]
+    async fn the_first_read_of_an_opening_waits_for_keys_written_past_the_revision_it_read() {
+        let (tx, rx) = futures::channel::mpsc::unbounded();
+        let backend = Arc::new(Scripted {
+            last: Mutex::new(4),
+            last_reads: Default::default(),
+            events: Mutex::new(Some(rx)),
+        });
+        let view = LeaseView::new(DEFAULT_IDLE);
+        let tasks = Tasks::new();
+        let keys = |ix: &ViewIndex| ix.leases.keys().cloned().collect::<Vec<_>>();
+        let reading = {
+            let (view, backend, tasks) = (view.clone(), backend.clone(), tasks.clone());
+            tokio::spawn(async move { view.read(&backend, &tasks, keys).await })
+        };
+        // The read has asked for the last revision (4); a is renewed as 5.
+        while backend.last_reads.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+            tokio::task::yield_now().await;
+        }
+        *backend.last.lock().unwrap() = 5;
+        tx.unbounded_send(put("node:b", 4)).unwrap();
+        // Every task idle: the paused clock runs on; the read must not
+        // have answered from a view that lacks a.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(!reading.is_finished(), "answered without node a");
+        tx.unbounded_send(put("node:a", 5)).unwrap();
+        let answer = reading.await.unwrap().unwrap();
+        assert_eq!(answer, ["node:a", "node:b"]);
+        let before = backend.last_reads.load(std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(
+            view.read(&backend, &tasks, keys).await.unwrap(),
+            ["node:a", "node:b"]
+        );
+        assert_eq!(
+            backend.last_reads.load(std::sync::atomic::Ordering::SeqCst) - before,
+            1,
+            "a read of a settled opening reads the last revision once"
+        );
+        tasks.shutdown().await;
     }
 
     #[test]

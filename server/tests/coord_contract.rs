@@ -330,6 +330,7 @@ contract!(
     a_withdrawn_offer_is_never_taken_and_the_giver_holds_on,
     an_offer_is_taken_only_by_the_node_it_names,
     an_offer_on_a_lapsed_lease_is_never_taken,
+    a_take_that_lands_after_the_offered_lease_lapsed_takes_nothing,
     the_last_holders_node_id_outlives_its_lapsed_lease,
 );
 
@@ -388,6 +389,7 @@ atomic_contract!(
     offered_lease_is_taken_with_the_next_epoch_while_the_giver_still_holds,
     a_withdrawn_offer_is_never_taken_and_the_giver_holds_on,
     an_offer_on_a_lapsed_lease_is_never_taken,
+    a_take_that_lands_after_the_offered_lease_lapsed_takes_nothing,
     the_last_holders_node_id_outlives_its_lapsed_lease,
     an_atomic_claim_race_has_one_winner_and_mints_one_epoch,
     a_lost_batch_answer_is_reread_not_minted_twice,
@@ -655,6 +657,42 @@ async fn an_offer_on_a_lapsed_lease_is_never_taken<B: Backend>(fx: Fx<B>) {
             .await
             .is_err(),
         "a lapsed lease is claimed, never taken"
+    );
+    let b = won(&peer, req("seat:alice", B)).await;
+    assert!(b.epoch > a.epoch);
+}
+
+/// A take judged the offered lease live by this node's clock, and its
+/// write landed after the tenure lapsed: it takes nothing (a lapsed lease
+/// is never taken, only claimed) and leaves nothing behind; the seat is
+/// then claimed with a later epoch.
+async fn a_take_that_lands_after_the_offered_lease_lapsed_takes_nothing<B: Backend>(fx: Fx<B>) {
+    let peer = fx.peer_with_timeout(Duration::from_secs(25)).await;
+    let a = won(&fx.store, req("seat:alice", A)).await;
+    let now = fx.store.now().await.expect("now");
+    let a = offered(&fx.store, &a, A, Some(offer_to("node-b", "o1", now))).await;
+    let read = Arc::new(Notify::new());
+    let go = Arc::new(Notify::new());
+    peer.inject(Fault::HoldTake {
+        read: read.clone(),
+        go: go.clone(),
+    });
+    let taking = {
+        let p = peer.clone();
+        tokio::spawn(async move {
+            p.take("seat:alice", "o1", B, "node-b", crewlet::config::PROTOCOL)
+                .await
+        })
+    };
+    read.notified().await;
+    fx.lapse(&a).await;
+    go.notify_one();
+    let took = taking.await.expect("the take task");
+    assert!(took.is_err(), "a take stamped after the lapse: {took:?}");
+    assert_eq!(
+        fx.store.lease("seat:alice").await.expect("read"),
+        None,
+        "the late take's write is taken back"
     );
     let b = won(&peer, req("seat:alice", B)).await;
     assert!(b.epoch > a.epoch);

@@ -76,6 +76,10 @@ pub enum Fault {
     /// its scope: it notifies `read`, then waits for `go` before opening
     /// its watch — a write made meanwhile lands past that revision.
     HoldScan { read: Arc<Notify>, go: Arc<Notify> },
+    /// The next take waits once it has read the offered record live and
+    /// minted its epoch: it notifies `read`, then waits for `go` before its
+    /// write — the offered tenure may lapse meanwhile.
+    HoldTake { read: Arc<Notify>, go: Arc<Notify> },
 }
 
 /// How a coordinator is run.
@@ -746,13 +750,34 @@ impl<B: Backend> Coordinator<B> {
                     e
                 }
             };
+            if let Some(Fault::HoldTake { read, go }) =
+                self.take_fault(|f| matches!(f, Fault::HoldTake { .. }))
+            {
+                read.notify_one();
+                go.notified().await;
+            }
             let rec = LeaseRecord::taken(&cur, owner, preferred, protocol, &claim, epoch);
             match self
                 .be()
                 .update_stamped(b, key, rec.encode(), cur.revision)
                 .await
             {
-                Ok(w) => return self.committed(b, key, rec, w).await.map(Claim::Won),
+                Ok(w) => {
+                    let lease = self.committed(b, key, rec, w).await?;
+                    if !lease::landed_in_time(cur.expires_at, lease.acquired_at) {
+                        // Stamped after the offered tenure lapsed (this
+                        // node's clock read it live a moment too long): a
+                        // lapsed lease is never taken, only claimed. The
+                        // late write is taken back; its epoch is a gap.
+                        let _ = self.be().delete(b, key, w.revision).await;
+                        return Err(StoreError::ClaimFailed {
+                            key: key.into(),
+                            reason: "the offered lease is gone (it lapsed before the take landed)"
+                                .into(),
+                        });
+                    }
+                    return Ok(Claim::Won(lease));
+                }
                 // The giver renewed in between: read again.
                 Err(WriteError::Conflict) => {}
                 // Read again: the record says whether it landed.

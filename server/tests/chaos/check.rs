@@ -444,6 +444,24 @@ pub fn check(h: &History) -> Findings {
         }
     }
 
+    // Every effect's turn has its start in the nodes' logs: without it
+    // the admission and duplicate rules cannot judge that turn (they went
+    // blind once when turn events moved to DEBUG lines).
+    let unstarted: BTreeSet<String> = h
+        .effects
+        .iter()
+        .filter(|e| !started.contains_key(e.turn_id.as_str()))
+        .map(|e| format!("{} on {} (epoch {})", e.turn_id, e.node, e.epoch))
+        .collect();
+    if !unstarted.is_empty() {
+        f.violations.push(format!(
+            "recording: {} turns posted effects with no turn_started in the nodes' logs, so the admission and duplicate rules cannot judge them: {}{}",
+            unstarted.len(),
+            unstarted.iter().take(5).cloned().collect::<Vec<_>>().join(", "),
+            if unstarted.len() > 5 { ", …" } else { "" }
+        ));
+    }
+
     // Effects per trigger.
     f.stats.effects = h.effects.len();
     let mut by_id: HashMap<&str, Vec<&EffectRec>> = HashMap::new();
@@ -791,6 +809,12 @@ mod tests {
             ),
             ev(41, &b, "seat_claimed", json!({"seat": "s", "epoch": 2})),
             ev(42, &b, "seat_attached", json!({"seat": "s", "epoch": 2})),
+            ev(
+                4,
+                &a,
+                "turn_started",
+                json!({"seat": "s", "turn_id": "t1", "epoch": 1}),
+            ),
         ];
         h.published = vec![published("m1")];
         h.effects = vec![effect(5, "t1", "a", 1, &["m1"])];
@@ -801,9 +825,39 @@ mod tests {
     }
 
     #[test]
+    fn an_effect_whose_turn_start_is_not_in_the_logs_is_a_violation() {
+        let a = proc("a", 0);
+        let mut h = base();
+        h.procs = vec![running(&a)];
+        h.published = vec![published("m1")];
+        h.effects = vec![effect(5, "t1", "a", 1, &["m1"])];
+        let f = check(&h);
+        assert!(
+            f.violations
+                .iter()
+                .any(|v| v.starts_with("recording") && v.contains("t1 on a (epoch 1)")),
+            "{:?}",
+            f.violations
+        );
+        h.events = vec![ev(
+            4,
+            &a,
+            "turn_started",
+            json!({"seat": "s", "turn_id": "t1", "epoch": 1}),
+        )];
+        assert!(check(&h).violations.is_empty());
+    }
+
+    #[test]
     fn a_message_with_no_effect_and_no_dead_letter_is_lost() {
         let mut h = base();
         h.published = vec![published("m1"), published("m2"), published("m3")];
+        h.events = vec![ev(
+            4,
+            &proc("a", 0),
+            "turn_started",
+            json!({"seat": "s", "turn_id": "t1", "epoch": 1}),
+        )];
         h.effects = vec![effect(5, "t1", "a", 1, &["m1"])];
         h.dead = vec![DeadRec { id: "m2".into() }];
         let f = check(&h);

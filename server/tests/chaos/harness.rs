@@ -345,7 +345,11 @@ impl Chaos {
         cmd.arg("run")
             .arg("--config")
             .arg(&n.config)
-            .env("RUST_LOG", "info,sqlx=warn,tower_sessions=warn")
+            // Turn events are DEBUG lines: the checks need every start.
+            .env(
+                "RUST_LOG",
+                "info,crewlet::event=debug,sqlx=warn,tower_sessions=warn",
+            )
             .env_remove("CREWLET_FAULT_PROTOCOL")
             .stdout(std::process::Stdio::from(out))
             .stderr(std::process::Stdio::from(err))

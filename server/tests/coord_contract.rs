@@ -20,7 +20,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use crewlet::coord::{
     Backend, BucketId, Claim, ClaimRequest, ClaimStep, ConnectionState, Coordinator,
-    CoordinatorOptions, Event, Fault, KvError, Lease, LeaseState, Metadata, NatsBackend,
+    CoordinatorOptions, Event, Fault, HoldPoint, KvError, Lease, LeaseState, Metadata, NatsBackend,
     NatsOptions, NatsStore, Offer, Release, Renewal, StateBucket, Store, StoreError, StoreTime,
     TwinBackend,
 };
@@ -673,7 +673,8 @@ async fn a_take_that_lands_after_the_offered_lease_lapsed_takes_nothing<B: Backe
     let a = offered(&fx.store, &a, A, Some(offer_to("node-b", "o1", now))).await;
     let read = Arc::new(Notify::new());
     let go = Arc::new(Notify::new());
-    peer.inject(Fault::HoldTake {
+    peer.inject(Fault::Hold {
+        at: HoldPoint::Take,
         read: read.clone(),
         go: go.clone(),
     });
@@ -1124,7 +1125,8 @@ async fn a_lease_renewed_while_a_list_reads_is_still_listed<B: Backend>(fx: Fx<B
     won(s, req("node:node-b", B)).await;
     let read = Arc::new(Notify::new());
     let go = Arc::new(Notify::new());
-    fx.store.inject(Fault::HoldScan {
+    fx.store.inject(Fault::Hold {
+        at: HoldPoint::Scan,
         read: read.clone(),
         go: go.clone(),
     });

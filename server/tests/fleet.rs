@@ -526,57 +526,39 @@ async fn a_draining_node_that_still_holds_seats_reads_as_draining_and_its_succes
         let engine = a.engine.clone();
         tokio::spawn(async move { engine.drain().await })
     };
-    let store = a.store.clone();
-    // What the roster last read (said if the wait times out).
-    let seen = Arc::new(Mutex::new(String::from("nothing read yet")));
-    let waited = tokio::time::timeout(
-        Duration::from_secs(20),
-        f.until_async(
-            "a to read as draining with its seat",
-            Duration::from_secs(30),
-            || {
-                let store = store.clone();
-                let seen = seen.clone();
-                async move {
-                    let view =
-                        crewlet::node::fleet::read_fleet(&*store, "t", "c", "embedded-kv").await;
-                    *seen.lock().unwrap() = match &view {
-                        Ok(v) => format!(
-                            "{:?}",
-                            v.nodes
-                                .iter()
-                                .map(|n| (&n.node_id, n.status, n.seats.len()))
-                                .collect::<Vec<_>>()
-                        ),
-                        Err(e) => format!("the roster could not be read: {e}"),
-                    };
-                    let Ok(view) = view else {
-                        return false;
-                    };
-                    let a_draining = view.nodes.iter().any(|n| {
-                        n.node_id == "a"
-                            && n.status == app::api::NodeStatus::Draining
-                            && n.seats.len() == 1
-                    });
-                    let b_serving = view
-                        .nodes
-                        .iter()
-                        .any(|n| n.node_id == "b" && n.status == app::api::NodeStatus::Serving);
-                    a_draining && b_serving
-                }
-            },
-        ),
-    )
-    .await;
-    let b_reads = b.store.list("").await.map(|l| l.len());
-    let a_reads = a.store.list("").await.map(|l| l.len());
-    assert!(
-        waited.is_ok(),
-        "timed out after 20s waiting for a to read as draining with its seat; the roster last read: {}; a's store lists {a_reads:?} leases, b's {b_reads:?}; a's seats: {:?}; a's events: {:?}",
-        seen.lock().unwrap(),
-        a.held(),
-        a.events().iter().map(|e| &e.event).collect::<Vec<_>>(),
-    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let view = crewlet::node::fleet::read_fleet(&*a.store, "t", "c", "embedded-kv").await;
+        let read_as_draining = view.as_ref().is_ok_and(|view| {
+            let a_draining = view.nodes.iter().any(|n| {
+                n.node_id == "a" && n.status == app::api::NodeStatus::Draining && n.seats.len() == 1
+            });
+            let b_serving = view
+                .nodes
+                .iter()
+                .any(|n| n.node_id == "b" && n.status == app::api::NodeStatus::Serving);
+            a_draining && b_serving
+        });
+        if read_as_draining {
+            break;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            let roster = view.map(|v| {
+                v.nodes
+                    .iter()
+                    .map(|n| (n.node_id.clone(), n.status, n.seats.len()))
+                    .collect::<Vec<_>>()
+            });
+            let a_reads = a.store.list("").await.map(|l| l.len());
+            let b_reads = b.store.list("").await.map(|l| l.len());
+            panic!(
+                "timed out after 20s waiting for a to read as draining with its seat; the roster last read: {roster:?}; a's store lists {a_reads:?} leases, b's {b_reads:?}; a's seats: {:?}; a's events: {:?}",
+                a.held(),
+                a.events().iter().map(|e| &e.event).collect::<Vec<_>>(),
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     hooks_b
         .stuck_hydration
         .store(false, std::sync::atomic::Ordering::SeqCst);

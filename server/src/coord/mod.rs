@@ -38,7 +38,7 @@ use futures::stream::BoxStream;
 pub use kv::{Backend, BucketId};
 pub use lease::{Lease, LeaseRecord, LeaseState, Offer, ResourceKind, StoreTime};
 pub use nats::{NatsBackend, NatsOptions};
-pub use protocol::{ClaimStep, Coordinator, CoordinatorOptions, Fault};
+pub use protocol::{ClaimStep, Coordinator, CoordinatorOptions, Fault, HoldPoint};
 pub use twin::TwinBackend;
 
 /// A bucket's revision: on NATS the stream sequence, shared by the whole bucket.

@@ -72,14 +72,25 @@ pub enum Fault {
     HoldAfter(ClaimStep, Arc<Notify>),
     /// The store refuses the next give-back.
     RefuseGiveBack,
-    /// The next scan (a list) waits after reading the last revision under
-    /// its scope: it notifies `read`, then waits for `go` before opening
-    /// its watch — a write made meanwhile lands past that revision.
-    HoldScan { read: Arc<Notify>, go: Arc<Notify> },
-    /// The next take waits once it has read the offered record live and
-    /// minted its epoch: it notifies `read`, then waits for `go` before its
-    /// write — the offered tenure may lapse meanwhile.
-    HoldTake { read: Arc<Notify>, go: Arc<Notify> },
+    /// The next call to reach `at` notifies `read`, then waits for `go`
+    /// before it goes on.
+    Hold {
+        at: HoldPoint,
+        read: Arc<Notify>,
+        go: Arc<Notify>,
+    },
+}
+
+/// Where [`Fault::Hold`] pauses a call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HoldPoint {
+    /// A scan (a list), after reading the last revision under its scope
+    /// and before opening its watch: a write made meanwhile lands past
+    /// that revision.
+    Scan,
+    /// A take, once it has read the offered record live and minted its
+    /// epoch, before its write: the offered tenure may lapse meanwhile.
+    Take,
 }
 
 /// How a coordinator is run.
@@ -186,11 +197,13 @@ impl<B: Backend> Coordinator<B> {
         Some(faults.remove(i))
     }
 
-    /// The pause a test armed for the next scan.
-    fn hold_scan(&self) -> Option<(Arc<Notify>, Arc<Notify>)> {
-        match self.take_fault(|f| matches!(f, Fault::HoldScan { .. })) {
-            Some(Fault::HoldScan { read, go }) => Some((read, go)),
-            _ => None,
+    /// Pause here if a test armed a hold at `point`.
+    async fn hold_point(&self, point: HoldPoint) {
+        if let Some(Fault::Hold { read, go, .. }) =
+            self.take_fault(|f| matches!(f, Fault::Hold { at, .. } if *at == point))
+        {
+            read.notify_one();
+            go.notified().await;
         }
     }
 
@@ -750,12 +763,7 @@ impl<B: Backend> Coordinator<B> {
                     e
                 }
             };
-            if let Some(Fault::HoldTake { read, go }) =
-                self.take_fault(|f| matches!(f, Fault::HoldTake { .. }))
-            {
-                read.notify_one();
-                go.notified().await;
-            }
+            self.hold_point(HoldPoint::Take).await;
             let rec = LeaseRecord::taken(&cur, owner, preferred, protocol, &claim, epoch);
             match self
                 .be()
@@ -911,10 +919,7 @@ impl<B: Backend> Coordinator<B> {
         let Some(mut last) = self.be().last_revision(b, scope).await? else {
             return Ok(Vec::new());
         };
-        if let Some((read, go)) = self.hold_scan() {
-            read.notify_one();
-            go.notified().await;
-        }
+        self.hold_point(HoldPoint::Scan).await;
         let mut stream = self.open_watch(b, scope).await?;
         let mut seen = std::collections::BTreeMap::new();
         let mut reached = 0;

@@ -910,10 +910,10 @@ impl<B: Backend> Coordinator<B> {
     /// The watch delivers each key's last message in revision order, then
     /// what is written after. A key written again after the last revision
     /// was read (or while the watch delivers) is delivered only at its new
-    /// revision, past that last one: so reaching the last revision read is
-    /// not the end until a fresh read of it says nothing under the scope
-    /// was written since. Stopping there instead once missed a live node's
-    /// presence renewed a moment after this node's own release.
+    /// revision, past that last one: so on reaching the last revision read
+    /// the scan reads it once more and reads on to that. Stopping at the
+    /// first instead once missed a live node's presence renewed a moment
+    /// after this node's own release.
     async fn scan_events(&self, b: BucketId, prefix: &str) -> Result<Vec<RawEvent>, StoreError> {
         let scope = scope_of(prefix);
         let Some(mut last) = self.be().last_revision(b, scope).await? else {
@@ -923,6 +923,11 @@ impl<B: Backend> Coordinator<B> {
         let mut stream = self.open_watch(b, scope).await?;
         let mut seen = std::collections::BTreeMap::new();
         let mut reached = 0;
+        // Read the last revision again once, on reaching the first: a key
+        // written again before that re-read lies at or below its answer.
+        // Once only: an answer past what the scope's watch ever delivers
+        // must not keep the scan chasing.
+        let mut reread = false;
         loop {
             match tokio::time::timeout(RECHECK, stream.next()).await {
                 Ok(Some(Ok(ev))) => {
@@ -940,16 +945,19 @@ impl<B: Backend> Coordinator<B> {
                 Ok(None) => break,
                 Err(_) => {
                     // Nothing came: the last revision read may be gone (its
-                    // key removed), and then it is never delivered.
-                    if reached < last && self.be().revision_exists(b, last).await? {
+                    // key removed), and then it is never delivered. After
+                    // the re-read, what it covers has had its time.
+                    if !reread && reached < last && self.be().revision_exists(b, last).await? {
                         continue;
                     }
                 }
             }
-            // At the last revision read (or it is gone): level only if
-            // nothing under the scope was written since.
+            if reread {
+                break;
+            }
+            reread = true;
             match self.be().last_revision(b, scope).await? {
-                Some(now) if now > last => last = now,
+                Some(now) if now > reached => last = now,
                 _ => break,
             }
         }

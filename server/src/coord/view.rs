@@ -264,10 +264,10 @@ impl LeaseView {
     /// A newly opened watch delivers each key's last message in revision
     /// order, then what is written after; a key written again meanwhile
     /// comes only at its new revision, past the last one read — until then
-    /// the view lacks that key altogether. So the first reads of an opening
-    /// are level only once a fresh read of the last revision says nothing
-    /// was written since the revision reached; after that every key is in
-    /// the view and reaching the last revision read is enough.
+    /// the view lacks that key altogether. So until an opening has once been
+    /// found level, a read that reaches the last revision reads it once
+    /// more and waits for that too; after that every key is in the view and
+    /// reaching the last revision read is enough.
     pub async fn read<B: Backend, T>(
         self: &Arc<Self>,
         backend: &Arc<B>,
@@ -279,6 +279,7 @@ impl LeaseView {
             let began = std::time::Instant::now();
             let behind = last.saturating_sub(*self.applied.borrow());
             let mut rx = self.applied.subscribe();
+            let mut reread = false;
             loop {
                 let waited = tokio::time::timeout(RECHECK, async {
                     rx.wait_for(|a| *a >= last).await.map(|_| ())
@@ -304,9 +305,20 @@ impl LeaseView {
                 let Some(opening) = opening else {
                     break;
                 };
-                match backend.last_revision(BucketId::Leases, "").await? {
-                    Some(now) if now > last => last = now,
-                    _ => {
+                // Once: a key written again before this re-read lies at or
+                // below its answer.
+                let again = if reread {
+                    None
+                } else {
+                    reread = true;
+                    backend
+                        .last_revision(BucketId::Leases, "")
+                        .await?
+                        .filter(|now| *now > last)
+                };
+                match again {
+                    Some(now) => last = now,
+                    None => {
                         let mut st = self.lock();
                         if st.opened == opening {
                             st.settled = opening;

@@ -272,6 +272,66 @@ pub fn tenures(h: &History) -> Vec<Tenure> {
     out
 }
 
+/// The detach reasons of a voluntary release (spec § Release modes).
+const VOLUNTARY: [&str; 5] = [
+    "drain",
+    "rebalance",
+    "role_gone",
+    "placement_moved",
+    "unserviceable",
+];
+
+/// Graceful handoffs: each tenure given back voluntarily whose release was
+/// proven, paired with the seat's next tenure on another node. Proven: no
+/// `seat_release_unproven` for that tenure, or a `seat_release_recovered`
+/// after it. A voluntary release whose teardown (its last memory flush
+/// among it) never succeeded left the seat undead, and an undead seat's
+/// lease that lapses is lost like a crashed holder's: its memory is
+/// bounded by one flush cycle (spec § A seat's memory follows it: "a crash
+/// loses at most one cycle"), not carried whole. Those are counted in
+/// `lapsed_unproven`.
+pub fn graceful_handoffs(h: &History, tenures: &[Tenure]) -> Handoffs {
+    let said = |name: &str, t: &Tenure| {
+        h.events.iter().any(|e| {
+            e.name == name
+                && e.proc == t.proc
+                && e.str("seat") == t.seat
+                && e.u64("epoch") == t.epoch
+        })
+    };
+    let mut out = Handoffs::default();
+    for (k, t) in tenures.iter().enumerate() {
+        if !VOLUNTARY.contains(&t.reason.as_str()) {
+            continue;
+        }
+        let Some(next) = tenures[k + 1..]
+            .iter()
+            .find(|n| n.seat == t.seat && n.attached >= t.ended)
+        else {
+            continue;
+        };
+        if next.proc.node == t.proc.node {
+            continue;
+        }
+        if said("seat_release_unproven", t) && !said("seat_release_recovered", t) {
+            out.lapsed_unproven += 1;
+            continue;
+        }
+        out.graceful.push((t.clone(), next.clone()));
+    }
+    out
+}
+
+/// What [`graceful_handoffs`] found.
+#[derive(Clone, Debug, Default)]
+pub struct Handoffs {
+    /// (the tenure given back, the seat's next tenure elsewhere).
+    pub graceful: Vec<(Tenure, Tenure)>,
+    /// Voluntary releases whose teardown never succeeded before the lease
+    /// went: not graceful.
+    pub lapsed_unproven: usize,
+}
+
 fn percentile(sorted: &[i64], p: f64) -> i64 {
     if sorted.is_empty() {
         return 0;
@@ -822,6 +882,48 @@ mod tests {
         assert!(f.violations.is_empty(), "{:?}", f.violations);
         assert_eq!(f.stats.max_dark_us, 2 * SECOND);
         assert_eq!(f.stats.lost, 0);
+    }
+
+    #[test]
+    fn a_voluntary_release_whose_teardown_never_succeeded_is_not_a_graceful_handoff() {
+        // Three rebalances from a to b: proven at once, proven on an undead
+        // retry, and never proven (the lease lapsed undead).
+        let (a, b) = (proc("a", 0), proc("b", 0));
+        let mut h = base();
+        h.procs = vec![running(&a), running(&b)];
+        let mut tenure = |epoch: u64, at: i64, after: &[&str]| {
+            let s = json!({"seat": "s", "epoch": epoch});
+            h.events.push(ev(at, &a, "seat_attached", s.clone()));
+            h.events.push(ev(
+                at + 1,
+                &a,
+                "seat_detached",
+                json!({"seat": "s", "epoch": epoch, "reason": "rebalance"}),
+            ));
+            for (i, name) in after.iter().enumerate() {
+                h.events.push(ev(at + 2 + i as i64, &a, name, s.clone()));
+            }
+            h.events.push(ev(
+                at + 5,
+                &b,
+                "seat_attached",
+                json!({"seat": "s", "epoch": epoch + 1}),
+            ));
+            h.events.push(ev(
+                at + 6,
+                &b,
+                "seat_detached",
+                json!({"seat": "s", "epoch": epoch + 1, "reason": "lost"}),
+            ));
+        };
+        tenure(1, 0, &[]);
+        tenure(3, 10, &["seat_release_unproven", "seat_release_recovered"]);
+        tenure(5, 20, &["seat_release_unproven"]);
+        let found = graceful_handoffs(&h, &tenures(&h));
+        let given: Vec<u64> = found.graceful.iter().map(|(t, _)| t.epoch).collect();
+        assert_eq!(given, vec![1, 3]);
+        assert!(found.graceful.iter().all(|(_, n)| n.proc == b));
+        assert_eq!(found.lapsed_unproven, 1);
     }
 
     #[test]

@@ -1165,11 +1165,13 @@ async fn memory_rows(db: &Path) -> Result<HashSet<(String, String)>, String> {
     Ok(rows)
 }
 
-/// Memory rows survive every graceful handoff: for each tenure given back
-/// voluntarily (drain, rebalance, role gone, placement moved) to another
-/// node, every row the giver wrote for the work it finished in that tenure
-/// is in the taker's database. Returns the handoffs checked and what broke.
-async fn check_memory(h: &History, dirs: &BTreeMap<String, PathBuf>) -> (usize, Vec<String>) {
+/// Memory rows survive every graceful handoff ([`check::graceful_handoffs`]):
+/// every row the giver wrote for the work it finished in that tenure is in
+/// the taker's database. Returns what was checked and what broke.
+async fn check_memory(
+    h: &History,
+    dirs: &BTreeMap<String, PathBuf>,
+) -> (check::Handoffs, Vec<String>) {
     let mut rows: BTreeMap<String, HashSet<(String, String)>> = BTreeMap::new();
     let mut violations = Vec::new();
     for (node, dir) in dirs {
@@ -1180,24 +1182,8 @@ async fn check_memory(h: &History, dirs: &BTreeMap<String, PathBuf>) -> (usize, 
             Err(e) => violations.push(format!("memory: cannot read {node}'s database: {e}")),
         }
     }
-    let tenures = check::tenures(h);
-    let mut checked = 0;
-    for (k, t) in tenures.iter().enumerate() {
-        if !matches!(
-            t.reason.as_str(),
-            "drain" | "rebalance" | "role_gone" | "placement_moved" | "unserviceable"
-        ) {
-            continue;
-        }
-        let Some(next) = tenures[k + 1..]
-            .iter()
-            .find(|n| n.seat == t.seat && n.attached >= t.ended)
-        else {
-            continue;
-        };
-        if next.proc.node == t.proc.node {
-            continue;
-        }
+    let handoffs = check::graceful_handoffs(h, &check::tenures(h));
+    for (t, next) in &handoffs.graceful {
         let (Some(giver), Some(taker)) = (rows.get(&t.proc.node), rows.get(&next.proc.node)) else {
             continue;
         };
@@ -1214,7 +1200,6 @@ async fn check_memory(h: &History, dirs: &BTreeMap<String, PathBuf>) -> (usize, 
             })
             .filter_map(|e| e.v["work_key"].as_str())
             .collect();
-        checked += 1;
         for table in ["episodes", "agent_diary"] {
             let seat = format!("{table}:{}", t.seat);
             let missing: Vec<&&str> = keys
@@ -1239,7 +1224,7 @@ async fn check_memory(h: &History, dirs: &BTreeMap<String, PathBuf>) -> (usize, 
             }
         }
     }
-    (checked, violations)
+    (handoffs, violations)
 }
 
 /// Create every seat's mailboxes before the first node starts, many at a
@@ -1635,10 +1620,17 @@ pub async fn run(sched: Schedule, dir: PathBuf) -> Outcome {
         notes.push(format!("a start failed (started again): {f}"));
     }
     notes.push(format!(
-        "events: {} on the bus, {} in the nodes' logs; graceful handoffs whose memory was checked: {handoffs}",
+        "events: {} on the bus, {} in the nodes' logs; graceful handoffs whose memory was checked: {}",
         shared.bus_events.load(Ordering::Relaxed),
-        history.events.len()
+        history.events.len(),
+        handoffs.graceful.len()
     ));
+    if handoffs.lapsed_unproven > 0 {
+        notes.push(format!(
+            "voluntary releases whose teardown never succeeded, lease lost undead (memory bounded by a flush cycle, as a crash): {}",
+            handoffs.lapsed_unproven
+        ));
+    }
     let recovered = history
         .events
         .iter()
@@ -1680,7 +1672,7 @@ pub async fn run(sched: Schedule, dir: PathBuf) -> Outcome {
         dark,
         dir,
         wall: t0.elapsed(),
-        memory_handoffs: handoffs,
+        memory_handoffs: handoffs.graceful.len(),
         recovered,
         republished,
     }

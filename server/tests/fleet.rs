@@ -286,19 +286,32 @@ impl Fleet {
     }
 
     /// [`Fleet::until`] for a condition that has to ask something.
-    async fn until_async<F, Fut>(&self, what: &str, within: Duration, mut cond: F)
+    async fn until_async<F, Fut>(&self, what: &str, within: Duration, cond: F)
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
+        assert!(
+            self.within_async(within, cond).await,
+            "timed out after {within:?} waiting for {what}"
+        );
+    }
+
+    /// Whether `cond` comes to hold (on the fleet's clock) within `within`:
+    /// [`Fleet::until_async`] for a caller that says more when it does not.
+    async fn within_async<F, Fut>(&self, within: Duration, mut cond: F) -> bool
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = bool>,
     {
         let deadline = tokio::time::Instant::now() + within;
         while !cond().await {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "timed out after {within:?} waiting for {what}"
-            );
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+        true
     }
 
     /// Wait (on the fleet's clock) until `cond` holds, for at most `within`.
@@ -526,38 +539,45 @@ async fn a_draining_node_that_still_holds_seats_reads_as_draining_and_its_succes
         let engine = a.engine.clone();
         tokio::spawn(async move { engine.drain().await })
     };
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        let view = crewlet::node::fleet::read_fleet(&*a.store, "t", "c", "embedded-kv").await;
-        let read_as_draining = view.as_ref().is_ok_and(|view| {
-            let a_draining = view.nodes.iter().any(|n| {
-                n.node_id == "a" && n.status == app::api::NodeStatus::Draining && n.seats.len() == 1
-            });
-            let b_serving = view
-                .nodes
-                .iter()
-                .any(|n| n.node_id == "b" && n.status == app::api::NodeStatus::Serving);
-            a_draining && b_serving
-        });
-        if read_as_draining {
-            break;
-        }
-        if tokio::time::Instant::now() >= deadline {
-            let roster = view.map(|v| {
-                v.nodes
-                    .iter()
-                    .map(|n| (n.node_id.clone(), n.status, n.seats.len()))
-                    .collect::<Vec<_>>()
-            });
-            let a_reads = a.store.list("").await.map(|l| l.len());
-            let b_reads = b.store.list("").await.map(|l| l.len());
-            panic!(
-                "timed out after 20s waiting for a to read as draining with its seat; the roster last read: {roster:?}; a's store lists {a_reads:?} leases, b's {b_reads:?}; a's seats: {:?}; a's events: {:?}",
-                a.held(),
-                a.events().iter().map(|e| &e.event).collect::<Vec<_>>(),
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    // The roster each poll read, for the message if the wait times out.
+    let last_read = Arc::new(std::sync::Mutex::new(None));
+    let store = a.store.clone();
+    let read_as_draining = f
+        .within_async(Duration::from_secs(20), || {
+            let (store, last_read) = (store.clone(), last_read.clone());
+            async move {
+                let view = crewlet::node::fleet::read_fleet(&*store, "t", "c", "embedded-kv").await;
+                let found = view.as_ref().is_ok_and(|view| {
+                    let a_draining = view.nodes.iter().any(|n| {
+                        n.node_id == "a"
+                            && n.status == app::api::NodeStatus::Draining
+                            && n.seats.len() == 1
+                    });
+                    let b_serving = view
+                        .nodes
+                        .iter()
+                        .any(|n| n.node_id == "b" && n.status == app::api::NodeStatus::Serving);
+                    a_draining && b_serving
+                });
+                *last_read.lock().unwrap() = Some(view.map(|v| {
+                    v.nodes
+                        .iter()
+                        .map(|n| (n.node_id.clone(), n.status, n.seats.len()))
+                        .collect::<Vec<_>>()
+                }));
+                found
+            }
+        })
+        .await;
+    if !read_as_draining {
+        let roster = last_read.lock().unwrap().take();
+        let a_reads = a.store.list("").await.map(|l| l.len());
+        let b_reads = b.store.list("").await.map(|l| l.len());
+        panic!(
+            "timed out after 20s waiting for a to read as draining with its seat; the roster last read: {roster:?}; a's store lists {a_reads:?} leases, b's {b_reads:?}; a's seats: {:?}; a's events: {:?}",
+            a.held(),
+            a.events().iter().map(|e| &e.event).collect::<Vec<_>>(),
+        );
     }
     hooks_b
         .stuck_hydration

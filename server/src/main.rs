@@ -267,6 +267,7 @@ fn apply(path: &Path, node: Option<String>, token: &str) -> ExitCode {
         &path.display().to_string(),
         &text,
         crewlet::config::Environment::Test,
+        &crewlet::config::AgentPolicy::test_rig(&[]),
     ) {
         Ok(c) => c,
         Err(e) => {

@@ -49,9 +49,7 @@ async fn tools() -> (Tools, tempfile::TempDir) {
         queue,
         memory: MemoryStore::new(pool),
         company,
-        runs_allowed: crewlet::config::RunsSection {
-            allow: vec!["/bin/true".into()],
-        },
+        programs: crewlet::config::AgentPolicy::test_rig(&["/bin/true"]).programs,
         mcp: Default::default(),
     };
     (tools, dir)

@@ -19,7 +19,7 @@ use crate::fns::{
     answer_approval, fleet, list_seats, move_seat, pause_seat, resume_seat, stop_seat_turn, whoami,
 };
 use crate::live::{Connection, LiveBadge, SEAT_EVENTS, refetch_on};
-use crate::view::{clipped, runs_summary, spend_summary, tool_servers_summary};
+use crate::view::{runs_summary, spend_summary, tool_servers_summary};
 
 /// What a person asks of a seat.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -1076,7 +1076,11 @@ fn ApprovalItem(a: ApprovalView, operator: Signal<bool>, answer: Answering) -> i
             </button>
         }
     };
-    let args = a.arguments.to_string();
+    // The whole arguments, pretty-printed and scrollable: a person approves
+    // what they can read, never a clipped part of it (the node refuses
+    // arguments too large to show before asking).
+    let args =
+        serde_json::to_string_pretty(&a.arguments).unwrap_or_else(|_| a.arguments.to_string());
     let (asked, deadline) = (a.asked_at.clone(), a.deadline.clone());
     let label = format!("Why approve or deny {}", a.tool);
     view! {
@@ -1084,7 +1088,7 @@ fn ApprovalItem(a: ApprovalView, operator: Signal<bool>, answer: Answering) -> i
             <strong>"Waiting for approval: "</strong>
             <span class="mono">{a.tool.clone()}</span>
             " "
-            <code class="small approval-args" title=args.clone()>{clipped(&args, 300)}</code>
+            <pre class="small approval-args" tabindex="0" aria-label="The call's arguments">{args}</pre>
             <div class="muted small">
                 "asked "
                 <crate::components::time::When at=asked.clone() />

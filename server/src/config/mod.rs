@@ -7,6 +7,8 @@
 //! network or the database.
 
 mod network;
+mod policy;
+pub mod programs;
 mod schema;
 mod validate;
 
@@ -17,6 +19,8 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 pub use network::Network;
+pub use policy::{AgentPolicy, INSTRUCTIONS_SUBDIR, confined};
+pub use programs::{ProgramRule, ProgramUse, Programs};
 pub use validate::{MAX_ROLES, MAX_SCHEDULES, Problem};
 
 /// The current lease protocol (spec: "The current protocol is 4").
@@ -62,6 +66,10 @@ pub enum ConfigError {
         problems: Vec<Problem>,
     },
 }
+
+/// The inbox types only the engine sends (`engine::envelope::ENGINE_TYPES`,
+/// kept here so the company file's schedules are judged by them too).
+pub const ENGINE_MAIL_TYPES: [&str; 2] = ["run_completed", "tool_approval_answered"];
 
 /// The most problems a message lists (the rest are counted).
 pub const PROBLEMS_SHOWN: usize = 50;
@@ -139,33 +147,6 @@ pub struct RunsSection {
     pub allow: Vec<String>,
 }
 
-impl RunsSection {
-    /// Pure: may a detached run start `argv`? `Err` says why not, naming the
-    /// list.
-    pub fn admits(&self, argv: &[String]) -> Result<(), String> {
-        let Some(program) = argv.first() else {
-            return Err("run_detached: `argv` is empty".into());
-        };
-        if self.allow.iter().any(|a| a == program) {
-            return Ok(());
-        }
-        if self.allow.is_empty() {
-            Err(format!(
-                "run_detached: {program:?} is not allowed on this node: its [runs] allow list is empty, so no detached run may start (add the program's absolute path to [runs] allow in the node's own file)"
-            ))
-        } else {
-            Err(format!(
-                "run_detached: {program:?} is not allowed on this node; [runs] allow lists {} (argv[0] must be one of them, exactly)",
-                self.allow
-                    .iter()
-                    .map(|a| format!("{a:?}"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ))
-        }
-    }
-}
-
 /// `node.environment`: a production node, or a test rig where the echo
 /// agent's drills may be switched on.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -174,41 +155,6 @@ pub enum Environment {
     #[default]
     Production,
     Test,
-}
-
-/// What this node lets a seat's payload do: decided from the node's own
-/// file, never from an applied company or from mail.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct AgentPolicy {
-    /// The echo agent honours a role's `drills = true` (node.environment =
-    /// "test").
-    pub drills: bool,
-    /// The node runs `command` agents (node.allow_command_agents).
-    pub command_agents: bool,
-    /// What `run_detached` may start.
-    pub runs: RunsSection,
-}
-
-impl AgentPolicy {
-    /// The policy a node's own file sets.
-    pub fn of(c: &Config) -> AgentPolicy {
-        AgentPolicy {
-            drills: c.node.environment == Environment::Test,
-            command_agents: c.node.command_agents_allowed(c.coordination.kind),
-            runs: c.runs.clone(),
-        }
-    }
-
-    /// Everything a test rig needs: drills, command agents, and `allow`.
-    pub fn test_rig(allow: &[&str]) -> AgentPolicy {
-        AgentPolicy {
-            drills: true,
-            command_agents: true,
-            runs: RunsSection {
-                allow: allow.iter().map(|s| s.to_string()).collect(),
-            },
-        }
-    }
 }
 
 /// The maintenance duty (one node of the fleet at a time).
@@ -320,6 +266,20 @@ pub struct NodeSection {
     /// node), no on a fleet (`coordination.type = "embedded-kv"`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub allow_command_agents: Option<bool>,
+    /// The programs a company may have started here: command agents, MCP
+    /// stdio servers, detached runs (README § Security model). Unset: any
+    /// command agent or stdio server on a single node with `local`
+    /// coordination, none on a fleet; a detached run only by a rule that
+    /// says `run` (or `[runs] allow`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub programs: Option<Vec<ProgramRule>>,
+    /// The node's environment variables an agent may be handed (a role's
+    /// `api_key_env`, `env_from`, `headers_from` may name only these).
+    pub agent_env: Vec<String>,
+    /// Where a role's `instructions_file` is read from (unset:
+    /// `{data_dir}/instructions`); nothing outside it is read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub instructions_dir: Option<PathBuf>,
 }
 
 impl Default for NodeSection {
@@ -331,6 +291,9 @@ impl Default for NodeSection {
             data_dir: PathBuf::from("./data"),
             environment: Environment::Production,
             allow_command_agents: None,
+            programs: None,
+            agent_env: Vec::new(),
+            instructions_dir: None,
         }
     }
 }
@@ -340,6 +303,13 @@ impl NodeSection {
     pub fn command_agents_allowed(&self, coordination: CoordinationType) -> bool {
         self.allow_command_agents
             .unwrap_or(coordination == CoordinationType::Local)
+    }
+
+    /// `instructions_dir` with its default filled in.
+    pub fn instructions_dir(&self) -> PathBuf {
+        self.instructions_dir
+            .clone()
+            .unwrap_or_else(|| self.data_dir.join(INSTRUCTIONS_SUBDIR))
     }
 
     /// Whether `listen` is a loopback address (validated at load).
@@ -504,6 +474,12 @@ pub struct RoleConfig {
     /// as the MCP defaults have it).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub approve_destructive: bool,
+    /// Tools (full names, `server.*`, `*`) the company vouches are
+    /// read-only: with `approve_destructive`, these alone run unasked — a
+    /// tool server's own annotations never lower protection (README
+    /// § Tools, Approvals).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub read_only: Vec<String>,
     /// How long an approval waits for a person before it is denied as
     /// timed out.
     #[serde(default = "default_approval_timeout_seconds")]
@@ -545,6 +521,7 @@ impl Default for RoleConfig {
             mcp: Vec::new(),
             approve: Vec::new(),
             approve_destructive: false,
+            read_only: Vec::new(),
             approval_timeout_seconds: DEFAULT_APPROVAL_TIMEOUT_SECONDS,
             budget: None,
         }
@@ -987,10 +964,18 @@ impl Config {
         file: &str,
         text: &str,
         environment: Environment,
+        policy: &AgentPolicy,
     ) -> Result<Config, ConfigError> {
         Config::parse_with(file, text, &BTreeMap::new(), |c| {
             c.node.environment = environment;
             c.node.allow_command_agents = Some(true);
+            c.node.programs = None;
+            c.node.agent_env = match &policy.agent_env {
+                Some(a) => a.iter().cloned().collect(),
+                // A test rig hands any variable: every name the file uses.
+                None => c.roles.iter().flat_map(env_names).collect(),
+            };
+            c.node.instructions_dir = Some(policy.instructions_dir.clone());
         })
     }
 
@@ -1047,12 +1032,58 @@ impl Config {
         for t in &mut c.auth.tokens {
             t.sha256 = REDACTED.into();
         }
+        // A child's variables are often keys; a URL may carry a password.
+        for u in &mut c.stream.urls {
+            *u = redact_userinfo(u);
+        }
+        for r in &mut c.roles {
+            match &mut r.agent {
+                AgentConfig::Command(cmd) => {
+                    cmd.env.values_mut().for_each(|v| *v = REDACTED.into())
+                }
+                AgentConfig::Model(m) => m.base_url = redact_userinfo(&m.base_url),
+                AgentConfig::Echo(_) => {}
+            }
+            for m in &mut r.mcp {
+                m.env.values_mut().for_each(|v| *v = REDACTED.into());
+                if let Some(u) = &mut m.url {
+                    *u = redact_userinfo(u);
+                }
+            }
+        }
         toml::to_string_pretty(&c).unwrap_or_else(|e| format!("# cannot render: {e}\n"))
     }
 }
 
+/// Every node variable `role` names for its agent or tool servers.
+fn env_names(role: &RoleConfig) -> Vec<String> {
+    let mut out = Vec::new();
+    match &role.agent {
+        AgentConfig::Model(m) => out.extend(m.api_key_env.clone()),
+        AgentConfig::Command(c) => out.extend(c.env_from.iter().cloned()),
+        AgentConfig::Echo(_) => {}
+    }
+    for m in &role.mcp {
+        out.extend(m.env_from.iter().cloned());
+        out.extend(m.headers_from.values().cloned());
+    }
+    out
+}
+
 /// What a secret reads as wherever the config is shown.
 pub const REDACTED: &str = "<redacted>";
+
+/// Pure: `url` with any `user:password@` before its host replaced.
+pub fn redact_userinfo(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    match rest[..end].rfind('@') {
+        Some(at) => format!("{scheme}://{REDACTED}@{}", &rest[at + 1..]),
+        None => url.to_string(),
+    }
+}
 
 #[cfg(test)]
 mod tests;

@@ -34,6 +34,13 @@ fn exemplar(agent: AgentConfig) -> Config {
         node: NodeSection {
             labels: vec!["gpu".into()],
             allow_command_agents: Some(true),
+            programs: Some(vec![ProgramRule {
+                path: "/usr/bin/true".into(),
+                args: vec!["x".into()],
+                uses: vec![ProgramUse::Run],
+            }]),
+            agent_env: vec!["K".into()],
+            instructions_dir: Some(PathBuf::from("i")),
             ..NodeSection::default()
         },
         coordination: CoordinationSection::default(),
@@ -61,6 +68,7 @@ fn exemplar(agent: AgentConfig) -> Config {
             }],
             approve: vec!["n.x".into()],
             approve_destructive: true,
+            read_only: vec!["n.r".into()],
             approval_timeout_seconds: 1,
             budget: Some(BudgetConfig {
                 tokens_per_day: Some(1),

@@ -488,25 +488,100 @@ fn drills_are_refused_outside_a_test_node() {
 
 #[test]
 fn detached_runs_allow_only_absolute_paths_from_the_nodes_own_file() {
+    use crate::config::ProgramUse;
     let p = one("[runs]\nallow = [\"git\"]\n", "runs.allow[0]");
     assert!(p.fix.contains("/usr/bin/git"), "{p}");
+    let find = |_: &str| None;
     let c = parse("[runs]\nallow = [\"/usr/bin/git\"]\n").unwrap();
+    let programs = crate::config::AgentPolicy::of(&c).programs;
+    let argv = |w: &[&str]| w.iter().map(|s| s.to_string()).collect::<Vec<_>>();
     assert!(
-        c.runs
-            .admits(&["/usr/bin/git".into(), "status".into()])
+        programs
+            .judge(ProgramUse::Run, &argv(&["/usr/bin/git", "status"]), &find)
             .is_ok()
     );
-    let refused = c.runs.admits(&["/bin/sh".into()]).unwrap_err();
-    assert!(
-        refused.contains("/usr/bin/git"),
-        "names the list: {refused}"
-    );
-    let none = parse("")
-        .unwrap()
-        .runs
-        .admits(&["/bin/sh".into()])
+    let refused = programs
+        .judge(ProgramUse::Run, &argv(&["/bin/sh"]), &find)
         .unwrap_err();
-    assert!(none.contains("empty"), "{none}");
+    assert!(refused.contains("detached run"), "{refused}");
+    let none = crate::config::AgentPolicy::of(&parse("").unwrap())
+        .programs
+        .judge(ProgramUse::Run, &argv(&["/bin/sh"]), &find)
+        .unwrap_err();
+    assert!(
+        none.contains("[[node.programs]]") && none.contains("detached run"),
+        "{none}"
+    );
+}
+
+#[test]
+fn node_program_rules_are_absolute_paths_with_uses_and_a_last_double_star() {
+    let p = one(
+        "[[node.programs]]\npath = \"python3\"\n",
+        "node.programs[0].path",
+    );
+    assert!(p.fix.contains("/usr/bin/python3"), "{p}");
+    one(
+        "[[node.programs]]\npath = \"/usr/bin/git\"\nuses = []\n",
+        "node.programs[0].uses",
+    );
+    one(
+        "[[node.programs]]\npath = \"/usr/bin/git\"\nargs = [\"** status\"]\n",
+        "node.programs[0].args[0]",
+    );
+    let p = parse("[[node.programs]]\npath = \"/usr/bin/git\"\nuses = [\"sudo\"]\n").unwrap_err();
+    assert!(p.to_string().contains("node.programs[0].uses"), "{p}");
+    let c = parse(
+        "[[node.programs]]\npath = \"/usr/bin/git\"\nargs = [\"status\", \"log **\"]\nuses = [\"run\"]\n",
+    )
+    .unwrap();
+    let rules = c.node.programs.clone().unwrap();
+    assert_eq!(rules[0].uses, vec![crate::config::ProgramUse::Run]);
+    let c = parse("[[node.programs]]\npath = \"/usr/bin/python3\"\n").unwrap();
+    assert_eq!(
+        c.node.programs.unwrap()[0].uses,
+        vec![
+            crate::config::ProgramUse::Command,
+            crate::config::ProgramUse::Mcp
+        ],
+        "a detached run is never allowed by default"
+    );
+}
+
+#[test]
+fn a_company_file_names_only_node_variables_its_node_hands_to_agents() {
+    let role = "[[roles]]\nhandle = \"h\"\nagent = { kind = \"model\", base_url = \"https://api.example.com/v1\", model = \"m\", api_key_env = \"AWS_SECRET_ACCESS_KEY\" }\n";
+    let p = one(role, "roles[0].agent.api_key_env");
+    assert!(p.fix.contains("agent_env"), "{p}");
+    parse(&format!(
+        "[node]\nagent_env = [\"AWS_SECRET_ACCESS_KEY\"]\n{role}"
+    ))
+    .unwrap();
+    let mcp = "[[roles]]\nhandle = \"h\"\nmcp = [{ name = \"s\", url = \"https://x.example/mcp\", headers_from = { Authorization = \"DATABASE_URL\" } }]\n";
+    one(mcp, "roles[0].mcp[0].headers_from.Authorization");
+    one(
+        "[node]\nagent_env = [\"CREWLET_STREAM__PASSWORD\"]\n",
+        "node.agent_env[0]",
+    );
+}
+
+#[test]
+fn an_instructions_file_outside_the_nodes_instructions_directory_is_refused() {
+    let role = |f: &str| {
+        format!(
+            "[node]\ndata_dir = \"/var/lib/crewlet\"\n[[roles]]\nhandle = \"h\"\nagent = {{ kind = \"model\", base_url = \"https://api.example.com/v1\", model = \"m\", instructions_file = \"{f}\" }}\n"
+        )
+    };
+    for bad in [
+        "/proc/self/environ",
+        "../nats.creds",
+        "/var/lib/crewlet/crewlet.db",
+    ] {
+        let p = one(&role(bad), "roles[0].agent.instructions_file");
+        assert!(p.problem.contains("outside"), "{bad}: {p}");
+    }
+    parse(&role("help-desk.md")).unwrap();
+    parse(&role("/var/lib/crewlet/instructions/help-desk.md")).unwrap();
 }
 
 #[test]
@@ -570,7 +645,11 @@ fn cookies_are_secure_by_default_unless_the_node_listens_on_loopback() {
 
 #[test]
 fn a_command_agents_env_takes_variable_names_and_never_passes_the_nodes_own() {
-    let role = |agent: &str| format!("[[roles]]\nhandle = \"a\"\nagent = {agent}\n");
+    let role = |agent: &str| {
+        format!(
+            "[node]\nagent_env = [\"GITHUB_TOKEN\"]\n[[roles]]\nhandle = \"a\"\nagent = {agent}\n"
+        )
+    };
     let c = parse(&role(
         "{ kind = \"command\", argv = [\"x\"], env = { MODE = \"prod\" }, env_from = [\"GITHUB_TOKEN\"] }",
     ))
@@ -609,6 +688,9 @@ fn a_command_agents_env_takes_variable_names_and_never_passes_the_nodes_own() {
 fn a_roles_tool_servers_are_checked_by_name_transport_and_url() {
     let ok = parse(
         r#"
+[node]
+agent_env = ["GITHUB_TOKEN", "SEARCH_TOKEN"]
+
 [[roles]]
 handle = "ops"
 mcp = [
@@ -664,6 +746,9 @@ mcp = [{ name = "fs", command = ["a"] }, { name = "fs", command = ["b"] }]
 fn a_roles_approvals_name_its_own_tool_servers_and_wait_a_bounded_time() {
     let ok = parse(
         r#"
+[node]
+agent_env = ["GITHUB_TOKEN", "SEARCH_TOKEN"]
+
 [[roles]]
 handle = "ops"
 mcp = [{ name = "fs", command = ["a"] }, { name = "git", command = ["b"] }]
@@ -708,6 +793,9 @@ approval_timeout_seconds = 600
 fn a_model_agent_names_an_http_endpoint_a_model_and_the_variable_holding_its_key() {
     let ok = parse(
         r#"
+[node]
+agent_env = ["OPENAI_API_KEY"]
+
 [[roles]]
 handle = "desk"
 agent = { kind = "model", base_url = "http://127.0.0.1:11434/v1", model = "llama3.2", api_key_env = "OPENAI_API_KEY", instructions = "Answer the help desk.", max_rounds = 6 }
@@ -802,4 +890,54 @@ fn per_seat_series_are_on_for_up_to_200_seats_by_default_and_switchable() {
         "metrics.seat_series_limt",
     );
     assert!(p.fix.contains("`seat_series_limit`"), "{p}");
+}
+
+#[test]
+fn check_redacts_child_variables_and_passwords_in_urls() {
+    let c = parse(
+        "[node]\nagent_env = [\"PYTHONPATH\"]\n[[roles]]\nhandle = \"h\"\nagent = { kind = \"command\", argv = [\"x\"], env = { API_KEY = \"sk-live-123\" } }\nmcp = [{ name = \"s\", url = \"https://bob:hunter2@mcp.example/x\", env = { T = \"tok-456\" } }]\n",
+    )
+    .unwrap();
+    let shown = c.redacted_toml();
+    for secret in ["sk-live-123", "tok-456", "hunter2", "bob"] {
+        assert!(!shown.contains(secret), "{secret} in:\n{shown}");
+    }
+    assert!(
+        shown.contains("https://<redacted>@mcp.example/x"),
+        "{shown}"
+    );
+    assert_eq!(
+        crate::config::redact_userinfo("nats://u:p@h:4222"),
+        "nats://<redacted>@h:4222"
+    );
+    assert_eq!(
+        crate::config::redact_userinfo("https://h/a@b"),
+        "https://h/a@b"
+    );
+}
+
+#[test]
+fn a_model_key_goes_off_this_machine_only_over_https() {
+    let role = |url: &str| {
+        format!(
+            "[node]\nagent_env = [\"K\"]\n[[roles]]\nhandle = \"h\"\nagent = {{ kind = \"model\", base_url = \"{url}\", model = \"m\", api_key_env = \"K\" }}\n"
+        )
+    };
+    let p = one(
+        &role("http://models.example.com/v1"),
+        "roles[0].agent.base_url",
+    );
+    assert!(p.problem.contains("in the clear"), "{p}");
+    one(
+        &role("http://127.0.0.1.evil.example/v1"),
+        "roles[0].agent.base_url",
+    );
+    for ok in [
+        "https://models.example.com/v1",
+        "http://127.0.0.1:11434/v1",
+        "http://localhost:8080/v1",
+        "http://[::1]:8080/v1",
+    ] {
+        parse(&role(ok)).unwrap_or_else(|e| panic!("{ok}: {e}"));
+    }
 }

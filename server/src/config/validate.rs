@@ -482,6 +482,15 @@ fn check_model(i: usize, m: &crate::config::ModelConfig, p: &mut Report<'_>) {
                 .into(),
         );
     }
+    if m.api_key_env.is_some() && u.starts_with("http://") && !loopback_url(u) {
+        p(
+            &key("base_url"),
+            q(u),
+            "would send the key in the clear: a key goes off this machine only over https",
+            "use the endpoint's https:// address (http:// is for a server on 127.0.0.1 or localhost)"
+                .into(),
+        );
+    }
     if m.model.trim().is_empty() {
         p(
             &key("model"),
@@ -543,7 +552,18 @@ fn check_model(i: usize, m: &crate::config::ModelConfig, p: &mut Report<'_>) {
 /// tool server of the role (`fs.write_file`, `git.*`) or is `*`; the wait
 /// is bounded.
 fn check_approvals(i: usize, r: &crate::config::RoleConfig, p: &mut Report<'_>) {
-    for (j, pattern) in r.approve.iter().enumerate() {
+    let lists = r
+        .approve
+        .iter()
+        .enumerate()
+        .map(|(j, x)| ("approve", j, x))
+        .chain(
+            r.read_only
+                .iter()
+                .enumerate()
+                .map(|(j, x)| ("read_only", j, x)),
+        );
+    for (list, j, pattern) in lists {
         let server = pattern.split_once('.').map(|(s, _)| s);
         let known = server.is_some_and(|s| r.mcp.iter().any(|m| m.name == s));
         let tool_ok = pattern
@@ -565,7 +585,7 @@ fn check_approvals(i: usize, r: &crate::config::RoleConfig, p: &mut Report<'_>) 
             _ => "is not a tool's full name (`server.tool`), a server's every tool (`server.*`) or `*`".into(),
         };
         p(
-            &format!("roles[{i}].approve[{j}]"),
+            &format!("roles[{i}].{list}[{j}]"),
             q(pattern),
             &why,
             "write it as \"fs.write_file\", \"fs.*\" or \"*\"".into(),
@@ -816,6 +836,13 @@ fn check_schedules(c: &Config, p: &mut Report<'_>) {
                 "an envelope needs a type",
                 "use task_assigned (the default)".into(),
             );
+        } else if ENGINE_MAIL_TYPES.contains(&s.kind.as_str()) {
+            p(
+                &format!("schedules[{i}].type"),
+                q(&s.kind),
+                "is the engine's own type (a run's completion, an approval's answer): nobody else sends it",
+                "use task_assigned (the default)".into(),
+            );
         }
     }
 }
@@ -949,6 +976,13 @@ fn check_trust(c: &Config) -> Vec<Problem> {
                         "is the node's own configuration (its secrets among it), never an agent's",
                         "pass the agent what it needs under a name of its own",
                     ));
+                } else if !c.node.agent_env.iter().any(|a| a == n) {
+                    out.push(Problem::new(
+                        &format!("{at}.{key}"),
+                        q(n),
+                        "is a variable of the node that its file does not hand to agents",
+                        "list it in [node] agent_env on each node that may hand it over (README § Security model)",
+                    ));
                 }
             }
         };
@@ -991,6 +1025,7 @@ fn check_trust(c: &Config) -> Vec<Problem> {
             );
         }
     }
+    out.extend(check_node_policy(c));
     for (i, a) in c.runs.allow.iter().enumerate() {
         if !a.starts_with('/') || a.chars().any(char::is_control) {
             out.push(Problem::new(
@@ -1012,4 +1047,81 @@ fn check_trust(c: &Config) -> Vec<Problem> {
         }
     }
     out
+}
+
+/// `[node]`'s rules over what runs and what is handed to agents, and each
+/// role's `instructions_file` against the instructions directory.
+fn check_node_policy(c: &Config) -> Vec<Problem> {
+    let mut out = Vec::new();
+    for (i, r) in c.node.programs.iter().flatten().enumerate() {
+        let key = |k: &str| format!("node.programs[{i}].{k}");
+        if !r.path.starts_with('/') || r.path.chars().any(char::is_control) {
+            out.push(Problem::new(
+                &key("path"),
+                q(&r.path),
+                "must be an absolute path to a program",
+                "give the program's full path, e.g. \"/usr/bin/python3\" (`command -v python3` prints it)",
+            ));
+        }
+        if r.uses.is_empty() {
+            out.push(Problem::new(
+                &key("uses"),
+                Some("[]".into()),
+                "allows the program for nothing",
+                "list what it may be started as: \"command\", \"mcp\", \"run\" (or remove the key: command and mcp)",
+            ));
+        }
+        for (j, a) in r.args.iter().enumerate() {
+            let words: Vec<&str> = a.split_whitespace().collect();
+            if words.iter().rev().skip(1).any(|w| *w == "**") {
+                out.push(Problem::new(
+                    &format!("node.programs[{i}].args[{j}]"),
+                    q(a),
+                    "`**` (any further arguments) may only be the last word",
+                    "move `**` to the end, or use `*` for one argument",
+                ));
+            }
+        }
+    }
+    for (i, n) in c.node.agent_env.iter().enumerate() {
+        if n.starts_with("CREWLET_") {
+            out.push(Problem::new(
+                &format!("node.agent_env[{i}]"),
+                q(n),
+                "is the node's own configuration (its secrets among it), never an agent's",
+                "remove it; pass the agent what it needs under a name of its own",
+            ));
+        }
+    }
+    let policy = AgentPolicy::of(c);
+    for (i, r) in c.roles.iter().enumerate() {
+        if let AgentConfig::Model(m) = &r.agent
+            && let Some(f) = &m.instructions_file
+            && let Err(e) = policy.instructions_lexical(f)
+        {
+            out.push(Problem::new(
+                &format!("roles[{i}].agent.instructions_file"),
+                q(&f.display().to_string()),
+                e,
+                "name a file inside the node's instructions directory",
+            ));
+        }
+    }
+    out
+}
+
+/// Pure: is `url`'s host this machine (`localhost`, 127.0.0.0/8, `[::1]`)?
+pub(crate) fn loopback_url(url: &str) -> bool {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let host = if let Some(v6) = host_port.strip_prefix('[') {
+        v6.split(']').next().unwrap_or("")
+    } else {
+        host_port.split(':').next().unwrap_or("")
+    };
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }

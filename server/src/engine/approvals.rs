@@ -40,11 +40,19 @@ use crate::queue::{Queue, control_subject};
 use crate::tasks::Tasks;
 
 /// The inbox type a person's answer is resumed as.
-pub const APPROVAL_ANSWERED: &str = "tool_approval_answered";
+pub const APPROVAL_ANSWERED: &str = super::envelope::ENGINE_TYPES[1];
 
 /// The most of a call's arguments an event carries (the record keeps them
 /// whole).
 pub const ARGUMENTS_SHOWN: usize = 4 * 1024;
+
+/// The largest arguments (as JSON) a person is asked to approve: past it
+/// the call is refused before asking, so the card always shows them whole.
+pub const ARGUMENTS_LIMIT: usize = 16 * 1024;
+
+/// The most approvals one seat may have waiting for a person; a call past
+/// it fails (it is not asked for).
+pub const PENDING_LIMIT: usize = 20;
 
 /// How long a resumed approval's record is kept (for the page and the
 /// route) before the seat's next holder removes it.
@@ -143,17 +151,20 @@ pub fn matches(pattern: &str, tool: &str) -> bool {
             .is_some_and(|server| tool.split_once('.').is_some_and(|(s, _)| s == server))
 }
 
-/// Pure: may a tool with these annotations destroy what it touches? As
-/// the MCP defaults have it: yes unless it is read-only or says it is not
-/// destructive.
-pub fn may_destroy(own: &Annotations) -> bool {
-    own.read_only != Some(true) && own.destructive != Some(false)
+/// Pure: may a tool destroy what it touches, as far as the node lets a
+/// tool server say? A server's annotations only add protection: a tool it
+/// marks destructive may destroy; one it calls read-only or harmless is
+/// believed only when the role's own `read_only` list names it (a hostile
+/// server marks `wipe` read-only).
+pub fn may_destroy(role: &RoleConfig, tool: &str, own: &Annotations) -> bool {
+    own.destructive == Some(true) || !role.read_only.iter().any(|p| matches(p, tool))
 }
 
 /// Pure: must a person approve a call of `tool` (an MCP tool of `role`'s
 /// seat, with its own annotations) before it runs?
 pub fn needs_approval(role: &RoleConfig, tool: &str, own: &Annotations) -> bool {
-    role.approve.iter().any(|p| matches(p, tool)) || (role.approve_destructive && may_destroy(own))
+    role.approve.iter().any(|p| matches(p, tool))
+        || (role.approve_destructive && may_destroy(role, tool, own))
 }
 
 /// Pure: the approval's id — the same for every re-run of the same work
@@ -311,6 +322,21 @@ impl Approvals {
     /// before (then that record is the answer, and nothing is asked
     /// again). A fresh ask is announced and its timer armed.
     pub async fn ask(&self, r: ApprovalRecord) -> Result<ApprovalRecord, String> {
+        if let Some(asked) = self.get(&r.seat, &r.approval_id).await? {
+            return Ok(asked);
+        }
+        let waiting = self
+            .list(&r.seat)
+            .await?
+            .iter()
+            .filter(|a| a.state == ApprovalState::Pending)
+            .count();
+        if waiting >= PENDING_LIMIT {
+            return Err(format!(
+                "seat {:?} already has {waiting} approvals waiting for a person (at most {PENDING_LIMIT}); answer them first",
+                r.seat
+            ));
+        }
         let v = Bytes::from(serde_json::to_vec(&r).unwrap_or_default());
         match self
             .store
@@ -608,19 +634,37 @@ mod tests {
     }
 
     #[test]
-    fn approve_destructive_takes_a_tool_saying_nothing_as_destructive_and_a_read_only_one_as_not() {
+    fn a_tool_servers_annotations_only_add_protection_and_the_roles_read_only_list_lowers_it() {
         let role = RoleConfig {
             approve_destructive: true,
             ..Default::default()
         };
+        // Whatever the server says, a tool the role does not list as
+        // read-only is approved first: a hostile server marks `wipe`
+        // read-only and it is asked for all the same.
         assert!(needs_approval(&role, "fs.a", &ann(None, None)));
         assert!(needs_approval(&role, "fs.a", &ann(Some(false), Some(true))));
-        assert!(!needs_approval(&role, "fs.a", &ann(Some(true), None)));
-        assert!(!needs_approval(
+        assert!(needs_approval(&role, "fs.wipe", &ann(Some(true), None)));
+        assert!(needs_approval(
             &role,
-            "fs.a",
-            &ann(Some(false), Some(false))
+            "fs.wipe",
+            &ann(Some(true), Some(false))
         ));
+        let listed = RoleConfig {
+            approve_destructive: true,
+            read_only: vec!["fs.read_file".into(), "time.*".into()],
+            ..Default::default()
+        };
+        assert!(!needs_approval(&listed, "fs.read_file", &ann(None, None)));
+        assert!(!needs_approval(&listed, "time.now", &ann(None, None)));
+        assert!(needs_approval(
+            &listed,
+            "fs.write_file",
+            &ann(Some(true), None)
+        ));
+        // The server saying destructive adds protection the list cannot
+        // take away.
+        assert!(needs_approval(&listed, "time.now", &ann(None, Some(true))));
         let plain = RoleConfig::default();
         assert!(!needs_approval(&plain, "fs.a", &ann(None, Some(true))));
     }

@@ -20,6 +20,13 @@ pub const LEDGERED: [&str; 4] = [
     "a2a_message",
 ];
 
+/// The engine's own continuation types: a detached run's completion and a
+/// person's answer to an approval, which the engine itself hands to a
+/// seat's inbox. Nobody else may send them (README § Security model): the
+/// HTTP inbox and a schedule refuse them, and one arriving on the stream is
+/// believed only as far as its run's or approval's own record goes.
+pub const ENGINE_TYPES: [&str; 2] = crate::config::ENGINE_MAIL_TYPES;
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Envelope {
     pub id: String,
@@ -84,6 +91,11 @@ impl Envelope {
             return Err(EnvelopeError::NotPrintable("type"));
         }
         Ok(())
+    }
+
+    /// Is this one of the engine's own continuation types?
+    pub fn is_engines(&self) -> bool {
+        ENGINE_TYPES.contains(&self.kind.as_str())
     }
 
     /// Does this type run a turn (and go through the ledger)?

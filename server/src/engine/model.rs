@@ -285,6 +285,9 @@ pub struct ModelAgent {
     /// for the key it was built with: a key changed in the node's
     /// environment gets a new one.
     client: Mutex<Option<(String, Client<OpenAIConfig>)>>,
+    /// The node's instructions directory: `instructions_file` is read only
+    /// from inside it (`None`: as given, for tests of the agent alone).
+    instructions_dir: Option<std::path::PathBuf>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -310,7 +313,15 @@ impl ModelAgent {
             turns: Mutex::new(HashMap::new()),
             spent: Mutex::new(HashMap::new()),
             client: Mutex::new(None),
+            instructions_dir: None,
         }
+    }
+
+    /// Read `instructions_file` only from inside `dir` (links followed,
+    /// checked at each read).
+    pub fn confined_to(mut self, dir: std::path::PathBuf) -> ModelAgent {
+        self.instructions_dir = Some(dir);
+        self
     }
 
     /// The company's clock as it stands (`company.timezone`).
@@ -326,6 +337,16 @@ impl ModelAgent {
     /// file changed between turns is read anew).
     fn instructions(&self) -> Result<String, AgentError> {
         match &self.cfg.instructions_file {
+            Some(f) if self.instructions_dir.is_some() => {
+                let dir = self.instructions_dir.as_deref().unwrap_or(f);
+                let real = crate::config::confined(dir, f).map_err(AgentError::new)?;
+                std::fs::read_to_string(&real).map_err(|e| {
+                    AgentError::new(format!(
+                        "cannot read the instructions file {}: {e}",
+                        real.display()
+                    ))
+                })
+            }
             Some(f) => std::fs::read_to_string(f).map_err(|e| {
                 AgentError::new(format!(
                     "cannot read the instructions file {}: {e}",

@@ -50,7 +50,7 @@ use crate::queue::{
 use crate::seat::host::{Fence, HookError, SeatContext, SeatHooks};
 
 /// The inbox type a detached run's completion is resumed as.
-pub const RUN_COMPLETED: &str = "run_completed";
+pub const RUN_COMPLETED: &str = super::envelope::ENGINE_TYPES[0];
 
 /// How often a seat held for a reached cap looks again (a company
 /// revision may have raised the cap before its window reopens).
@@ -185,7 +185,7 @@ impl TurnEngine {
                 queue: s.queue.clone(),
                 memory: s.memory,
                 company: s.company.clone(),
-                runs_allowed: s.policy.runs.clone(),
+                programs: s.policy.programs.clone(),
                 mcp: Default::default(),
                 approvals: super::approvals::Approvals::new(
                     s.store.clone(),
@@ -470,6 +470,14 @@ impl TurnEngine {
         let Some(id) = env.body.get("approval_id").and_then(|v| v.as_str()) else {
             return Disposition::Poison("not an approval's answer: no approval_id".into());
         };
+        // The engine hands an answer on as `approval:{id}`: the ledger keeps
+        // its continuation to one, whatever other envelope asks again.
+        if env.id != format!("approval:{id}") {
+            return Disposition::Poison(format!(
+                "not the engine's answer to approval {id:?}: its id is {:?} (an approval's continuation runs once, from the engine's own hand-over)",
+                env.id
+            ));
+        }
         let epoch = match fence.may_start() {
             Some(e) if e == fence.epoch() => e,
             _ => return Disposition::Defer(format!("seat {handle:?} is not owned here")),
@@ -776,6 +784,14 @@ impl TurnEngine {
             Ok(c) => c,
             Err(e) => return Err(Disposition::Poison(format!("not a run completion: {e}"))),
         };
+        // The engine hands a completion on as `run:{run id}`, once per run:
+        // anything else claiming to be one is not the engine's.
+        if env.id != format!("run:{}", c.run_id) {
+            return Err(Disposition::Poison(format!(
+                "not the engine's completion of run {:?}: its id is {:?} (a run's result comes only from its launcher's record)",
+                c.run_id, env.id
+            )));
+        }
         let epoch = match fence.may_start() {
             Some(e) if e == fence.epoch() => e,
             _ => {
@@ -791,19 +807,20 @@ impl TurnEngine {
                 .await);
         }
         let taken: Mutex<Option<Claim>> = Mutex::new(None);
+        let unrecorded = AtomicBool::new(false);
         let claim = self
             .runs
             .mutate(handle, &c.run_id, epoch, |r| {
-                let t = resume_claim(r, epoch);
+                // The answer the launcher recorded is the one resumed, and
+                // only a recorded one: a completion of a run still running
+                // writes nothing into its record.
+                let recorded = matches!(r.state, RunState::Finished | RunState::Resuming)
+                    && r.result.is_some();
+                unrecorded.store(!recorded, Ordering::SeqCst);
+                let t = resume_claim(r, epoch).filter(|_| recorded);
                 *lock(&taken) = t;
                 if t.is_none() {
                     return false;
-                }
-                // The answer the launcher recorded is the one resumed.
-                let recorded = matches!(r.state, RunState::Finished | RunState::Resuming)
-                    && r.result.is_some();
-                if !recorded {
-                    r.result = Some(c.result.clone());
                 }
                 r.state = RunState::Resuming;
                 r.resumed = true;
@@ -813,6 +830,12 @@ impl TurnEngine {
             })
             .await;
         let taken = *lock(&taken);
+        if claim.is_ok() && unrecorded.load(Ordering::SeqCst) {
+            return Err(Disposition::Poison(format!(
+                "a completion of run {:?}, which its launcher has not recorded as finished (a run's result comes only from its launcher's record)",
+                c.run_id
+            )));
+        }
         let claimed = match after_resume_claim(claim, taken.is_some(), &c.run_id) {
             Ok(r) => r,
             Err(ClaimRefused::Dropped(why)) => {
@@ -1270,6 +1293,29 @@ impl TurnEngine {
         lock(&self.seats).get(handle).cloned()
     }
 
+    /// Judge the role of `handle` against this node's policy
+    /// ([`crate::config::AgentPolicy::judge_role`]): `Err` names every
+    /// refusal, and the seat is not established here.
+    fn judge_here(&self, handle: &str) -> Result<(), HookError> {
+        let company = self.company.borrow().clone();
+        let Some(role) = company.roles.iter().find(|r| r.handle == handle) else {
+            return Ok(());
+        };
+        let problems = self
+            .policy
+            .judge_role(role, &crate::config::programs::find_on_node);
+        if problems.is_empty() {
+            return Ok(());
+        }
+        Err(HookError::new(
+            "children",
+            format!(
+                "this node does not run seat {handle:?}: {}",
+                problems.join("; ")
+            ),
+        ))
+    }
+
     fn agent_for(&self, handle: &str) -> Result<Arc<dyn Agent>, HookError> {
         let company = self.company.borrow().clone();
         let role = company
@@ -1304,14 +1350,27 @@ impl TurnEngine {
                 ));
             }
             AgentConfig::Command(c) => Arc::new(CommandAgent::new(handle, &self.node_id, c)),
-            AgentConfig::Model(c) => Arc::new(super::model::ModelAgent::new(
-                handle,
-                &self.node_id,
-                self.company.clone(),
-                c,
-                self.tools.memory.clone(),
-                self.budgets.clone(),
-            )),
+            AgentConfig::Model(c) => {
+                let mut c = c.clone();
+                if let Some(f) = &c.instructions_file {
+                    let inside = self
+                        .policy
+                        .instructions_lexical(f)
+                        .map_err(|e| HookError::new("children", e))?;
+                    c.instructions_file = Some(inside);
+                }
+                Arc::new(
+                    super::model::ModelAgent::new(
+                        handle,
+                        &self.node_id,
+                        self.company.clone(),
+                        &c,
+                        self.tools.memory.clone(),
+                        self.budgets.clone(),
+                    )
+                    .confined_to(self.policy.instructions_dir.clone()),
+                )
+            }
         })
     }
 
@@ -1723,6 +1782,11 @@ impl Handler for ControlHandler {
 #[async_trait::async_trait]
 impl SeatHooks for TurnEngine {
     async fn start_children(&self, seat: &SeatContext) -> Result<(), HookError> {
+        // Nothing of the role starts here unless this node's own file
+        // allows it all: its programs, the variables it is handed, its
+        // instructions file (a company applied on another node was judged
+        // there by that node's file, not this one's).
+        self.judge_here(&seat.handle)?;
         // The tool servers first: a seat whose tools are not up runs with
         // none.
         self.start_tool_servers(&seat.handle).await?;

@@ -106,8 +106,9 @@ pub struct Tools {
     pub queue: Arc<dyn Queue>,
     pub memory: MemoryStore,
     pub company: watch::Receiver<Company>,
-    /// What `run_detached` may start here (the node's own `[runs] allow`).
-    pub runs_allowed: crate::config::RunsSection,
+    /// What `run_detached` may start here (the node's own
+    /// `[[node.programs]]` rules that say `run`, and `[runs] allow`).
+    pub programs: crate::config::Programs,
     /// The MCP servers of the seats held here.
     pub mcp: super::mcp::McpSeats,
     /// The calls waiting for a person's approval.
@@ -326,9 +327,13 @@ impl Tools {
         };
         // Only what the node's own file allows, whatever the agent
         // (or the mail it read) asked for.
-        self.runs_allowed
-            .admits(&argv)
-            .map_err(ToolError::Refused)?;
+        self.programs
+            .judge(
+                crate::config::ProgramUse::Run,
+                &argv,
+                &crate::config::programs::find_on_node,
+            )
+            .map_err(|e| ToolError::Refused(format!("run_detached: {e}")))?;
         let timeout = call
             .args
             .get("timeout_seconds")
@@ -471,7 +476,21 @@ impl Tools {
                 .find(|r| r.handle == turn.seat)
                 .cloned()
         };
-        if let (Some(own), Some(role)) = (own, role)
+        // Fail closed: a call whose role is gone (a company revision
+        // removed it mid-turn) is judged by nothing, so it does not run.
+        let Some(role) = role else {
+            return Executed::of(
+                ToolResult::err(
+                    &call.id,
+                    format!(
+                        "{}: refused: seat {:?} has no role in the active company, so nothing says whether a person must approve the call",
+                        call.name, turn.seat
+                    ),
+                ),
+                false,
+            );
+        };
+        if let Some(own) = own
             && super::approvals::needs_approval(&role, &call.name, &own)
         {
             return self.ask_approval(turn, call, &role).await;
@@ -484,6 +503,22 @@ impl Tools {
     /// outcome is recorded is answered with it.
     async fn ask_approval(&self, turn: &TurnInput, call: &ToolCall, role: &RoleConfig) -> Executed {
         use super::approvals::{ApprovalRecord, ApprovalState, approval_id};
+        // A person approves what they can read whole: arguments past the
+        // bound are refused before anyone is asked.
+        let size = call.args.to_string().len();
+        if size > super::approvals::ARGUMENTS_LIMIT {
+            return Executed::of(
+                ToolResult::err(
+                    &call.id,
+                    format!(
+                        "{}: refused: its arguments are {size} bytes, more than the {} a person is asked to approve; send smaller arguments",
+                        call.name,
+                        super::approvals::ARGUMENTS_LIMIT
+                    ),
+                ),
+                false,
+            );
+        }
         let work = turn.work_key.as_deref().unwrap_or(&turn.turn_id);
         let now = crate::clock::now_rfc3339();
         let now_ms = super::approvals::now_ms();

@@ -47,9 +47,9 @@ pub struct ConsoleParts {
     pub history: crate::web::history::EventHistory,
     /// The last hour of this node and, asked, of its peers.
     pub trends: Arc<crate::trends::Trends>,
-    /// Whether this node accepts a company revision with command agents
-    /// (`node.allow_command_agents`).
-    pub command_agents: bool,
+    /// What this node lets a company's seats do (its own file's
+    /// `[node]`): a company that asks more is not applied here.
+    pub policy: crate::config::AgentPolicy,
     /// This node's `node.environment` (drills are judged by it).
     pub environment: crate::config::Environment,
 }
@@ -67,7 +67,7 @@ pub struct NodeConsole {
     trends: Arc<crate::trends::Trends>,
     /// The last roster read, shown (stale) while the store cannot be read.
     roster: RosterMemory,
-    command_agents: bool,
+    policy: crate::config::AgentPolicy,
     environment: crate::config::Environment,
 }
 
@@ -84,7 +84,7 @@ impl NodeConsole {
             audit: fleet_audit,
             history,
             trends,
-            command_agents,
+            policy,
             environment,
         } = parts;
         NodeConsole {
@@ -99,7 +99,7 @@ impl NodeConsole {
             history,
             trends,
             roster: RosterMemory::default(),
-            command_agents,
+            policy,
             environment,
         }
     }
@@ -276,6 +276,51 @@ impl NodeConsole {
                 "seat {handle:?} is not in the active company; check the handle (the Seats page lists them)."
             )))
         }
+    }
+
+    /// Judge every role of a company being applied against this node's own
+    /// policy (programs found on this node): the inner `Err` is the refusal
+    /// a person reads — every role and program named, nothing applied,
+    /// the refusal audited.
+    async fn judge_company(
+        &self,
+        actor: &Person,
+        roles: &[crate::config::RoleConfig],
+    ) -> Result<Result<(), ConsoleError>, ConsoleError> {
+        let policy = self.policy.clone();
+        let roles = roles.to_vec();
+        let problems = tokio::task::spawn_blocking(move || {
+            roles
+                .iter()
+                .flat_map(|r| policy.judge_role(r, &crate::config::programs::find_on_node))
+                .collect::<Vec<_>>()
+        })
+        .await
+        .map_err(|e| unavailable("judge the company", e))?;
+        if problems.is_empty() {
+            return Ok(Ok(()));
+        }
+        let shown = problems
+            .iter()
+            .take(10)
+            .map(|p| format!("- {p}"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let more = match problems.len() {
+            n if n > 10 => format!("\n… and {} more", n - 10),
+            _ => String::new(),
+        };
+        let first: String = problems[0].chars().take(300).collect();
+        self.audited(
+            actor,
+            "company.apply",
+            Some(&first),
+            "refused: the node does not allow what the company asks",
+        )
+        .await?;
+        Ok(Err(ConsoleError::Forbidden(format!(
+            "This node does not allow what the company asks, so nothing was applied:\n{shown}{more}"
+        ))))
     }
 
     async fn audited(
@@ -834,8 +879,14 @@ impl Console for NodeConsole {
         // node keeps answering meanwhile.
         let text = company_toml.to_string();
         let environment = self.environment;
+        let policy = self.policy.clone();
         let parsed = tokio::task::spawn_blocking(move || {
-            crate::config::Config::parse_applied("the applied company file", &text, environment)
+            crate::config::Config::parse_applied(
+                "the applied company file",
+                &text,
+                environment,
+                &policy,
+            )
         })
         .await
         .map_err(|e| unavailable("read the company file", e))?;
@@ -847,34 +898,8 @@ impl Console for NodeConsole {
                 return Err(ConsoleError::Invalid(e.to_string()));
             }
         };
-        let commands: Vec<&str> = config
-            .roles
-            .iter()
-            .filter(|r| matches!(r.agent, crate::config::AgentConfig::Command(_)))
-            .map(|r| r.handle.as_str())
-            .collect();
-        if !self.command_agents && !commands.is_empty() {
-            let shown = commands
-                .iter()
-                .take(10)
-                .copied()
-                .collect::<Vec<_>>()
-                .join(", ");
-            let more = if commands.len() > 10 {
-                format!(" and {} more", commands.len() - 10)
-            } else {
-                String::new()
-            };
-            self.audited(
-                actor,
-                "company.apply",
-                Some(&format!("command agents: {shown}{more}")),
-                "refused: this node does not allow command agents",
-            )
-            .await?;
-            return Err(ConsoleError::Forbidden(format!(
-                "This node does not run command agents (node.allow_command_agents = false), so it applies no company that has them; nothing was applied. Roles with `kind = \"command\"`: {shown}{more}."
-            )));
+        if let Err(refused) = self.judge_company(actor, &config.roles).await? {
+            return Err(refused);
         }
         let store = self.engine.store().clone();
         match crate::company::apply_company(
@@ -950,6 +975,20 @@ impl Console for NodeConsole {
         envelope
             .check()
             .map_err(|e| ConsoleError::Invalid(format!("the envelope is not valid: {e}")))?;
+        if envelope.is_engines() {
+            self.audited_on(
+                actor,
+                "seat.send",
+                handle,
+                Some(&format!("type {}", envelope.kind)),
+                "refused: the engine's own type",
+            )
+            .await?;
+            return Err(ConsoleError::Invalid(format!(
+                "`type` {:?} is the engine's own (a run's completion or an approval's answer comes only from the engine); send a task_assigned, external_notification, a2a_request or a2a_message instead",
+                envelope.kind
+            )));
+        }
         let fresh = self
             .engine
             .queue()

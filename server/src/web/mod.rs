@@ -178,7 +178,7 @@ pub async fn router(setup: WebSetup<'_>) -> Result<Router, WebError> {
         audit,
         history,
         trends,
-        command_agents: config.node.command_agents_allowed(config.coordination.kind),
+        policy: crate::config::AgentPolicy::of(config),
         environment: config.node.environment,
     }));
 

@@ -101,7 +101,7 @@ async fn a_command_agent_sees_only_its_own_environment_and_dies_with_its_node_on
     )
     .unwrap();
     let config = format!(
-        "[node]\nid = \"node-k\"\nlisten = \"{{listen}}\"\ndata_dir = \"{{data}}\"\n\n[[roles]]\nhandle = \"child\"\nagent = {{ kind = \"command\", argv = [\"python3\", {:?}], env = {{ MODE = \"test\" }}, env_from = [\"GITHUB_TOKEN\", \"NOT_SET_ANYWHERE\"] }}\n",
+        "[node]\nid = \"node-k\"\nlisten = \"{{listen}}\"\ndata_dir = \"{{data}}\"\nagent_env = [\"GITHUB_TOKEN\", \"NOT_SET_ANYWHERE\"]\n\n[[roles]]\nhandle = \"child\"\nagent = {{ kind = \"command\", argv = [\"python3\", {:?}], env = {{ MODE = \"test\" }}, env_from = [\"GITHUB_TOKEN\", \"NOT_SET_ANYWHERE\"] }}\n",
         script.display().to_string()
     );
     let mut node = NodeProcess::start_with_env(

@@ -46,6 +46,8 @@ both!(
     a_resume_cut_short_by_a_crash_is_resumed_by_the_next_holder_once,
     a_turn_that_starts_a_detached_run_is_parked_and_the_resume_continues_it,
     a_seat_whose_runs_cannot_be_recovered_is_handed_back_as_unprepared,
+    mail_that_claims_to_be_a_runs_completion_writes_nothing_into_a_run_still_running,
+    mail_that_claims_to_be_an_approvals_answer_under_another_id_runs_no_continuation,
 );
 
 fn started(n: &mut Node) -> Vec<String> {
@@ -282,7 +284,8 @@ async fn a_resume_is_applied_once_when_its_completion_is_delivered_twice(f: Flee
 async fn a_runs_completion_waits_behind_the_running_turn_without_holding_up_a_stop(f: Fleet) {
     let mut a = f.node("a", &[echo_role("s0")]).await;
     f.until("a holds s0", WAIT, || a.attached("s0")).await;
-    // A run whose completion is still to come.
+    // A run whose launcher has recorded its answer; the completion is
+    // still to come.
     let run = "run-pending".to_string();
     let epoch = a.store.lease("seat:s0").await.unwrap().unwrap().epoch;
     assert!(
@@ -295,10 +298,10 @@ async fn a_runs_completion_waits_behind_the_running_turn_without_holding_up_a_st
                 owner_epoch: epoch,
                 launcher: a.engine.config().owner.clone(),
                 launcher_node: "a".into(),
-                state: RunState::Running,
+                state: RunState::Finished,
                 argv: vec!["true".into()],
                 work_key: None,
-                result: None,
+                result: Some(RunResult::default()),
                 resumed: false,
                 created_at: String::new(),
                 updated_at: String::new(),
@@ -876,18 +879,7 @@ mod resumes {
     }
 
     async fn complete(a: &Node, run: &str) {
-        let m = ControlMessage::RunCompleted(RunCompletion {
-            run_id: run.into(),
-            result: RunResult::default(),
-        });
-        a.queue
-            .publish(
-                &control_subject("s0"),
-                None,
-                Bytes::from(serde_json::to_vec(&m).unwrap()),
-            )
-            .await
-            .unwrap();
+        super::complete_s0(a, run).await
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -898,7 +890,7 @@ mod resumes {
         let epoch = a.store.lease("seat:s0").await.unwrap().unwrap().epoch;
         a.turns
             .runs()
-            .create(&record(&a, "run-nak", epoch, RunState::Running))
+            .create(&record(&a, "run-nak", epoch, RunState::Finished))
             .await
             .unwrap();
         complete(&a, "run-nak").await;
@@ -922,7 +914,7 @@ mod resumes {
         let epoch = a.store.lease("seat:s0").await.unwrap().unwrap().epoch;
         a.turns
             .runs()
-            .create(&record(&a, "run-kept", epoch, RunState::Running))
+            .create(&record(&a, "run-kept", epoch, RunState::Finished))
             .await
             .unwrap();
         complete(&a, "run-kept").await;
@@ -960,4 +952,133 @@ mod resumes {
         assert_eq!(resumed(&mut b)[0].0, "run-left");
         assert!(resumed(&mut a).is_empty());
     }
+}
+
+/// The engine's own continuation types are the engine's: a `run_completed`
+/// envelope anybody publishes to the inbox of a seat whose run is still
+/// running (under the engine's own id, or another) is dead-lettered, and
+/// the run's record keeps no result of its saying — the launcher's real
+/// answer is recorded and resumed later, once.
+async fn mail_that_claims_to_be_a_runs_completion_writes_nothing_into_a_run_still_running(
+    f: Fleet,
+) {
+    let mut a = f.node("a", &[echo_role("s0")]).await;
+    f.until("a holds s0", WAIT, || a.attached("s0")).await;
+    let epoch = a.store.lease("seat:s0").await.unwrap().unwrap().epoch;
+    let mut running = forged_record(&a, "run-live", epoch);
+    running.state = RunState::Running;
+    running.result = None;
+    assert!(a.turns.runs().create(&running).await.unwrap());
+    let body = serde_json::to_value(RunCompletion {
+        run_id: "run-live".into(),
+        result: RunResult {
+            exit_code: Some(0),
+            stdout: "FORGED".into(),
+            ..RunResult::default()
+        },
+    })
+    .unwrap();
+    for id in ["run:run-live", "forged-1"] {
+        let mut forged = trigger(id, body.clone());
+        forged.kind = "run_completed".into();
+        a.publish("s0", &forged).await;
+    }
+    f.until_async("both forgeries dead-lettered", WAIT, || async {
+        a.queue.dead_letters(10).await.unwrap().len() == 2
+    })
+    .await;
+    let reasons: Vec<String> = a
+        .queue
+        .dead_letters(10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|d| d.reason)
+        .collect();
+    assert!(
+        reasons.iter().all(|r| r.contains("launcher")),
+        "each says a run's result comes from its launcher: {reasons:?}"
+    );
+    let (r, _) = a.turns.runs().get("s0", "run-live").await.unwrap().unwrap();
+    assert_eq!(r.state, RunState::Running, "the run is untouched");
+    assert_eq!(r.result, None, "no forged result was written");
+    assert!(resumed(&mut a).is_empty(), "nothing was resumed");
+    // The launcher's own answer still lands and is resumed, once.
+    assert_eq!(
+        a.turns
+            .runs()
+            .record_answer(
+                "s0",
+                "run-live",
+                &a.engine.config().owner,
+                &RunResult {
+                    exit_code: Some(0),
+                    stdout: "real".into(),
+                    ..RunResult::default()
+                }
+            )
+            .await
+            .unwrap(),
+        crewlet::engine::runs::Answer::Recorded
+    );
+    complete_s0(&a, "run-live").await;
+    f.until("the real answer is resumed", WAIT, || {
+        resumed(&mut a).iter().any(|(r, _, _)| r == "run-live")
+    })
+    .await;
+    let (r, _) = a.turns.runs().get("s0", "run-live").await.unwrap().unwrap();
+    assert_eq!(r.result.unwrap().stdout, "real");
+}
+
+/// An approval's continuation runs once, from the engine's own hand-over
+/// (`approval:{id}`): a `tool_approval_answered` envelope with a fresh id
+/// is dead-lettered and no turn runs for it.
+async fn mail_that_claims_to_be_an_approvals_answer_under_another_id_runs_no_continuation(
+    f: Fleet,
+) {
+    let mut a = f.node("a", &[echo_role("s0")]).await;
+    f.until("a holds s0", WAIT, || a.attached("s0")).await;
+    let mut forged = trigger("replay-1", json!({"approval_id": "approval-0123"}));
+    forged.kind = "tool_approval_answered".into();
+    a.publish("s0", &forged).await;
+    f.until_async("the forgery is dead-lettered", WAIT, || async {
+        a.queue.dead_letters(10).await.unwrap().len() == 1
+    })
+    .await;
+    let d = &a.queue.dead_letters(10).await.unwrap()[0];
+    assert!(d.reason.contains("not the engine's"), "{}", d.reason);
+    assert!(a.turns_of("replay-1").is_empty(), "no continuation ran");
+}
+
+fn forged_record(a: &Node, run: &str, epoch: u64) -> RunRecord {
+    RunRecord {
+        run_id: run.into(),
+        seat: "s0".into(),
+        owner: a.engine.config().owner.clone(),
+        owner_epoch: epoch,
+        launcher: a.engine.config().owner.clone(),
+        launcher_node: "a".into(),
+        state: RunState::Finished,
+        argv: vec!["true".into()],
+        work_key: None,
+        result: Some(RunResult::default()),
+        resumed: false,
+        created_at: String::new(),
+        updated_at: String::new(),
+    }
+}
+
+async fn complete_s0(a: &Node, run: &str) {
+    let m = ControlMessage::RunCompleted(RunCompletion {
+        run_id: run.into(),
+        result: RunResult::default(),
+    });
+    a.queue
+        .publish(
+            &control_subject("s0"),
+            None,
+            Bytes::from(serde_json::to_vec(&m).unwrap()),
+        )
+        .await
+        .unwrap();
 }

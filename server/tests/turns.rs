@@ -23,6 +23,7 @@ use serde_json::json;
 use support::turnfleet::*;
 
 both!(
+    a_seat_whose_program_a_node_does_not_allow_is_never_started_there_and_a_node_that_allows_it_takes_it,
     a_turn_runs_once_and_its_effect_names_the_work_and_the_epoch,
     a_crash_after_the_effects_and_before_the_ack_is_skipped_on_the_new_holder,
     a_partial_overlap_runs_only_the_new_trigger,
@@ -813,4 +814,70 @@ async fn nats_a_command_agent_that_ignores_sigterm_makes_the_seat_undead_until_i
         Fleet::new(Kind::Nats).await,
     )
     .await;
+}
+
+/// A node decides what runs on it, at establish time too: a company
+/// applied elsewhere names a command agent and a stdio tool server this
+/// node's own file does not allow — the seat is handed back before any
+/// child starts here, and a node that allows them takes it and runs it.
+async fn a_seat_whose_program_a_node_does_not_allow_is_never_started_there_and_a_node_that_allows_it_takes_it(
+    f: Fleet,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let started = dir.path().join("started-on");
+    let script = dir.path().join("agent.py");
+    std::fs::write(
+        &script,
+        "import json, os, sys\n\
+         open(sys.argv[1], 'a').write(os.environ['CREWLET_NODE'] + '\\n')\n\
+         for line in sys.stdin:\n\
+         \x20   m = json.loads(line)\n\
+         \x20   if m.get('type') == 'turn':\n\
+         \x20       print(json.dumps({'type': 'done', 'turn_id': m['turn']['turn_id']}), flush=True)\n",
+    )
+    .unwrap();
+    let role = RoleConfig {
+        handle: "cmd".into(),
+        agent: AgentConfig::Command(CommandConfig::new(vec![
+            "python3".into(),
+            script.display().to_string(),
+            started.display().to_string(),
+        ])),
+        ..Default::default()
+    };
+    // A fleet node's own file with no [[node.programs]]: it starts no
+    // program a company names.
+    let strict = crewlet::config::AgentPolicy {
+        command_agents: true,
+        agent_env: Some(Default::default()),
+        ..Default::default()
+    };
+    let mut a = f.node_with_policy("a", &[role], strict).await;
+    f.until("a hands cmd back", WAIT, || {
+        a.events()
+            .iter()
+            .any(|e| matches!(&e.event, Event::SeatDetached { seat, .. } if seat == "cmd"))
+    })
+    .await;
+    assert!(
+        !started.exists(),
+        "no child started on a: {:?}",
+        std::fs::read_to_string(&started)
+    );
+    let b = f.node("b", &[]).await;
+    f.until("b holds cmd", WAIT, || b.attached("cmd")).await;
+    b.publish("cmd", &trigger("P1", json!({}))).await;
+    f.until_async("the turn ran on b", WAIT, || async {
+        b.pending("cmd").await == 0
+    })
+    .await;
+    assert_eq!(
+        std::fs::read_to_string(&started)
+            .unwrap()
+            .lines()
+            .collect::<Vec<_>>(),
+        vec!["b"],
+        "the child ran on b alone"
+    );
+    drop(a);
 }

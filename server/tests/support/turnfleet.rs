@@ -215,6 +215,30 @@ impl Fleet {
         wrap: impl FnOnce(Arc<dyn Store>) -> Arc<dyn Store>,
         hooks: impl FnOnce(Arc<TurnEngine>) -> Arc<dyn SeatHooks>,
     ) -> Node {
+        // A test rig: drills on, and the programs the run tests start.
+        let policy = AgentPolicy::test_rig(RUNS_ALLOWED);
+        self.node_full(id, roles, wrap, hooks, policy).await
+    }
+
+    /// Start node `id` whose own file sets `policy` (what it lets a seat's
+    /// payload do).
+    pub async fn node_with_policy(
+        &self,
+        id: &str,
+        roles: &[RoleConfig],
+        policy: AgentPolicy,
+    ) -> Node {
+        self.node_full(id, roles, |s| s, |t| t, policy).await
+    }
+
+    async fn node_full(
+        &self,
+        id: &str,
+        roles: &[RoleConfig],
+        wrap: impl FnOnce(Arc<dyn Store>) -> Arc<dyn Store>,
+        hooks: impl FnOnce(Arc<TurnEngine>) -> Arc<dyn SeatHooks>,
+        policy: AgentPolicy,
+    ) -> Node {
         let ((real, queue, outbox, changelog), client) = self.connect(id).await;
         let store = wrap(real);
         let owner = crewlet::node::Incarnation::mint(id).to_string();
@@ -245,8 +269,7 @@ impl Fleet {
             company: company_rx.clone(),
             ack_wait: QueueSettings::default().ack_wait,
             retry: self.retry,
-            // A test rig: drills on, and the programs the run tests start.
-            policy: AgentPolicy::test_rig(RUNS_ALLOWED),
+            policy,
         });
         let cfg = EngineConfig {
             node_id: id.into(),

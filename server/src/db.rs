@@ -47,11 +47,11 @@ pub enum DbError {
 
 /// Open (creating if needed) `data_dir/crewlet.db` and apply `migrator`.
 pub async fn open(data_dir: &Path, migrator: &Migrator) -> Result<SqlitePool, DbError> {
-    std::fs::create_dir_all(data_dir).map_err(|source| DbError::DataDir {
+    let file = data_dir.join(DB_FILE);
+    private(data_dir, &file).map_err(|source| DbError::DataDir {
         dir: data_dir.to_path_buf(),
         source,
     })?;
-    let file = data_dir.join(DB_FILE);
     let pool = open_file(&file).await?;
     migrator
         .run(&pool)
@@ -61,6 +61,37 @@ pub async fn open(data_dir: &Path, migrator: &Migrator) -> Result<SqlitePool, Db
             source,
         })?;
     Ok(pool)
+}
+
+/// The data directory is the node's alone (0700: its sessions, its
+/// agents' memory), and so is the database (0600; SQLite gives its
+/// journal files the database's mode). Made so on every start, whatever an
+/// older start or a person left.
+fn private(data_dir: &Path, file: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    std::fs::create_dir_all(data_dir)?;
+    std::fs::set_permissions(data_dir, std::fs::Permissions::from_mode(0o700))?;
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .open(file)?;
+    for f in [
+        file.to_path_buf(),
+        with_suffix(file, "-wal"),
+        with_suffix(file, "-shm"),
+    ] {
+        if f.exists() {
+            std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600))?;
+        }
+    }
+    Ok(())
+}
+
+fn with_suffix(file: &Path, suffix: &str) -> PathBuf {
+    let mut s = file.as_os_str().to_owned();
+    s.push(suffix);
+    PathBuf::from(s)
 }
 
 /// Open a database file without migrating it.

@@ -2063,41 +2063,23 @@ async fn the_fleet_shows_unplaceable_seats_and_a_protocol_floor_as_alarms() {
 }
 
 #[tokio::test]
-async fn an_undead_seat_is_an_alarm_saying_for_how_long_until_its_process_exits() {
-    let dir = tempfile::tempdir().unwrap();
-    let pidfile = dir.path().join("pid");
-    let script = dir.path().join("stubborn.py");
-    std::fs::write(
-        &script,
-        "import os, signal, sys\n\
-         signal.signal(signal.SIGTERM, signal.SIG_IGN)\n\
-         open(sys.argv[1], 'w').write(str(os.getpid()))\n\
-         for line in sys.stdin:\n    pass\n\
-         signal.pause()\n",
-    )
-    .unwrap();
+async fn an_undead_seat_is_an_alarm_saying_for_how_long_until_its_teardown_is_proven() {
     // Teardowns are retried at each heartbeat: a short one ends the test
-    // soon after the child dies.
-    let role = format!(
-        "[[roles]]\nhandle = \"stubborn\"\nagent = {{ kind = \"command\", argv = [\"python3\", {:?}, {:?}], stop_wait_ms = 300 }}\n\n[coordination]\nheartbeat_seconds = 3\n",
-        script.display().to_string(),
-        pidfile.display().to_string(),
-    );
-    let n = TestNode::start_with(&role).await;
+    // soon after the teardown can succeed.
+    let role = "[[roles]]\nhandle = \"stubborn\"\n\n[coordination]\nheartbeat_seconds = 3\n";
+    let n = TestNode::start_with(role).await;
     wait_for_seats(&n, serde_json::json!(["alpha", "stubborn"])).await;
-    let pid: i32 = support::wait_for(
-        "the child to write its pid",
-        Duration::from_secs(20),
-        Duration::from_millis(20),
-        || async {
-            std::fs::read_to_string(&pidfile)
-                .ok()
-                .and_then(|s| s.parse().ok())
-        },
-    )
-    .await;
-    // The role leaves the company: the seat is released, its child ignores
-    // SIGTERM, the teardown cannot be proven.
+    // Its teardown cannot be proven (what a child stuck in the kernel past
+    // SIGKILL leaves): a fault holds it.
+    n.running()
+        .turns
+        .faults
+        .held_teardown
+        .lock()
+        .unwrap()
+        .insert("stubborn".into());
+    // The role leaves the company: the seat is released, and its teardown
+    // fails.
     let r = client()
         .post(n.url("/api/company"))
         .bearer_auth(DEPLOY_TOKEN)
@@ -2144,12 +2126,15 @@ async fn an_undead_seat_is_an_alarm_saying_for_how_long_until_its_process_exits(
         "{metrics}"
     );
 
-    // An operator kills the child: the teardown is proven, the alarm goes.
-    let killed = std::process::Command::new("kill")
-        .args(["-KILL", &pid.to_string()])
-        .status()
-        .unwrap();
-    assert!(killed.success());
+    // The teardown can succeed again: proven at the next retry, the alarm
+    // goes.
+    n.running()
+        .turns
+        .faults
+        .held_teardown
+        .lock()
+        .unwrap()
+        .clear();
     fleet_when(&n, "the alarm to clear", |v| {
         alarms_of(v, "unproven").is_empty()
     })

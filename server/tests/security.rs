@@ -1066,3 +1066,13 @@ async fn a_company_file_cannot_have_node_files_read_or_node_secrets_handed_to_it
     assert_eq!(n.running().engine.company().revision, 1, "nothing applied");
     n.stop().await;
 }
+
+#[tokio::test]
+async fn a_started_node_cannot_be_read_by_its_children_it_is_not_dumpable() {
+    let n = HttpNode::start().await;
+    assert!(
+        crewlet::engine::children::node_process_sealed(),
+        "a process of the node's user could read its memory and /proc/<pid>/environ"
+    );
+    n.stop().await;
+}

@@ -715,18 +715,23 @@ async fn a_type_that_runs_no_turn_is_acked_and_what_does_not_decode_is_dead_lett
     assert!(a.turns_of("O").is_empty());
 }
 
-/// A child that ignores SIGTERM: the release hook cannot prove its
-/// teardown, the seat goes undead (still leased), and the next retry after
-/// the child dies releases it.
-async fn a_command_agent_that_ignores_sigterm_makes_the_seat_undead_until_it_dies(f: Fleet) {
+/// A child that ignores SIGTERM, and a grandchild it started: the release
+/// hook sends SIGTERM to the child's group, waits out `stop_wait_ms`, then
+/// kills the group — the seat is released (never undead for a stubborn
+/// child), its lease given back, and nothing it started outlives it.
+async fn a_command_agent_that_ignores_sigterm_is_killed_with_its_group_and_its_seat_released(
+    f: Fleet,
+) {
     let dir = tempfile::tempdir().unwrap();
     let pidfile = dir.path().join("pid");
     let script = dir.path().join("stubborn.py");
     std::fs::write(
         &script,
-        "import os, signal, sys\n\
+        "import os, signal, subprocess, sys\n\
          signal.signal(signal.SIGTERM, signal.SIG_IGN)\n\
-         open(sys.argv[1], 'w').write(str(os.getpid()))\n\
+         g = subprocess.Popen(['sleep', '600'])\n\
+         open(sys.argv[1] + '.tmp', 'w').write('%d %d' % (os.getpid(), g.pid))\n\
+         os.rename(sys.argv[1] + '.tmp', sys.argv[1])\n\
          for line in sys.stdin:\n    pass\n\
          signal.pause()\n",
     )
@@ -746,54 +751,32 @@ async fn a_command_agent_that_ignores_sigterm_makes_the_seat_undead_until_it_die
     };
     let mut a = f.node("a", &[role, echo_role("other")]).await;
     f.until("a holds cmd", WAIT, || a.holds("cmd")).await;
-    f.until("the child wrote its pid", WAIT, || {
-        std::fs::read_to_string(&pidfile).is_ok_and(|s| !s.is_empty())
-    })
-    .await;
-    let pid: i32 = std::fs::read_to_string(&pidfile).unwrap().parse().unwrap();
-    // The role leaves the company: the seat is released, the child will
-    // not die.
+    f.until("the child wrote its pids", WAIT, || pidfile.exists())
+        .await;
+    let pids: Vec<u32> = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .split_whitespace()
+        .map(|p| p.parse().unwrap())
+        .collect();
+    // The role leaves the company: the seat is released.
     company::apply(&*a.store, COMPANY, &[echo_role("other")])
         .await
         .unwrap();
-    f.until("the seat goes undead", WAIT, || {
-        a.engine.host().undead() == vec!["cmd".to_string()]
-    })
-    .await;
-    assert!(
-        a.matching(|e| match e {
-            Event::SeatReleaseUnproven { seat, error, .. } if seat == "cmd" => Some(error.clone()),
-            _ => None,
-        })
-        .iter()
-        .any(|e| e.contains(&pid.to_string())),
-        "the alarm names the child"
-    );
-    let lease = a.store.lease("seat:cmd").await.unwrap();
-    assert!(lease.is_some(), "an undead seat keeps its lease");
-    // An operator kills it.
-    let killed = std::process::Command::new("kill")
-        .args(["-KILL", &pid.to_string()])
-        .status()
-        .unwrap();
-    assert!(killed.success());
-    // The host forgets the seat, gives the lease back, then announces the
-    // recovery: wait for the announcement rather than reading the events
-    // the instant the seat leaves the undead list.
-    f.until("the recovery is announced", WAIT, || {
-        !a.matching(|e| match e {
-            Event::SeatReleaseRecovered { seat, .. } if seat == "cmd" => Some(()),
-            _ => None,
-        })
-        .is_empty()
-    })
-    .await;
-    assert!(
-        a.engine.host().undead().is_empty(),
-        "a recovered seat is not undead"
-    );
     f.until_async("the lease is given back", WAIT, || async {
         a.store.lease("seat:cmd").await.unwrap().is_none()
+    })
+    .await;
+    assert!(a.engine.host().undead().is_empty(), "never undead");
+    assert!(
+        a.matching(|e| match e {
+            Event::SeatReleaseUnproven { seat, .. } if seat == "cmd" => Some(()),
+            _ => None,
+        })
+        .is_empty(),
+        "the teardown was proven"
+    );
+    f.until("the child and its grandchild are gone", WAIT, || {
+        pids.iter().all(|p| support::process::gone(*p))
     })
     .await;
 }
@@ -801,16 +784,18 @@ async fn a_command_agent_that_ignores_sigterm_makes_the_seat_undead_until_it_die
 // A child process and tokio's paused clock do not mix (the clock jumps
 // while the runtime waits on the child), so both backends run in real time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn twin_a_command_agent_that_ignores_sigterm_makes_the_seat_undead_until_it_dies() {
-    a_command_agent_that_ignores_sigterm_makes_the_seat_undead_until_it_dies(
+async fn twin_a_command_agent_that_ignores_sigterm_is_killed_with_its_group_and_its_seat_released()
+{
+    a_command_agent_that_ignores_sigterm_is_killed_with_its_group_and_its_seat_released(
         Fleet::new(Kind::Twin).await,
     )
     .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn nats_a_command_agent_that_ignores_sigterm_makes_the_seat_undead_until_it_dies() {
-    a_command_agent_that_ignores_sigterm_makes_the_seat_undead_until_it_dies(
+async fn nats_a_command_agent_that_ignores_sigterm_is_killed_with_its_group_and_its_seat_released()
+{
+    a_command_agent_that_ignores_sigterm_is_killed_with_its_group_and_its_seat_released(
         Fleet::new(Kind::Nats).await,
     )
     .await;

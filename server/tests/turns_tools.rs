@@ -20,6 +20,11 @@ use crewlet::queue::{Queue, log_events};
 use serde_json::{Value, json};
 
 async fn tools() -> (Tools, tempfile::TempDir) {
+    tools_with(vec![]).await
+}
+
+/// [`tools`] for a company of `roles`.
+async fn tools_with(roles: Vec<crewlet::config::RoleConfig>) -> (Tools, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let pool = crewlet::db::open(dir.path(), &crewlet::db::MIGRATOR)
         .await
@@ -36,7 +41,7 @@ async fn tools() -> (Tools, tempfile::TempDir) {
         revision: 1,
         name: "Tool company".into(),
         timezone: "UTC".into(),
-        roles: vec![],
+        roles,
         schedules: vec![],
     });
     let tools = Tools {
@@ -189,4 +194,100 @@ async fn run_detached_starts_only_a_program_on_the_nodes_allow_list_and_a_refusa
         tools.runs.list("s0").await.unwrap().is_empty(),
         "no run record was written"
     );
+}
+
+/// Fail closed: a call of a seat's MCP tool whose role has left the
+/// company (a revision mid-turn) is judged by nothing — it is refused, not
+/// run unapproved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_call_whose_role_is_gone_is_refused_not_run_unapproved() {
+    let (tools, _dir) = tools().await;
+    let seat = time_seat(&tools).await;
+    // The company has no role `s0` (it was removed).
+    let call = ToolCall {
+        id: "c".into(),
+        name: "time.get_current_time".into(),
+        args: json!({"timezone": "UTC"}),
+        annotations: Annotations::default(),
+    };
+    let Executed {
+        result, reached, ..
+    } = tools.execute(&turn("s0"), &call).await;
+    assert!(!result.ok, "refused: {result:?}");
+    let why = result.error.unwrap_or_default();
+    assert!(why.contains("no role in the active company"), "{why}");
+    assert!(!reached, "the call was never sent");
+    seat.stop().await.unwrap();
+}
+
+/// The seat `s0` with PyPI's time server as its tool server `time`.
+async fn time_seat(tools: &Tools) -> Arc<crewlet::engine::mcp::SeatMcp> {
+    let time = std::env::var("CREWLET_MCP_TIME")
+        .expect("CREWLET_MCP_TIME is not set: run the tests with ./dev test");
+    let mut cfg =
+        crewlet::config::McpServerConfig::stdio("time", &["python3", "-m", "mcp_server_time"]);
+    cfg.env.insert("PYTHONPATH".into(), time);
+    let seat = crewlet::engine::mcp::SeatMcp::start("s0", "n1", &[cfg], None, &|_, _| {})
+        .await
+        .unwrap();
+    let seat = Arc::new(seat);
+    tools.mcp.insert("s0", seat.clone());
+    seat
+}
+
+/// A person approves what they can read whole, and a seat cannot bury
+/// them: arguments past the bound are refused before asking, and past
+/// the most approvals one seat may have waiting, a call fails unasked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn approvals_are_bounded_in_size_and_in_number_waiting_per_seat() {
+    use crewlet::engine::approvals::{ARGUMENTS_LIMIT, PENDING_LIMIT};
+    let role = crewlet::config::RoleConfig {
+        handle: "s0".into(),
+        approve: vec!["time.*".into()],
+        ..Default::default()
+    };
+    let (tools, _dir) = tools_with(vec![role]).await;
+    let seat = time_seat(&tools).await;
+    let call = |id: &str, args: Value| ToolCall {
+        id: id.into(),
+        name: "time.get_current_time".into(),
+        args,
+        annotations: Annotations::default(),
+    };
+    let huge = call("big", json!({"timezone": "x".repeat(ARGUMENTS_LIMIT)}));
+    let Executed { result, parks, .. } = tools.execute(&turn("s0"), &huge).await;
+    assert!(!result.ok && parks.is_none(), "{result:?}");
+    assert!(
+        result
+            .error
+            .unwrap_or_default()
+            .contains("a person is asked to approve"),
+        "refused before asking"
+    );
+    for i in 0..PENDING_LIMIT {
+        let Executed { parks, .. } = tools
+            .execute(
+                &turn("s0"),
+                &call(&format!("c{i}"), json!({"timezone": "UTC"})),
+            )
+            .await;
+        assert!(parks.is_some(), "call {i} waits for a person");
+    }
+    let Executed { result, parks, .. } = tools
+        .execute(
+            &turn("s0"),
+            &call("one-too-many", json!({"timezone": "UTC"})),
+        )
+        .await;
+    assert!(parks.is_none() && !result.ok, "{result:?}");
+    assert!(
+        result
+            .error
+            .unwrap_or_default()
+            .contains("approvals waiting"),
+        "names why"
+    );
+    let waiting = tools.approvals.list("s0").await.unwrap();
+    assert_eq!(waiting.len(), PENDING_LIMIT, "nothing more was asked");
+    seat.stop().await.unwrap();
 }

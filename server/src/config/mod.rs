@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 pub use network::Network;
-pub use policy::{AgentPolicy, INSTRUCTIONS_SUBDIR, confined};
+pub use policy::{AgentPolicy, INSTRUCTIONS_SUBDIR, SEATS_SUBDIR, confined};
 pub use programs::{ProgramRule, ProgramUse, Programs};
 pub use validate::{MAX_ROLES, MAX_SCHEDULES, Problem};
 

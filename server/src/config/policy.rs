@@ -19,6 +19,10 @@ use super::{AgentConfig, Config, Environment, RoleConfig};
 /// is read from unless `[node] instructions_dir` names another.
 pub const INSTRUCTIONS_SUBDIR: &str = "instructions";
 
+/// The directory, under the data directory, that holds each seat's
+/// working directory for its children.
+pub const SEATS_SUBDIR: &str = "seats";
+
 /// What this node lets a seat's payload do.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct AgentPolicy {
@@ -36,6 +40,10 @@ pub struct AgentPolicy {
     pub agent_env: Option<BTreeSet<String>>,
     /// Where `instructions_file` is read from (`[node] instructions_dir`).
     pub instructions_dir: PathBuf,
+    /// Where each seat's children work: `{seats_dir}/{handle}`, private to
+    /// the node (`{data_dir}/seats`). `None`: the node's own working
+    /// directory (a test rig).
+    pub seats_dir: Option<PathBuf>,
 }
 
 /// Pure: a role's problem with the policy, as a person reads it.
@@ -54,6 +62,7 @@ impl AgentPolicy {
             },
             agent_env: Some(c.node.agent_env.iter().cloned().collect()),
             instructions_dir: c.node.instructions_dir(),
+            seats_dir: Some(c.node.data_dir.join(SEATS_SUBDIR)),
         }
     }
 
@@ -69,6 +78,7 @@ impl AgentPolicy {
             },
             agent_env: None,
             instructions_dir: PathBuf::from(INSTRUCTIONS_SUBDIR),
+            seats_dir: None,
         }
     }
 
@@ -217,6 +227,7 @@ mod tests {
             },
             agent_env: Some(["OPENAI_API_KEY".to_string()].into_iter().collect()),
             instructions_dir: PathBuf::from("/var/lib/crewlet/instructions"),
+            seats_dir: None,
         }
     }
 

@@ -204,8 +204,20 @@ impl Programs {
                     .join(", ")
             )
         };
+        let runs = if use_ == ProgramUse::Run && !self.runs_allow.is_empty() {
+            format!(
+                ", and [runs] allow lists {} (argv[0] exactly)",
+                self.runs_allow
+                    .iter()
+                    .map(|a| format!("{a:?}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        } else {
+            String::new()
+        };
         Err(format!(
-            "the {} {shown} is not allowed on this node: {why}; a node decides what runs on it (add a [[node.programs]] rule to the node's own file)",
+            "the {} {shown} is not allowed on this node: {why}{runs}; a node decides what runs on it (add a [[node.programs]] rule to the node's own file)",
             use_.what()
         ))
     }

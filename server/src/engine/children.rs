@@ -1,7 +1,9 @@
 //! What every child process the node starts (a command agent, a detached
-//! run, a tool server) shares: a clean environment ([`clean_command`]),
-//! SIGTERM then a bounded wait to stop it ([`terminate`]), and it dies with
-//! the node. On Linux the child asks the kernel
+//! run, a tool server) shares: a clean environment and a process group of
+//! its own ([`clean_command`]), SIGTERM to the whole group, a bounded
+//! grace, then SIGKILL to the group ([`terminate`]) — so a launcher's
+//! grandchildren (`npx`, `uvx`, `sh -c`) go with it — and it dies with the
+//! node. On Linux the child asks the kernel
 //! for SIGKILL when the node's thread that started it goes away
 //! (`PR_SET_PDEATHSIG`) — so a node killed with `kill -9` leaves no agent
 //! acting as a seat a peer now serves. The node starts children from its
@@ -46,9 +48,30 @@ pub fn clean_command(
     env: std::collections::BTreeMap<String, String>,
 ) -> tokio::process::Command {
     let mut command = tokio::process::Command::new(program);
-    command.args(args).env_clear().envs(env).kill_on_drop(true);
+    command
+        .args(args)
+        .env_clear()
+        .envs(env)
+        .kill_on_drop(true)
+        .process_group(0);
     die_with_the_node(&mut command);
     command
+}
+
+/// How long a child's group may take to go after SIGKILL before its
+/// teardown is called failed (the kernel reaps a killed process at once;
+/// only one stuck in the kernel outlasts this).
+pub const KILL_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Send `signal` to the process group `pid` leads (the child's own, from
+/// [`clean_command`]); to the process alone when it leads none.
+fn signal_group(pid: u32, signal: libc::c_int) {
+    let pid = pid as libc::pid_t;
+    // SAFETY: plain syscalls on a pid the caller has not reaped yet.
+    let sent = unsafe { libc::killpg(pid, signal) } == 0 || unsafe { libc::kill(pid, signal) } == 0;
+    if !sent {
+        tracing::warn!(pid, signal, error = %std::io::Error::last_os_error(), "cannot signal a child");
+    }
 }
 
 /// Why a child was not stopped.
@@ -56,29 +79,116 @@ pub fn clean_command(
 pub enum NotStopped {
     /// Waiting for it failed.
     Wait(std::io::Error),
-    /// It was still running `wait` after SIGTERM.
+    /// It was still running [`KILL_WAIT`] after SIGKILL.
     StillRunning,
 }
 
-/// Stop `child`: SIGTERM, then wait up to `wait` for it to exit. A child
-/// already exited is reaped. Never SIGKILLs: a child that will not die is
-/// the operator's call.
+/// How a child stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stopped {
+    pub status: std::process::ExitStatus,
+    /// It outlasted its grace after SIGTERM and was killed.
+    pub killed: bool,
+}
+
+/// Stop `child` and its process group: SIGTERM, up to `grace` to exit,
+/// then SIGKILL and up to [`KILL_WAIT`]. A child already exited is reaped
+/// (its group is still sent SIGKILL: grandchildren never outlive it).
 pub async fn terminate(
     child: &mut tokio::process::Child,
-    wait: std::time::Duration,
-) -> Result<std::process::ExitStatus, NotStopped> {
+    grace: std::time::Duration,
+) -> Result<Stopped, NotStopped> {
+    let pid = child.id();
     if let Ok(Some(status)) = child.try_wait() {
-        return Ok(status);
-    }
-    if let Some(pid) = child.id() {
-        // SAFETY: the child is not reaped yet, so its pid is still its own.
-        if unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) } != 0 {
-            tracing::warn!(pid, error = %std::io::Error::last_os_error(), "cannot send SIGTERM to a child");
+        if let Some(pid) = pid {
+            signal_group(pid, libc::SIGKILL);
         }
+        return Ok(Stopped {
+            status,
+            killed: false,
+        });
     }
-    match tokio::time::timeout(wait, child.wait()).await {
-        Ok(Ok(status)) => Ok(status),
+    let Some(pid) = pid else {
+        return child
+            .wait()
+            .await
+            .map(|status| Stopped {
+                status,
+                killed: false,
+            })
+            .map_err(NotStopped::Wait);
+    };
+    signal_group(pid, libc::SIGTERM);
+    match tokio::time::timeout(grace, child.wait()).await {
+        Ok(Ok(status)) => {
+            // The leader went; whatever it left in its group goes too.
+            signal_group(pid, libc::SIGKILL);
+            return Ok(Stopped {
+                status,
+                killed: false,
+            });
+        }
+        Ok(Err(e)) => return Err(NotStopped::Wait(e)),
+        Err(_) => {}
+    }
+    tracing::warn!(
+        pid,
+        grace_ms = grace.as_millis() as u64,
+        "a child outlasted its grace after SIGTERM; killing its group"
+    );
+    signal_group(pid, libc::SIGKILL);
+    match tokio::time::timeout(KILL_WAIT, child.wait()).await {
+        Ok(Ok(status)) => Ok(Stopped {
+            status,
+            killed: true,
+        }),
         Ok(Err(e)) => Err(NotStopped::Wait(e)),
         Err(_) => Err(NotStopped::StillRunning),
     }
+}
+
+/// Kill `child` and its process group at once (a detached run past its
+/// time, or one whose record was ended), and reap it.
+pub async fn kill_group(child: &mut tokio::process::Child) -> std::io::Result<()> {
+    if let Some(pid) = child.id() {
+        signal_group(pid, libc::SIGKILL);
+    }
+    child.kill().await
+}
+
+/// The node's own process, sealed from its children: not dumpable, so no
+/// process of the same user (an agent, a tool server, a run) may read its
+/// memory or `/proc/{pid}/environ` (where its NATS password may be), nor
+/// attach to it. Called once as a node starts.
+pub fn seal_node_process() {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: prctl with integer arguments only.
+        if unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } != 0 {
+            tracing::warn!(error = %std::io::Error::last_os_error(), "cannot make the node's process undumpable; its children may read its environment");
+        }
+    }
+}
+
+/// Whether the node's process is sealed ([`seal_node_process`]).
+pub fn node_process_sealed() -> bool {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: prctl with integer arguments only.
+        unsafe { libc::prctl(libc::PR_GET_DUMPABLE, 0, 0, 0, 0) == 0 }
+    }
+    #[cfg(not(target_os = "linux"))]
+    false
+}
+
+/// `{root}/{seat}`, the seat's own working directory for its children,
+/// made and kept private (0700).
+pub fn seat_dir(root: &std::path::Path, seat: &str) -> std::io::Result<std::path::PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = root.join(seat);
+    std::fs::create_dir_all(&dir)?;
+    for d in [root, dir.as_path()] {
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o700))?;
+    }
+    Ok(dir)
 }

@@ -89,6 +89,8 @@ pub struct CommandAgent {
     child: Mutex<Option<Child>>,
     /// The held child's pid; 0 when no child is held.
     pid: AtomicU32,
+    /// Where the seats' working directories are (`None`: the node's own).
+    seats_dir: Option<std::path::PathBuf>,
 }
 
 impl CommandAgent {
@@ -101,7 +103,14 @@ impl CommandAgent {
             pipes: Mutex::new(None),
             child: Mutex::new(None),
             pid: AtomicU32::new(0),
+            seats_dir: None,
         }
+    }
+
+    /// Run the child in the seat's own directory under `root`.
+    pub fn in_seats_dir(mut self, root: Option<std::path::PathBuf>) -> CommandAgent {
+        self.seats_dir = root;
+        self
     }
 
     /// The pid of the child process this agent holds: running, or not yet
@@ -158,7 +167,14 @@ impl CommandAgent {
         let env = self
             .cfg
             .child_env(&self.seat, &self.node, &|k| std::env::var(k).ok());
-        let mut spawned = super::children::clean_command(program, args, env)
+        let mut command = super::children::clean_command(program, args, env);
+        if let Some(root) = &self.seats_dir {
+            let dir = super::children::seat_dir(root, &self.seat).map_err(|e| {
+                AgentError(format!("cannot make the seat's working directory: {e}"))
+            })?;
+            command.current_dir(dir);
+        }
+        let mut spawned = command
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -404,8 +420,16 @@ impl Agent for CommandAgent {
         };
         let wait = Duration::from_millis(self.cfg.stop_wait_ms);
         match super::children::terminate(c, wait).await {
-            Ok(status) => {
-                tracing::info!(seat = %self.seat, pid, "agent process stopped ({status})");
+            Ok(stopped) => {
+                let how = if stopped.killed {
+                    format!(
+                        "killed with its group after {}ms of SIGTERM",
+                        self.cfg.stop_wait_ms
+                    )
+                } else {
+                    "stopped".to_string()
+                };
+                tracing::info!(seat = %self.seat, pid, "agent process {how} ({})", stopped.status);
                 self.forget_child(&mut child);
                 self.drop_pipes();
                 Ok(())
@@ -414,8 +438,9 @@ impl Agent for CommandAgent {
                 "cannot wait for the agent process (pid {pid}): {e}"
             ))),
             Err(super::children::NotStopped::StillRunning) => Err(AgentError(format!(
-                "the agent process (pid {pid}) did not exit within {}ms of SIGTERM",
-                self.cfg.stop_wait_ms
+                "the agent process (pid {pid}) did not exit within {}ms of SIGTERM nor {}ms of SIGKILL",
+                self.cfg.stop_wait_ms,
+                super::children::KILL_WAIT.as_millis()
             ))),
         }
     }

@@ -77,6 +77,9 @@ pub struct Revival {
 pub struct SeatMcp {
     seat: String,
     servers: Vec<Server>,
+    /// The seat's working directory its stdio children run in (`None`:
+    /// the node's own).
+    workdir: Option<std::path::PathBuf>,
 }
 
 /// Pure: the engine's annotations of an MCP tool, from the server's own.
@@ -125,6 +128,7 @@ impl SeatMcp {
         SeatMcp {
             seat: seat.to_string(),
             servers: Vec::new(),
+            workdir: None,
         }
     }
 
@@ -136,12 +140,15 @@ impl SeatMcp {
         seat: &str,
         node: &str,
         cfgs: &[McpServerConfig],
+        workdir: Option<std::path::PathBuf>,
         started: &(dyn Fn(&str, usize) + Sync),
     ) -> Result<SeatMcp, StartError> {
         let mut me = SeatMcp::none(seat);
+        me.workdir = workdir;
         for cfg in cfgs {
             let bound = Duration::from_secs(cfg.start_timeout_seconds);
-            let up = match tokio::time::timeout(bound, start_one(seat, node, cfg)).await {
+            let starting = start_one(seat, node, cfg, me.workdir.as_deref());
+            let up = match tokio::time::timeout(bound, starting).await {
                 Ok(r) => r,
                 Err(_) => Err(format!(
                     "did not start, initialise and list its tools within {}s",
@@ -333,7 +340,8 @@ impl SeatMcp {
                 _ => continue,
             };
             let bound = Duration::from_secs(s.cfg.start_timeout_seconds);
-            let again = tokio::time::timeout(bound, spawn_stdio(&self.seat, node, &s.cfg)).await;
+            let starting = spawn_stdio(&self.seat, node, &s.cfg, self.workdir.as_deref());
+            let again = tokio::time::timeout(bound, starting).await;
             let mut session = s.session.lock().await;
             let error = match again {
                 Ok(Ok((new_session, new_child))) => {
@@ -362,11 +370,16 @@ impl SeatMcp {
 }
 
 /// Start, initialise and list one server.
-async fn start_one(seat: &str, node: &str, cfg: &McpServerConfig) -> Result<Server, String> {
+async fn start_one(
+    seat: &str,
+    node: &str,
+    cfg: &McpServerConfig,
+    workdir: Option<&std::path::Path>,
+) -> Result<Server, String> {
     let (session, child) = match &cfg.url {
         Some(url) => (connect_http(url, cfg).await?, None),
         None => {
-            let (session, child) = spawn_stdio(seat, node, cfg).await?;
+            let (session, child) = spawn_stdio(seat, node, cfg, workdir).await?;
             (session, Some(child))
         }
     };
@@ -392,12 +405,17 @@ async fn spawn_stdio(
     seat: &str,
     node: &str,
     cfg: &McpServerConfig,
+    workdir: Option<&std::path::Path>,
 ) -> Result<(Session, Child), String> {
     let Some((program, args)) = cfg.command.split_first() else {
         return Err("it has no program to run (command is empty)".into());
     };
     let env = cfg.child_env(seat, node, &|k| std::env::var(k).ok());
-    let mut child = super::children::clean_command(program, args, env)
+    let mut command = super::children::clean_command(program, args, env);
+    if let Some(dir) = workdir {
+        command.current_dir(dir);
+    }
+    let mut child = command
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -441,15 +459,16 @@ async fn connect_http(url: &str, cfg: &McpServerConfig) -> Result<Session, Strin
         .map_err(|e| format!("{url} did not initialise: {e}"))
 }
 
-/// SIGTERM, then wait up to `wait` for the child to exit.
+/// SIGTERM to the child's group, up to `wait` to exit, then SIGKILL.
 async fn stop_child(c: &mut Child, wait: Duration) -> Result<(), String> {
-    use super::children::{NotStopped, terminate};
+    use super::children::{KILL_WAIT, NotStopped, terminate};
     match terminate(c, wait).await {
         Ok(_) => Ok(()),
         Err(NotStopped::Wait(e)) => Err(format!("cannot wait for it: {e}")),
         Err(NotStopped::StillRunning) => Err(format!(
-            "it did not exit within {}ms of SIGTERM",
-            wait.as_millis()
+            "it did not exit within {}ms of SIGTERM nor {}ms of SIGKILL",
+            wait.as_millis(),
+            KILL_WAIT.as_millis()
         )),
     }
 }

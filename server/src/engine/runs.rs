@@ -454,6 +454,8 @@ pub struct Supervisor {
     queue: Arc<dyn Queue>,
     children: Arc<Mutex<HashMap<String, CancellationToken>>>,
     tasks: crate::tasks::Tasks,
+    /// Where the seats' working directories are (`None`: the node's own).
+    seats_dir: Option<std::path::PathBuf>,
 }
 
 /// Read `r` to its end keeping only about the last `keep` bytes (never
@@ -495,7 +497,14 @@ impl Supervisor {
             queue,
             children: Arc::new(Mutex::new(HashMap::new())),
             tasks: crate::tasks::Tasks::new(),
+            seats_dir: None,
         }
+    }
+
+    /// Run each child in its seat's own directory under `root`.
+    pub fn in_seats_dir(mut self, root: Option<std::path::PathBuf>) -> Supervisor {
+        self.seats_dir = root;
+        self
     }
 
     /// Runs whose child is alive here.
@@ -525,7 +534,14 @@ impl Supervisor {
             .ok_or_else(|| "run_detached: `argv` is empty".to_string())?;
         let env =
             crate::config::base_child_env(&r.seat, &r.launcher_node, &|k| std::env::var(k).ok());
-        let mut child = super::children::clean_command(program, args, env)
+        let mut command = super::children::clean_command(program, args, env);
+        if let Some(root) = &self.seats_dir {
+            let dir = super::children::seat_dir(root, &r.seat).map_err(|e| {
+                format!("run_detached: cannot make the seat's working directory: {e}")
+            })?;
+            command.current_dir(dir);
+        }
+        let mut child = command
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -573,12 +589,12 @@ impl Supervisor {
                 _ = tokio::time::sleep(timeout) => None,
                 why = watch => {
                     tracing::info!(seat = %seat, run_id = %run_id, "{why}; killing the run's child");
-                    let _ = child.kill().await;
+                    let _ = super::children::kill_group(&mut child).await;
                     children.lock().unwrap_or_else(|e| e.into_inner()).remove(&run_id);
                     return;
                 }
                 _ = kill.cancelled() => {
-                    let _ = child.kill().await;
+                    let _ = super::children::kill_group(&mut child).await;
                     children.lock().unwrap_or_else(|e| e.into_inner()).remove(&run_id);
                     return;
                 }
@@ -592,7 +608,7 @@ impl Supervisor {
                     error: status.err().map(|e| e.to_string()),
                 },
                 None => {
-                    let _ = child.kill().await;
+                    let _ = super::children::kill_group(&mut child).await;
                     RunResult {
                         timed_out: true,
                         error: Some(format!("did not finish within {timeout:?}")),

@@ -78,6 +78,10 @@ pub struct Faults {
     /// queue: what a node that dies before the ack leaves behind
     /// (`CREWLET_FAULT_STALL_BEFORE_ACK=1`).
     pub stall_before_ack: AtomicBool,
+    /// The seats whose release fails (`children`: "held by a fault"), as
+    /// a child stuck in the kernel leaves it: the seat goes undead until
+    /// the fault is lifted. Drills and tests of the undead alarm.
+    pub held_teardown: Mutex<std::collections::BTreeSet<String>>,
 }
 
 /// What the turn engine is built from.
@@ -170,7 +174,9 @@ impl TurnEngine {
     pub fn new(s: TurnSetup) -> Arc<TurnEngine> {
         let runs = Runs::new(s.store.clone());
         let budgets = super::budget::Budgets::new(s.store.clone());
-        let supervisor = Arc::new(Supervisor::new(runs.clone(), s.queue.clone()));
+        let supervisor = Arc::new(
+            Supervisor::new(runs.clone(), s.queue.clone()).in_seats_dir(s.policy.seats_dir.clone()),
+        );
         Arc::new_cyclic(|me| TurnEngine {
             me: me.clone(),
             node_id: s.node_id,
@@ -1080,7 +1086,16 @@ impl TurnEngine {
                 tools,
             })
         };
-        match super::mcp::SeatMcp::start(handle, &self.node_id, &cfgs, &started).await {
+        let workdir = match &self.policy.seats_dir {
+            Some(root) => Some(super::children::seat_dir(root, handle).map_err(|e| {
+                HookError::new(
+                    "tool servers",
+                    format!("cannot make the seat's working directory: {e}"),
+                )
+            })?),
+            None => None,
+        };
+        match super::mcp::SeatMcp::start(handle, &self.node_id, &cfgs, workdir, &started).await {
             Ok(m) => {
                 self.tools.mcp.insert(handle, Arc::new(m));
                 Ok(())
@@ -1349,7 +1364,10 @@ impl TurnEngine {
                     ),
                 ));
             }
-            AgentConfig::Command(c) => Arc::new(CommandAgent::new(handle, &self.node_id, c)),
+            AgentConfig::Command(c) => Arc::new(
+                CommandAgent::new(handle, &self.node_id, c)
+                    .in_seats_dir(self.policy.seats_dir.clone()),
+            ),
             AgentConfig::Model(c) => {
                 let mut c = c.clone();
                 if let Some(f) = &c.instructions_file {
@@ -1943,6 +1961,12 @@ impl SeatHooks for TurnEngine {
     }
 
     async fn release(&self, seat: &SeatContext) -> Result<(), HookError> {
+        if lock(&self.faults.held_teardown).contains(&seat.handle) {
+            return Err(HookError::new(
+                "children",
+                format!("the teardown of seat {:?} is held by a fault", seat.handle),
+            ));
+        }
         if let Some(rt) = self.runtime(&seat.handle) {
             rt.agent
                 .stop()

@@ -238,6 +238,7 @@ pub async fn backends(
 /// queue, the company, every seat's mailbox, the seat engine, HTTP.
 pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
     crate::web::auth::return_password_memory();
+    crate::engine::children::seal_node_process();
     let pool = db::open(&config.node.data_dir, &db::MIGRATOR).await?;
     let incarnation = Incarnation::mint(&config.node.id);
     let info = NodeInfo::from_config(&config, incarnation);

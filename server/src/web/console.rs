@@ -279,14 +279,14 @@ impl NodeConsole {
     }
 
     /// Judge every role of a company being applied against this node's own
-    /// policy (programs found on this node): the inner `Err` is the refusal
-    /// a person reads — every role and program named, nothing applied,
-    /// the refusal audited.
+    /// policy (programs found on this node): `Err` is the refusal a person
+    /// reads — every role and program named, nothing applied, the refusal
+    /// audited.
     async fn judge_company(
         &self,
         actor: &Person,
         roles: &[crate::config::RoleConfig],
-    ) -> Result<Result<(), ConsoleError>, ConsoleError> {
+    ) -> Result<(), ConsoleError> {
         let policy = self.policy.clone();
         let roles = roles.to_vec();
         let problems = tokio::task::spawn_blocking(move || {
@@ -298,7 +298,7 @@ impl NodeConsole {
         .await
         .map_err(|e| unavailable("judge the company", e))?;
         if problems.is_empty() {
-            return Ok(Ok(()));
+            return Ok(());
         }
         let shown = problems
             .iter()
@@ -318,9 +318,9 @@ impl NodeConsole {
             "refused: the node does not allow what the company asks",
         )
         .await?;
-        Ok(Err(ConsoleError::Forbidden(format!(
+        Err(ConsoleError::Forbidden(format!(
             "This node does not allow what the company asks, so nothing was applied:\n{shown}{more}"
-        ))))
+        )))
     }
 
     async fn audited(
@@ -898,9 +898,7 @@ impl Console for NodeConsole {
                 return Err(ConsoleError::Invalid(e.to_string()));
             }
         };
-        if let Err(refused) = self.judge_company(actor, &config.roles).await? {
-            return Err(refused);
-        }
+        self.judge_company(actor, &config.roles).await?;
         let store = self.engine.store().clone();
         match crate::company::apply_company(
             &*store,

@@ -1204,7 +1204,7 @@ test('on a one-node fleet Move… is disabled and says why; a move asked anyway 
   await context.close();
 });
 
-test("an operator approves a seat's waiting tool call from the Seats page: the call runs once, and the row shows the seat's tool server", async () => {
+test("an operator approves a seat's waiting tool call from the Seats page, its long arguments shown whole: the call runs once, and the row shows the seat's tool server", async () => {
   const fsServer = process.env.CREWLET_MCP_FILESYSTEM;
   assert.ok(fsServer, 'CREWLET_MCP_FILESYSTEM names the filesystem server (./dev test installs it)');
   const work = realpathSync(mkdtempSync(join(tmpdir(), 'crewlet-e2e-fs-')));
@@ -1227,11 +1227,14 @@ test("an operator approves a seat's waiting tool call from the Seats page: the c
     await row.waitFor();
     const servers = row.locator('.tool-servers');
     await until('the row to show the running tool server', async () => /tools: fs running \(\d+\)/.test(await servers.innerText().catch(() => '')), 20000);
+    // Long enough that a clipped card would hide `path` (keys are shown
+    // sorted: `content` comes first).
+    const content = `approved in the browser ${'lorem ipsum '.repeat(150)}END-OF-CONTENT`;
     const sent = await publish(page, 'writer-agent', {
       id: 'evt-e2e-approval',
       type: 'task_assigned',
       body: {
-        tools: [{ name: 'fs.write_file', args: { path: target, content: 'approved in the browser' } }],
+        tools: [{ name: 'fs.write_file', args: { path: target, content } }],
         echo: { rounds: 2 },
       },
     });
@@ -1239,7 +1242,11 @@ test("an operator approves a seat's waiting tool call from the Seats page: the c
     const waiting = page.locator('tr[data-approvals-for="writer-agent"] li[data-tool="fs.write_file"]');
     await waiting.waitFor({ timeout: 20000 });
     assert.match(await waiting.innerText(), /Waiting for approval: fs\.write_file/);
-    assert.match(await waiting.innerText(), /approved in the browser/, 'the arguments are shown');
+    const args = waiting.locator('pre.approval-args');
+    const shown = await args.innerText();
+    assert.ok(shown.includes(content), 'the whole content is shown, not a clipped part');
+    assert.ok(shown.includes(target), 'and the path after it');
+    assert.equal(await args.evaluate((el) => getComputedStyle(el).overflowY), 'auto', 'the arguments scroll');
     assert.equal(existsSync(target), false, 'nothing is written before a person approves');
     const approve = waiting.locator('button[data-action="approve"]');
     assert.equal(await approve.isDisabled(), true, 'a reason comes first');
@@ -1259,7 +1266,7 @@ test("an operator approves a seat's waiting tool call from the Seats page: the c
       return answered.waitFor({ timeout: 3000 }).then(() => true, () => false);
     }, 30000);
     assert.match(await page.locator('p[data-answered]').innerText(), /fs\.write_file approved \(writer-agent\)/);
-    await until('the approved write', () => existsSync(target) && readFileSync(target, 'utf8') === 'approved in the browser', 20000);
+    await until('the approved write', () => existsSync(target) && readFileSync(target, 'utf8') === content, 20000);
     await waiting.waitFor({ state: 'detached', timeout: 20000 });
     const audit = await serverFn(page, 'audit_log', {});
     assert.match(audit.body, /tool\.approve/);

@@ -629,7 +629,13 @@ async fn a_command_agents_tool_calls_run_in_the_engine_and_only_an_open_world_ca
 }
 
 async fn an_a2a_message_is_routed_by_the_company_to_the_seat_on_another_node(f: Fleet) {
-    let roles = [pinned("s0", "a"), pinned("s1", "b")];
+    let roles = [
+        RoleConfig {
+            a2a_to: vec!["s1".into()],
+            ..pinned("s0", "a")
+        },
+        pinned("s1", "b"),
+    ];
     let mut a = f.node("a", &roles).await;
     let mut b = f.node("b", &roles).await;
     f.until("a holds s0", WAIT, || a.holds("s0")).await;

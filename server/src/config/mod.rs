@@ -480,6 +480,10 @@ pub struct RoleConfig {
     /// § Tools, Approvals).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub read_only: Vec<String>,
+    /// The seats this seat's agent may mail with `a2a_message` (handles,
+    /// or `*` for every other seat). Empty: none (README § Security model).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub a2a_to: Vec<String>,
     /// How long an approval waits for a person before it is denied as
     /// timed out.
     #[serde(default = "default_approval_timeout_seconds")]
@@ -522,6 +526,7 @@ impl Default for RoleConfig {
             approve: Vec::new(),
             approve_destructive: false,
             read_only: Vec::new(),
+            a2a_to: Vec::new(),
             approval_timeout_seconds: DEFAULT_APPROVAL_TIMEOUT_SECONDS,
             budget: None,
         }

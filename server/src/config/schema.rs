@@ -69,6 +69,7 @@ fn exemplar(agent: AgentConfig) -> Config {
             approve: vec!["n.x".into()],
             approve_destructive: true,
             read_only: vec!["n.r".into()],
+            a2a_to: vec!["h2".into()],
             approval_timeout_seconds: 1,
             budget: Some(BudgetConfig {
                 tokens_per_day: Some(1),

@@ -941,3 +941,15 @@ fn a_model_key_goes_off_this_machine_only_over_https() {
         parse(&role(ok)).unwrap_or_else(|e| panic!("{ok}: {e}"));
     }
 }
+
+#[test]
+fn a2a_to_names_other_seats_of_the_company() {
+    let roles = |a2a: &str| {
+        format!("[[roles]]\nhandle = \"desk\"\na2a_to = {a2a}\n[[roles]]\nhandle = \"billing\"\n")
+    };
+    parse(&roles("[\"billing\"]")).unwrap();
+    parse(&roles("[\"*\"]")).unwrap();
+    let p = one(&roles("[\"desk\"]"), "roles[0].a2a_to[0]");
+    assert!(p.problem.contains("itself"), "{p}");
+    one(&roles("[\"nobody\"]"), "roles[0].a2a_to[0]");
+}

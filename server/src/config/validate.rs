@@ -93,6 +93,7 @@ pub(super) fn check(c: &Config) -> Vec<Problem> {
         check_stream(c, &mut p);
         check_company(c, &mut p);
         check_roles(c, &mut p);
+        check_a2a(c, &mut p);
         check_auth(c, &mut p);
         check_memory(c, &mut p);
         check_schedules(c, &mut p);
@@ -842,6 +843,28 @@ fn check_schedules(c: &Config, p: &mut Report<'_>) {
                 q(&s.kind),
                 "is the engine's own type (a run's completion, an approval's answer): nobody else sends it",
                 "use task_assigned (the default)".into(),
+            );
+        }
+    }
+}
+
+/// `roles[].a2a_to`: other seats of the company, or `*`.
+fn check_a2a(c: &Config, p: &mut Report<'_>) {
+    let handles: HashSet<&str> = c.roles.iter().map(|r| r.handle.as_str()).collect();
+    for (i, r) in c.roles.iter().enumerate() {
+        for (j, to) in r.a2a_to.iter().enumerate() {
+            let why = if to == &r.handle {
+                "is the role itself: a seat never mails itself"
+            } else if to != "*" && !handles.contains(to.as_str()) {
+                "names no role of the company"
+            } else {
+                continue;
+            };
+            p(
+                &format!("roles[{i}].a2a_to[{j}]"),
+                q(to),
+                why,
+                "list the handles of the seats it may mail, or \"*\" for every other seat".into(),
             );
         }
     }

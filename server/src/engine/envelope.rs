@@ -59,6 +59,14 @@ pub enum EnvelopeError {
     NotPrintable(&'static str),
 }
 
+/// Pure: the key a conversation is kept under: its sender with the thread
+/// the sender named, so one sender's `thread` never writes into, or reads
+/// from, another's (the sender is quoted: no pair of sender and thread
+/// makes another pair's key).
+pub fn conversation_key(from: Option<&str>, thread: &str) -> String {
+    format!("{:?}/{thread}", from.unwrap_or("unknown"))
+}
+
 /// Pure: every byte is printable ASCII other than a space.
 fn printable(s: &str) -> bool {
     s.bytes().all(|b| (0x21..=0x7e).contains(&b))

@@ -355,10 +355,11 @@ impl TurnEngine {
                     serde_json::Value::String(s) => s.clone(),
                     other => other.to_string(),
                 };
+                let key = super::envelope::conversation_key(t.from.as_deref(), thread);
                 if let Err(e) = memory
                     .conversation_add(
                         &turn.seat,
-                        thread,
+                        &key,
                         t.message_id.as_deref(),
                         t.from.as_deref().unwrap_or("unknown"),
                         &text,

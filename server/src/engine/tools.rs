@@ -115,6 +115,51 @@ pub struct Tools {
     pub approvals: super::approvals::Approvals,
 }
 
+/// The most seats one chain of `a2a_message` mail may pass through: past
+/// it, a loop (or an injected mail bouncing between seats) is stopped.
+pub const A2A_HOP_LIMIT: u64 = 8;
+
+/// Pure: may seat `from` (of `role`) mail seat `to` while answering
+/// `triggers`? `Ok` is the hop count the new mail carries (`body.hops`):
+/// one past the most any a2a trigger of the turn carried. Refused: a
+/// self-send, a seat its role's `a2a_to` does not list, a chain at
+/// [`A2A_HOP_LIMIT`].
+pub fn a2a_verdict(
+    role: Option<&RoleConfig>,
+    from: &str,
+    to: &str,
+    triggers: &[Envelope],
+) -> Result<u64, String> {
+    if to == from {
+        return Err(format!("seat {from:?} may not mail itself"));
+    }
+    let Some(role) = role else {
+        return Err(format!("seat {from:?} has no role in the active company"));
+    };
+    if !role.a2a_to.iter().any(|p| p == "*" || p == to) {
+        return Err(format!(
+            "seat {from:?} may not mail seat {to:?}: its role's a2a_to lists {} (the company file decides whom a seat may mail)",
+            if role.a2a_to.is_empty() {
+                "no seat".to_string()
+            } else {
+                role.a2a_to.join(", ")
+            }
+        ));
+    }
+    let came = triggers
+        .iter()
+        .filter(|t| t.kind == "a2a_message")
+        .map(|t| t.body.get("hops").and_then(Value::as_u64).unwrap_or(1))
+        .max()
+        .unwrap_or(0);
+    if came >= A2A_HOP_LIMIT {
+        return Err(format!(
+            "this mail has passed through {came} seats already (at most {A2A_HOP_LIMIT}): the chain is stopped here"
+        ));
+    }
+    Ok(came + 1)
+}
+
 /// Why a call failed: refused before any I/O (it reached nothing), or
 /// failed in its I/O (it may have reached outside).
 enum ToolError {
@@ -218,6 +263,9 @@ impl Tools {
         let to = text_arg(call, "to")?;
         let text = text_arg(call, "text")?;
         let company = self.company.borrow().clone();
+        let role = company.roles.iter().find(|r| r.handle == turn.seat);
+        let hops = a2a_verdict(role, &turn.seat, &to, &turn.triggers)
+            .map_err(|e| ToolError::Refused(format!("a2a_message: {e}")))?;
         let Some(route) = routing::resolve(&company, &to) else {
             return Err(ToolError::Refused(format!(
                 "a2a_message: no seat {to:?} in the company {:?}",
@@ -231,6 +279,7 @@ impl Tools {
             body: json!({
                 "text": text,
                 "from_seat": turn.seat,
+                "hops": hops,
                 "from_agent_id": routing::agent_id(&company.name, &turn.seat).to_string(),
                 "to_agent_id": route.agent_id.to_string(),
             }),
@@ -617,6 +666,72 @@ impl Tools {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn mail(kind: &str, hops: Option<u64>) -> Envelope {
+        let mut body = json!({"text": "hi"});
+        if let Some(h) = hops {
+            body["hops"] = json!(h);
+        }
+        Envelope {
+            id: "m".into(),
+            kind: kind.into(),
+            body,
+            thread: None,
+            message_id: None,
+            from: Some("x".into()),
+            sent_at: None,
+        }
+    }
+
+    #[test]
+    fn a2a_mail_goes_only_where_the_role_allows_never_to_itself_and_a_chain_stops() {
+        let role = RoleConfig {
+            handle: "desk".into(),
+            a2a_to: vec!["billing".into()],
+            ..RoleConfig::default()
+        };
+        let task = [mail("task_assigned", None)];
+        assert_eq!(a2a_verdict(Some(&role), "desk", "billing", &task), Ok(1));
+        // A mail that asks the seat to reach a privileged one.
+        let e = a2a_verdict(Some(&role), "desk", "admin-agent", &task).unwrap_err();
+        assert!(e.contains("a2a_to lists billing"), "{e}");
+        let e = a2a_verdict(Some(&role), "desk", "desk", &task).unwrap_err();
+        assert!(e.contains("may not mail itself"), "{e}");
+        let none = RoleConfig {
+            handle: "desk".into(),
+            ..RoleConfig::default()
+        };
+        let e = a2a_verdict(Some(&none), "desk", "billing", &task).unwrap_err();
+        assert!(e.contains("lists no seat"), "{e}");
+        assert!(a2a_verdict(None, "desk", "billing", &task).is_err());
+        let any = RoleConfig {
+            a2a_to: vec!["*".into()],
+            ..none
+        };
+        // Hops: one past the most an a2a trigger carried (one without the
+        // count is one hop), until the limit.
+        assert_eq!(
+            a2a_verdict(Some(&any), "desk", "x", &[mail("a2a_message", None)]),
+            Ok(2)
+        );
+        assert_eq!(
+            a2a_verdict(
+                Some(&any),
+                "desk",
+                "x",
+                &[mail("a2a_message", Some(3)), mail("a2a_message", Some(6))]
+            ),
+            Ok(7)
+        );
+        let e = a2a_verdict(
+            Some(&any),
+            "desk",
+            "x",
+            &[mail("a2a_message", Some(A2A_HOP_LIMIT))],
+        )
+        .unwrap_err();
+        assert!(e.contains("chain is stopped"), "{e}");
+    }
 
     fn labels(u: Update) -> Vec<(&'static str, String)> {
         match u {

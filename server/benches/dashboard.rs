@@ -497,7 +497,8 @@ async fn idle_node(
                     let mut tick = tokio::time::interval(every);
                     loop {
                         tick.tick().await;
-                        if let Ok(r) = reqwest::get(&url).await {
+                        let scrape = reqwest::Client::new().get(&url).bearer_auth(TOKEN).send();
+                        if let Ok(r) = scrape.await {
                             let _ = r.bytes().await;
                         }
                     }

@@ -31,9 +31,29 @@ async fn sign_in(
 }
 
 #[tokio::test]
-async fn health_answers_without_a_session_with_node_identity_and_protocol_4() {
+async fn health_answers_liveness_to_anyone_and_the_nodes_detail_to_a_token_only() {
     let n = TestNode::start().await;
     let r = client().get(n.url("/health")).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(
+        v,
+        serde_json::json!({"status": "ok"}),
+        "no seats, no errors"
+    );
+    let r = client()
+        .get(n.url("/health"))
+        .bearer_auth("not-a-token")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    let r = client()
+        .get(n.url("/health"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), StatusCode::OK);
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["node"], "node-http");
@@ -50,9 +70,20 @@ async fn health_answers_without_a_session_with_node_identity_and_protocol_4() {
 }
 
 #[tokio::test]
-async fn metrics_answer_without_a_session_in_prometheus_text() {
+async fn metrics_answer_a_scrape_token_in_prometheus_text_and_nobody_without_one() {
     let n = TestNode::start().await;
     let r = client().get(n.url("/metrics")).send().await.unwrap();
+    assert_eq!(
+        r.status(),
+        StatusCode::UNAUTHORIZED,
+        "the tool names are not for anyone"
+    );
+    let r = client()
+        .get(n.url("/metrics"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), StatusCode::OK);
     let body = r.text().await.unwrap();
     assert!(body.contains("crewlet_up{node=\"node-http\"} 1"), "{body}");
@@ -391,6 +422,7 @@ async fn crewlet_cli(args: &[&str], file: Option<&std::path::Path>) -> std::proc
 async fn health_seats(n: &TestNode) -> Value {
     client()
         .get(n.url("/health"))
+        .bearer_auth(TOKEN)
         .send()
         .await
         .unwrap()
@@ -1396,6 +1428,7 @@ async fn a_turn_that_panics_is_acked_and_health_shows_the_seats_last_error() {
 async fn health_seats_raw(n: &TestNode) -> Value {
     client()
         .get(n.url("/health"))
+        .bearer_auth(TOKEN)
         .send()
         .await
         .unwrap()
@@ -2113,6 +2146,7 @@ async fn an_undead_seat_is_an_alarm_saying_for_how_long_until_its_teardown_is_pr
     assert!(health["unproven_seconds"]["stubborn"].is_u64(), "{health}");
     let metrics = client()
         .get(n.url("/metrics"))
+        .bearer_auth(TOKEN)
         .send()
         .await
         .unwrap()

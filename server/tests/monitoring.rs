@@ -37,7 +37,12 @@ fn promtool() -> PathBuf {
 }
 
 async fn scrape(n: &HttpNode) -> String {
-    let r = client().get(n.url("/metrics")).send().await.unwrap();
+    let r = client()
+        .get(n.url("/metrics"))
+        .bearer_auth(MONITORING_TOKEN)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200);
     r.text().await.unwrap()
 }
@@ -365,7 +370,8 @@ impl Prometheus {
         std::fs::write(
             &config,
             format!(
-                "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: crewlet\n    static_configs:\n      - targets: [{}]\n",
+                "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: crewlet\n    authorization:\n      credentials: {:?}\n    static_configs:\n      - targets: [{}]\n",
+                OPS_TOKEN,
                 list.join(", ")
             ),
         )

@@ -14,7 +14,8 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 
 use support::http_node::{
-    ADMIN, DEPLOY_TOKEN, HttpNode, OPERATOR, OPS_TOKEN, Rig, VIEWER, client, location,
+    ADMIN, DEPLOY_TOKEN, HttpNode, MONITORING_TOKEN, OPERATOR, OPS_TOKEN, Rig, VIEWER, client,
+    location,
 };
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -22,6 +23,7 @@ const WAIT: Duration = Duration::from_secs(20);
 async fn health_seats(n: &HttpNode) -> Value {
     let v: Value = client()
         .get(n.url("/health"))
+        .bearer_auth(MONITORING_TOKEN)
         .send()
         .await
         .unwrap()
@@ -1073,6 +1075,44 @@ async fn a_started_node_cannot_be_read_by_its_children_it_is_not_dumpable() {
     assert!(
         crewlet::engine::children::node_process_sealed(),
         "a process of the node's user could read its memory and /proc/<pid>/environ"
+    );
+    n.stop().await;
+}
+
+#[tokio::test]
+async fn unknown_bearer_tokens_are_audited_and_slowed_per_address() {
+    let n = HttpNode::start().await;
+    let mut statuses = Vec::new();
+    for i in 0..8 {
+        let r = client()
+            .get(n.url("/query/fleet"))
+            .bearer_auth(format!("guess-{i}"))
+            .send()
+            .await
+            .unwrap();
+        statuses.push(r.status());
+        if r.status() == StatusCode::TOO_MANY_REQUESTS {
+            assert!(r.headers().get("retry-after").is_some());
+        }
+    }
+    assert_eq!(statuses[0], StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        statuses.last(),
+        Some(&StatusCode::TOO_MANY_REQUESTS),
+        "guessing is slowed: {statuses:?}"
+    );
+    let refused: Vec<Value> = audit_rows(&n)
+        .await
+        .into_iter()
+        .filter(|r| r["action"] == "token.refused")
+        .collect();
+    assert!(
+        refused.len() >= 5,
+        "each unknown token is audited, with the address: {refused:?}"
+    );
+    assert!(
+        refused.iter().any(|r| r.to_string().contains("127.0.0.1")),
+        "{refused:?}"
     );
     n.stop().await;
 }

@@ -352,6 +352,74 @@ impl Auth {
         }
     }
 
+    /// A bearer token presented from `client` on `path`: its person, or the
+    /// answer that refuses it. Failed tokens are counted per address (the
+    /// sign-in limiter's address rule): past a few, a token from that
+    /// address is not even checked until its delay passes (429). Each
+    /// refusal is audited (of a limited run, the first).
+    pub async fn bearer(
+        &self,
+        client: IpAddr,
+        presented: &str,
+        path: &str,
+    ) -> Result<Person, Response> {
+        let keys = [(format!("token-ip:{client}"), limiter::BY_ADDRESS)];
+        let admitted = self
+            .limiter
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .admit(&keys, Instant::now());
+        if let Admission::Wait { retry_after, first } = admitted {
+            if first {
+                self.audit_token(
+                    client,
+                    path,
+                    "refused: too many unknown tokens from this address",
+                )
+                .await;
+            }
+            let secs = retry_after.as_secs().max(1);
+            return Err((
+                StatusCode::TOO_MANY_REQUESTS,
+                [(header::RETRY_AFTER, secs.to_string())],
+                axum::Json(serde_json::json!({
+                    "error": format!("too many unknown bearer tokens from this address; try again in {secs}s")
+                })),
+            )
+                .into_response());
+        }
+        match self.token(presented) {
+            Some(p) => {
+                self.limiter
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .succeeded(&keys);
+                Ok(p)
+            }
+            None => {
+                self.audit_token(client, path, "refused: unknown bearer token")
+                    .await;
+                Err(unauthorized("the bearer token is not one this node knows"))
+            }
+        }
+    }
+
+    async fn audit_token(&self, client: IpAddr, path: &str, result: &str) {
+        let reason = format!("{path} from {client}");
+        if let Err(e) = audit::record(
+            &self.pool,
+            "-",
+            "token.refused",
+            None,
+            Some(&reason),
+            result,
+        )
+        .await
+        {
+            tracing::error!(error = %e, "cannot write the audit log");
+        }
+    }
+
     /// The identity a bearer token stands for.
     pub fn token(&self, presented: &str) -> Option<Person> {
         let digest: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
@@ -648,12 +716,21 @@ pub fn cross_site(headers: &HeaderMap) -> bool {
     false
 }
 
-/// Paths anyone may reach.
+/// The client of `req`, as [`Auth::client`] reads it (loopback when the
+/// connection's address is not known).
+fn client_of(auth: &Auth, req: &Request) -> IpAddr {
+    let peer = req
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|c| c.0.ip())
+        .unwrap_or(IpAddr::from([127, 0, 0, 1]));
+    auth.client(peer, req.headers())
+}
+
+/// Paths anyone may reach (and `/health`, which answers liveness only
+/// without a sign-in or a token).
 fn public(path: &str) -> bool {
-    matches!(
-        path,
-        "/login" | "/logout" | "/health" | "/metrics" | "/favicon.ico"
-    ) || path.starts_with("/pkg/")
+    matches!(path, "/login" | "/logout" | "/favicon.ico") || path.starts_with("/pkg/")
 }
 
 /// The page where a person changes their own password.
@@ -667,6 +744,7 @@ fn open_while_password_must_change(path: &str) -> bool {
 /// JSON endpoints, where a bearer token is accepted in place of a session.
 fn token_path(path: &str) -> bool {
     path.starts_with("/query/")
+        || path == "/metrics"
         || path == "/api/events"
         || path == "/api/events/history"
         || path == "/api/company"
@@ -713,7 +791,10 @@ fn unauthorized(msg: &str) -> Response {
 }
 
 fn wants_page(req: &Request, path: &str) -> bool {
-    req.method() == Method::GET && !path.starts_with("/api/") && !path.starts_with("/query/")
+    req.method() == Method::GET
+        && !path.starts_with("/api/")
+        && !path.starts_with("/query/")
+        && path != "/metrics"
 }
 
 /// Where a page request goes to sign in, coming back here afterwards.
@@ -757,20 +838,41 @@ pub async fn gate(
     if public(&path) {
         return next.run(req).await;
     }
-    if token_path(&path)
-        && let Some(value) = req.headers().get(header::AUTHORIZATION)
-    {
-        let presented = value
+    let presented = req.headers().get(header::AUTHORIZATION).map(|value| {
+        value
             .to_str()
             .ok()
             .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim);
-        return match presented.and_then(|t| auth.token(t)) {
-            Some(p) => {
+            .map(str::trim)
+            .unwrap_or("")
+            .to_string()
+    });
+    if path == "/health" {
+        // Liveness for anyone; the node's detail (its seats, their last
+        // errors) for a signed-in person or a token only.
+        if let Some(t) = &presented {
+            match auth.bearer(client_of(&auth, &req), t, &path).await {
+                Ok(p) => {
+                    req.extensions_mut().insert(p);
+                }
+                Err(refused) => return refused,
+            }
+        } else if let Ok(Some(p)) = session.get::<Person>(SESSION_PERSON).await
+            && let Ok(Some(_)) = auth.standing(&p.name).await
+        {
+            req.extensions_mut().insert(p);
+        }
+        return next.run(req).await;
+    }
+    if token_path(&path)
+        && let Some(t) = &presented
+    {
+        return match auth.bearer(client_of(&auth, &req), t, &path).await {
+            Ok(p) => {
                 req.extensions_mut().insert(p);
                 next.run(req).await
             }
-            None => unauthorized("the bearer token is not one this node knows"),
+            Err(refused) => refused,
         };
     }
     let signed_in = match session.get::<Person>(SESSION_PERSON).await {

@@ -320,11 +320,18 @@ async fn observe_http(
     res
 }
 
+/// `GET /health`: `{"status": "ok"}` for anyone (liveness); the node's
+/// detail — seats, stranded seats, their last errors, which agents write —
+/// for a signed-in person or a bearer token.
 async fn health(
+    person: Option<Extension<app::api::Person>>,
     Extension(info): Extension<Arc<NodeInfo>>,
     Extension(engine): Extension<Arc<SeatEngine>>,
     Extension(turns): Extension<Arc<crate::engine::runtime::TurnEngine>>,
-) -> Json<Health> {
+) -> axum::response::Response {
+    if person.is_none() {
+        return Json(serde_json::json!({ "status": "ok" })).into_response();
+    }
     let status = engine.host().status();
     Json(Health {
         node: info.node_id.clone(),
@@ -343,6 +350,7 @@ async fn health(
             .filter_map(|s| s.last_error.map(|e| (s.handle, e)))
             .collect(),
     })
+    .into_response()
 }
 
 async fn metrics(

@@ -6,6 +6,12 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use sha2::Digest;
+
+/// The viewer token every node process started here knows (its
+/// `/health` detail is read with it).
+pub const HARNESS_TOKEN: &str = "harness-token-5678";
+
 /// One node process.
 pub struct NodeProcess {
     child: Child,
@@ -26,9 +32,14 @@ impl NodeProcess {
     pub fn start_with_env(config: &str, env: &[(&str, &str)]) -> NodeProcess {
         let dir = tempfile::tempdir().unwrap();
         let port = super::free_port();
-        let text = config
-            .replace("{listen}", &format!("127.0.0.1:{port}"))
-            .replace("{data}", &dir.path().join("data").display().to_string());
+        // The harness reads `/health`'s detail with a viewer token of its own.
+        let text = format!(
+            "{}\n\n[[auth.tokens]]\nname = \"harness\"\nsha256 = \"{}\"\nrole = \"viewer\"\n",
+            config
+                .replace("{listen}", &format!("127.0.0.1:{port}"))
+                .replace("{data}", &dir.path().join("data").display().to_string()),
+            hex::encode(sha2::Sha256::digest(HARNESS_TOKEN.as_bytes()))
+        );
         let file = dir.path().join("crewlet.toml");
         std::fs::write(&file, text).unwrap();
         let mut child = Command::new(env!("CARGO_BIN_EXE_crewlet"))
@@ -113,7 +124,12 @@ impl NodeProcess {
 
     /// The seats its `/health` says it holds.
     pub async fn seats(&self) -> Vec<String> {
-        let Ok(r) = reqwest::get(self.url("/health")).await else {
+        let Ok(r) = reqwest::Client::new()
+            .get(self.url("/health"))
+            .bearer_auth(HARNESS_TOKEN)
+            .send()
+            .await
+        else {
             return Vec::new();
         };
         let v: serde_json::Value = r.json().await.unwrap_or_default();

@@ -320,3 +320,43 @@ async fn a_program_that_does_not_exist_is_a_start_error_naming_it() {
     assert_eq!(agent.pid(), None);
     agent.stop().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_child_that_writes_a_line_without_end_is_killed_and_the_round_fails_saying_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = script(
+        &dir,
+        r#"
+import sys
+for line in sys.stdin:
+    # 8 MiB and counting, never a newline: what `head -c 8G /dev/zero` does.
+    chunk = "x" * (1 << 20)
+    while True:
+        sys.stdout.write(chunk)
+        sys.stdout.flush()
+"#,
+    );
+    let agent = CommandAgent::new("s1", "n1", &cfg);
+    agent.start().await.unwrap();
+    let pid = agent.pid().unwrap();
+    let err = agent
+        .round(&turn("t-flood", &["evt-1"]), 1, vec![])
+        .await
+        .unwrap_err();
+    assert!(
+        err.0.contains(&format!(
+            "more than {} bytes",
+            crewlet::engine::command::LINE_LIMIT
+        )) && err.0.contains("killed"),
+        "{err}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while alive(pid) {
+        assert!(
+            Instant::now() < deadline,
+            "the child {pid} is still running"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(agent.pid(), None);
+}

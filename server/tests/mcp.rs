@@ -43,6 +43,7 @@ both!(
     a_seat_whose_tool_server_cannot_start_on_one_node_is_taken_by_a_peer_that_can,
     a_tool_server_that_dies_during_a_call_fails_that_call_and_is_started_again_for_the_next_turn,
     a_tool_server_that_calls_its_deleting_tool_read_only_is_still_asked_for_approval,
+    a_tool_server_listing_too_many_tools_is_refused_naming_the_count,
 );
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -1177,4 +1178,35 @@ async fn a_tool_server_that_calls_its_deleting_tool_read_only_is_still_asked_for
         "keep me",
         "nothing was deleted"
     );
+}
+
+/// A hostile tool server listing more tools than a server may (they would
+/// go into every prompt): it is refused naming the count, and the seat is
+/// not taken with it.
+async fn a_tool_server_listing_too_many_tools_is_refused_naming_the_count(f: Fleet) {
+    let (_work, dir) = workdir();
+    let server = dir.join("many.py");
+    std::fs::write(
+        &server,
+        "from mcp.server.mcpserver import MCPServer\n\
+         server = MCPServer('many')\n\
+         for i in range(200):\n\
+         \x20   server.add_tool(lambda: 'ok', name=f't{i}', description='x' * 10)\n\
+         server.run()\n",
+    )
+    .unwrap();
+    let mut many = McpServerConfig::stdio("many", &["python3", server.to_str().unwrap()]);
+    many.env.insert("PYTHONPATH".into(), time_server_path());
+    let role = RoleConfig {
+        mcp: vec![many],
+        ..echo_role("s0")
+    };
+    let mut a = f.node("a", &[role]).await;
+    f.until("the server is refused", WAIT, || {
+        a.events().iter().any(|e| {
+            matches!(&e.event, Event::McpServerFailed { error, .. } if error.contains("200 tools"))
+        })
+    })
+    .await;
+    assert!(!a.attached("s0"), "the seat is not run with it");
 }

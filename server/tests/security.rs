@@ -1116,3 +1116,64 @@ async fn unknown_bearer_tokens_are_audited_and_slowed_per_address() {
     );
     n.stop().await;
 }
+
+#[tokio::test]
+async fn a_password_change_ends_the_persons_other_sessions_and_keeps_this_one() {
+    let n = HttpNode::start().await;
+    let admin = n.signed_in(ADMIN).await;
+    let first = add(&n, &admin, "carol", "operator").await;
+    let here = first_sign_in(&n, "carol", &first, "carol's own password one").await;
+    // The same person signed in elsewhere (a laptop left open).
+    let elsewhere = client();
+    let r = elsewhere
+        .post(n.url("/login"))
+        .form(&[("name", "carol"), ("password", "carol's own password one")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    let r = elsewhere.get(n.url("/query/fleet")).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let r = here
+        .post(n.url("/account/password"))
+        .form(&[
+            ("current", "carol's own password one"),
+            ("new", "carol's own password two"),
+            ("confirm", "carol's own password two"),
+        ])
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        location(&r).contains("password_changed=1"),
+        "{}",
+        location(&r)
+    );
+    let r = here.get(n.url("/query/fleet")).send().await.unwrap();
+    assert_eq!(
+        r.status(),
+        StatusCode::OK,
+        "the session that changed it goes on"
+    );
+    let r = elsewhere.get(n.url("/query/fleet")).send().await.unwrap();
+    assert_eq!(
+        r.status(),
+        StatusCode::UNAUTHORIZED,
+        "the other session ended with the old password"
+    );
+    // An admin's reset ends them all.
+    let r = admin
+        .post(n.url("/api/reset_password"))
+        .form(&[("name", "carol")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let r = here.get(n.url("/query/fleet")).send().await.unwrap();
+    assert_eq!(
+        r.status(),
+        StatusCode::UNAUTHORIZED,
+        "a reset ends every session"
+    );
+    n.stop().await;
+}

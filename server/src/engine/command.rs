@@ -40,6 +40,15 @@ const ABORT_WRITE_WAIT: Duration = Duration::from_secs(2);
 /// The longest piece of a skipped line that is logged.
 const LOGGED_LINE_CHARS: usize = 200;
 
+/// The longest line the child may write on stdout: past it the child is
+/// killed and the round fails saying so (a child printing without end
+/// must not fill the node's memory).
+pub const LINE_LIMIT: usize = 4 * 1024 * 1024;
+
+/// The longest stderr line logged whole; the rest of a longer one is
+/// dropped, saying how much.
+pub const STDERR_LINE_LIMIT: usize = 2000;
+
 /// The engine's ends of the child's stdin and stdout.
 struct Pipes {
     stdin: ChildStdin,
@@ -60,6 +69,8 @@ enum Failure {
     Eof,
     /// Writing to stdin or reading stdout failed.
     Io(io::Error),
+    /// A stdout line ran past [`LINE_LIMIT`].
+    TooLong,
 }
 
 #[derive(Deserialize)]
@@ -219,8 +230,11 @@ impl CommandAgent {
     ) -> Result<Step, Failure> {
         write_line(p, message).await.map_err(Failure::Io)?;
         loop {
-            let Some(line) = read_line(p).await.map_err(Failure::Io)? else {
-                return Err(Failure::Eof);
+            let line = match read_line(p, LINE_LIMIT).await {
+                Ok(Line::Whole(line)) => line,
+                Ok(Line::End) => return Err(Failure::Eof),
+                Ok(Line::TooLong) => return Err(Failure::TooLong),
+                Err(e) => return Err(Failure::Io(e)),
             };
             if let Some(answer) = self.answer(&line, turn_id) {
                 return answer.map_err(Failure::Agent);
@@ -291,6 +305,23 @@ impl CommandAgent {
                 "the agent process's `{kind}` answer to turn {turn_id} does not decode: {e}"
             )))
         }))
+    }
+
+    /// The child wrote a stdout line past [`LINE_LIMIT`] `during` a round:
+    /// it is killed with its group and the round fails saying why.
+    async fn overran(&self, p: &mut Pipes, during: &str) -> AgentError {
+        p.closed = true;
+        let mut child = self.child.lock().await;
+        if let Some(c) = child.as_mut() {
+            if let Err(e) = super::children::kill_group(c).await {
+                tracing::warn!(seat = %self.seat, error = %e, "cannot kill the agent process that overran its line limit");
+            }
+            self.forget_child(&mut child);
+        }
+        tracing::warn!(seat = %self.seat, limit = LINE_LIMIT, "the agent process wrote a stdout line past the limit; it was killed");
+        AgentError(format!(
+            "the agent process wrote a line of more than {LINE_LIMIT} bytes on stdout {during}; it was killed"
+        ))
     }
 
     /// The child's pipes were lost `during` a round: mark them closed and
@@ -378,6 +409,7 @@ impl Agent for CommandAgent {
             Ok(Err(Failure::Agent(e))) => Err(e),
             Ok(Err(Failure::Eof)) => Err(self.lost(p, &during, None).await),
             Ok(Err(Failure::Io(e))) => Err(self.lost(p, &during, Some(e)).await),
+            Ok(Err(Failure::TooLong)) => Err(self.overran(p, &during).await),
             Err(_) => Err(AgentError(format!(
                 "the agent process did not answer round {round} of turn {} within {}s (round_timeout_seconds)",
                 turn.turn_id, self.cfg.round_timeout_seconds
@@ -471,32 +503,81 @@ async fn write_line(p: &mut Pipes, message: &Value) -> io::Result<()> {
     Ok(())
 }
 
-/// Read one line of stdout (without its newline); `None` at its end.
-async fn read_line(p: &mut Pipes) -> io::Result<Option<Vec<u8>>> {
-    p.stdout.read_until(b'\n', &mut p.partial).await?;
-    if p.partial.is_empty() {
-        return Ok(None);
-    }
-    let mut line = std::mem::take(&mut p.partial);
-    if line.last() == Some(&b'\n') {
-        line.pop();
-    }
-    Ok(Some(line))
+/// What one read of a line came to.
+enum Line {
+    /// A line, without its newline (the last one may have none).
+    Whole(Vec<u8>),
+    /// The stream ended.
+    End,
+    /// The line ran past the limit.
+    TooLong,
 }
 
-/// Log the child's stderr line by line until the pipe closes.
+/// Read one line of stdout, at most `limit` bytes, keeping what was read
+/// in `p.partial` (a dropped round loses nothing).
+async fn read_line(p: &mut Pipes, limit: usize) -> io::Result<Line> {
+    loop {
+        let buf = p.stdout.fill_buf().await?;
+        if buf.is_empty() {
+            if p.partial.is_empty() {
+                return Ok(Line::End);
+            }
+            return Ok(Line::Whole(std::mem::take(&mut p.partial)));
+        }
+        let (take, done) = match buf.iter().position(|b| *b == b'\n') {
+            Some(i) => (i, true),
+            None => (buf.len(), false),
+        };
+        if p.partial.len() + take > limit {
+            return Ok(Line::TooLong);
+        }
+        p.partial.extend_from_slice(&buf[..take]);
+        p.stdout.consume(take + usize::from(done));
+        if done {
+            return Ok(Line::Whole(std::mem::take(&mut p.partial)));
+        }
+    }
+}
+
+/// Log the child's stderr line by line until the pipe closes: each line
+/// at most [`STDERR_LINE_LIMIT`] bytes, the rest of a longer one dropped
+/// (and counted).
 async fn forward_stderr(seat: String, stderr: ChildStderr) {
     let mut reader = BufReader::new(stderr);
-    let mut buf = Vec::new();
+    let mut line = Vec::new();
+    let mut dropped = 0usize;
     loop {
-        buf.clear();
-        match reader.read_until(b'\n', &mut buf).await {
-            Ok(0) | Err(_) => break,
-            Ok(_) => {
-                let line = String::from_utf8_lossy(&buf);
-                tracing::info!(seat = %seat, "agent stderr: {}", line.trim_end());
-            }
+        let Ok(buf) = reader.fill_buf().await else {
+            break;
+        };
+        if buf.is_empty() {
+            break;
         }
+        let (take, done) = match buf.iter().position(|b| *b == b'\n') {
+            Some(i) => (i, true),
+            None => (buf.len(), false),
+        };
+        let room = STDERR_LINE_LIMIT.saturating_sub(line.len()).min(take);
+        line.extend_from_slice(&buf[..room]);
+        dropped += take - room;
+        reader.consume(take + usize::from(done));
+        if done {
+            log_stderr(&seat, &line, dropped);
+            line.clear();
+            dropped = 0;
+        }
+    }
+    if !line.is_empty() {
+        log_stderr(&seat, &line, dropped);
+    }
+}
+
+fn log_stderr(seat: &str, line: &[u8], dropped: usize) {
+    let text = String::from_utf8_lossy(line);
+    if dropped > 0 {
+        tracing::info!(seat = %seat, dropped, "agent stderr: {}… ({dropped} more bytes dropped)", text.trim_end());
+    } else {
+        tracing::info!(seat = %seat, "agent stderr: {}", text.trim_end());
     }
 }
 

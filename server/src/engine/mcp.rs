@@ -33,6 +33,37 @@ use crate::config::McpServerConfig;
 /// cut, saying so.
 pub const RESULT_LIMIT: usize = 64 * 1024;
 
+/// The most tools one server may list; a server listing more is refused
+/// (its tools go into every prompt and every turn's surface).
+pub const MAX_TOOLS: usize = 128;
+
+/// The largest one tool's listing may be (name, description and schema as
+/// JSON); a server listing a larger one is refused.
+pub const TOOL_LISTING_LIMIT: usize = 16 * 1024;
+
+/// Pure: is a server's listing within bounds? `Err` names the tool or the
+/// count past the bound.
+pub fn listing_bounded(tools: &[Tool]) -> Result<(), String> {
+    if tools.len() > MAX_TOOLS {
+        return Err(format!(
+            "it lists {} tools, more than the {MAX_TOOLS} a server may",
+            tools.len()
+        ));
+    }
+    for t in tools {
+        let size = serde_json::to_string(t)
+            .map(|s| s.len())
+            .unwrap_or(usize::MAX);
+        if size > TOOL_LISTING_LIMIT {
+            let name: String = t.name.chars().take(64).collect();
+            return Err(format!(
+                "its tool {name:?} is {size} bytes as listed, more than the {TOOL_LISTING_LIMIT} a tool may be"
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Why a seat's servers could not be started.
 #[derive(Debug, thiserror::Error)]
 #[error("tool server {server:?}: {error}")]
@@ -390,6 +421,10 @@ async fn start_one(
             return Err(format!("cannot list its tools: {e}"));
         }
     };
+    if let Err(e) = listing_bounded(&tools) {
+        let _ = session.cancel().await;
+        return Err(e);
+    }
     Ok(Server {
         name: cfg.name.clone(),
         cfg: cfg.clone(),

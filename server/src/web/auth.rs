@@ -39,6 +39,13 @@ use limiter::{Admission, Limiter, Rule};
 
 /// The session key the signed-in person is stored under.
 const SESSION_PERSON: &str = "person";
+/// The session key of the password stamp it was signed in under.
+const SESSION_STAMP: &str = "stamp";
+
+/// Is `session` signed in under the password `now` has?
+async fn session_current(session: &Session, now: &Standing) -> bool {
+    matches!(session.get::<String>(SESSION_STAMP).await, Ok(Some(s)) if s == now.stamp)
+}
 
 /// Password checks (argon2, about 19 MiB and tens of milliseconds each)
 /// that run at once; an attempt that finds them all busy is answered 429
@@ -106,6 +113,15 @@ pub struct Standing {
     pub must_change_password: bool,
     /// `file` or `database`.
     pub from_file: bool,
+    /// A digest of the person's password hash as it is now: a session
+    /// signed in under another (the password changed or was reset since)
+    /// has ended.
+    pub stamp: String,
+}
+
+/// Pure: the stamp of a password hash ([`Standing::stamp`]).
+pub fn stamp_of(hash: &str) -> String {
+    hex::encode(&Sha256::digest(hash.as_bytes())[..8])
 }
 
 /// The authority every request is checked against.
@@ -245,6 +261,7 @@ impl Auth {
                     role: u.role,
                     must_change_password: false,
                     from_file: true,
+                    stamp: stamp_of(&u.hash),
                 },
             )));
         }
@@ -257,11 +274,12 @@ impl Auth {
         Ok(row.and_then(|(h, r, must)| {
             PersonRole::parse(&r).map(|role| {
                 (
-                    h,
+                    h.clone(),
                     Standing {
                         role,
                         must_change_password: must != 0,
                         from_file: false,
+                        stamp: stamp_of(&h),
                     },
                 )
             })
@@ -858,7 +876,8 @@ pub async fn gate(
                 Err(refused) => return refused,
             }
         } else if let Ok(Some(p)) = session.get::<Person>(SESSION_PERSON).await
-            && let Ok(Some(_)) = auth.standing(&p.name).await
+            && let Ok(Some(now)) = auth.standing(&p.name).await
+            && session_current(&session, &now).await
         {
             req.extensions_mut().insert(p);
         }
@@ -889,13 +908,14 @@ pub async fn gate(
         }
     };
     let person = match auth.standing(&signed_in.name).await {
-        Ok(Some(now)) => Person {
+        Ok(Some(now)) if session_current(&session, &now).await => Person {
             role: now.role,
             must_change_password: now.must_change_password,
             ..signed_in
         },
-        Ok(None) => {
-            // Removed since they signed in: the session ends here.
+        Ok(_) => {
+            // Removed since they signed in, or their password changed
+            // since (elsewhere): the session ends here.
             let _ = session.flush().await;
             return if wants_page(&req, &path) {
                 to_sign_in(&req)
@@ -1066,7 +1086,15 @@ pub async fn login(
                 tracing::error!(error = %e, "cannot cycle the session id");
                 return (StatusCode::INTERNAL_SERVER_ERROR, "session store failed").into_response();
             }
+            let stamp = match auth.standing(&person.name).await {
+                Ok(Some(s)) => s.stamp,
+                _ => String::new(),
+            };
             if let Err(e) = session.insert(SESSION_PERSON, &person).await {
+                tracing::error!(error = %e, "cannot store the session");
+                return (StatusCode::INTERNAL_SERVER_ERROR, "session store failed").into_response();
+            }
+            if let Err(e) = session.insert(SESSION_STAMP, &stamp).await {
                 tracing::error!(error = %e, "cannot store the session");
                 return (StatusCode::INTERNAL_SERVER_ERROR, "session store failed").into_response();
             }
@@ -1233,6 +1261,14 @@ pub async fn change_password(
             if let Err(e) = session.insert(SESSION_PERSON, &updated).await {
                 tracing::error!(error = %e, "cannot store the session");
             }
+            // This session goes on under the new password; every other
+            // session of theirs has ended, and their streams with them.
+            if let Ok(Some(now)) = auth.standing(&updated.name).await
+                && let Err(e) = session.insert(SESSION_STAMP, &now.stamp).await
+            {
+                tracing::error!(error = %e, "cannot store the session");
+            }
+            auth.end_streams(SessionEnd::Person(updated.name.clone()));
             let next = local_path(&form.next);
             let sep = if next.contains('?') { '&' } else { '?' };
             Redirect::to(&format!("{next}{sep}password_changed=1")).into_response()

@@ -546,10 +546,7 @@ async fn forward_stderr(seat: String, stderr: ChildStderr) {
     let mut reader = BufReader::new(stderr);
     let mut line = Vec::new();
     let mut dropped = 0usize;
-    loop {
-        let Ok(buf) = reader.fill_buf().await else {
-            break;
-        };
+    while let Ok(buf) = reader.fill_buf().await {
         if buf.is_empty() {
             break;
         }

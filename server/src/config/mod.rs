@@ -19,7 +19,9 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 pub use network::Network;
-pub use policy::{AgentPolicy, INSTRUCTIONS_SUBDIR, SEATS_SUBDIR, confined};
+pub use policy::{
+    AgentPolicy, AgentUser, Confinement, INSTRUCTIONS_SUBDIR, SEATS_SUBDIR, confined,
+};
 pub use programs::{ProgramRule, ProgramUse, Programs};
 pub use validate::{MAX_ROLES, MAX_SCHEDULES, Problem};
 
@@ -280,6 +282,11 @@ pub struct NodeSection {
     /// `{data_dir}/instructions`); nothing outside it is read.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub instructions_dir: Option<PathBuf>,
+    /// A user of the machine the seats' children run as (README § Security
+    /// model): they then cannot read the node's data directory, its
+    /// database or its environment. Unset: as the node's own user.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agent_user: Option<String>,
 }
 
 impl Default for NodeSection {
@@ -294,6 +301,7 @@ impl Default for NodeSection {
             programs: None,
             agent_env: Vec::new(),
             instructions_dir: None,
+            agent_user: None,
         }
     }
 }

@@ -40,10 +40,29 @@ pub struct AgentPolicy {
     pub agent_env: Option<BTreeSet<String>>,
     /// Where `instructions_file` is read from (`[node] instructions_dir`).
     pub instructions_dir: PathBuf,
-    /// Where each seat's children work: `{seats_dir}/{handle}`, private to
-    /// the node (`{data_dir}/seats`). `None`: the node's own working
+    /// Where and as whom the seats' children run.
+    pub confinement: Confinement,
+}
+
+/// Where and as whom a seat's children (its agent, its tool servers, its
+/// detached runs) run.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Confinement {
+    /// Each seat's children work in `{seats_dir}/{handle}`, private to the
+    /// node (`{data_dir}/seats`). `None`: the node's own working
     /// directory (a test rig).
     pub seats_dir: Option<PathBuf>,
+    /// `[node] agent_user`, as found on the machine: the children run as
+    /// this user, who cannot read the node's files.
+    pub user: Option<AgentUser>,
+}
+
+/// A user of the machine the children run as.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AgentUser {
+    pub name: String,
+    pub uid: u32,
+    pub gid: u32,
 }
 
 /// Pure: a role's problem with the policy, as a person reads it.
@@ -62,7 +81,11 @@ impl AgentPolicy {
             },
             agent_env: Some(c.node.agent_env.iter().cloned().collect()),
             instructions_dir: c.node.instructions_dir(),
-            seats_dir: Some(c.node.data_dir.join(SEATS_SUBDIR)),
+            confinement: Confinement {
+                seats_dir: Some(c.node.data_dir.join(SEATS_SUBDIR)),
+                // Found on the machine as the node starts (`node::start`).
+                user: None,
+            },
         }
     }
 
@@ -78,7 +101,7 @@ impl AgentPolicy {
             },
             agent_env: None,
             instructions_dir: PathBuf::from(INSTRUCTIONS_SUBDIR),
-            seats_dir: None,
+            confinement: Confinement::default(),
         }
     }
 
@@ -227,7 +250,7 @@ mod tests {
             },
             agent_env: Some(["OPENAI_API_KEY".to_string()].into_iter().collect()),
             instructions_dir: PathBuf::from("/var/lib/crewlet/instructions"),
-            seats_dir: None,
+            confinement: Confinement::default(),
         }
     }
 

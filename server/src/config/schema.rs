@@ -41,6 +41,7 @@ fn exemplar(agent: AgentConfig) -> Config {
             }]),
             agent_env: vec!["K".into()],
             instructions_dir: Some(PathBuf::from("i")),
+            agent_user: Some("u".into()),
             ..NodeSection::default()
         },
         coordination: CoordinationSection::default(),

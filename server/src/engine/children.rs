@@ -181,14 +181,69 @@ pub fn node_process_sealed() -> bool {
     false
 }
 
+/// Run `command` (a child of `seat`) as `c` says: in the seat's own
+/// directory under `c.seats_dir` (made, and kept 0700, owned by the agent
+/// user when there is one), as `c.user`.
+pub fn confine(
+    command: &mut tokio::process::Command,
+    c: &crate::config::Confinement,
+    seat: &str,
+) -> std::io::Result<()> {
+    if let Some(root) = &c.seats_dir {
+        command.current_dir(seat_dir(root, seat, c.user.as_ref())?);
+    }
+    if let Some(u) = &c.user {
+        command.uid(u.uid).gid(u.gid);
+        if let Some(home) = &c.seats_dir {
+            command.env("HOME", home.join(seat));
+        }
+    }
+    Ok(())
+}
+
 /// `{root}/{seat}`, the seat's own working directory for its children,
-/// made and kept private (0700).
-pub fn seat_dir(root: &std::path::Path, seat: &str) -> std::io::Result<std::path::PathBuf> {
+/// made and kept private (0700; the seat's owned by `user` when given, the
+/// root the node's own).
+pub fn seat_dir(
+    root: &std::path::Path,
+    seat: &str,
+    user: Option<&crate::config::AgentUser>,
+) -> std::io::Result<std::path::PathBuf> {
     use std::os::unix::fs::PermissionsExt;
     let dir = root.join(seat);
     std::fs::create_dir_all(&dir)?;
-    for d in [root, dir.as_path()] {
-        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o700))?;
+    std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o711))?;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
+    if let Some(u) = user {
+        std::os::unix::fs::chown(&dir, Some(u.uid), Some(u.gid))?;
     }
     Ok(dir)
+}
+
+/// The machine's user `name` (`[node] agent_user`), or why not.
+pub fn find_user(name: &str) -> Result<crate::config::AgentUser, String> {
+    let c = std::ffi::CString::new(name).map_err(|_| format!("{name:?} is not a user name"))?;
+    let mut pwd: libc::passwd = unsafe { std::mem::zeroed() };
+    let mut buf = vec![0 as libc::c_char; 16 * 1024];
+    let mut found: *mut libc::passwd = std::ptr::null_mut();
+    // SAFETY: every pointer is to memory owned here and sized as passed.
+    let rc = unsafe {
+        libc::getpwnam_r(
+            c.as_ptr(),
+            &mut pwd,
+            buf.as_mut_ptr(),
+            buf.len(),
+            &mut found,
+        )
+    };
+    if rc != 0 || found.is_null() {
+        return Err(format!(
+            "node.agent_user: there is no user {name:?} on this machine (create it, e.g. `useradd --system --no-create-home {name}`, or remove the key)"
+        ));
+    }
+    Ok(crate::config::AgentUser {
+        name: name.to_string(),
+        uid: pwd.pw_uid,
+        gid: pwd.pw_gid,
+    })
 }

@@ -100,8 +100,8 @@ pub struct CommandAgent {
     child: Mutex<Option<Child>>,
     /// The held child's pid; 0 when no child is held.
     pid: AtomicU32,
-    /// Where the seats' working directories are (`None`: the node's own).
-    seats_dir: Option<std::path::PathBuf>,
+    /// Where and as whom the child runs.
+    confinement: crate::config::Confinement,
 }
 
 impl CommandAgent {
@@ -114,13 +114,14 @@ impl CommandAgent {
             pipes: Mutex::new(None),
             child: Mutex::new(None),
             pid: AtomicU32::new(0),
-            seats_dir: None,
+            confinement: Default::default(),
         }
     }
 
-    /// Run the child in the seat's own directory under `root`.
-    pub fn in_seats_dir(mut self, root: Option<std::path::PathBuf>) -> CommandAgent {
-        self.seats_dir = root;
+    /// Run the child as `c` says (the seat's own directory, the agent
+    /// user).
+    pub fn confined(mut self, c: crate::config::Confinement) -> CommandAgent {
+        self.confinement = c;
         self
     }
 
@@ -179,12 +180,8 @@ impl CommandAgent {
             .cfg
             .child_env(&self.seat, &self.node, &|k| std::env::var(k).ok());
         let mut command = super::children::clean_command(program, args, env);
-        if let Some(root) = &self.seats_dir {
-            let dir = super::children::seat_dir(root, &self.seat).map_err(|e| {
-                AgentError(format!("cannot make the seat's working directory: {e}"))
-            })?;
-            command.current_dir(dir);
-        }
+        super::children::confine(&mut command, &self.confinement, &self.seat)
+            .map_err(|e| AgentError(format!("cannot make the seat's working directory: {e}")))?;
         let mut spawned = command
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())

@@ -108,9 +108,8 @@ pub struct Revival {
 pub struct SeatMcp {
     seat: String,
     servers: Vec<Server>,
-    /// The seat's working directory its stdio children run in (`None`:
-    /// the node's own).
-    workdir: Option<std::path::PathBuf>,
+    /// Where and as whom its stdio children run.
+    confinement: crate::config::Confinement,
 }
 
 /// Pure: the engine's annotations of an MCP tool, from the server's own.
@@ -159,7 +158,7 @@ impl SeatMcp {
         SeatMcp {
             seat: seat.to_string(),
             servers: Vec::new(),
-            workdir: None,
+            confinement: Default::default(),
         }
     }
 
@@ -171,14 +170,14 @@ impl SeatMcp {
         seat: &str,
         node: &str,
         cfgs: &[McpServerConfig],
-        workdir: Option<std::path::PathBuf>,
+        confinement: crate::config::Confinement,
         started: &(dyn Fn(&str, usize) + Sync),
     ) -> Result<SeatMcp, StartError> {
         let mut me = SeatMcp::none(seat);
-        me.workdir = workdir;
+        me.confinement = confinement;
         for cfg in cfgs {
             let bound = Duration::from_secs(cfg.start_timeout_seconds);
-            let starting = start_one(seat, node, cfg, me.workdir.as_deref());
+            let starting = start_one(seat, node, cfg, &me.confinement);
             let up = match tokio::time::timeout(bound, starting).await {
                 Ok(r) => r,
                 Err(_) => Err(format!(
@@ -371,7 +370,7 @@ impl SeatMcp {
                 _ => continue,
             };
             let bound = Duration::from_secs(s.cfg.start_timeout_seconds);
-            let starting = spawn_stdio(&self.seat, node, &s.cfg, self.workdir.as_deref());
+            let starting = spawn_stdio(&self.seat, node, &s.cfg, &self.confinement);
             let again = tokio::time::timeout(bound, starting).await;
             let mut session = s.session.lock().await;
             let error = match again {
@@ -405,12 +404,12 @@ async fn start_one(
     seat: &str,
     node: &str,
     cfg: &McpServerConfig,
-    workdir: Option<&std::path::Path>,
+    confinement: &crate::config::Confinement,
 ) -> Result<Server, String> {
     let (session, child) = match &cfg.url {
         Some(url) => (connect_http(url, cfg).await?, None),
         None => {
-            let (session, child) = spawn_stdio(seat, node, cfg, workdir).await?;
+            let (session, child) = spawn_stdio(seat, node, cfg, confinement).await?;
             (session, Some(child))
         }
     };
@@ -440,16 +439,15 @@ async fn spawn_stdio(
     seat: &str,
     node: &str,
     cfg: &McpServerConfig,
-    workdir: Option<&std::path::Path>,
+    confinement: &crate::config::Confinement,
 ) -> Result<(Session, Child), String> {
     let Some((program, args)) = cfg.command.split_first() else {
         return Err("it has no program to run (command is empty)".into());
     };
     let env = cfg.child_env(seat, node, &|k| std::env::var(k).ok());
     let mut command = super::children::clean_command(program, args, env);
-    if let Some(dir) = workdir {
-        command.current_dir(dir);
-    }
+    super::children::confine(&mut command, confinement, seat)
+        .map_err(|e| format!("cannot make the seat's working directory: {e}"))?;
     let mut child = command
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

@@ -454,8 +454,8 @@ pub struct Supervisor {
     queue: Arc<dyn Queue>,
     children: Arc<Mutex<HashMap<String, CancellationToken>>>,
     tasks: crate::tasks::Tasks,
-    /// Where the seats' working directories are (`None`: the node's own).
-    seats_dir: Option<std::path::PathBuf>,
+    /// Where and as whom the children run.
+    confinement: crate::config::Confinement,
 }
 
 /// Read `r` to its end keeping only about the last `keep` bytes (never
@@ -497,13 +497,14 @@ impl Supervisor {
             queue,
             children: Arc::new(Mutex::new(HashMap::new())),
             tasks: crate::tasks::Tasks::new(),
-            seats_dir: None,
+            confinement: Default::default(),
         }
     }
 
-    /// Run each child in its seat's own directory under `root`.
-    pub fn in_seats_dir(mut self, root: Option<std::path::PathBuf>) -> Supervisor {
-        self.seats_dir = root;
+    /// Run each child as `c` says (its seat's own directory, the agent
+    /// user).
+    pub fn confined(mut self, c: crate::config::Confinement) -> Supervisor {
+        self.confinement = c;
         self
     }
 
@@ -535,12 +536,8 @@ impl Supervisor {
         let env =
             crate::config::base_child_env(&r.seat, &r.launcher_node, &|k| std::env::var(k).ok());
         let mut command = super::children::clean_command(program, args, env);
-        if let Some(root) = &self.seats_dir {
-            let dir = super::children::seat_dir(root, &r.seat).map_err(|e| {
-                format!("run_detached: cannot make the seat's working directory: {e}")
-            })?;
-            command.current_dir(dir);
-        }
+        super::children::confine(&mut command, &self.confinement, &r.seat)
+            .map_err(|e| format!("run_detached: cannot make the seat's working directory: {e}"))?;
         let mut child = command
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

@@ -175,7 +175,7 @@ impl TurnEngine {
         let runs = Runs::new(s.store.clone());
         let budgets = super::budget::Budgets::new(s.store.clone());
         let supervisor = Arc::new(
-            Supervisor::new(runs.clone(), s.queue.clone()).in_seats_dir(s.policy.seats_dir.clone()),
+            Supervisor::new(runs.clone(), s.queue.clone()).confined(s.policy.confinement.clone()),
         );
         Arc::new_cyclic(|me| TurnEngine {
             me: me.clone(),
@@ -1087,16 +1087,9 @@ impl TurnEngine {
                 tools,
             })
         };
-        let workdir = match &self.policy.seats_dir {
-            Some(root) => Some(super::children::seat_dir(root, handle).map_err(|e| {
-                HookError::new(
-                    "tool servers",
-                    format!("cannot make the seat's working directory: {e}"),
-                )
-            })?),
-            None => None,
-        };
-        match super::mcp::SeatMcp::start(handle, &self.node_id, &cfgs, workdir, &started).await {
+        let confinement = self.policy.confinement.clone();
+        match super::mcp::SeatMcp::start(handle, &self.node_id, &cfgs, confinement, &started).await
+        {
             Ok(m) => {
                 self.tools.mcp.insert(handle, Arc::new(m));
                 Ok(())
@@ -1367,7 +1360,7 @@ impl TurnEngine {
             }
             AgentConfig::Command(c) => Arc::new(
                 CommandAgent::new(handle, &self.node_id, c)
-                    .in_seats_dir(self.policy.seats_dir.clone()),
+                    .confined(self.policy.confinement.clone()),
             ),
             AgentConfig::Model(c) => {
                 let mut c = c.clone();

@@ -58,6 +58,8 @@ pub enum NodeError {
     Queue(crate::queue::QueueError),
     #[error("the company: {0}")]
     Company(company::CompanyError),
+    #[error("{0}")]
+    AgentUser(String),
     #[error(transparent)]
     MemRead(MemReadError),
     #[error(transparent)]
@@ -234,6 +236,28 @@ pub async fn backends(
     Ok((store, queue, client))
 }
 
+/// What this node lets a seat's payload do, from its own file, with
+/// `node.agent_user` found on the machine (the data directory then lets
+/// that user reach its seats' directories, and nothing else: 0711).
+fn agent_policy(config: &Config) -> Result<crate::config::AgentPolicy, NodeError> {
+    let mut policy = crate::config::AgentPolicy::of(config);
+    if let Some(name) = &config.node.agent_user {
+        use std::os::unix::fs::PermissionsExt;
+        let user = crate::engine::children::find_user(name).map_err(NodeError::AgentUser)?;
+        std::fs::set_permissions(
+            &config.node.data_dir,
+            std::fs::Permissions::from_mode(0o711),
+        )
+        .map_err(|e| {
+            NodeError::AgentUser(format!(
+                "node.agent_user: cannot open the data directory to the agent user's seats: {e}"
+            ))
+        })?;
+        policy.confinement.user = Some(user);
+    }
+    Ok(policy)
+}
+
 /// Start a node: database, incarnation, first person, coordination and
 /// queue, the company, every seat's mailbox, the seat engine, HTTP.
 pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
@@ -306,7 +330,7 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
             first: Duration::from_secs(config.stream.retry_delay_seconds),
             max: Duration::from_secs(config.stream.retry_delay_max_seconds),
         },
-        policy: crate::config::AgentPolicy::of(&config),
+        policy: agent_policy(&config)?,
     });
     if std::env::var("CREWLET_FAULT_STALL_BEFORE_ACK").as_deref() == Ok("1") {
         tracing::warn!(

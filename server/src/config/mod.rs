@@ -396,7 +396,7 @@ pub enum StreamType {
     Nats,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct StreamSection {
     #[serde(rename = "type")]
@@ -422,6 +422,31 @@ pub struct StreamSection {
     pub retry_delay_seconds: u64,
     /// The longest such a wait grows to.
     pub retry_delay_max_seconds: u64,
+}
+
+/// Never the password, nor one in a URL.
+impl std::fmt::Debug for StreamSection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamSection")
+            .field("kind", &self.kind)
+            .field(
+                "urls",
+                &self
+                    .urls
+                    .iter()
+                    .map(|u| redact_userinfo(u))
+                    .collect::<Vec<_>>(),
+            )
+            .field("user", &self.user)
+            .field("password", &self.password.as_ref().map(|_| REDACTED))
+            .field("creds_file", &self.creds_file)
+            .field("tls_ca_file", &self.tls_ca_file)
+            .field("max_deliveries", &self.max_deliveries)
+            .field("ack_wait_seconds", &self.ack_wait_seconds)
+            .field("retry_delay_seconds", &self.retry_delay_seconds)
+            .field("retry_delay_max_seconds", &self.retry_delay_max_seconds)
+            .finish()
+    }
 }
 
 impl Default for StreamSection {

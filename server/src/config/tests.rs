@@ -953,3 +953,14 @@ fn a2a_to_names_other_seats_of_the_company() {
     assert!(p.problem.contains("itself"), "{p}");
     one(&roles("[\"nobody\"]"), "roles[0].a2a_to[0]");
 }
+
+#[test]
+fn a_config_printed_for_debugging_shows_no_password() {
+    let c = parse(
+        "[stream]\ntype = \"nats\"\nurls = [\"nats://u:url-secret@127.0.0.1:4222\"]\nuser = \"node\"\npassword = \"stream-secret\"\n[coordination]\ntype = \"embedded-kv\"\n",
+    )
+    .unwrap();
+    let shown = format!("{c:?}");
+    assert!(!shown.contains("stream-secret"), "{shown}");
+    assert!(!shown.contains("url-secret"), "{shown}");
+}

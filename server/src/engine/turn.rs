@@ -216,7 +216,9 @@ pub async fn run(
             rounds.store(round, Ordering::SeqCst);
             let step = match agent.round(turn, round, std::mem::take(&mut results)).await {
                 Ok(s) => s,
-                Err(e) => return Ending::Broke(e.to_string()),
+                // An agent's words, bounded: they go into the seat's last
+                // error, events and logs.
+                Err(e) => return Ending::Broke(bounded_error(&e.to_string())),
             };
             match step {
                 Step::Done { result, answered } => return Ending::Done { result, answered },
@@ -266,8 +268,30 @@ pub async fn run(
     }
 }
 
+/// The most of an agent's error kept (its seat's last error, events,
+/// logs); the rest is cut, saying so.
+pub const ERROR_CHARS: usize = 1000;
+
+/// Pure: `e` cut at [`ERROR_CHARS`] characters.
+pub fn bounded_error(e: &str) -> String {
+    if e.chars().count() <= ERROR_CHARS {
+        return e.to_string();
+    }
+    let kept: String = e.chars().take(ERROR_CHARS).collect();
+    format!("{kept}… (cut at {ERROR_CHARS} characters)")
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn an_agents_error_is_kept_to_a_bound() {
+        let flood = "e".repeat(1_000_000);
+        let kept = super::bounded_error(&flood);
+        assert!(kept.chars().count() < super::ERROR_CHARS + 40);
+        assert!(kept.ends_with("(cut at 1000 characters)"));
+        assert_eq!(super::bounded_error("short"), "short");
+    }
+
     use super::*;
     use std::sync::Mutex;
     use std::sync::atomic::AtomicU32;

@@ -32,6 +32,7 @@ both!(
     a_persons_stop_ends_a_model_turn_before_its_next_completion,
     a_fenced_model_turn_asks_for_no_further_completion,
     a_model_reply_that_mails_a_seat_its_role_may_not_reach_delivers_nothing,
+    a_completion_asks_for_no_more_than_the_cap_leaves_and_one_without_usage_is_charged_an_estimate,
 );
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -725,4 +726,37 @@ async fn a_model_reply_that_mails_a_seat_its_role_may_not_reach_delivers_nothing
         .filter(|e| e.kind == "a2a_message")
         .collect();
     assert!(sent.is_empty(), "no a2a effect: {sent:?}");
+}
+
+/// A budget binds every completion: the first asks for no more output than
+/// the cap leaves, and one whose endpoint reports no usage is charged an
+/// estimate (never nothing), so the cap still closes.
+async fn a_completion_asks_for_no_more_than_the_cap_leaves_and_one_without_usage_is_charged_an_estimate(
+    f: Fleet,
+) {
+    let p = Provider::start().await;
+    set_key("MODEL_TEST_KEY_LEFT", "sk-left");
+    let mut silent = provider::text(&"words ".repeat(200), (0, 0));
+    silent.1.as_object_mut().unwrap().remove("usage");
+    p.script(vec![silent]);
+    let mut a = f.node("a", &[capped(&p, "MODEL_TEST_KEY_LEFT", 100)]).await;
+    f.until("a has s0 established", WAIT, || a.attached("s0"))
+        .await;
+    a.publish("s0", &mail("E1", "say a lot")).await;
+    ended(&f, &mut a, "E1").await;
+    let asked = p.requests();
+    assert_eq!(
+        asked[0]["max_tokens"], 100,
+        "bounded by the 100 tokens left, not the role's 1024"
+    );
+    let (windows, _) = a.turns.spend("s0").await.unwrap();
+    let day = windows[0].1;
+    assert!(
+        day > 0,
+        "the completion was charged an estimate: {windows:?}"
+    );
+    f.until("the cap is reached on the estimate", WAIT, || {
+        !exhausted(&mut a).is_empty()
+    })
+    .await;
 }

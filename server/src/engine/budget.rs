@@ -146,6 +146,22 @@ pub fn over(budget: &BudgetConfig, windows: &[Window; 3], spent: &[u64; 3]) -> O
         .max_by_key(|e| e.reopens_at)
 }
 
+/// Pure: the tokens left before the first cap is reached (`None`: no cap).
+pub fn left(budget: &BudgetConfig, windows: &[Window; 3], spent: &[u64; 3]) -> Option<u64> {
+    windows
+        .iter()
+        .zip(spent)
+        .filter_map(|(w, s)| Some(w.span.cap(budget)?.saturating_sub(*s)))
+        .min()
+}
+
+/// Pure: what a completion whose endpoint reported no usage is charged —
+/// about four characters a token of what was sent and what came back, and
+/// never nothing.
+pub fn estimate_tokens(sent_chars: usize, reply_chars: usize) -> u64 {
+    ((sent_chars + reply_chars) as u64).div_ceil(4).max(1)
+}
+
 fn key(seat: &str, w: &Window) -> String {
     format!("budget:{seat}:{}:{}", w.span.name(), w.id)
 }
@@ -235,6 +251,22 @@ impl Budgets {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn what_is_left_is_the_least_room_of_any_capped_window_and_an_estimate_is_never_nothing() {
+        let now = chrono::Utc::now();
+        let w = super::windows(now, chrono_tz::UTC);
+        let caps = crate::config::BudgetConfig {
+            tokens_per_day: Some(100),
+            tokens_per_month: Some(1_000),
+            ..Default::default()
+        };
+        assert_eq!(super::left(&caps, &w, &[40, 40, 950]), Some(50));
+        assert_eq!(super::left(&caps, &w, &[120, 0, 0]), Some(0));
+        assert_eq!(super::left(&Default::default(), &w, &[5, 5, 5]), None);
+        assert_eq!(super::estimate_tokens(0, 0), 1);
+        assert_eq!(super::estimate_tokens(400, 400), 200);
+    }
+
     use super::*;
 
     fn at(s: &str) -> DateTime<Utc> {

@@ -436,11 +436,46 @@ impl ModelAgent {
         Ok(messages)
     }
 
-    /// One completion: the reply's message and the tokens it spent.
+    /// The most output tokens the next completion may ask for: the role's
+    /// `max_output_tokens`, bounded by what the seat's caps leave. `Err`
+    /// when nothing is left, or when the counters cannot be read (no
+    /// completion spends blind).
+    async fn output_bound(&self) -> Result<u32, AgentError> {
+        let max = self.cfg.max_output_tokens;
+        let caps = {
+            let company = self.company.borrow();
+            company
+                .roles
+                .iter()
+                .find(|r| r.handle == self.seat)
+                .and_then(|r| r.budget.clone())
+        };
+        let Some(caps) = caps else {
+            return Ok(max);
+        };
+        let windows = super::budget::windows(chrono::Utc::now(), self.clock());
+        let spent = self.budgets.spent(&self.seat, &windows).await.map_err(|e| {
+            AgentError::new(format!(
+                "cannot read the seat's token counters, so no completion is asked for (it would spend blind): {e}"
+            ))
+        })?;
+        match super::budget::left(&caps, &windows, &spent) {
+            None => Ok(max),
+            Some(0) => Err(AgentError::new(
+                "the seat's token budget is spent; no further completion is asked for",
+            )),
+            Some(n) => Ok(max.min(u32::try_from(n).unwrap_or(u32::MAX))),
+        }
+    }
+
+    /// One completion, asking for at most `max_tokens`: the reply's
+    /// message and the tokens it spent (estimated when the endpoint does
+    /// not say).
     async fn complete(
         &self,
         messages: &[Value],
         tools: &[Value],
+        max_tokens: u32,
     ) -> Result<(Value, u64), AgentError> {
         super::ensure_tls_provider();
         let key = match &self.cfg.api_key_env {
@@ -476,7 +511,7 @@ impl ModelAgent {
         let mut request = json!({
             "model": self.cfg.model,
             "messages": messages,
-            "max_tokens": self.cfg.max_output_tokens,
+            "max_tokens": max_tokens,
             "temperature": self.cfg.temperature,
             "stream": false,
         });
@@ -503,10 +538,25 @@ impl ModelAgent {
                 })?,
             };
         let usage = &answer["usage"];
-        let tokens = usage["total_tokens"].as_u64().unwrap_or_else(|| {
-            usage["prompt_tokens"].as_u64().unwrap_or(0)
-                + usage["completion_tokens"].as_u64().unwrap_or(0)
+        let reported = usage["total_tokens"].as_u64().or_else(|| {
+            match (
+                usage["prompt_tokens"].as_u64(),
+                usage["completion_tokens"].as_u64(),
+            ) {
+                (None, None) => None,
+                (p, c) => Some(p.unwrap_or(0) + c.unwrap_or(0)),
+            }
         });
+        let tokens = match reported {
+            Some(t) => t,
+            None => {
+                let sent = serde_json::to_string(messages).map_or(0, |s| s.len());
+                let estimate =
+                    super::budget::estimate_tokens(sent, answer["choices"].to_string().len());
+                tracing::warn!(seat = %self.seat, estimate, "the model endpoint reported no usage; the completion is charged an estimate");
+                estimate
+            }
+        };
         let message = answer["choices"][0]["message"].clone();
         if !message.is_object() {
             return Err(AgentError::new(format!(
@@ -598,7 +648,8 @@ impl Agent for ModelAgent {
             )));
         }
         let tools = wire_tools(&turn.tools, &conv.names);
-        let (message, tokens) = self.complete(&conv.messages, &tools).await?;
+        let max_tokens = self.output_bound().await?;
+        let (message, tokens) = self.complete(&conv.messages, &tools, max_tokens).await?;
         conv.completions += 1;
         *lock(&self.spent).entry(turn.turn_id.clone()).or_default() += tokens;
         // Charged where the seat runs, to the counters every holder reads;

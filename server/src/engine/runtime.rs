@@ -493,6 +493,9 @@ impl TurnEngine {
         if self.resume_done(handle, &env.id).await {
             return self.skipped_as_done(handle, &env.id);
         }
+        if let Some(waits) = self.resume_waits_for_budget(handle).await {
+            return waits;
+        }
         let record = match self.tools.approvals.get(handle, id).await {
             Ok(Some(r)) => r,
             Ok(None) => {
@@ -684,6 +687,9 @@ impl TurnEngine {
         received: std::time::Instant,
     ) -> Disposition {
         let handle = rt.handle.as_str();
+        if let Some(waits) = self.resume_waits_for_budget(handle).await {
+            return waits;
+        }
         let (c, claimed, epoch) = match self.claim_resume(handle, fence, env).await {
             Ok(won) => won,
             Err(d) => return d,
@@ -1156,27 +1162,65 @@ impl TurnEngine {
         Ok(())
     }
 
-    /// Has `handle` reached one of its role's token caps? `None` for a
-    /// seat with no budget (nothing read), with room, or whose counters
-    /// cannot be read (a turn is not refused on a figure nobody can read).
-    async fn budget_reached(&self, handle: &str) -> Option<super::budget::Exhausted> {
-        let (caps, tz) = {
-            let company = self.company.borrow();
-            let caps = company
-                .roles
-                .iter()
-                .find(|r| r.handle == handle)
-                .and_then(|r| r.budget.clone())?;
-            (caps, company.timezone.parse().unwrap_or(chrono_tz::UTC))
-        };
-        let windows = super::budget::windows(chrono::Utc::now(), tz);
-        match self.budgets.spent(handle, &windows).await {
-            Ok(spent) => super::budget::over(&caps, &windows, &spent),
+    /// Whether a turn of `handle` may spend: `Err` when one of its role's
+    /// token caps is reached (`Ok(Some)`) or its counters cannot be read
+    /// (`Err(None)`: a turn does not spend blind; its mail waits and comes
+    /// again). `Ok(())` for a seat with no budget, or with room.
+    async fn budget_gate(&self, handle: &str) -> Result<(), Option<super::budget::Exhausted>> {
+        match self.budget_read(handle).await {
+            Ok(None) => Ok(()),
+            Ok(Some(ex)) => Err(Some(ex)),
             Err(e) => {
-                tracing::warn!(seat = handle, error = %e, "cannot read the seat's token counters; its turns go on");
-                None
+                tracing::warn!(seat = handle, error = %e, "cannot read the seat's token counters; its turn waits rather than spend blind");
+                Err(None)
             }
         }
+    }
+
+    /// The cap `handle` has reached, if any; `Err` when its counters
+    /// cannot be read.
+    async fn budget_read(&self, handle: &str) -> Result<Option<super::budget::Exhausted>, String> {
+        let Some((caps, tz)) = self.caps_of(handle) else {
+            return Ok(None);
+        };
+        let windows = super::budget::windows(chrono::Utc::now(), tz);
+        let spent = self.budgets.spent(handle, &windows).await?;
+        Ok(super::budget::over(&caps, &windows, &spent))
+    }
+
+    fn caps_of(&self, handle: &str) -> Option<(crate::config::BudgetConfig, chrono_tz::Tz)> {
+        let company = self.company.borrow();
+        let caps = company
+            .roles
+            .iter()
+            .find(|r| r.handle == handle)
+            .and_then(|r| r.budget.clone())?;
+        Some((caps, company.timezone.parse().unwrap_or(chrono_tz::UTC)))
+    }
+
+    /// A resume is a turn like any other: it starts only while every cap
+    /// has room (and the counters can be read). `Some` is the delivery's
+    /// disposition when it must wait (the seat held for a reached cap).
+    async fn resume_waits_for_budget(&self, handle: &str) -> Option<Disposition> {
+        match self.budget_gate(handle).await {
+            Ok(()) => None,
+            Err(reached) => {
+                if let Some(ex) = reached {
+                    self.hold_for_budget(handle, &ex);
+                }
+                Some(Disposition::Nak)
+            }
+        }
+    }
+
+    /// Has `handle` reached one of its role's token caps? `None` for a
+    /// seat with no budget (nothing read), with room, or whose counters
+    /// cannot be read (the hold's timer and the acquire hook look again).
+    async fn budget_reached(&self, handle: &str) -> Option<super::budget::Exhausted> {
+        self.budget_read(handle).await.unwrap_or_else(|e| {
+            tracing::warn!(seat = handle, error = %e, "cannot read the seat's token counters");
+            None
+        })
     }
 
     /// Hold `handle` for a reached cap (its mail kept, nothing consumed),
@@ -1531,9 +1575,12 @@ impl TurnEngine {
             return;
         }
         // A turn starts only while every cap has room: a seat over one is
-        // held, and its mail goes back to wait for the hold's release.
-        if let Some(ex) = self.budget_reached(&handle).await {
-            self.hold_for_budget(&handle, &ex);
+        // held, and its mail goes back to wait for the hold's release; a
+        // seat whose counters cannot be read waits too.
+        if let Err(reached) = self.budget_gate(&handle).await {
+            if let Some(ex) = reached {
+                self.hold_for_budget(&handle, &ex);
+            }
             for i in &plan.runs {
                 out[*i] = Some(Disposition::Nak);
             }

@@ -464,7 +464,12 @@ async fn idle_node(
     tokio::spawn(async move { while let Ok(Some(_)) = stderr.next_line().await {} });
     let health = format!("http://{addr}/health");
     loop {
-        let held = match reqwest::get(&health).await {
+        let held = match reqwest::Client::new()
+            .get(&health)
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+        {
             Ok(r) => r.json::<Value>().await.ok(),
             Err(_) => None,
         };

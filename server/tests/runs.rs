@@ -291,21 +291,7 @@ async fn a_runs_completion_waits_behind_the_running_turn_without_holding_up_a_st
     assert!(
         a.turns
             .runs()
-            .create(&RunRecord {
-                run_id: run.clone(),
-                seat: "s0".into(),
-                owner: a.engine.config().owner.clone(),
-                owner_epoch: epoch,
-                launcher: a.engine.config().owner.clone(),
-                launcher_node: "a".into(),
-                state: RunState::Finished,
-                argv: vec!["true".into()],
-                work_key: None,
-                result: Some(RunResult::default()),
-                resumed: false,
-                created_at: String::new(),
-                updated_at: String::new(),
-            })
+            .create(&finished_record(&a, &run, epoch))
             .await
             .unwrap()
     );
@@ -965,7 +951,7 @@ async fn mail_that_claims_to_be_a_runs_completion_writes_nothing_into_a_run_stil
     let mut a = f.node("a", &[echo_role("s0")]).await;
     f.until("a holds s0", WAIT, || a.attached("s0")).await;
     let epoch = a.store.lease("seat:s0").await.unwrap().unwrap().epoch;
-    let mut running = forged_record(&a, "run-live", epoch);
+    let mut running = finished_record(&a, "run-live", epoch);
     running.state = RunState::Running;
     running.result = None;
     assert!(a.turns.runs().create(&running).await.unwrap());
@@ -1050,7 +1036,9 @@ async fn mail_that_claims_to_be_an_approvals_answer_under_another_id_runs_no_con
     assert!(a.turns_of("replay-1").is_empty(), "no continuation ran");
 }
 
-fn forged_record(a: &Node, run: &str, epoch: u64) -> RunRecord {
+/// A run of `s0` launched by `a` at `epoch` whose answer (empty) its
+/// launcher recorded.
+fn finished_record(a: &Node, run: &str, epoch: u64) -> RunRecord {
     RunRecord {
         run_id: run.into(),
         seat: "s0".into(),

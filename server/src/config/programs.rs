@@ -176,11 +176,22 @@ impl Programs {
         if rules.iter().any(|r| r.admits(use_, &found, args, find)) {
             return Ok(());
         }
+        Err(self.refusal(use_, rules, &shown, &found, find))
+    }
+
+    /// Pure: why `rules` let none of them start the program found at
+    /// `found` as `use_`, as a person reads it.
+    fn refusal(
+        &self,
+        use_: ProgramUse,
+        rules: &[ProgramRule],
+        shown: &str,
+        found: &Path,
+        find: &dyn Fn(&str) -> Option<PathBuf>,
+    ) -> String {
         let for_it: Vec<&ProgramRule> = rules
             .iter()
-            .filter(|r| {
-                find(&r.path).as_deref() == Some(found.as_path()) || Path::new(&r.path) == found
-            })
+            .filter(|r| find(&r.path).as_deref() == Some(found) || Path::new(&r.path) == found)
             .collect();
         let why = if rules.is_empty() {
             "this node's file lists no [[node.programs]]".to_string()
@@ -216,10 +227,10 @@ impl Programs {
         } else {
             String::new()
         };
-        Err(format!(
+        format!(
             "the {} {shown} is not allowed on this node: {why}{runs}; a node decides what runs on it (add a [[node.programs]] rule to the node's own file)",
             use_.what()
-        ))
+        )
     }
 }
 

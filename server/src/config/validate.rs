@@ -964,6 +964,36 @@ fn check_trust(c: &Config) -> Vec<Problem> {
             }
         }
     }
+    out.extend(check_child_env(c));
+    out.extend(check_node_policy(c));
+    for (i, a) in c.runs.allow.iter().enumerate() {
+        if !a.starts_with('/') || a.chars().any(char::is_control) {
+            out.push(Problem::new(
+                &format!("runs.allow[{i}]"),
+                q(a),
+                "must be an absolute path to a program",
+                "give the program's full path, e.g. \"/usr/bin/git\" (`command -v git` prints it)",
+            ));
+        }
+    }
+    for (i, t) in c.auth.trusted_proxies.iter().enumerate() {
+        if super::Network::parse(t).is_none() {
+            out.push(Problem::new(
+                &format!("auth.trusted_proxies[{i}]"),
+                q(t),
+                "is not an address or network",
+                "write an address like \"127.0.0.1\" or a network like \"10.0.0.0/8\"",
+            ));
+        }
+    }
+    out
+}
+
+/// A child's variables (a command agent's, a tool server's, a model's
+/// key): names only, never the node's own configuration passed through,
+/// and only ones the node's `agent_env` hands over.
+fn check_child_env(c: &Config) -> Vec<Problem> {
+    let mut out = Vec::new();
     let env_name = |n: &str| {
         !n.is_empty()
             && n.len() <= 128
@@ -1046,27 +1076,6 @@ fn check_trust(c: &Config) -> Vec<Problem> {
                             .map(|(h, n)| (format!("headers_from.{h}"), n)),
                     ),
             );
-        }
-    }
-    out.extend(check_node_policy(c));
-    for (i, a) in c.runs.allow.iter().enumerate() {
-        if !a.starts_with('/') || a.chars().any(char::is_control) {
-            out.push(Problem::new(
-                &format!("runs.allow[{i}]"),
-                q(a),
-                "must be an absolute path to a program",
-                "give the program's full path, e.g. \"/usr/bin/git\" (`command -v git` prints it)",
-            ));
-        }
-    }
-    for (i, t) in c.auth.trusted_proxies.iter().enumerate() {
-        if super::Network::parse(t).is_none() {
-            out.push(Problem::new(
-                &format!("auth.trusted_proxies[{i}]"),
-                q(t),
-                "is not an address or network",
-                "write an address like \"127.0.0.1\" or a network like \"10.0.0.0/8\"",
-            ));
         }
     }
     out

@@ -424,18 +424,7 @@ impl Auth {
 
     async fn audit_token(&self, client: IpAddr, path: &str, result: &str) {
         let reason = format!("{path} from {client}");
-        if let Err(e) = audit::record(
-            &self.pool,
-            "-",
-            "token.refused",
-            None,
-            Some(&reason),
-            result,
-        )
-        .await
-        {
-            tracing::error!(error = %e, "cannot write the audit log");
-        }
+        audit_or_log(&self.pool, "-", "token.refused", &reason, result).await;
     }
 
     /// The identity a bearer token stands for.
@@ -829,6 +818,46 @@ fn to_sign_in(req: &Request) -> Response {
     .into_response()
 }
 
+/// The gate's answer for `/health` and for a bearer token on a JSON
+/// endpoint (`None`: neither; the session decides). `/health` lets anyone
+/// through — its detail only for a signed-in person or a token, whose
+/// [`Person`] goes into the request — and a token's person goes into the
+/// request, or its refusal is the answer.
+async fn by_token_or_liveness(
+    auth: &Auth,
+    session: &Session,
+    path: &str,
+    req: &mut Request,
+) -> Option<Result<(), Response>> {
+    let presented = req.headers().get(header::AUTHORIZATION).map(|value| {
+        value
+            .to_str()
+            .ok()
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim)
+            .unwrap_or("")
+            .to_string()
+    });
+    if let Some(t) = &presented
+        && (path == "/health" || token_path(path))
+    {
+        let person = auth.bearer(client_of(auth, req), t, path).await;
+        return Some(person.map(|p| {
+            req.extensions_mut().insert(p);
+        }));
+    }
+    if path != "/health" {
+        return None;
+    }
+    if let Ok(Some(p)) = session.get::<Person>(SESSION_PERSON).await
+        && let Ok(Some(now)) = auth.standing(&p.name).await
+        && session_current(session, &now).await
+    {
+        req.extensions_mut().insert(p);
+    }
+    Some(Ok(()))
+}
+
 /// The gate: cross-site refusal for every state-changing request, then a
 /// session (or, on JSON endpoints, a bearer token) for everything not
 /// public. A session's person is read again on every request — their role
@@ -856,41 +885,9 @@ pub async fn gate(
     if public(&path) {
         return next.run(req).await;
     }
-    let presented = req.headers().get(header::AUTHORIZATION).map(|value| {
-        value
-            .to_str()
-            .ok()
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim)
-            .unwrap_or("")
-            .to_string()
-    });
-    if path == "/health" {
-        // Liveness for anyone; the node's detail (its seats, their last
-        // errors) for a signed-in person or a token only.
-        if let Some(t) = &presented {
-            match auth.bearer(client_of(&auth, &req), t, &path).await {
-                Ok(p) => {
-                    req.extensions_mut().insert(p);
-                }
-                Err(refused) => return refused,
-            }
-        } else if let Ok(Some(p)) = session.get::<Person>(SESSION_PERSON).await
-            && let Ok(Some(now)) = auth.standing(&p.name).await
-            && session_current(&session, &now).await
-        {
-            req.extensions_mut().insert(p);
-        }
-        return next.run(req).await;
-    }
-    if token_path(&path)
-        && let Some(t) = &presented
-    {
-        return match auth.bearer(client_of(&auth, &req), t, &path).await {
-            Ok(p) => {
-                req.extensions_mut().insert(p);
-                next.run(req).await
-            }
+    if let Some(answer) = by_token_or_liveness(&auth, &session, &path, &mut req).await {
+        return match answer {
+            Ok(()) => next.run(req).await,
             Err(refused) => refused,
         };
     }
@@ -1049,16 +1046,20 @@ fn html_attr(s: &str) -> String {
 
 async fn audit_sign_in(auth: &Auth, name: &str, client: IpAddr, result: &str) {
     let from = format!("from {client}");
-    if let Err(e) = audit::record(
+    audit_or_log(
         &auth.pool,
         &audit_name(name),
         "session.sign_in",
-        None,
-        Some(&from),
+        &from,
         result,
     )
-    .await
-    {
+    .await;
+}
+
+/// Write one audit row about no seat; a row that cannot be written is
+/// logged (the refusal it records stands).
+async fn audit_or_log(pool: &SqlitePool, actor: &str, action: &str, reason: &str, result: &str) {
+    if let Err(e) = audit::record(pool, actor, action, None, Some(reason), result).await {
         tracing::error!(error = %e, "cannot write the audit log");
     }
 }

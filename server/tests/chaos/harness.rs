@@ -441,6 +441,8 @@ impl Chaos {
         let r = self
             .http
             .get(format!("http://127.0.0.1:{port}/health"))
+            // The seats a node holds are its `/health`'s detail.
+            .bearer_auth(VIEWER_TOKEN)
             .timeout(Duration::from_secs(2))
             .send()
             .await

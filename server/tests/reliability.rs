@@ -179,7 +179,11 @@ async fn a_seats_child_works_in_its_seats_private_directory_and_the_nodes_files_
     );
     let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode(&data), 0o700, "the data directory");
-    assert_eq!(mode(&data.join("seats")), 0o700);
+    assert_eq!(
+        mode(&data.join("seats")),
+        0o711,
+        "the seats' directory: passable to a seat's own, never listed"
+    );
     assert_eq!(mode(&seat_dir), 0o700, "the seat's directory");
     assert_eq!(mode(&data.join("crewlet.db")), 0o600, "the database");
     drop(node);

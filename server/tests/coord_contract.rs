@@ -1198,9 +1198,11 @@ async fn view_judges_liveness_from_expires_at<B: Backend>(fx: Fx<B>) {
 
 async fn view_stops_after_it_goes_unused<B: Backend>(fx: Fx<B>) {
     assert!(!fx.store.view_running(), "the view starts on demand");
+    // Its last use is inside the read below: the idle period may begin any
+    // time before the read returns, never before it was asked.
+    let started = tokio::time::Instant::now();
     fx.store.protocol_floor(4).await.expect("floor");
     assert!(fx.store.view_running());
-    let started = tokio::time::Instant::now();
     let s = fx.store.clone();
     eventually_within(fx.view_idle + DEADLINE, "the unused view to stop", || {
         let s = s.clone();

@@ -5,7 +5,7 @@
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crewlet::config::CommandConfig;
 use crewlet::engine::agent::{Agent, Step, ToolResult, TurnInput};
@@ -54,6 +54,14 @@ fn turn(turn_id: &str, triggers: &[&str]) -> TurnInput {
 
 fn alive(pid: u32) -> bool {
     !support::process::gone(pid)
+}
+
+/// Wait, within a deadline, until process `pid` is gone.
+async fn gone_within(pid: u32, what: &str) {
+    support::wait_for(what, Duration::from_secs(10), Duration::from_millis(20), || async {
+        support::process::gone(pid).then_some(())
+    })
+    .await
 }
 
 #[tokio::test]
@@ -297,14 +305,7 @@ for line in sys.stdin:
         .expect("stopped: SIGKILL after the grace");
     assert_eq!(agent.pid(), None);
     assert!(!alive(pid), "the child is gone");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while alive(grandchild) {
-        assert!(
-            Instant::now() < deadline,
-            "the grandchild {grandchild} outlived its seat's child"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    gone_within(grandchild, "the grandchild to go with its seat's child").await;
 }
 
 #[tokio::test]
@@ -350,13 +351,6 @@ for line in sys.stdin:
         )) && err.0.contains("killed"),
         "{err}"
     );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while alive(pid) {
-        assert!(
-            Instant::now() < deadline,
-            "the child {pid} is still running"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    gone_within(pid, "the flooding child to be killed").await;
     assert_eq!(agent.pid(), None);
 }

@@ -58,9 +58,12 @@ fn alive(pid: u32) -> bool {
 
 /// Wait, within a deadline, until process `pid` is gone.
 async fn gone_within(pid: u32, what: &str) {
-    support::wait_for(what, Duration::from_secs(10), Duration::from_millis(20), || async {
-        support::process::gone(pid).then_some(())
-    })
+    support::wait_for(
+        what,
+        Duration::from_secs(10),
+        Duration::from_millis(20),
+        || async { support::process::gone(pid).then_some(()) },
+    )
     .await
 }
 

@@ -251,18 +251,7 @@ async fn a_resume_is_applied_once_when_its_completion_is_delivered_twice(f: Flee
     f.until("the run resumes", WAIT, || !resumed(&mut a).is_empty())
         .await;
     // The same completion again (its acknowledgement was lost, say).
-    let copy = ControlMessage::RunCompleted(RunCompletion {
-        run_id: run.clone(),
-        result: RunResult::default(),
-    });
-    a.queue
-        .publish(
-            &control_subject("s0"),
-            None,
-            Bytes::from(serde_json::to_vec(&copy).unwrap()),
-        )
-        .await
-        .unwrap();
+    complete_s0(&a, &run).await;
     f.until_async("the copy is settled", WAIT, || async {
         a.queue.pending("control-s0").await.unwrap() == 0
     })
@@ -306,18 +295,7 @@ async fn a_runs_completion_waits_behind_the_running_turn_without_holding_up_a_st
         !a.started_with("L").is_empty()
     })
     .await;
-    let copy = ControlMessage::RunCompleted(RunCompletion {
-        run_id: run.clone(),
-        result: RunResult::default(),
-    });
-    a.queue
-        .publish(
-            &control_subject("s0"),
-            None,
-            Bytes::from(serde_json::to_vec(&copy).unwrap()),
-        )
-        .await
-        .unwrap();
+    complete_s0(&a, &run).await;
     crewlet::engine::pause::stop(&*a.queue, "s0", "ann")
         .await
         .unwrap();

@@ -1394,14 +1394,6 @@ impl TurnEngine {
                 }
                 Arc::new(EchoAgent::new(c.clone(), self.policy.drills))
             }
-            AgentConfig::Command(_) if !self.policy.command_agents => {
-                return Err(HookError::new(
-                    "children",
-                    format!(
-                        "seat {handle:?} runs a command agent, and this node does not run command agents (node.allow_command_agents = false); a node that allows them may take it"
-                    ),
-                ));
-            }
             AgentConfig::Command(c) => Arc::new(
                 CommandAgent::new(handle, &self.node_id, c)
                     .confined(self.policy.confinement.clone()),

@@ -333,11 +333,7 @@ impl Auth {
             return Ok(SignIn::Busy);
         };
         let keys = attempt_keys(client, name);
-        let admitted = self
-            .limiter
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .admit(&keys, Instant::now());
+        let admitted = self.admit(&keys);
         if let Admission::Wait { retry_after, first } = admitted {
             return Ok(SignIn::Limited {
                 retry_after,
@@ -355,10 +351,7 @@ impl Auth {
         let ok = self.verify(hash, password.to_string()).await;
         match (ok, standing) {
             (true, Some(s)) => {
-                self.limiter
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .succeeded(&keys);
+                self.forget(&keys);
                 Ok(SignIn::Ok(Person {
                     name: name.to_string(),
                     role: s.role,
@@ -368,6 +361,22 @@ impl Auth {
             }
             _ => Ok(SignIn::Refused),
         }
+    }
+
+    /// Count an attempt under `keys` (the limiter's lock held only for it).
+    fn admit(&self, keys: &[(String, Rule)]) -> Admission {
+        self.limiter
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .admit(keys, Instant::now())
+    }
+
+    /// A success forgets the attempts under `keys`.
+    fn forget(&self, keys: &[(String, Rule)]) {
+        self.limiter
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .succeeded(keys);
     }
 
     /// A bearer token presented from `client` on `path`: its person, or the
@@ -382,11 +391,7 @@ impl Auth {
         path: &str,
     ) -> Result<Person, Response> {
         let keys = [(format!("token-ip:{client}"), limiter::BY_ADDRESS)];
-        let admitted = self
-            .limiter
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .admit(&keys, Instant::now());
+        let admitted = self.admit(&keys);
         if let Admission::Wait { retry_after, first } = admitted {
             if first {
                 self.audit_token(
@@ -408,10 +413,7 @@ impl Auth {
         }
         match self.token(presented) {
             Some(p) => {
-                self.limiter
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .succeeded(&keys);
+                self.forget(&keys);
                 Ok(p)
             }
             None => {

@@ -64,7 +64,8 @@ pub fn clean_command(
 pub const KILL_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Send `signal` to the process group `pid` leads (the child's own, from
-/// [`clean_command`]); to the process alone when it leads none.
+/// [`clean_command`]); to the process alone when it leads none. Only for a
+/// child not reaped yet (its pid is still its own).
 fn signal_group(pid: u32, signal: libc::c_int) {
     let pid = pid as libc::pid_t;
     // SAFETY: plain syscalls on a pid the caller has not reaped yet.
@@ -72,6 +73,14 @@ fn signal_group(pid: u32, signal: libc::c_int) {
     if !sent {
         tracing::warn!(pid, signal, error = %std::io::Error::last_os_error(), "cannot signal a child");
     }
+}
+
+/// Kill what is left of the group a reaped child led (what it started and
+/// left behind). The group outlives its leader while any member lives, so
+/// its id is still theirs; an empty group is gone, and nothing is sent.
+fn kill_leftovers(pid: u32) {
+    // SAFETY: killpg on a group id; ESRCH (an empty group) is the usual answer.
+    unsafe { libc::killpg(pid as libc::pid_t, libc::SIGKILL) };
 }
 
 /// Why a child was not stopped.
@@ -101,7 +110,7 @@ pub async fn terminate(
     let pid = child.id();
     if let Ok(Some(status)) = child.try_wait() {
         if let Some(pid) = pid {
-            signal_group(pid, libc::SIGKILL);
+            kill_leftovers(pid);
         }
         return Ok(Stopped {
             status,
@@ -122,7 +131,7 @@ pub async fn terminate(
     match tokio::time::timeout(grace, child.wait()).await {
         Ok(Ok(status)) => {
             // The leader went; whatever it left in its group goes too.
-            signal_group(pid, libc::SIGKILL);
+            kill_leftovers(pid);
             return Ok(Stopped {
                 status,
                 killed: false,

@@ -38,10 +38,11 @@ export async function until(what, check, ms = 15000) {
 
 /**
  * Start a node. `people` is a list of {name, password, role}; `more` is
- * more company-file text (more roles, settings).
+ * more company-file text (more roles, settings); `env` more environment
+ * variables for the node (a fault injection).
  * Resolves to { url, proc, dir, log(), stop() } once the node answers /health.
  */
-export async function startNode({ id = 'node-e2e', people = [], roles = ['alpha-agent', 'beta-agent'], more = '', nats = null } = {}) {
+export async function startNode({ id = 'node-e2e', people = [], roles = ['alpha-agent', 'beta-agent'], more = '', nats = null, env = {} } = {}) {
   const dir = mkdtempSync(join(tmpdir(), 'crewlet-e2e-'));
   const users = people
     .map((p) => `[[auth.users]]\nname = "${p.name}"\npassword_hash = "${hashPassword(p.password)}"\nrole = "${p.role}"\n`)
@@ -53,7 +54,7 @@ export async function startNode({ id = 'node-e2e', people = [], roles = ['alpha-
   const config = `[node]\nid = "${id}"\nlisten = "127.0.0.1:0"\ndata_dir = "${join(dir, 'data')}"\nlabels = ["e2e"]\nenvironment = "test"\n\n[runs]\nallow = ["/bin/sleep", "/bin/sh"]\n\n[company]\nname = "End-to-end company"\n\n${roleText}\n${fleet}\n${more}\n${users}\n[logging]\nformat = "json"\n`;
   const file = join(dir, 'crewlet.toml');
   writeFileSync(file, config);
-  const proc = spawn(crewletBin, ['run', '--config', file], { stdio: ['ignore', 'pipe', 'pipe'] });
+  const proc = spawn(crewletBin, ['run', '--config', file], { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, ...env } });
   let output = '';
   proc.stdout.on('data', (d) => (output += d));
   proc.stderr.on('data', (d) => (output += d));

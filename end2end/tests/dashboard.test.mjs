@@ -6,7 +6,7 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { join } from 'node:path';
-import { mkdtempSync, writeFileSync, readFileSync, existsSync, realpathSync } from 'node:fs';
+import { mkdtempSync, writeFileSync, readFileSync, existsSync, realpathSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { spawn } from 'node:child_process';
 import { createServer, connect } from 'node:net';
@@ -940,21 +940,23 @@ test('the Memory page is readable at 390 px wide', async () => {
 });
 
 test('Settings › Nodes puts alarms on top: a seat no node may run, and an undead seat with how long', async () => {
-  // A command agent that ignores SIGTERM: once its seat is given back, its
-  // teardown cannot be proven until the process is killed.
-  const dir = mkdtempSync(join(tmpdir(), 'crewlet-e2e-stubborn-'));
-  const script = join(dir, 'stubborn.py');
-  const pidfile = join(dir, 'pid');
-  writeFileSync(
-    script,
-    'import os, signal, sys\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nopen(sys.argv[1], "w").write(str(os.getpid()))\nfor line in sys.stdin:\n    pass\nsignal.pause()\n',
-  );
+  // A seat whose teardown cannot be proven, as a child stuck in the kernel
+  // leaves it: the node's fault injection fails its release while the file
+  // naming it exists (a child that only ignores SIGTERM is killed).
+  const dir = mkdtempSync(join(tmpdir(), 'crewlet-e2e-stuck-'));
+  const held = join(dir, 'held');
+  writeFileSync(held, 'stuck-agent\n');
   const gpu = '[[roles]]\nhandle = "gpu-agent"\nagent = { kind = "echo" }\nplacement = { labels = ["gpu"] }\n';
-  const stubborn = `[[roles]]\nhandle = "stubborn-agent"\nagent = { kind = "command", argv = ["python3", "${script}", "${pidfile}"], stop_wait_ms = 300 }\n`;
+  const stuck = '[[roles]]\nhandle = "stuck-agent"\nagent = { kind = "echo" }\n';
   // Teardowns are retried at each heartbeat: a short one clears the alarm soon.
   const heartbeat = '[coordination]\nheartbeat_seconds = 2\n';
-  const other = await startNode({ id: 'node-e2e-alarms', people: [ADMIN], roles: ['alpha-agent'], more: gpu + stubborn + heartbeat });
-  let pid;
+  const other = await startNode({
+    id: 'node-e2e-alarms',
+    people: [ADMIN],
+    roles: ['alpha-agent'],
+    more: gpu + stuck + heartbeat,
+    env: { CREWLET_FAULT_HOLD_TEARDOWN: held },
+  });
   try {
     const { page, context, problems } = await strictPage(browser);
     await signIn(page, other.url, ADMIN.name, ADMIN.password);
@@ -972,37 +974,30 @@ test('Settings › Nodes puts alarms on top: a seat no node may run, and an unde
     );
     assert.ok(onTop, 'the alarms are on top');
 
-    pid = await until('the command agent to start', () => {
-      try {
-        return Number(readFileSync(pidfile, 'utf8')) || undefined;
-      } catch {
-        return undefined;
-      }
-    }, 20000);
+    // The seat is held here before its role goes.
+    await until('stuck-agent to be attached here', () => /seat_attached[^\n]{0,40}stuck-agent/.test(other.log()), 20000);
     await page.evaluate(() => (window.__sameDocument = true));
     const applied = await page.evaluate(async (body) => {
       const r = await fetch('/api/company', { method: 'POST', body });
       return { status: r.status, body: await r.text() };
     }, `[company]\nname = "End-to-end company"\n\n[[roles]]\nhandle = "alpha-agent"\nagent = { kind = "echo" }\n${gpu}`);
     assert.equal(applied.status, 200, applied.body);
-    const undead = page.locator('.alarms li[data-alarm="unproven"][data-seat="stubborn-agent"]');
+    const undead = page.locator('.alarms li[data-alarm="unproven"][data-seat="stuck-agent"]');
     await undead.waitFor({ timeout: 20000 });
     assert.match(
       await undead.innerText(),
-      /stubborn-agent is undead on node-e2e-alarms: its teardown has been failing for \d+ s \(since (?:just now|\d+ s ago|\d+ min ago|\d+ h ago|in \d+ (?:s|min)|\d\d:\d\d:\d\d UTC)\), epoch 1\. node-e2e-alarms keeps the lease/,
+      /stuck-agent is undead on node-e2e-alarms: its teardown has been failing for \d+ s \(since (?:just now|\d+ s ago|\d+ min ago|\d+ h ago|in \d+ (?:s|min)|\d\d:\d\d:\d\d UTC)\), epoch 1\. node-e2e-alarms keeps the lease/,
     );
     assert.match(await page.locator('.alarms h2').innerText(), /Alarms \(2\)/);
     await page.screenshot({ path: join(resultsDir, 'nodes-alarms-1280.png'), fullPage: true });
 
-    // Killing the process proves the teardown: the alarm goes by itself.
-    process.kill(pid, 'SIGKILL');
-    pid = undefined;
+    // The fault lifted, the next retry proves the teardown: the alarm goes by itself.
+    rmSync(held);
     await undead.waitFor({ state: 'detached', timeout: 20000 });
     assert.equal(await page.evaluate(() => window.__sameDocument), true, 'no reload');
     assert.deepEqual(problems, []);
     await context.close();
   } finally {
-    if (pid) process.kill(pid, 'SIGKILL');
     await other.stop();
   }
 });

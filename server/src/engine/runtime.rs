@@ -71,6 +71,9 @@ pub fn resume_work_key(trigger_id: &str) -> String {
     hex::encode(h.finalize())
 }
 
+/// The variable naming [`Faults::held_teardown_file`].
+pub const HOLD_TEARDOWN_VAR: &str = "CREWLET_FAULT_HOLD_TEARDOWN";
+
 /// Faults a drill (or a test) can switch on.
 #[derive(Debug, Default)]
 pub struct Faults {
@@ -82,6 +85,25 @@ pub struct Faults {
     /// a child stuck in the kernel leaves it: the seat goes undead until
     /// the fault is lifted. Drills and tests of the undead alarm.
     pub held_teardown: Mutex<std::collections::BTreeSet<String>>,
+    /// A file naming, one per line, more seats whose release fails while
+    /// the file exists (`CREWLET_FAULT_HOLD_TEARDOWN={path}`): a drill
+    /// lifts the fault by removing the file.
+    pub held_teardown_file: Option<std::path::PathBuf>,
+}
+
+impl Faults {
+    /// Whether `seat`'s release is held by a fault.
+    fn teardown_held(&self, seat: &str) -> bool {
+        if lock(&self.held_teardown).contains(seat) {
+            return true;
+        }
+        let Some(path) = &self.held_teardown_file else {
+            return false;
+        };
+        std::fs::read_to_string(path)
+            .map(|text| text.lines().any(|line| line.trim() == seat))
+            .unwrap_or(false)
+    }
 }
 
 /// What the turn engine is built from.
@@ -212,7 +234,10 @@ impl TurnEngine {
             budgets,
             budget_held: Mutex::new(Default::default()),
             timers: crate::tasks::Tasks::new(),
-            faults: Faults::default(),
+            faults: Faults {
+                held_teardown_file: std::env::var_os(HOLD_TEARDOWN_VAR).map(Into::into),
+                ..Faults::default()
+            },
             policy: s.policy,
         })
     }
@@ -1994,7 +2019,7 @@ impl SeatHooks for TurnEngine {
     }
 
     async fn release(&self, seat: &SeatContext) -> Result<(), HookError> {
-        if lock(&self.faults.held_teardown).contains(&seat.handle) {
+        if self.faults.teardown_held(&seat.handle) {
             return Err(HookError::new(
                 "children",
                 format!("the teardown of seat {:?} is held by a fault", seat.handle),

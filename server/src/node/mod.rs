@@ -332,6 +332,13 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
         },
         policy: agent_policy(&config)?,
     });
+    if let Some(path) = &turns.faults.held_teardown_file {
+        tracing::warn!(
+            path = %path.display(),
+            "fault injection: the seats named in this file cannot be released while it exists ({})",
+            crate::engine::runtime::HOLD_TEARDOWN_VAR
+        );
+    }
     if std::env::var("CREWLET_FAULT_STALL_BEFORE_ACK").as_deref() == Ok("1") {
         tracing::warn!(
             "fault injection: turns never ack after their effects (CREWLET_FAULT_STALL_BEFORE_ACK=1)"

@@ -162,6 +162,43 @@ async fn signing_in_again_cycles_the_session_id() {
 }
 
 #[tokio::test]
+async fn the_database_keeps_no_session_cookie_only_its_hash() {
+    let n = TestNode::start().await;
+    let c = client();
+    let r = sign_in(&n, &c, "olivia", "op-pass").await;
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    let cookie = r.headers().get("set-cookie").unwrap().to_str().unwrap();
+    let value = cookie
+        .split(';')
+        .next()
+        .unwrap()
+        .trim_start_matches("crewlet_session=")
+        .to_string();
+    let pool = crewlet::db::open(&n.data_dir(), &crewlet::db::MIGRATOR)
+        .await
+        .unwrap();
+    let ids: Vec<String> = sqlx::query_scalar("SELECT id FROM sessions")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+    assert_eq!(ids.len(), 1, "one session: {ids:?}");
+    assert_ne!(ids[0], value, "the cookie itself is kept");
+    // What the file holds, used as a cookie, signs nobody in.
+    let r = client()
+        .get(n.url("/settings/nodes"))
+        .header("cookie", format!("crewlet_session={}", ids[0]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    // The cookie itself still does.
+    let r = c.get(n.url("/settings/nodes")).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    n.stop().await;
+}
+
+#[tokio::test]
 async fn wrong_password_and_unknown_name_get_the_same_generic_answer() {
     let n = TestNode::start().await;
     let c = client();

@@ -8,6 +8,12 @@
 #[macro_use]
 mod support;
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use crewlet::coord::{StateBucket, StoreError};
+use support::faulty::{Call, Faults, Faulty};
+
 use std::time::Duration;
 
 use crewlet::config::{AgentConfig, BudgetConfig, ModelConfig, RoleConfig};
@@ -22,6 +28,7 @@ both!(
     the_prompt_carries_the_instructions_the_seats_memory_and_its_conversation,
     the_key_goes_only_to_the_endpoint,
     a_refused_key_breaks_the_turn_with_a_readable_error,
+    an_answer_larger_than_the_limit_is_dropped_and_fails_the_turn_naming_the_limit,
     an_endpoint_that_failed_hands_the_turn_back_and_the_next_delivery_answers,
     an_unreachable_endpoint_is_named_in_the_error,
     a_turn_that_wants_more_than_max_rounds_completions_is_broken_off,
@@ -33,6 +40,7 @@ both!(
     a_fenced_model_turn_asks_for_no_further_completion,
     a_model_reply_that_mails_a_seat_its_role_may_not_reach_delivers_nothing,
     a_completion_asks_for_no_more_than_the_cap_leaves_and_one_without_usage_is_charged_an_estimate,
+    a_turn_whose_token_counters_cannot_be_read_waits_rather_than_spend_blind,
 );
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -299,6 +307,32 @@ async fn a_refused_key_breaks_the_turn_with_a_readable_error(f: Fleet) {
         seat.last_error.is_some(),
         "the seat's last error names it: {seat:?}"
     );
+}
+
+/// A model endpoint is untrusted: an answer larger than any completion
+/// (here one over 4 MiB) is dropped before it is held whole, the turn
+/// fails saying so, and nothing of it is posted.
+async fn an_answer_larger_than_the_limit_is_dropped_and_fails_the_turn_naming_the_limit(f: Fleet) {
+    let p = Provider::start().await;
+    set_key("MODEL_TEST_KEY_HUGE", "sk-huge");
+    let limit = crewlet::engine::model_http::RESPONSE_LIMIT;
+    p.script(vec![provider::text(&"x".repeat(limit + 1), (1, 1))]);
+    let mut a = f.node("a", &[model_role(&p, "MODEL_TEST_KEY_HUGE")]).await;
+    f.until("a has s0 established", WAIT, || a.attached("s0"))
+        .await;
+    a.publish("s0", &mail("H1", "hello")).await;
+    let (outcome, _, recorded, _, _) = ended(&f, &mut a, "H1").await;
+    assert_eq!((outcome.as_str(), recorded), ("failed", false));
+    let said = format!(
+        "the model endpoint {} answered more than {limit} bytes; the answer was dropped",
+        p.url
+    );
+    assert_eq!(
+        errors_and_tokens(&mut a, "H1")[0].0.as_deref(),
+        Some(said.as_str())
+    );
+    let posted = a.outbox.read(Some("s0")).await.unwrap();
+    assert!(posted.is_empty(), "nothing of it posted: {posted:?}");
 }
 
 async fn an_endpoint_that_failed_hands_the_turn_back_and_the_next_delivery_answers(f: Fleet) {
@@ -759,4 +793,71 @@ async fn a_completion_asks_for_no_more_than_the_cap_leaves_and_one_without_usage
         !exhausted(&mut a).is_empty()
     })
     .await;
+}
+
+/// A store whose token counters cannot be read while `blind` says so.
+struct CountersUnreadable {
+    blind: AtomicBool,
+    failed: AtomicUsize,
+}
+
+#[async_trait::async_trait]
+impl Faults for CountersUnreadable {
+    async fn before(&self, call: Call<'_>) -> Result<(), StoreError> {
+        if matches!(call, Call::Get(StateBucket::Budgets, _)) && self.blind.load(Ordering::SeqCst) {
+            self.failed.fetch_add(1, Ordering::SeqCst);
+            return Err(StoreError::Unavailable(
+                "injected: the token counters cannot be read".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A hard budget never spends blind: while a capped seat's counters cannot
+/// be read its turn asks the model nothing and its mail waits (nothing
+/// consumed); once they can, the turn runs, once.
+async fn a_turn_whose_token_counters_cannot_be_read_waits_rather_than_spend_blind(f: Fleet) {
+    let p = Provider::start().await;
+    set_key("MODEL_TEST_KEY_BLIND", "sk-blind");
+    p.script(vec![provider::text("seen", (5, 5))]);
+    let mut counters = None;
+    let mut a = f
+        .node_over_store(
+            "a",
+            &[capped(&p, "MODEL_TEST_KEY_BLIND", 10_000)],
+            |real| {
+                let w = Faulty::wrap(
+                    real,
+                    CountersUnreadable {
+                        blind: AtomicBool::new(true),
+                        failed: AtomicUsize::new(0),
+                    },
+                );
+                counters = Some(w.clone());
+                w
+            },
+            |turns| turns,
+        )
+        .await;
+    let counters: Arc<Faulty<CountersUnreadable>> = counters.unwrap();
+    f.until("a has s0 established", WAIT, || a.attached("s0"))
+        .await;
+    a.publish("s0", &mail("B1", "hello")).await;
+    f.until("the gate looked twice at unreadable counters", WAIT, || {
+        counters.failed.load(Ordering::SeqCst) >= 2
+    })
+    .await;
+    assert!(p.requests().is_empty(), "no completion asked blind");
+    assert!(a.turns_of("B1").is_empty(), "no turn ran");
+    assert_eq!(a.pending("s0").await, 1, "the mail waits");
+    counters.blind.store(false, Ordering::SeqCst);
+    let (outcome, _, recorded, _, _) = ended(&f, &mut a, "B1").await;
+    assert_eq!((outcome.as_str(), recorded), ("completed", true));
+    assert_eq!(
+        p.requests().len(),
+        1,
+        "one completion, once the counters are read"
+    );
+    assert_eq!(a.turns_of("B1").len(), 1, "the turn ran once");
 }

@@ -12,6 +12,7 @@ pub mod envelope;
 pub mod ledger;
 pub mod mcp;
 pub mod model;
+pub mod model_http;
 pub mod outbox;
 pub mod partition;
 pub mod pause;

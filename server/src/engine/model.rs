@@ -250,6 +250,13 @@ pub fn describe(e: &OpenAIError, base: &str, model: &str, timeout_s: u64) -> Fai
             ),
             false,
         ),
+        e if super::model_http::too_large(e).is_some() => f(
+            format!(
+                "the model endpoint {base} answered more than {} bytes; the answer was dropped",
+                super::model_http::too_large(e).unwrap_or_default()
+            ),
+            false,
+        ),
         other => f(format!("the model endpoint {base}: {other}"), true),
     }
 }
@@ -487,7 +494,7 @@ impl ModelAgent {
                         .with_api_key(key.clone())
                         .with_org_id("")
                         .with_project_id("");
-                    let c = Client::with_config(config);
+                    let c = super::model_http::client(config, super::model_http::RESPONSE_LIMIT);
                     *kept = Some((key, c.clone()));
                     c
                 }

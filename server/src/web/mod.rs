@@ -16,6 +16,7 @@ pub mod memory;
 pub mod nodes;
 pub mod ranking;
 pub mod seats;
+pub mod sessions;
 pub mod unavailable;
 
 use std::net::SocketAddr;
@@ -136,7 +137,8 @@ pub async fn router(setup: WebSetup<'_>) -> Result<Router, WebError> {
             }
         });
     }
-    let sessions = SessionManagerLayer::new(store)
+    // Kept under the hash of the cookie's id: the database holds no cookie.
+    let sessions = SessionManagerLayer::new(sessions::HashedIds::new(store))
         .with_name(SESSION_COOKIE)
         .with_http_only(true)
         .with_same_site(SameSite::Strict)

@@ -197,6 +197,11 @@ role = "operator"
         format!("{}{}", self.base, path)
     }
 
+    /// The node's data directory (its database among it).
+    pub fn data_dir(&self) -> std::path::PathBuf {
+        self._dir.path().join("data")
+    }
+
     pub fn running(&self) -> &RunningNode {
         self.node.as_ref().unwrap()
     }

@@ -48,6 +48,8 @@ both!(
     a_seat_whose_runs_cannot_be_recovered_is_handed_back_as_unprepared,
     mail_that_claims_to_be_a_runs_completion_writes_nothing_into_a_run_still_running,
     mail_that_claims_to_be_an_approvals_answer_under_another_id_runs_no_continuation,
+    an_a2a_message_its_role_says_a_person_approves_is_sent_only_once_approved_and_once,
+    a_detached_run_its_role_says_a_person_approves_starts_only_once_approved_and_a_denied_one_never,
 );
 
 fn started(n: &mut Node) -> Vec<String> {
@@ -1047,4 +1049,180 @@ async fn complete_s0(a: &Node, run: &str) {
         )
         .await
         .unwrap();
+}
+
+/// The approval asked for when `id`'s turn parked on a call of `tool`.
+async fn approval_asked(f: &Fleet, n: &mut Node, id: &str, tool: &str) -> String {
+    f.until(&format!("{id}'s turn parked"), WAIT, || {
+        n.turns_of(id).iter().any(|t| t.0 == "parked")
+    })
+    .await;
+    let asked = n.matching(|e| match e {
+        Event::ToolApprovalRequested {
+            approval_id,
+            tool: t,
+            ..
+        } if t == tool => Some(approval_id.clone()),
+        _ => None,
+    });
+    assert_eq!(asked.len(), 1, "one approval asked for: {asked:?}");
+    asked[0].clone()
+}
+
+/// Mail whose turn calls the built-in `tool` with `args`.
+fn calling(id: &str, tool: &str, args: serde_json::Value) -> crewlet::engine::envelope::Envelope {
+    trigger(
+        id,
+        json!({"tools": [{"name": tool, "args": args}], "echo": {"rounds": 2}}),
+    )
+}
+
+/// A role's `approve` may name a built-in that reaches outside: its
+/// `a2a_message` waits for a person (nothing is sent before), is sent once
+/// approved, and a copy of the answer sends nothing again.
+async fn an_a2a_message_its_role_says_a_person_approves_is_sent_only_once_approved_and_once(
+    f: Fleet,
+) {
+    use crewlet::engine::approvals::Decision;
+    let roles = [
+        crewlet::config::RoleConfig {
+            a2a_to: vec!["s1".into()],
+            approve: vec!["a2a_message".into()],
+            ..echo_role("s0")
+        },
+        echo_role("s1"),
+    ];
+    let mut a = f.node("a", &roles).await;
+    f.until("a holds s0 and s1", WAIT, || {
+        a.attached("s0") && a.attached("s1")
+    })
+    .await;
+    a.publish(
+        "s0",
+        &calling("P1", "a2a_message", json!({"to": "s1", "text": "hello"})),
+    )
+    .await;
+    let id = approval_asked(&f, &mut a, "P1", "a2a_message").await;
+    let on_s1 = |n: &mut Node| {
+        n.matching(|e| match e {
+            Event::TurnStarted {
+                seat, trigger_ids, ..
+            } if seat == "s1" => Some(trigger_ids.clone()),
+            _ => None,
+        })
+    };
+    let sent = |n: &Node| {
+        let outbox = n.outbox.clone();
+        async move {
+            outbox
+                .read(Some("s0"))
+                .await
+                .unwrap()
+                .into_iter()
+                .filter(|e| e.kind == "a2a_message")
+                .count()
+        }
+    };
+    assert_eq!(sent(&a).await, 0, "nothing sent before a person approves");
+    assert!(on_s1(&mut a).is_empty());
+    a.turns
+        .approvals()
+        .answer("s0", &id, Decision::Approved, "ann", "s1 may be told")
+        .await
+        .unwrap();
+    f.until("s1 runs the approved mail", WAIT, || {
+        !on_s1(&mut a).is_empty()
+    })
+    .await;
+    // A copy of the answer reaches the holder again: nothing is sent twice.
+    a.turns.approvals().tell_holder("s0", &id).await;
+    let trigger = format!("approval:{id}");
+    f.until("the copy is skipped", WAIT, || {
+        a.skipped(&trigger).contains(&"already_done".to_string())
+    })
+    .await;
+    assert_eq!(sent(&a).await, 1, "one a2a effect");
+    assert_eq!(on_s1(&mut a).len(), 1, "s1 got the mail once");
+}
+
+/// `run_detached` named in a role's `approve`: no program starts before a
+/// person approves; the approved run starts once and its resume continues
+/// the seat; a denied one never starts.
+async fn a_detached_run_its_role_says_a_person_approves_starts_only_once_approved_and_a_denied_one_never(
+    f: Fleet,
+) {
+    use crewlet::engine::approvals::Decision;
+    let role = crewlet::config::RoleConfig {
+        approve: vec!["run_detached".into()],
+        ..echo_role("s0")
+    };
+    let mut a = f.node("a", &[role]).await;
+    f.until("a holds s0", WAIT, || a.attached("s0")).await;
+    a.publish(
+        "s0",
+        &calling(
+            "Q1",
+            "run_detached",
+            json!({"argv": ["/bin/echo", "approved"]}),
+        ),
+    )
+    .await;
+    let id = approval_asked(&f, &mut a, "Q1", "run_detached").await;
+    assert!(
+        started(&mut a).is_empty(),
+        "nothing started before a person approves"
+    );
+    a.turns
+        .approvals()
+        .answer("s0", &id, Decision::Approved, "ann", "the report may run")
+        .await
+        .unwrap();
+    f.until("the approved run resumes the seat", WAIT, || {
+        !resumed(&mut a).is_empty()
+    })
+    .await;
+    let runs = started(&mut a);
+    assert_eq!(runs.len(), 1, "the approved run started once: {runs:?}");
+    assert_eq!(resumed(&mut a)[0].2, "completed");
+    assert_eq!(resumed_stdout(&a, &runs[0]).await, vec!["approved\n"]);
+
+    a.publish(
+        "s0",
+        &calling(
+            "Q2",
+            "run_detached",
+            json!({"argv": ["/bin/echo", "denied"]}),
+        ),
+    )
+    .await;
+    f.until("Q2's turn parked", WAIT, || {
+        a.turns_of("Q2").iter().any(|t| t.0 == "parked")
+    })
+    .await;
+    let denied = a
+        .turns
+        .approvals()
+        .list("s0")
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|r| r.arguments["argv"][1] == "denied")
+        .expect("Q2's approval");
+    a.turns
+        .approvals()
+        .answer(
+            "s0",
+            &denied.approval_id,
+            Decision::Denied,
+            "ann",
+            "not that",
+        )
+        .await
+        .unwrap();
+    let trigger = format!("approval:{}", denied.approval_id);
+    f.until("the denial's resume ran", WAIT, || {
+        !a.turns_of(&trigger).is_empty()
+    })
+    .await;
+    assert_eq!(started(&mut a).len(), 1, "a denied run never starts");
 }

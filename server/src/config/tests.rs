@@ -779,6 +779,21 @@ approval_timeout_seconds = 600
         "roles[0].approve[0]",
     );
     assert!(bare.fix.contains("fs.write_file"), "{bare:?}");
+    // The built-ins that reach outside are named by their own names.
+    let built_ins = parse(
+        "[[roles]]\nhandle = \"ops\"\napprove = [\"run_detached\", \"a2a_message\", \"post_outbox\"]\n",
+    )
+    .expect("a role approving its outbound built-ins");
+    assert_eq!(built_ins.roles[0].approve.len(), 3);
+    let inward = one(
+        "[[roles]]\nhandle = \"ops\"\napprove = [\"diary_write\"]\n",
+        "roles[0].approve[0]",
+    );
+    assert!(inward.problem.contains("run_detached"), "{inward:?}");
+    one(
+        "[[roles]]\nhandle = \"ops\"\nread_only = [\"run_detached\"]\n",
+        "roles[0].read_only[0]",
+    );
     let forever = one(
         "[[roles]]\nhandle = \"ops\"\napproval_timeout_seconds = 0\n",
         "roles[0].approval_timeout_seconds",

@@ -550,8 +550,8 @@ fn check_model(i: usize, m: &crate::config::ModelConfig, p: &mut Report<'_>) {
 }
 
 /// `[[roles]] approve`, `approval_timeout_seconds`: each pattern names a
-/// tool server of the role (`fs.write_file`, `git.*`) or is `*`; the wait
-/// is bounded.
+/// tool server of the role (`fs.write_file`, `git.*`), is `*`, or (in
+/// `approve`) names a built-in that reaches outside; the wait is bounded.
 fn check_approvals(i: usize, r: &crate::config::RoleConfig, p: &mut Report<'_>) {
     let lists = r
         .approve
@@ -570,7 +570,9 @@ fn check_approvals(i: usize, r: &crate::config::RoleConfig, p: &mut Report<'_>) 
         let tool_ok = pattern
             .split_once('.')
             .is_some_and(|(_, t)| !t.is_empty() && !t.chars().any(char::is_whitespace));
-        if pattern == "*" || (known && tool_ok) {
+        let built_in = list == "approve"
+            && crate::engine::approvals::APPROVABLE_BUILT_INS.contains(&pattern.as_str());
+        if pattern == "*" || (known && tool_ok) || built_in {
             continue;
         }
         let names: Vec<&str> = r.mcp.iter().map(|m| m.name.as_str()).collect();
@@ -583,13 +585,19 @@ fn check_approvals(i: usize, r: &crate::config::RoleConfig, p: &mut Report<'_>) 
                     names.join(", ")
                 }
             ),
+            _ if list == "approve" => "is not a tool's full name (`server.tool`), a server's every tool (`server.*`), `*`, or a built-in tool that reaches outside (post_outbox, a2a_message, run_detached)".into(),
             _ => "is not a tool's full name (`server.tool`), a server's every tool (`server.*`) or `*`".into(),
+        };
+        let fix = if list == "approve" {
+            "write it as \"fs.write_file\", \"fs.*\", \"*\" or \"run_detached\""
+        } else {
+            "write it as \"fs.write_file\", \"fs.*\" or \"*\""
         };
         p(
             &format!("roles[{i}].{list}[{j}]"),
             q(pattern),
             &why,
-            "write it as \"fs.write_file\", \"fs.*\" or \"*\"".into(),
+            fix.into(),
         );
     }
     if !(1..=7 * 24 * 3600).contains(&r.approval_timeout_seconds) {

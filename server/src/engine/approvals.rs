@@ -139,6 +139,55 @@ pub struct ApprovalRecord {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub outcome: Option<CallOutcome>,
     pub updated_at: String,
+    /// What a built-in tool's call needs of the turn that asked, to run
+    /// after its approval (an MCP call needs nothing of it).
+    #[serde(default, skip_serializing_if = "AskedIn::is_empty")]
+    pub asked_in: AskedIn,
+}
+
+/// The turn a call was asked in, as much of it as a built-in tool reads:
+/// the work's key (its effects' identity) and each trigger's envelope with
+/// its body cut to the hops an `a2a_message` counts.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct AskedIn {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub work_key: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub triggers: Vec<crate::engine::envelope::Envelope>,
+}
+
+impl AskedIn {
+    /// Pure: what `work_key` and `triggers` leave a built-in call to read.
+    pub fn of(work_key: Option<&str>, triggers: &[crate::engine::envelope::Envelope]) -> AskedIn {
+        AskedIn {
+            work_key: work_key.map(str::to_string),
+            triggers: triggers
+                .iter()
+                .map(|t| crate::engine::envelope::Envelope {
+                    body: match t.body.get("hops") {
+                        Some(h) => serde_json::json!({ "hops": h }),
+                        None => Value::Null,
+                    },
+                    ..t.clone()
+                })
+                .collect(),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.work_key.is_none() && self.triggers.is_empty()
+    }
+}
+
+/// The built-in tools a role's `approve` may name, each by its own name
+/// alone (`*` and `server.*` are MCP tools'): the ones whose call reaches
+/// outside the seat.
+pub const APPROVABLE_BUILT_INS: [&str; 3] = ["post_outbox", "a2a_message", "run_detached"];
+
+/// Pure: must a person approve a call of the built-in `tool` for `role`?
+/// Only when one of its `approve` entries names the tool itself.
+pub fn built_in_needs_approval(role: &RoleConfig, tool: &str) -> bool {
+    APPROVABLE_BUILT_INS.contains(&tool) && role.approve.iter().any(|p| p == tool)
 }
 
 /// Pure: does `pattern` (a role's `approve` entry) name `tool`? A full
@@ -613,6 +662,7 @@ mod tests {
             answered_at: None,
             outcome: None,
             updated_at: "2026-12-01T00:00:00Z".into(),
+            asked_in: AskedIn::default(),
         }
     }
 

@@ -635,15 +635,21 @@ impl TurnEngine {
                         return Err(Disposition::Nak);
                     }
                 }
-                self.revive_tool_servers(handle).await;
-                let call = super::agent::ToolCall {
-                    id: record.call_id.clone(),
-                    name: record.tool.clone(),
-                    args: record.arguments.clone(),
-                    annotations: Default::default(),
+                let done = if super::tools::annotations_of(&record.tool).is_some() {
+                    self.tools
+                        .run_approved_built_in(record, epoch, &self.node_id)
+                        .await
+                } else {
+                    self.revive_tool_servers(handle).await;
+                    let call = super::agent::ToolCall {
+                        id: record.call_id.clone(),
+                        name: record.tool.clone(),
+                        args: record.arguments.clone(),
+                        annotations: Default::default(),
+                    };
+                    self.tools.call_mcp(handle, &call).await
                 };
-                let done = self.tools.call_mcp(handle, &call).await;
-                crate::metrics::apply(&super::tools::call_update(&call.name, true, &done));
+                crate::metrics::apply(&super::tools::call_update(&record.tool, true, &done));
                 let r = done.result;
                 let o = CallOutcome {
                     ok: r.ok,

@@ -160,6 +160,18 @@ pub fn a2a_verdict(
     Ok(came + 1)
 }
 
+/// The refusal of a call whose seat has no role: nothing says whether a
+/// person must approve it, so it does not run.
+fn no_role(call: &ToolCall, seat: &str) -> ToolResult {
+    ToolResult::err(
+        &call.id,
+        format!(
+            "{}: refused: seat {seat:?} has no role in the active company, so nothing says whether a person must approve the call",
+            call.name
+        ),
+    )
+}
+
 /// Why a call failed: refused before any I/O (it reached nothing), or
 /// failed in its I/O (it may have reached outside).
 enum ToolError {
@@ -495,6 +507,25 @@ impl Tools {
         let Some(own) = annotations_of(&call.name) else {
             return self.execute_mcp(turn, call).await;
         };
+        if super::approvals::APPROVABLE_BUILT_INS.contains(&call.name.as_str()) {
+            match self.role_of(&turn.seat) {
+                None => return Executed::of(no_role(call, &turn.seat), false),
+                Some(role) if super::approvals::built_in_needs_approval(&role, &call.name) => {
+                    return self.ask_approval(turn, call, &role).await;
+                }
+                Some(_) => {}
+            }
+        }
+        self.execute_built_in(turn, call, own).await
+    }
+
+    /// Run the built-in `call` (annotated `own`) now.
+    async fn execute_built_in(
+        &self,
+        turn: &TurnInput,
+        call: &ToolCall,
+        own: Annotations,
+    ) -> Executed {
         let counts = reached_outside(Backing::FirstParty, own);
         let (result, reached) = match self.run(turn, call).await {
             Ok(output) => (ToolResult::ok(&call.id, output), counts),
@@ -517,27 +548,10 @@ impl Tools {
             .mcp
             .get(&turn.seat)
             .and_then(|m| m.annotations(&call.name));
-        let role = {
-            let company = self.company.borrow();
-            company
-                .roles
-                .iter()
-                .find(|r| r.handle == turn.seat)
-                .cloned()
-        };
         // Fail closed: a call whose role is gone (a company revision
         // removed it mid-turn) is judged by nothing, so it does not run.
-        let Some(role) = role else {
-            return Executed::of(
-                ToolResult::err(
-                    &call.id,
-                    format!(
-                        "{}: refused: seat {:?} has no role in the active company, so nothing says whether a person must approve the call",
-                        call.name, turn.seat
-                    ),
-                ),
-                false,
-            );
+        let Some(role) = self.role_of(&turn.seat) else {
+            return Executed::of(no_role(call, &turn.seat), false);
         };
         if let Some(own) = own
             && super::approvals::needs_approval(&role, &call.name, &own)
@@ -545,6 +559,47 @@ impl Tools {
             return self.ask_approval(turn, call, &role).await;
         }
         self.call_mcp(&turn.seat, call).await
+    }
+
+    /// The role of `seat` in the active company.
+    fn role_of(&self, seat: &str) -> Option<RoleConfig> {
+        let company = self.company.borrow();
+        company.roles.iter().find(|r| r.handle == seat).cloned()
+    }
+
+    /// Run an approved call of a built-in tool, in the turn it was asked
+    /// in as its record keeps it, under `epoch` (the holder's, which
+    /// claimed the record): its effects keep the identity they would have
+    /// had, so a call run again after a crash posts nothing twice.
+    pub async fn run_approved_built_in(
+        &self,
+        r: &super::approvals::ApprovalRecord,
+        epoch: u64,
+        node: &str,
+    ) -> Executed {
+        let call = ToolCall {
+            id: r.call_id.clone(),
+            name: r.tool.clone(),
+            args: r.arguments.clone(),
+            annotations: Default::default(),
+        };
+        let Some(own) = annotations_of(&call.name) else {
+            return Executed::of(
+                ToolResult::err(&call.id, format!("no built-in tool named {:?}", call.name)),
+                false,
+            );
+        };
+        let turn = TurnInput {
+            turn_id: r.turn_id.clone(),
+            seat: r.seat.clone(),
+            epoch,
+            node: node.to_string(),
+            work_key: r.asked_in.work_key.clone(),
+            triggers: r.asked_in.triggers.clone(),
+            delivered: 1,
+            tools: Vec::new(),
+        };
+        self.execute_built_in(&turn, &call, own).await
     }
 
     /// Ask a person to approve `call`: its record is written (once for the
@@ -590,6 +645,7 @@ impl Tools {
             answered_at: None,
             outcome: None,
             updated_at: now,
+            asked_in: super::approvals::AskedIn::of(turn.work_key.as_deref(), &turn.triggers),
         };
         match self.approvals.ask(record).await {
             Ok(r) if r.state == ApprovalState::Ran => {

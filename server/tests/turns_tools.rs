@@ -170,7 +170,11 @@ async fn read_memory_returns_the_seats_own_diary_and_episodes_newest_first_and_r
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_detached_starts_only_a_program_on_the_nodes_allow_list_and_a_refusal_names_the_list() {
-    let (tools, _dir) = tools().await;
+    let role = crewlet::config::RoleConfig {
+        handle: "s0".into(),
+        ..Default::default()
+    };
+    let (tools, _dir) = tools_with(vec![role]).await;
     let marker = _dir.path().join("ran");
     let call = ToolCall {
         id: "r".into(),

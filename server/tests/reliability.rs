@@ -85,15 +85,17 @@ async fn a_turn_running_past_the_ack_window_on_a_live_owner_is_never_redelivered
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_command_agent_sees_only_its_own_environment_and_dies_with_its_node_on_kill_9() {
+async fn a_command_agent_sees_only_its_own_environment_and_dies_with_its_node_on_kill_9_and_what_it_started_too()
+ {
     let dir = tempfile::tempdir().unwrap();
     let report = dir.path().join("child.json");
-    // A child that ignores EOF on stdin and SIGTERM: only the kernel ends it.
+    // A child that ignores EOF on stdin and SIGTERM: only the kernel ends
+    // it; it started a grandchild of its own first.
     let script = dir.path().join("agent.py");
     std::fs::write(
         &script,
         format!(
-            "import json, os, signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\njson.dump({{'pid': os.getpid(), 'env': dict(os.environ)}}, open({:?} + '.tmp', 'w'))\nos.rename({:?} + '.tmp', {:?})\nwhile True:\n    signal.pause()\n",
+            "import json, os, signal, subprocess, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nkid = subprocess.Popen(['sleep', '1000'])\njson.dump({{'pid': os.getpid(), 'grandchild': kid.pid, 'env': dict(os.environ)}}, open({:?} + '.tmp', 'w'))\nos.rename({:?} + '.tmp', {:?})\nwhile True:\n    signal.pause()\n",
             report.display().to_string(),
             report.display().to_string(),
             report.display().to_string(),
@@ -143,7 +145,16 @@ async fn a_command_agent_sees_only_its_own_environment_and_dies_with_its_node_on
     assert_eq!(env["MODE"], "test");
     assert_eq!(env["GITHUB_TOKEN"], "ghp-passed-through");
     let pid = child["pid"].as_u64().unwrap() as u32;
+    let grandchild = child["grandchild"].as_u64().unwrap() as u32;
+    assert!(!support::process::gone(grandchild), "the grandchild runs");
     support::process::dies_with(&mut node, pid, "the agent's process to die with its node").await;
+    support::wait_for(
+        "the agent's own child to die with the node too",
+        Duration::from_secs(20),
+        Duration::from_millis(50),
+        || async { support::process::gone(grandchild).then_some(()) },
+    )
+    .await;
 }
 
 /// The binary as a user runs it: a seat's child works in its seat's own

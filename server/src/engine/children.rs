@@ -3,41 +3,149 @@
 //! its own ([`clean_command`]), SIGTERM to the whole group, a bounded
 //! grace, then SIGKILL to the group ([`terminate`]) — so a launcher's
 //! grandchildren (`npx`, `uvx`, `sh -c`) go with it — and it dies with the
-//! node. On Linux the child asks the kernel
-//! for SIGKILL when the node's thread that started it goes away
-//! (`PR_SET_PDEATHSIG`) — so a node killed with `kill -9` leaves no agent
-//! acting as a seat a peer now serves. The node starts children from its
-//! runtime's worker threads, which live as long as the node.
+//! node, its group with it ([`die_with_the_node`]): a node killed with
+//! `kill -9` leaves no agent, tool server or grandchild acting as a seat a
+//! peer now serves. The node starts children from its runtime's worker
+//! threads, which live as long as the node.
 
-/// Arrange for `command`'s child to be killed when the node dies.
+/// Arrange for `command`'s child, and everything it starts in its group,
+/// to be killed when the node dies — even by `kill -9`. On Linux the child
+/// splits in two before it runs the program ([`guard`]): the group's leader
+/// stays behind as the program's guard, told by the kernel when the node's
+/// thread that started it goes (`PR_SET_PDEATHSIG`), and then kills the
+/// whole group; the program itself dies with its guard.
 pub fn die_with_the_node(command: &mut tokio::process::Command) {
     #[cfg(target_os = "linux")]
     {
         let parent = std::process::id() as libc::pid_t;
         // SAFETY: the closure runs in the child between fork and exec and
-        // calls only async-signal-safe functions (prctl, getppid, _exit).
+        // calls only async-signal-safe functions ([`guard::split`]).
         unsafe {
-            command.pre_exec(move || {
-                if libc::prctl(
-                    libc::PR_SET_PDEATHSIG,
-                    libc::SIGKILL as libc::c_ulong,
-                    0,
-                    0,
-                    0,
-                ) != 0
-                {
-                    return Err(std::io::Error::last_os_error());
-                }
-                // The node died between the fork and the prctl: go too.
-                if libc::getppid() != parent {
-                    libc::_exit(1);
-                }
-                Ok(())
-            });
+            command.pre_exec(move || guard::split(parent));
         }
     }
     #[cfg(not(target_os = "linux"))]
     let _ = command;
+}
+
+/// The guard a child leaves behind as its group's leader. It keeps nothing
+/// of the node (no file descriptor; every signal but the two it waits on
+/// held back, so the group's SIGTERM is the program's to answer), and ends
+/// as its program ends, with the same exit status or signal; when the node
+/// dies first it kills the group, itself among it.
+#[cfg(target_os = "linux")]
+mod guard {
+    use libc::{pid_t, sigset_t};
+    use std::io;
+
+    /// In the child the node forked (the group's leader, already running
+    /// as the seat's user in its directory): fork the program's process
+    /// and stay as its guard. Returns only in the program's process, which
+    /// then execs.
+    ///
+    /// # Safety
+    /// Only between fork and exec; async-signal-safe calls only.
+    pub unsafe fn split(parent: pid_t) -> io::Result<()> {
+        unsafe {
+            let mut all: sigset_t = std::mem::zeroed();
+            let mut kept: sigset_t = std::mem::zeroed();
+            libc::sigfillset(&mut all);
+            // Held from here on: the node's death waits for the guard's loop.
+            if libc::sigprocmask(libc::SIG_SETMASK, &all, &mut kept) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if libc::prctl(
+                libc::PR_SET_PDEATHSIG,
+                libc::SIGHUP as libc::c_ulong,
+                0,
+                0,
+                0,
+            ) != 0
+            {
+                return Err(io::Error::last_os_error());
+            }
+            // The node died between the fork and the prctl: go too.
+            if libc::getppid() != parent {
+                libc::_exit(1);
+            }
+            let guard = libc::getpid();
+            match libc::fork() {
+                -1 => Err(io::Error::last_os_error()),
+                0 => {
+                    if libc::prctl(
+                        libc::PR_SET_PDEATHSIG,
+                        libc::SIGKILL as libc::c_ulong,
+                        0,
+                        0,
+                        0,
+                    ) != 0
+                    {
+                        return Err(io::Error::last_os_error());
+                    }
+                    if libc::getppid() != guard {
+                        libc::_exit(1);
+                    }
+                    if libc::sigprocmask(libc::SIG_SETMASK, &kept, std::ptr::null_mut()) != 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                    Ok(())
+                }
+                program => watch(program),
+            }
+        }
+    }
+
+    /// The guard's life: wait for the program's end (mirrored) or the
+    /// node's death (the group killed).
+    unsafe fn watch(program: pid_t) -> ! {
+        unsafe {
+            // No descriptor of the node's is kept: not the program's pipes
+            // (their ends close when the program's do) nor the one the
+            // node's spawn waits on to see the program's exec.
+            if libc::syscall(libc::SYS_close_range, 0u32, u32::MAX, 0u32) != 0 {
+                for fd in 0..4096 {
+                    libc::close(fd);
+                }
+            }
+            let mut waited: sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut waited);
+            libc::sigaddset(&mut waited, libc::SIGCHLD);
+            libc::sigaddset(&mut waited, libc::SIGHUP);
+            loop {
+                match libc::sigwaitinfo(&waited, std::ptr::null_mut()) {
+                    libc::SIGHUP => {
+                        // The node is gone: so is everything it started here.
+                        libc::kill(0, libc::SIGKILL);
+                        libc::_exit(137);
+                    }
+                    libc::SIGCHLD => {
+                        let mut status = 0;
+                        if libc::waitpid(program, &mut status, libc::WNOHANG) == program {
+                            end_as(status);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    /// End with the program's exit `status`: its code, or its signal.
+    unsafe fn end_as(status: libc::c_int) -> ! {
+        unsafe {
+            if libc::WIFSIGNALED(status) {
+                let signal = libc::WTERMSIG(status);
+                libc::signal(signal, libc::SIG_DFL);
+                let mut only: sigset_t = std::mem::zeroed();
+                libc::sigemptyset(&mut only);
+                libc::sigaddset(&mut only, signal);
+                libc::sigprocmask(libc::SIG_UNBLOCK, &only, std::ptr::null_mut());
+                libc::kill(libc::getpid(), signal);
+                libc::_exit(128 + signal);
+            }
+            libc::_exit(libc::WEXITSTATUS(status))
+        }
+    }
 }
 
 /// `program` with `args` and exactly `env` — nothing of the node's own

@@ -143,6 +143,18 @@ pub enum Event {
         epoch: u64,
         attempts: u32,
     },
+    /// An undead seat's lease was lost (a renewal answered that another
+    /// tenure holds it, or it lapsed): this node no longer keeps it, with
+    /// its teardown still unproven — what it left running may act beside
+    /// the seat's next holder.
+    SeatUndeadLost {
+        seat: String,
+        epoch: u64,
+        /// How long its teardown had been failing.
+        elapsed_seconds: u64,
+        attempts: u32,
+        error: String,
+    },
     SeatReleasedRoleGone {
         seat: String,
     },
@@ -461,6 +473,7 @@ impl Event {
             self,
             Event::SeatReleaseUnproven { .. }
                 | Event::SeatStillUnproven { .. }
+                | Event::SeatUndeadLost { .. }
                 | Event::SeatsUnplaceable { .. }
                 | Event::SeatClaimsBlockedByOlderProtocol { .. }
                 | Event::MessageDeadLettered { .. }

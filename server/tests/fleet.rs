@@ -1432,6 +1432,59 @@ async fn a_teardown_still_failing_re_raises_its_alarm_every_twenty_heartbeats() 
     a.engine.drain().await;
 }
 
+/// An undead seat whose lease goes (here given back under it, as a peer's
+/// claim after a lapse would leave it) is no longer kept, and the bus says
+/// so: `seat_undead_lost`, with how long its teardown had failed.
+#[tokio::test(start_paused = true)]
+async fn an_undead_seat_whose_lease_is_lost_is_announced_as_seat_undead_lost() {
+    let f = Fleet::new(Kind::Twin).await;
+    let hooks = Arc::new(TestHooks::default());
+    hooks.failing_release.lock().unwrap().insert("s0".into());
+    let mut a = f
+        .node_with("a", &[], &roles("s", 1), hooks.clone(), 4)
+        .await;
+    f.until("a holds s0", Duration::from_secs(10), || a.count() == 1)
+        .await;
+    a.engine.host().release("s0", DetachReason::Rebalance).await;
+    assert!(
+        a.events()
+            .iter()
+            .any(|e| matches!(&e.event, Event::SeatReleaseUnproven { seat, .. } if seat == "s0")),
+        "s0 is undead"
+    );
+    let lease = a.store.lease("seat:s0").await.unwrap().unwrap();
+    a.store.release(&lease, &lease.owner).await.unwrap();
+    let lost = |a: &mut TestNode| {
+        a.events()
+            .iter()
+            .filter_map(|e| match &e.event {
+                Event::SeatUndeadLost {
+                    seat,
+                    epoch,
+                    attempts,
+                    ..
+                } => Some((seat.clone(), *epoch, *attempts)),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+    };
+    f.until("seat_undead_lost", BEAT * 10, || !lost(&mut a).is_empty())
+        .await;
+    let said = lost(&mut a);
+    assert_eq!((said[0].0.as_str(), said[0].1), ("s0", lease.epoch));
+    assert!(said[0].2 >= 1, "{said:?}");
+    assert!(
+        a.engine
+            .host()
+            .status()
+            .iter()
+            .all(|s| !(s.handle == "s0" && s.epoch == lease.epoch)),
+        "that tenure is no longer kept (a later claim is a new one)"
+    );
+    hooks.failing_release.lock().unwrap().clear();
+    a.engine.drain().await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn many_revisions_in_one_interval_bring_at_most_one_pass_forward() {
     let f = Fleet::new(Kind::Twin).await;

@@ -24,6 +24,7 @@ use support::turnfleet::*;
 
 both!(
     a_seat_whose_program_a_node_does_not_allow_is_never_started_there_and_a_node_that_allows_it_takes_it,
+    an_undead_seats_in_flight_turn_finishes_and_nothing_new_starts_there,
     a_turn_runs_once_and_its_effect_names_the_work_and_the_epoch,
     a_crash_after_the_effects_and_before_the_ack_is_skipped_on_the_new_holder,
     a_partial_overlap_runs_only_the_new_trigger,
@@ -871,4 +872,57 @@ async fn a_seat_whose_program_a_node_does_not_allow_is_never_started_there_and_a
         "the child ran on b alone"
     );
     drop(a);
+}
+
+/// Spec § Fencing: a seat whose teardown could not be proven keeps its
+/// lease, renewed, so no peer can take it — its in-flight turn races nobody
+/// and is not fenced: it runs its remaining rounds and completes. Admission
+/// starts nothing new there.
+async fn an_undead_seats_in_flight_turn_finishes_and_nothing_new_starts_there(f: Fleet) {
+    let mut a = f.node("a", &[echo_role("s0"), echo_role("s1")]).await;
+    f.until("a holds s0", WAIT, || a.attached("s0")).await;
+    a.turns
+        .faults
+        .held_teardown
+        .lock()
+        .unwrap()
+        .insert("s0".into());
+    // Four rounds a second apart: the release's wait for it (one heartbeat)
+    // ends while it still runs.
+    a.publish(
+        "s0",
+        &trigger("U1", json!({"echo": {"rounds": 4, "round_delay_ms": 1000}})),
+    )
+    .await;
+    f.until("U1's turn started", WAIT, || {
+        !a.started_with("U1").is_empty()
+    })
+    .await;
+    // The role leaves the company: the seat is released, its teardown fails.
+    company::apply(&*a.store, COMPANY, &[echo_role("s1")])
+        .await
+        .unwrap();
+    f.until("s0 is undead", WAIT, || {
+        !a.matching(|e| match e {
+            Event::SeatReleaseUnproven { seat, .. } if seat == "s0" => Some(()),
+            _ => None,
+        })
+        .is_empty()
+    })
+    .await;
+    assert_eq!(a.engine.host().may_start("s0"), None, "nothing new starts");
+    f.until("U1's turn ended", WAIT, || !a.turns_of("U1").is_empty())
+        .await;
+    let (outcome, _, recorded, _, _) = a.turns_of("U1")[0].clone();
+    assert_eq!(
+        (outcome.as_str(), recorded),
+        ("completed", true),
+        "the in-flight turn ran to its end: the undead seat's fence stayed open"
+    );
+    assert_eq!(a.effects_of("U1").await.len(), 1, "its effect posted once");
+    a.turns.faults.held_teardown.lock().unwrap().clear();
+    f.until("the teardown proven, the seat goes", WAIT, || {
+        !a.holds("s0")
+    })
+    .await;
 }

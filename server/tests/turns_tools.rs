@@ -45,6 +45,7 @@ async fn tools_with(roles: Vec<crewlet::config::RoleConfig>) -> (Tools, tempfile
         schedules: vec![],
     });
     let tools = Tools {
+        roles_at_start: Default::default(),
         incarnation: "n1-inc".into(),
         supervisor: Arc::new(Supervisor::new(runs.clone(), queue.clone())),
         runs,

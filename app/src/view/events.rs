@@ -28,6 +28,7 @@ pub fn severity(name: &str) -> Severity {
         | "message_dead_lettered"
         | "seat_release_unproven"
         | "seat_still_unproven"
+        | "seat_undead_lost"
         | "mcp_server_failed"
         | "sandbox_run_failed"
         | "seat_mailbox_unregistered" => Severity::Error,

@@ -205,6 +205,7 @@ impl TurnEngine {
             runs: runs.clone(),
             supervisor: supervisor.clone(),
             tools: Tools {
+                roles_at_start: Default::default(),
                 incarnation: s.incarnation,
                 runs,
                 supervisor,

@@ -113,6 +113,31 @@ pub struct Tools {
     pub mcp: super::mcp::McpSeats,
     /// The calls waiting for a person's approval.
     pub approvals: super::approvals::Approvals,
+    /// Each seat's role as its last turn began ([`Tools::surface`]): what
+    /// judges a built-in call of a turn whose role a revision removed
+    /// while it ran (an undead seat's in-flight turn finishes as it began).
+    pub roles_at_start: RolesAtStart,
+}
+
+/// Each seat's role as its last turn began.
+#[derive(Clone, Default)]
+pub struct RolesAtStart(Arc<std::sync::Mutex<std::collections::HashMap<String, RoleConfig>>>);
+
+impl RolesAtStart {
+    fn keep(&self, role: RoleConfig) {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(role.handle.clone(), role);
+    }
+
+    fn of(&self, seat: &str) -> Option<RoleConfig> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(seat)
+            .cloned()
+    }
 }
 
 /// The most seats one chain of `a2a_message` mail may pass through: past
@@ -508,7 +533,12 @@ impl Tools {
             return self.execute_mcp(turn, call).await;
         };
         if super::approvals::APPROVABLE_BUILT_INS.contains(&call.name.as_str()) {
-            match self.role_of(&turn.seat) {
+            // The role now, or as the turn began when a revision removed it
+            // since; judged by nothing, the call does not run.
+            let role = self
+                .role_of(&turn.seat)
+                .or_else(|| self.roles_at_start.of(&turn.seat));
+            match role {
                 None => return Executed::of(no_role(call, &turn.seat), false),
                 Some(role) if super::approvals::built_in_needs_approval(&role, &call.name) => {
                     return self.ask_approval(turn, call, &role).await;
@@ -711,6 +741,9 @@ impl Tools {
 
     /// The tools an agent of `seat` is told this turn.
     pub fn surface(&self, seat: &str) -> Vec<ToolSpec> {
+        if let Some(role) = self.role_of(seat) {
+            self.roles_at_start.keep(role);
+        }
         let mut tools = built_in_specs();
         if let Some(m) = self.mcp.get(seat) {
             tools.extend(m.tools());

@@ -257,12 +257,15 @@ impl Fence {
     /// whose heartbeat was held up) resumes with the fence closed, before
     /// its turn's next round or call, rather than posting for a seat that
     /// moved while it slept. Within the TTL a store that cannot answer
-    /// closes nothing.
+    /// closes nothing. Nor does a teardown that could not be proven (spec
+    /// § Fencing): an undead seat's lease is kept and renewed so no peer can
+    /// take it, so its in-flight turn races nobody and finishes — while
+    /// admission ([`Fence::may_start`]) starts nothing new there.
     pub fn holds(&self) -> bool {
         self.host.upgrade().is_some_and(|h| {
             let ttl = h.store.lease_ttl();
             lock(&h.seats).get(&self.handle).is_some_and(|e| {
-                e.phase == Phase::Attached
+                matches!(e.phase, Phase::Attached | Phase::Undead)
                     && !e.fenced
                     && e.lease.epoch == self.epoch
                     && e.last_renewed.elapsed() < ttl
@@ -297,6 +300,14 @@ impl Fence {
         let h = self.host.upgrade()?;
         SeatHost { inner: h }.may_start(&self.handle)
     }
+}
+
+/// Pure: how old the last successful renew may be for a turn to start:
+/// one heartbeat and a tenth of one more, so a tick a few milliseconds
+/// late defers no mail. A turn admitted is still certified owned for at
+/// least TTL − 1.1 heartbeats (the TTL is at least three of them).
+pub fn admission_window(heartbeat: Duration) -> Duration {
+    heartbeat + heartbeat / 10
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -498,7 +509,7 @@ impl SeatHost {
             }
             (e.lease.epoch, e.last_renewed.elapsed())
         };
-        if age <= self.inner.cfg.heartbeat {
+        if age <= admission_window(self.inner.cfg.heartbeat) {
             Some(epoch)
         } else {
             self.inner.events.emit(Event::SeatAdmissionStale {
@@ -893,8 +904,7 @@ impl SeatHost {
             }
             Renewal::Lost => {
                 if phase == Phase::Undead {
-                    tracing::error!(seat = handle, "an undead seat's lease was lost");
-                    lock(&self.inner.seats).remove(handle);
+                    self.undead_lost(handle);
                 } else {
                     self.release_locked(handle, DetachReason::Lost, progress)
                         .await;
@@ -932,6 +942,24 @@ impl SeatHost {
             progress();
             self.retry_teardown(handle, progress).await;
         }
+    }
+
+    /// An undead seat's lease is gone: this node keeps it no longer, and
+    /// says so (an ERROR and `seat_undead_lost`: what its teardown could
+    /// not stop may act beside the next holder).
+    fn undead_lost(&self, handle: &str) {
+        let Some(e) = lock(&self.inner.seats).remove(handle) else {
+            return;
+        };
+        let elapsed = e.undead_since.map(|s| s.elapsed()).unwrap_or_default();
+        tracing::error!(seat = handle, epoch = e.lease.epoch, error = %e.last_error, "an undead seat's lease was lost; its teardown is still unproven");
+        self.inner.events.emit(Event::SeatUndeadLost {
+            seat: handle.to_string(),
+            epoch: e.lease.epoch,
+            elapsed_seconds: elapsed.as_secs(),
+            attempts: e.attempts,
+            error: e.last_error,
+        });
     }
 
     async fn retry_teardown(&self, handle: &str, progress: &Progress<'_>) {
@@ -990,5 +1018,26 @@ impl SeatHost {
                 a.abandon().await;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_heartbeat_a_few_milliseconds_late_still_admits_and_a_turn_stays_owned_for_most_of_the_ttl()
+    {
+        let beat = Duration::from_secs(1);
+        // The churn seen in the logs: deferrals at 1000–1013 ms since the renew.
+        assert!(Duration::from_millis(1013) <= admission_window(beat));
+        // Two missed ticks never admit.
+        assert!(Duration::from_millis(2000) > admission_window(beat));
+        // The defaults (15 s heartbeat, 45 s TTL): certified owned ≥ 28.5 s.
+        let (heartbeat, ttl) = (Duration::from_secs(15), Duration::from_secs(45));
+        assert_eq!(
+            ttl - admission_window(heartbeat),
+            Duration::from_millis(28_500)
+        );
     }
 }

@@ -283,7 +283,7 @@ impl SeatNotes {
                 }
                 note.unproven = tenure;
             }
-            Event::SeatReleaseRecovered { seat, .. } => {
+            Event::SeatReleaseRecovered { seat, .. } | Event::SeatUndeadLost { seat, .. } => {
                 if let Some(n) = seats.get_mut(seat) {
                     n.unproven = None;
                     n.unproven_since = None;

@@ -526,9 +526,20 @@ async fn a_draining_node_that_still_holds_seats_reads_as_draining_and_its_succes
     let mut a = f.node("a", &[], &company).await;
     let hooks_b = Arc::new(TestHooks::default());
     let b = f.node_with("b", &[], &company, hooks_b.clone(), 4).await;
-    f.until("a 1/1 split", Duration::from_secs(30), || {
-        a.count() == 1 && b.count() == 1
-    })
+    // Each seat attached (admitting), not only claimed: a hydration made
+    // to stick while b still prepared its own seat would hold b's first
+    // seat instead of a's handover.
+    let admitting = |n: &TestNode| {
+        n.count() == 1
+            && n.held()
+                .iter()
+                .all(|s| n.engine.host().may_start(s).is_some())
+    };
+    f.until(
+        "a 1/1 split, both attached",
+        Duration::from_secs(30),
+        || admitting(&a) && admitting(&b),
+    )
     .await;
     // b's next prepare does not finish until released: a's drain hands
     // its seat over slowly, holding it meanwhile.

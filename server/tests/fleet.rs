@@ -38,6 +38,11 @@ const SWEEP: Duration = Duration::from_secs(1);
 struct TestHooks {
     /// Memory hydration never finishes (a successor stuck mid-prepare).
     stuck_hydration: std::sync::atomic::AtomicBool,
+    /// Each hydration takes this long (on the fleet's clock), when set.
+    slow_hydration: Mutex<Option<Duration>>,
+    /// Hydrations running now, and the most that ever ran at once.
+    hydrating: std::sync::atomic::AtomicUsize,
+    most_hydrating: std::sync::atomic::AtomicUsize,
     log: Mutex<Vec<String>>,
     failing_release: Mutex<BTreeSet<String>>,
     holds: Mutex<Vec<String>>,
@@ -61,6 +66,14 @@ impl SeatHooks for TestHooks {
     }
     async fn hydrate_memory(&self, s: &SeatContext) -> Result<(), HookError> {
         self.note(s, "hydrate");
+        let slow = *self.slow_hydration.lock().unwrap();
+        if let Some(d) = slow {
+            use std::sync::atomic::Ordering::SeqCst;
+            let now = self.hydrating.fetch_add(1, SeqCst) + 1;
+            self.most_hydrating.fetch_max(now, SeqCst);
+            tokio::time::sleep(d).await;
+            self.hydrating.fetch_sub(1, SeqCst);
+        }
         while self
             .stuck_hydration
             .load(std::sync::atomic::Ordering::SeqCst)
@@ -1493,6 +1506,38 @@ async fn an_undead_seat_whose_lease_is_lost_is_announced_as_seat_undead_lost() {
         "that tenure is no longer kept (a later claim is a new one)"
     );
     hooks.failing_release.lock().unwrap().clear();
+    a.engine.drain().await;
+}
+
+/// A restarted node's claims are established side by side: a pass's
+/// claims (`claim_limit` of them) do not wait for each other's acquire
+/// hooks — and never more than [`CLAIMS_AT_ONCE`] run at once.
+#[tokio::test(start_paused = true)]
+async fn a_passs_claims_are_established_side_by_side_a_bounded_number_at_once() {
+    use crewlet::seat::sweep::CLAIMS_AT_ONCE;
+    let f = Fleet::new(Kind::Twin).await;
+    let hooks = Arc::new(TestHooks::default());
+    *hooks.slow_hydration.lock().unwrap() = Some(Duration::from_millis(500));
+    let seats = CLAIMS_AT_ONCE + 4;
+    let a = f
+        .node_with("a", &[], &roles("s", seats), hooks.clone(), 4)
+        .await;
+    f.until("a holds every seat", Duration::from_secs(60), || {
+        a.count() == seats
+            && a.held()
+                .iter()
+                .all(|s| a.engine.host().may_start(s).is_some())
+    })
+    .await;
+    let most = hooks
+        .most_hydrating
+        .load(std::sync::atomic::Ordering::SeqCst);
+    // This fleet's claim_limit is 4: each pass's four claims at once.
+    assert_eq!(
+        most,
+        4.min(CLAIMS_AT_ONCE),
+        "a pass established its claims at once, never more than {CLAIMS_AT_ONCE}"
+    );
     a.engine.drain().await;
 }
 

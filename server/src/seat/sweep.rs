@@ -75,6 +75,10 @@ const REFUSED_FOR: Duration = Duration::from_secs(30);
 /// Offers a draining node makes at once.
 const DRAIN_HANDOFFS: usize = 4;
 
+/// How many of one pass's claims are made and established side by side
+/// (each seat's acquire hook is its own: hydration, attachments).
+pub const CLAIMS_AT_ONCE: usize = 8;
+
 impl EngineConfig {
     pub fn from_config(c: &crate::config::Config, owner: &str) -> EngineConfig {
         EngineConfig {
@@ -877,7 +881,8 @@ impl SeatEngine {
         if !steps.iter().any(|s| matches!(s, pass::Step::Claim { .. })) {
             self.set_claims_blocked_by(None);
         }
-        for step in &steps {
+        let mut next = 0;
+        while let Some(step) = steps.get(next) {
             if matches!(step, pass::Step::AnnounceBehind | pass::Step::Claim { .. })
                 && released > 0
                 && !advertised_releases
@@ -890,13 +895,37 @@ impl SeatEngine {
                 progress();
                 advertised_releases = true;
             }
-            match self.execute(&snap, step, &offered, progress).await {
-                Done::Released => released += 1,
-                Done::Claimed => claimed += 1,
-                Done::Nothing => {}
-                Done::StopClaims => break,
-            }
+            // Claims side by side, a few at a time: a restarted node's
+            // seats are established together, not one after another.
+            let run: Vec<&pass::Step> = steps[next..]
+                .iter()
+                .take_while(|s| matches!(s, pass::Step::Claim { .. }))
+                .take(CLAIMS_AT_ONCE)
+                .collect();
+            let done = if run.is_empty() {
+                next += 1;
+                vec![self.execute(&snap, step, &offered, progress).await]
+            } else {
+                next += run.len();
+                futures::future::join_all(
+                    run.iter()
+                        .map(|s| self.execute(&snap, s, &offered, progress)),
+                )
+                .await
+            };
             progress();
+            let mut stop = false;
+            for d in done {
+                match d {
+                    Done::Released => released += 1,
+                    Done::Claimed => claimed += 1,
+                    Done::Nothing => {}
+                    Done::StopClaims => stop = true,
+                }
+            }
+            if stop {
+                break;
+            }
         }
         if released > 0 && !advertised_releases {
             watched(progress, None, self.refresh_presence()).await;

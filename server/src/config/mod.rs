@@ -28,6 +28,11 @@ pub use validate::{MAX_ROLES, MAX_SCHEDULES, Problem};
 /// The current lease protocol (spec: "The current protocol is 4").
 pub const PROTOCOL: u32 = 4;
 
+/// The built-in tools a role's `approve` may name, each by its own name
+/// alone (`*` and `server.*` are MCP tools'): the ones whose call reaches
+/// outside the seat.
+pub const APPROVABLE_BUILT_INS: [&str; 3] = ["post_outbox", "a2a_message", "run_detached"];
+
 /// The environment variable that makes this process speak an older lease
 /// protocol: fault injection for mixed-version drills and the chaos
 /// harness (README § How seats are owned).

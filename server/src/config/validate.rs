@@ -570,8 +570,8 @@ fn check_approvals(i: usize, r: &crate::config::RoleConfig, p: &mut Report<'_>) 
         let tool_ok = pattern
             .split_once('.')
             .is_some_and(|(_, t)| !t.is_empty() && !t.chars().any(char::is_whitespace));
-        let built_in = list == "approve"
-            && crate::engine::approvals::APPROVABLE_BUILT_INS.contains(&pattern.as_str());
+        let built_in =
+            list == "approve" && crate::config::APPROVABLE_BUILT_INS.contains(&pattern.as_str());
         if pattern == "*" || (known && tool_ok) || built_in {
             continue;
         }

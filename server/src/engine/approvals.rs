@@ -179,10 +179,9 @@ impl AskedIn {
     }
 }
 
-/// The built-in tools a role's `approve` may name, each by its own name
-/// alone (`*` and `server.*` are MCP tools'): the ones whose call reaches
-/// outside the seat.
-pub const APPROVABLE_BUILT_INS: [&str; 3] = ["post_outbox", "a2a_message", "run_detached"];
+/// The built-in tools a role's `approve` may name (the company file's
+/// vocabulary, so the config owns it).
+pub use crate::config::APPROVABLE_BUILT_INS;
 
 /// Pure: must a person approve a call of the built-in `tool` for `role`?
 /// Only when one of its `approve` entries names the tool itself.

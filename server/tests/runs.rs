@@ -50,6 +50,7 @@ both!(
     mail_that_claims_to_be_an_approvals_answer_under_another_id_runs_no_continuation,
     an_a2a_message_its_role_says_a_person_approves_is_sent_only_once_approved_and_once,
     a_detached_run_its_role_says_a_person_approves_starts_only_once_approved_and_a_denied_one_never,
+    a_runs_resume_waits_while_its_seats_token_cap_is_reached_and_runs_once_the_cap_is_raised,
 );
 
 fn started(n: &mut Node) -> Vec<String> {
@@ -1225,4 +1226,69 @@ async fn a_detached_run_its_role_says_a_person_approves_starts_only_once_approve
     })
     .await;
     assert_eq!(started(&mut a).len(), 1, "a denied run never starts");
+}
+
+/// A resume is a turn like any other (a hard budget is checked before
+/// every turn, resumed ones too): a run that finishes while its seat's
+/// token cap is reached is not resumed — its completion waits, the seat
+/// is held — until a revision raises the cap; then it resumes once.
+async fn a_runs_resume_waits_while_its_seats_token_cap_is_reached_and_runs_once_the_cap_is_raised(
+    f: Fleet,
+) {
+    use crewlet::config::{BudgetConfig, RoleConfig};
+    use crewlet::engine::budget::{Budgets, windows};
+    let capped = |per_day: u64| RoleConfig {
+        budget: Some(BudgetConfig {
+            tokens_per_day: Some(per_day),
+            ..Default::default()
+        }),
+        ..echo_role("s0")
+    };
+    let mut a = f.node("a", &[capped(100)]).await;
+    f.until("a holds s0", WAIT, || a.attached("s0")).await;
+    a.publish(
+        "s0",
+        &trigger(
+            "B7",
+            json!({"echo": {"rounds": 2}, "run": {"argv": ["/bin/sh", "-c", "sleep 1; echo done"], "round": 1}}),
+        ),
+    )
+    .await;
+    f.until("the turn parked on its run", WAIT, || {
+        a.turns_of("B7").iter().any(|t| t.0 == "parked")
+    })
+    .await;
+    // The seat spends past its cap while the run goes on (what another
+    // turn's completions, here or on a peer, would charge).
+    let now = windows(chrono::Utc::now(), chrono_tz::UTC);
+    Budgets::new(a.store.clone())
+        .charge("s0", &now, 500)
+        .await
+        .unwrap();
+    let exhausted = |n: &mut Node| {
+        n.matching(|e| match e {
+            Event::SeatBudgetExhausted { seat, .. } if seat == "s0" => Some(()),
+            _ => None,
+        })
+        .len()
+    };
+    f.until(
+        "the resume finds the cap reached and holds the seat",
+        WAIT,
+        || exhausted(&mut a) > 0,
+    )
+    .await;
+    assert!(resumed(&mut a).is_empty(), "no resume while over the cap");
+    let run = started(&mut a)[0].clone();
+    let (record, _) = a.turns.runs().get("s0", &run).await.unwrap().unwrap();
+    assert_eq!(record.state, RunState::Finished, "the run itself finished");
+    company::apply(&*a.store, COMPANY, &[capped(10_000)])
+        .await
+        .unwrap();
+    f.until("the run resumes once the cap is raised", WAIT, || {
+        !resumed(&mut a).is_empty()
+    })
+    .await;
+    assert_eq!(resumed(&mut a).len(), 1, "resumed once");
+    assert_eq!(resumed_stdout(&a, &run).await, vec!["done\n"]);
 }

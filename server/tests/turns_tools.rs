@@ -297,3 +297,42 @@ async fn approvals_are_bounded_in_size_and_in_number_waiting_per_seat() {
     assert_eq!(waiting.len(), PENDING_LIMIT, "nothing more was asked");
     seat.stop().await.unwrap();
 }
+
+/// Nothing lost when a revision removes a seat's role before its last
+/// turns run (the chaos soak's seed 9507 lost a seat's backlog so): a
+/// built-in call is judged by the role the seat was established under, so
+/// the turn's effect is posted — while a seat no role is known for at all
+/// is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_seats_last_turn_posts_its_effect_judged_by_the_role_it_was_established_under() {
+    let (tools, _dir) = tools_with(vec![]).await;
+    let post = ToolCall {
+        id: "p".into(),
+        name: "post_outbox".into(),
+        args: json!({"text": "answered"}),
+        annotations: Annotations::default(),
+    };
+    let unknown = tools.execute(&turn("s0"), &post).await;
+    assert!(!unknown.result.ok, "no role known at all: refused");
+    // What the acquire hook keeps as the seat is established here.
+    tools.roles_at_start.keep(crewlet::config::RoleConfig {
+        handle: "s0".into(),
+        ..Default::default()
+    });
+    let known = tools.execute(&turn("s0"), &post).await;
+    assert!(known.result.ok, "{:?}", known.result);
+    let posted = tools.outbox.read(Some("s0")).await.unwrap();
+    assert_eq!(posted.len(), 1, "the effect is posted: {posted:?}");
+    // A role that asked for approval is still asked, as it was.
+    tools.roles_at_start.keep(crewlet::config::RoleConfig {
+        handle: "s1".into(),
+        approve: vec!["post_outbox".into()],
+        ..Default::default()
+    });
+    let asked = tools.execute(&turn("s1"), &post).await;
+    assert!(
+        asked.parks.is_some(),
+        "parked for a person: {:?}",
+        asked.result
+    );
+}

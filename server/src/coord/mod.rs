@@ -255,6 +255,17 @@ pub enum StateBucket {
 }
 
 impl StateBucket {
+    /// Every generic bucket.
+    pub const ALL: [StateBucket; 7] = [
+        StateBucket::Ledger,
+        StateBucket::Mailboxes,
+        StateBucket::Pauses,
+        StateBucket::Config,
+        StateBucket::Runs,
+        StateBucket::Handoffs,
+        StateBucket::Budgets,
+    ];
+
     pub fn bucket(self) -> BucketId {
         match self {
             StateBucket::Ledger => BucketId::Ledger,

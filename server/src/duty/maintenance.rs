@@ -21,6 +21,16 @@ use crate::memory::MemoryStore;
 /// Removal markers older than this are purged.
 pub const MARKER_AGE: Duration = Duration::from_secs(3 * 3600);
 
+/// Pure: the shared-state buckets with no age limit — every one whose
+/// removal markers nothing but this purge ever removes (spec: every
+/// shared-state bucket with no age), `crewlet_runs` among them.
+pub fn unaged_buckets() -> Vec<StateBucket> {
+    StateBucket::ALL
+        .into_iter()
+        .filter(|b| b.bucket().max_age(Duration::from_secs(1)).is_none())
+        .collect()
+}
+
 pub struct Maintenance {
     pub every: Duration,
     pub memory: MemoryStore,
@@ -96,11 +106,7 @@ impl Maintenance {
             }
         };
         let mut n = 0;
-        for bucket in [
-            StateBucket::Mailboxes,
-            StateBucket::Pauses,
-            StateBucket::Config,
-        ] {
+        for bucket in unaged_buckets() {
             let markers = match store.markers(bucket, "").await {
                 Ok(m) => m,
                 Err(e) => {
@@ -137,5 +143,24 @@ impl Duty for Maintenance {
     async fn tick(&self) -> Result<(), String> {
         self.pass().await;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_shared_state_bucket_with_no_age_has_its_removal_markers_purged() {
+        assert_eq!(
+            unaged_buckets(),
+            vec![
+                StateBucket::Mailboxes,
+                StateBucket::Pauses,
+                StateBucket::Config,
+                StateBucket::Runs,
+            ],
+            "the run and approval records' bucket among them; the aged ones expire by themselves"
+        );
     }
 }

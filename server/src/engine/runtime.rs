@@ -1416,6 +1416,9 @@ impl TurnEngine {
                     ),
                 )
             })?;
+        // The role the seat was established under: what judges its built-in
+        // calls should a revision remove the role before a turn begins.
+        self.tools.roles_at_start.keep(role.clone());
         Ok(match &role.agent {
             AgentConfig::Echo(c) => {
                 if c.drills && !self.policy.drills {

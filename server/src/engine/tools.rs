@@ -113,9 +113,10 @@ pub struct Tools {
     pub mcp: super::mcp::McpSeats,
     /// The calls waiting for a person's approval.
     pub approvals: super::approvals::Approvals,
-    /// Each seat's role as its last turn began ([`Tools::surface`]): what
-    /// judges a built-in call of a turn whose role a revision removed
-    /// while it ran (an undead seat's in-flight turn finishes as it began).
+    /// Each seat's role as it was established here and as its last turn
+    /// began ([`Tools::surface`]): what judges a built-in call of a turn
+    /// whose role a revision removed (a removed seat's last turns, an
+    /// undead seat's in-flight turn, finish as they began — and post).
     pub roles_at_start: RolesAtStart,
 }
 
@@ -124,7 +125,7 @@ pub struct Tools {
 pub struct RolesAtStart(Arc<std::sync::Mutex<std::collections::HashMap<String, RoleConfig>>>);
 
 impl RolesAtStart {
-    fn keep(&self, role: RoleConfig) {
+    pub fn keep(&self, role: RoleConfig) {
         self.0
             .lock()
             .unwrap_or_else(|p| p.into_inner())

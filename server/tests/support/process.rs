@@ -101,25 +101,29 @@ impl NodeProcess {
         .await
     }
 
-    /// Wait until `/health` answers 200.
+    /// Wait until `/health` answers 200; past `within`, fail with the
+    /// node's own last words (what it was doing, or why it stopped).
     pub async fn healthy(&self, within: Duration) {
         let url = self.url("/health");
-        super::wait_for(
-            "the node answers /health",
-            within,
-            Duration::from_millis(100),
-            || {
-                let url = url.clone();
-                async move {
-                    reqwest::get(url)
-                        .await
-                        .ok()
-                        .filter(|r| r.status() == reqwest::StatusCode::OK)
-                        .map(|_| ())
-                }
-            },
-        )
+        let answered = super::poll_until(within, Duration::from_millis(100), || {
+            let url = url.clone();
+            async move {
+                reqwest::get(url)
+                    .await
+                    .ok()
+                    .filter(|r| r.status() == reqwest::StatusCode::OK)
+                    .map(|_| ())
+            }
+        })
         .await;
+        if answered.is_none() {
+            let said = self.stderr();
+            let tail = &said[said.len().saturating_sub(40)..];
+            panic!(
+                "timed out after {within:?} waiting for the node to answer /health; its last stderr lines:\n{}",
+                tail.join("\n")
+            );
+        }
     }
 
     /// The seats its `/health` says it holds.

@@ -38,8 +38,8 @@ const SWEEP: Duration = Duration::from_secs(1);
 struct TestHooks {
     /// Memory hydration never finishes (a successor stuck mid-prepare).
     stuck_hydration: std::sync::atomic::AtomicBool,
-    /// Each hydration takes this long (on the fleet's clock), when set.
-    slow_hydration: Mutex<Option<Duration>>,
+    /// When set, each hydration waits until the gate opens (`true`).
+    hydration_gate: Mutex<Option<tokio::sync::watch::Receiver<bool>>>,
     /// Hydrations running now, and the most that ever ran at once.
     hydrating: std::sync::atomic::AtomicUsize,
     most_hydrating: std::sync::atomic::AtomicUsize,
@@ -66,12 +66,12 @@ impl SeatHooks for TestHooks {
     }
     async fn hydrate_memory(&self, s: &SeatContext) -> Result<(), HookError> {
         self.note(s, "hydrate");
-        let slow = *self.slow_hydration.lock().unwrap();
-        if let Some(d) = slow {
+        let gate = self.hydration_gate.lock().unwrap().clone();
+        if let Some(mut gate) = gate {
             use std::sync::atomic::Ordering::SeqCst;
             let now = self.hydrating.fetch_add(1, SeqCst) + 1;
             self.most_hydrating.fetch_max(now, SeqCst);
-            tokio::time::sleep(d).await;
+            let _ = gate.wait_for(|open| *open).await;
             self.hydrating.fetch_sub(1, SeqCst);
         }
         while self
@@ -1517,11 +1517,18 @@ async fn a_passs_claims_are_established_side_by_side_a_bounded_number_at_once() 
     use crewlet::seat::sweep::CLAIMS_AT_ONCE;
     let f = Fleet::new(Kind::Twin).await;
     let hooks = Arc::new(TestHooks::default());
-    *hooks.slow_hydration.lock().unwrap() = Some(Duration::from_millis(500));
+    let (open, gate) = tokio::sync::watch::channel(false);
+    *hooks.hydration_gate.lock().unwrap() = Some(gate);
     let seats = CLAIMS_AT_ONCE + 4;
     let a = f
         .node_with("a", &[], &roles("s", seats), hooks.clone(), 4)
         .await;
+    // The first pass's four claims all hydrate before any finishes.
+    f.until("four hydrations at once", Duration::from_secs(10), || {
+        hooks.hydrating.load(std::sync::atomic::Ordering::SeqCst) == 4
+    })
+    .await;
+    open.send_replace(true);
     f.until("a holds every seat", Duration::from_secs(60), || {
         a.count() == seats
             && a.held()

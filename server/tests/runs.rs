@@ -1246,11 +1246,18 @@ async fn a_runs_resume_waits_while_its_seats_token_cap_is_reached_and_runs_once_
     };
     let mut a = f.node("a", &[capped(100)]).await;
     f.until("a holds s0", WAIT, || a.attached("s0")).await;
+    // The run ends when the test says (a file appears), after the charge.
+    let dir = tempfile::tempdir().unwrap();
+    let go = dir.path().join("go");
+    let script = format!(
+        "while [ ! -e {} ]; do sleep 0.05; done; echo done",
+        go.display()
+    );
     a.publish(
         "s0",
         &trigger(
             "B7",
-            json!({"echo": {"rounds": 2}, "run": {"argv": ["/bin/sh", "-c", "sleep 1; echo done"], "round": 1}}),
+            json!({"echo": {"rounds": 2}, "run": {"argv": ["/bin/sh", "-c", script], "round": 1}}),
         ),
     )
     .await;
@@ -1265,6 +1272,7 @@ async fn a_runs_resume_waits_while_its_seats_token_cap_is_reached_and_runs_once_
         .charge("s0", &now, 500)
         .await
         .unwrap();
+    std::fs::write(&go, b"").unwrap();
     let exhausted = |n: &mut Node| {
         n.matching(|e| match e {
             Event::SeatBudgetExhausted { seat, .. } if seat == "s0" => Some(()),

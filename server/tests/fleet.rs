@@ -1548,6 +1548,64 @@ async fn a_passs_claims_are_established_side_by_side_a_bounded_number_at_once() 
     a.engine.drain().await;
 }
 
+/// An acquire hook slower than the lease TTL (a hydration held up, as
+/// under load) loses nothing: the heartbeat renews the seat being
+/// established without the lock its claim holds, and goes on renewing
+/// every other seat of the node meanwhile. (A heartbeat pass that waited
+/// on the establishing seat's lock once left every other seat of its node
+/// unrenewed past the TTL, fenced as `grace_expired`, pass after pass.)
+#[tokio::test(start_paused = true)]
+async fn an_establishment_longer_than_the_ttl_loses_neither_its_seat_nor_any_other() {
+    let f = Fleet::new(Kind::Twin).await;
+    let hooks = Arc::new(TestHooks::default());
+    let mut a = f
+        .node_with("a", &[], &roles("s", 2), hooks.clone(), 4)
+        .await;
+    f.until(
+        "a holds and admits s0 and s1",
+        Duration::from_secs(10),
+        || {
+            a.count() == 2
+                && a.held()
+                    .iter()
+                    .all(|s| a.engine.host().may_start(s).is_some())
+        },
+    )
+    .await;
+    let before = a.events().len();
+    let (open, gate) = tokio::sync::watch::channel(false);
+    *hooks.hydration_gate.lock().unwrap() = Some(gate);
+    company::apply(&*a.store, "Test company", &roles("s", 3))
+        .await
+        .unwrap();
+    f.until("s2 hydrating", Duration::from_secs(10), || {
+        hooks.hydrating.load(std::sync::atomic::Ordering::SeqCst) == 1
+    })
+    .await;
+    // Three TTLs inside s2's acquire hook.
+    tokio::time::sleep(TTL * 3).await;
+    for s in ["s0", "s1"] {
+        assert!(
+            a.engine.host().may_start(s).is_some(),
+            "{s} is still admitted while s2 establishes"
+        );
+    }
+    open.send_replace(true);
+    f.until("a holds and admits s2", Duration::from_secs(10), || {
+        a.count() == 3 && a.engine.host().may_start("s2").is_some()
+    })
+    .await;
+    let detached: Vec<String> = a.events()[before..]
+        .iter()
+        .filter_map(|e| match &e.event {
+            Event::SeatDetached { seat, reason, .. } => Some(format!("{seat} ({reason:?})")),
+            _ => None,
+        })
+        .collect();
+    assert!(detached.is_empty(), "seats lost meanwhile: {detached:?}");
+    a.engine.drain().await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn many_revisions_in_one_interval_bring_at_most_one_pass_forward() {
     let f = Fleet::new(Kind::Twin).await;

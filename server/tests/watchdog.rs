@@ -510,6 +510,149 @@ impl crewlet::duty::Duty for StuckDuty {
     }
 }
 
+/// A duty ticking once an hour whose tick takes three steps and then
+/// blocks on something that never returns.
+struct StepsThenStuck;
+
+#[async_trait::async_trait]
+impl crewlet::duty::Duty for StepsThenStuck {
+    fn name(&self) -> &'static str {
+        "steps_then_stuck"
+    }
+    fn every(&self) -> Duration {
+        Duration::from_secs(3600)
+    }
+    async fn tick(&self) -> Result<(), String> {
+        for _ in 0..3 {
+            crewlet::duty::turned();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        std::future::pending::<()>().await;
+        Ok(())
+    }
+}
+
+/// A duty ticking once an hour whose one tick takes a step every 200 ms
+/// until it is told to end.
+struct LongTurning {
+    end: Arc<std::sync::atomic::AtomicBool>,
+    ended: Arc<std::sync::atomic::AtomicBool>,
+}
+
+#[async_trait::async_trait]
+impl crewlet::duty::Duty for LongTurning {
+    fn name(&self) -> &'static str {
+        "long_turning"
+    }
+    fn every(&self) -> Duration {
+        Duration::from_secs(3600)
+    }
+    async fn tick(&self) -> Result<(), String> {
+        use std::sync::atomic::Ordering::SeqCst;
+        while !self.end.load(SeqCst) {
+            crewlet::duty::turned();
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        self.ended.store(true, SeqCst);
+        Ok(())
+    }
+}
+
+fn duty_context(dog: &crewlet::watchdog::Watchdog) -> crewlet::duty::DutyContext {
+    crewlet::duty::DutyContext {
+        store: Arc::new(Coordinator::new(
+            TwinBackend::new(Duration::from_secs(3)),
+            CoordinatorOptions::default(),
+        )),
+        node_id: "n".into(),
+        owner: "n:1".into(),
+        protocol: 4,
+        events: EventBus::new("n", "n:1"),
+        watchdog: Some(dog.clone()),
+    }
+}
+
+/// Spec § The wedged node: each duty stamps a beat as it turns. A tick
+/// that stops turning is named wedged within a step bound of its last step
+/// (four thresholds) — not three of its duty's ticks, which for a duty
+/// ticking hourly would be three hours — while a tick that goes on turning
+/// is never named, however long it runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duty_tick_that_stops_turning_is_wedged_within_a_step_bound_not_three_of_its_ticks() {
+    use crewlet::duty::Duties;
+    use std::sync::atomic::Ordering::SeqCst;
+    let threshold = Duration::from_secs(1);
+    assert_eq!(crewlet::duty::step_bound(threshold), Duration::from_secs(4));
+    let tasks = Tasks::new();
+
+    // Turning for longer than a step bound (and the threshold): not wedged.
+    let dog = crewlet::watchdog::Watchdog::new(threshold);
+    let (end, ended) = (
+        Arc::new(std::sync::atomic::AtomicBool::new(false)),
+        Arc::new(std::sync::atomic::AtomicBool::new(false)),
+    );
+    let long = Duties::new();
+    let began = std::time::Instant::now();
+    long.start(
+        &tasks,
+        duty_context(&dog),
+        Arc::new(LongTurning {
+            end: end.clone(),
+            ended: ended.clone(),
+        }),
+    );
+    support::wait_for(
+        "the long tick to have turned past a step bound",
+        Duration::from_secs(30),
+        Duration::from_millis(50),
+        || {
+            let v = dog.current();
+            assert!(
+                !matches!(v, Verdict::Wedged { .. }),
+                "a turning tick was named wedged: {v:?}"
+            );
+            let past = began.elapsed() > Duration::from_secs(6);
+            async move { past.then_some(()) }
+        },
+    )
+    .await;
+    end.store(true, SeqCst);
+    support::wait_for(
+        "the long tick to end",
+        Duration::from_secs(10),
+        Duration::from_millis(50),
+        || {
+            let done = ended.load(SeqCst);
+            async move { done.then_some(()) }
+        },
+    )
+    .await;
+    long.stop();
+
+    // Three steps, then blocked: named within a step bound and the
+    // threshold of its last step.
+    let dog = crewlet::watchdog::Watchdog::new(threshold);
+    let stuck = Duties::new();
+    stuck.start(&tasks, duty_context(&dog), Arc::new(StepsThenStuck));
+    let named = support::wait_for(
+        "the blocked tick to read as wedged",
+        Duration::from_secs(30),
+        Duration::from_millis(50),
+        || {
+            let v = dog.current();
+            async move {
+                match v {
+                    Verdict::Wedged { loop_name, .. } => Some(loop_name),
+                    _ => None,
+                }
+            }
+        },
+    )
+    .await;
+    assert_eq!(named, "duty:steps_then_stuck");
+    stuck.abandon();
+}
+
 /// A duty that ticks and returns.
 struct TickingDuty;
 

@@ -124,6 +124,7 @@ impl MailboxSweep {
                 return report;
             }
         };
+        super::turned();
         let applied = self.company.borrow().revision;
         if applied < active.revision {
             report.unknown = Some(format!(
@@ -147,6 +148,7 @@ impl MailboxSweep {
                 return report;
             }
         };
+        super::turned();
         let now = match now_ms(&*self.store).await {
             Ok(n) => n,
             Err(e) => {
@@ -154,6 +156,7 @@ impl MailboxSweep {
                 return report;
             }
         };
+        super::turned();
         let in_company: BTreeSet<&str> = active.handles().collect();
         let mut records: BTreeMap<String, (MailboxRecord, Revision)> = BTreeMap::new();
         for e in entries {
@@ -176,6 +179,7 @@ impl MailboxSweep {
             if !matches!(due, Verdict::Retire | Verdict::Resume) {
                 continue;
             }
+            super::turned();
             if let Err(e) = self.store.lease(&format!("seat:{h}")).await {
                 report.unknown = Some(format!("the lease of seat {h} cannot be read: {e}"));
                 tracing::warn!(
@@ -188,11 +192,14 @@ impl MailboxSweep {
         // Seats of the company with no record (a registration failed).
         for h in &in_company {
             if !records.contains_key(*h) {
+                super::turned();
                 register_one(&*self.store, h, &self.events).await;
                 report.registered.push(h.to_string());
             }
         }
+        super::turned();
         self.discover(&in_company, &records, now, &mut report).await;
+        super::turned();
         self.judge(records, &in_company, now, &mut report).await;
         report
     }
@@ -217,6 +224,7 @@ impl MailboxSweep {
                     if in_company.contains(h.as_str()) || records.contains_key(&h) {
                         continue;
                     }
+                    super::turned();
                     let rec = MailboxRecord {
                         handle: h.clone(),
                         registered_at_ms: now,
@@ -260,6 +268,7 @@ impl MailboxSweep {
         report: &mut SweepReport,
     ) {
         for (h, (rec, rev)) in records {
+            super::turned();
             match verdict(&rec, in_company.contains(h.as_str()), now, self.grace) {
                 Verdict::Nothing => {}
                 Verdict::Returned => {

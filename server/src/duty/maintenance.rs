@@ -71,6 +71,7 @@ impl Maintenance {
             Ok((e, o)) => (r.diary_expired, r.diary_over_cap) = (e, o),
             Err(e) => tracing::warn!(error = %e, "diary retention failed"),
         }
+        super::turned();
         if self.audit_days > 0 {
             let cutoff = rfc3339(now - time::Duration::days(self.audit_days.min(36_500) as i64));
             match sqlx::query("DELETE FROM audit WHERE at < ?")
@@ -81,8 +82,10 @@ impl Maintenance {
                 Ok(d) => r.audit_deleted = d.rows_affected(),
                 Err(e) => tracing::warn!(error = %e, "audit retention failed"),
             }
+            super::turned();
         }
         r.mailboxes = self.sweep.tick().await;
+        super::turned();
         r.markers_purged = self.purge_markers().await;
         tracing::info!(
             diary_expired = r.diary_expired,
@@ -107,6 +110,7 @@ impl Maintenance {
         };
         let mut n = 0;
         for bucket in unaged_buckets() {
+            super::turned();
             let markers = match store.markers(bucket, "").await {
                 Ok(m) => m,
                 Err(e) => {
@@ -115,6 +119,7 @@ impl Maintenance {
                 }
             };
             for m in markers {
+                super::turned();
                 if now - m.written_at.unix_nanos() < self.marker_age.as_nanos() as i64 {
                     continue;
                 }

@@ -10,6 +10,15 @@
 //! gracefully gives every duty back once its loop has finished its last
 //! tick (`duty_released`), and a peer takes it on its next tick; a node
 //! that dies lets it lapse. On a single node the store always says yes.
+//!
+//! The watchdog follows each duty loop (`duty:{name}`). While a tick runs
+//! the loop beats on its behalf only while the tick is turning: a duty
+//! calls [`turned`] after each step of its work (a store call, a seat
+//! judged, a fire published), and a tick whose last step is older than
+//! [`step_bound`] — or that has outlived its own lease, three ticks — is
+//! left unbeaten, so one blocked on something that never returns is named
+//! wedged within a step bound of its last step, however rarely its duty
+//! ticks.
 
 pub mod mailboxes;
 pub mod maintenance;
@@ -84,14 +93,10 @@ impl Duties {
     }
 }
 
-/// Await `fut` beating the duty's loop (if watched), for at most `bound`.
-async fn beating<F: std::future::Future>(
-    beat: Option<&(BeatGuard, Duration)>,
-    bound: Option<Duration>,
-    fut: F,
-) -> F::Output {
+/// Await `fut` beating the duty's loop (if watched).
+async fn beating<F: std::future::Future>(beat: Option<&Beat>, fut: F) -> F::Output {
     match beat {
-        Some((guard, stamp)) => beat_while(&|| guard.beat(), *stamp, bound, fut).await,
+        Some((guard, stamp, _)) => beat_while(&|| guard.beat(), *stamp, None, fut).await,
         None => fut.await,
     }
 }
@@ -100,6 +105,71 @@ async fn beating<F: std::future::Future>(
 pub fn duty_ttl(every: Duration) -> Duration {
     every * 3
 }
+
+/// How long one step of a tick may take before the tick counts as not
+/// turning: four watchdog thresholds (the lease TTL). Every step is a
+/// bounded call (a store call within the store timeout, a broker call
+/// within its own), so a step past this is blocked, not slow.
+pub fn step_bound(threshold: Duration) -> Duration {
+    threshold * 4
+}
+
+/// When the tick running on a task last finished a step.
+#[derive(Clone)]
+struct Turning(Arc<std::sync::Mutex<std::time::Instant>>);
+
+impl Turning {
+    fn new() -> Turning {
+        Turning(Arc::new(std::sync::Mutex::new(std::time::Instant::now())))
+    }
+
+    fn mark(&self) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = std::time::Instant::now();
+    }
+
+    fn since(&self) -> Duration {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).elapsed()
+    }
+}
+
+tokio::task_local! {
+    /// The tick running on this task: what [`turned`] marks.
+    static TURNING: Turning;
+}
+
+/// The duty tick running on this task finished a step of its work (a
+/// no-op outside a watched tick, and on a task the tick spawned).
+pub fn turned() {
+    let _ = TURNING.try_with(Turning::mark);
+}
+
+/// Run one tick of `duty`, beating its loop (if watched) while the tick is
+/// turning ([`turned`] within [`step_bound`]) and within its lease.
+async fn tick_turning(duty: &dyn Duty, every: Duration, beat: Option<&Beat>) -> Result<(), String> {
+    let Some((guard, stamp, threshold)) = beat else {
+        return duty.tick().await;
+    };
+    let turning = Turning::new();
+    let began = std::time::Instant::now();
+    let (bound, lease) = (step_bound(*threshold), duty_ttl(every));
+    let seen = turning.clone();
+    let turning_now = || {
+        if began.elapsed() < lease && seen.since() < bound {
+            guard.beat();
+        }
+    };
+    beat_while(
+        &turning_now,
+        *stamp,
+        None,
+        TURNING.scope(turning, duty.tick()),
+    )
+    .await
+}
+
+/// A watched loop's beat: its guard, how often it stamps, and the
+/// watchdog's threshold.
+type Beat = (BeatGuard, Duration, Duration);
 
 /// Renew what this node took last tick, or claim afresh. `None`: not ours
 /// (or unknown) this tick.
@@ -148,30 +218,32 @@ async fn run(
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // Retired when the loop ends: a duty that is gone is not wedged.
-    let beat = ctx.watchdog.as_ref().map(|w| {
+    let beat: Option<Beat> = ctx.watchdog.as_ref().map(|w| {
         (
             w.watch(&format!("duty:{name}")),
             stamp_interval(w.threshold()),
+            w.threshold(),
         )
     });
     loop {
         tokio::select! {
             _ = token.cancelled() => break,
             _ = stop.cancelled() => break,
-            _ = beating(beat.as_ref(), None, tick.tick()) => {}
+            _ = beating(beat.as_ref(), tick.tick()) => {}
         }
         if ours(&ctx, name, every, &mut held).await {
             // The tick runs to its end even if a stop arrives meanwhile:
             // the duty is given back after its last tick, not during it.
-            // It is turning while it runs within its lease (three ticks);
-            // past that the lease has lapsed under it and the beat stops,
-            // so a tick blocked on something that never returns is seen.
-            let ran = beating(beat.as_ref(), Some(duty_ttl(every)), duty.tick()).await;
+            // It is turning while its steps are (within a step bound of
+            // the last) and its lease holds (three ticks); past either the
+            // beat stops, so a tick blocked on something that never
+            // returns is seen.
+            let ran = tick_turning(&*duty, every, beat.as_ref()).await;
             if let Err(e) = ran {
                 tracing::warn!(duty = name, error = %e, "the duty's tick failed; trying again next tick");
             }
         }
-        if let Some((b, _)) = &beat {
+        if let Some((b, _, _)) = &beat {
             b.beat();
         }
     }

@@ -92,6 +92,7 @@ impl Scheduler {
                 }
             };
             for t in due {
+                super::turned();
                 let key = format!("fire:{}:{}", s.name, t.timestamp());
                 let claim = Bytes::from(
                     serde_json::to_vec(&serde_json::json!({"due": t.to_rfc3339()}))

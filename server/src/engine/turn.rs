@@ -228,6 +228,16 @@ pub async fn run(
                         if !guard.holds() {
                             return Ending::Fenced;
                         }
+                        // The last fence this call passed: an effect it
+                        // posts after a newer claim is judged by it.
+                        tracing::debug!(
+                            target: "crewlet::delivery",
+                            step = "fence_passed",
+                            seat = %turn.seat,
+                            turn_id = %turn.turn_id,
+                            epoch = turn.epoch,
+                            call = %call.name,
+                        );
                         calls.fetch_add(1, Ordering::SeqCst);
                         let ex = tools.execute(turn, call).await;
                         if ex.reached {

@@ -25,6 +25,13 @@
 //! seat stops asking for time). A backend supplies only [`Source`] (fetch one) and [`Settle`]
 //! (ack / nak / dead-letter one). This loop never decides whether this node
 //! should be consuming — its owner (the seat host) does.
+//!
+//! Every step of a delivery's life here — fetched (or taken stranded),
+//! handed back at a closed gate, settled and how, dead-lettered — is a
+//! DEBUG line under the `crewlet::delivery` target with the subscription,
+//! stream sequence, delivery count and message id ([`trace`]), so that a
+//! message's whole story can be told from the nodes' logs (README §
+//! Logging).
 
 use std::collections::BTreeSet;
 use std::panic::AssertUnwindSafe;
@@ -318,6 +325,33 @@ async fn settle_or_log(what: &str, sub: &str, r: Result<(), QueueError>) {
     }
 }
 
+/// One step of `d`'s life on this node: a DEBUG line under the
+/// `crewlet::delivery` target (its fields are a public contract, README §
+/// Logging). `step` is `fetched`, `returned`, `settled` or
+/// `dead_lettered`; `what` says how (`fetch` or `stranded`; `ack`, `nak`,
+/// `retry 2s`, `defer: …`, `poison: …`; `failed: …` when the broker
+/// refused the settle).
+pub fn trace(step: &'static str, sub: &str, d: &Delivery, what: &str) {
+    tracing::debug!(
+        target: "crewlet::delivery",
+        step,
+        subscription = sub,
+        seq = d.seq,
+        delivered = d.delivered,
+        msg_id = d.msg_id.as_deref().unwrap_or(""),
+        what,
+    );
+}
+
+/// Settle with `r`'s outcome traced and, when the broker refused, logged.
+async fn settled(what: &str, sub: &str, d: &Delivery, r: Result<(), QueueError>) {
+    match &r {
+        Ok(()) => trace("settled", sub, d, what),
+        Err(e) => trace("settled", sub, d, &format!("failed: {what}: {e}")),
+    }
+    settle_or_log(what, sub, r).await;
+}
+
 /// Look for stranded mail: what was found, and when the next look is due
 /// (soon when something was found: a consumer that strands mail may go on
 /// stranding what arrives).
@@ -326,6 +360,7 @@ async fn look_for_stranded(l: &Loop) -> (Vec<Fetched>, tokio::time::Instant) {
     match l.source.take_stranded(&*l.handler).await {
         Ok(Some(found)) => {
             for f in &found {
+                trace("fetched", &l.subscription, &f.delivery, "stranded");
                 (l.events)(QueueEvent::Recovered {
                     subscription: l.subscription.clone(),
                     subject: f.delivery.subject.clone(),
@@ -374,7 +409,12 @@ async fn consume(l: Loop) {
             Some(f) => Ok(Some(f)),
             None => tokio::select! {
                 _ = l.cancel.cancelled() => return,
-                r = beating(&l.pulse, l.source.next(FETCH_WAIT)) => r,
+                r = beating(&l.pulse, l.source.next(FETCH_WAIT)) => {
+                    if let Ok(Some(f)) = &r {
+                        trace("fetched", &l.subscription, &f.delivery, "fetch");
+                    }
+                    r
+                }
             },
         };
         let Fetched { delivery, settle } = match fetched {
@@ -406,7 +446,10 @@ async fn consume(l: Loop) {
                 continue;
             }
             match l.source.next(COALESCE_WAIT).await {
-                Ok(Some(f)) => batch.push((f.delivery, f.settle)),
+                Ok(Some(f)) => {
+                    trace("fetched", &l.subscription, &f.delivery, "fetch");
+                    batch.push((f.delivery, f.settle))
+                }
                 Ok(None) => break,
                 Err(e) => {
                     tracing::debug!(subscription = %l.subscription, error = %e, "coalescing fetch failed");
@@ -416,8 +459,9 @@ async fn consume(l: Loop) {
         }
         // A hold or quiesce that arrived during the fetch: hand it back.
         if !l.gate.borrow().open() || l.cancel.is_cancelled() {
-            for (_, settle) in batch {
-                settle_or_log("return", &l.subscription, settle.nak().await).await;
+            for (d, settle) in batch {
+                trace("returned", &l.subscription, &d, "closed gate");
+                settled("nak", &l.subscription, &d, settle.nak().await).await;
             }
             continue;
         }
@@ -482,8 +526,9 @@ async fn handle_batch(l: &Loop, live: Vec<(Delivery, Box<dyn Settle>)>) -> bool 
     let dispositions = match outcome {
         None if l.drop_in_flight.load(std::sync::atomic::Ordering::SeqCst) => {
             run.abort();
-            for (_, settle) in live {
-                settle_or_log("return", &l.subscription, settle.nak().await).await;
+            for (d, settle) in live {
+                trace("returned", &l.subscription, &d, "abandoned");
+                settled("nak", &l.subscription, &d, settle.nak().await).await;
             }
             return false;
         }
@@ -532,21 +577,20 @@ async fn settle_all(
 ) {
     for (i, (delivery, settle)) in live.into_iter().enumerate() {
         let (subject, seq) = (delivery.subject.clone(), delivery.seq);
+        let d = &delivery;
         match dispositions.get(i).cloned().unwrap_or(Disposition::Nak) {
-            Disposition::Ack => {
-                settle_or_log("ack", subscription, settle.ack().await).await;
-            }
-            Disposition::Nak => {
-                settle_or_log("return", subscription, settle.nak().await).await;
-            }
+            Disposition::Ack => settled("ack", subscription, d, settle.ack().await).await,
+            Disposition::Nak => settled("nak", subscription, d, settle.nak().await).await,
             Disposition::Retry(delay) if delay.is_zero() => {
-                settle_or_log("return", subscription, settle.nak().await).await;
+                settled("nak", subscription, d, settle.nak().await).await
             }
             Disposition::Retry(delay) => {
-                settle_or_log("return later", subscription, settle.nak_after(delay).await).await;
+                let what = format!("retry {delay:?}");
+                settled(&what, subscription, d, settle.nak_after(delay).await).await;
             }
             Disposition::Defer(reason) => {
-                settle_or_log("return", subscription, settle.nak().await).await;
+                let what = format!("defer: {reason}");
+                settled(&what, subscription, d, settle.nak().await).await;
                 (events)(QueueEvent::Deferred {
                     subscription: subscription.to_string(),
                     subject,
@@ -579,7 +623,12 @@ async fn dead_letter_in(
     settle: Box<dyn Settle>,
     reason: DeadLetterReason,
 ) {
-    match settle.dead_letter(&reason).await {
+    let result = settle.dead_letter(&reason).await;
+    match &result {
+        Ok(()) => trace("dead_lettered", subscription, d, &reason.to_string()),
+        Err(e) => trace("dead_lettered", subscription, d, &format!("failed: {e}")),
+    }
+    match result {
         Ok(()) => (events)(QueueEvent::DeadLettered {
             subscription: subscription.to_string(),
             subject: d.subject.clone(),

@@ -827,21 +827,79 @@ impl SeatHost {
     /// renewed [`RENEW_CONCURRENCY`] at a time, so a pass against a store
     /// that stopped answering lasts about one store timeout, not one per
     /// seat, and every seat is fenced a TTL after its last renewal.
+    ///
+    /// One seat's work never holds up the others' renewals: a pass ends
+    /// when every seat is renewed, so a seat whose lock is busy would
+    /// delay every seat's next renewal by as long as it stays busy (an
+    /// acquire hook hydrating for longer than the TTL under load fenced
+    /// every seat of its node as `grace_expired`, pass after pass). A seat
+    /// a claim is establishing is renewed without its lock
+    /// ([`SeatHost::renew_establishing`]); any other busy seat (a hand-back
+    /// or a release is dealing with its lease) is waited for a quarter TTL
+    /// at most, then left to the next pass.
     pub async fn heartbeat_with(&self, ttl: Duration, progress: &Progress<'_>) {
         let handles: Vec<String> = lock(&self.inner.seats).keys().cloned().collect();
         futures::stream::iter(handles)
             .for_each_concurrent(RENEW_CONCURRENCY, |handle| async move {
                 let seat_lock = self.seat_lock(&handle);
-                // A claim or a hand-back of this seat holds its lock through
-                // its hooks, each bounded and beaten by its own loop: the
-                // heartbeat waiting its turn is not a wedged loop.
-                let Some(_g) = watched(progress, None, seat_lock.lock()).await else {
+                let guard = match seat_lock.try_lock() {
+                    Ok(g) => Some(g),
+                    Err(_) if self.phase(&handle) == Some(Phase::Establishing) => {
+                        self.renew_establishing(&handle, ttl).await;
+                        progress();
+                        return;
+                    }
+                    // Bounded and beaten: the heartbeat waiting its turn is
+                    // not a wedged loop.
+                    Err(_) => watched(progress, Some(ttl / 4), seat_lock.lock()).await,
+                };
+                let Some(_g) = guard else {
                     return;
                 };
                 self.renew_one(&handle, ttl, progress).await;
                 progress();
             })
             .await;
+    }
+
+    fn phase(&self, handle: &str) -> Option<Phase> {
+        lock(&self.inner.seats).get(handle).map(|e| e.phase)
+    }
+
+    /// Renew the lease of a seat a claim is establishing, without the
+    /// seat's lock the claim holds: establishing never writes the lease,
+    /// and an acquire hook slower than the TTL must not lose the seat it
+    /// is establishing. Only a renewal is taken in (the lease it was sent
+    /// from still the entry's); any other answer — lost, unknown, a lease
+    /// already past its TTL — is left to the next pass that has the lock,
+    /// which fences or releases as ever.
+    async fn renew_establishing(&self, handle: &str, ttl: Duration) {
+        let Some(lease) = lock(&self.inner.seats)
+            .get(handle)
+            .filter(|e| e.phase == Phase::Establishing && e.last_renewed.elapsed() <= ttl)
+            .map(|e| e.lease.clone())
+        else {
+            return;
+        };
+        let sent = Instant::now();
+        let renewal = self
+            .inner
+            .store
+            .renew(&lease, &self.inner.cfg.owner, self.renewal_metadata(&lease))
+            .await;
+        metrics::apply(&Update::count(
+            metrics::RENEWALS,
+            "outcome",
+            renewal.outcome(),
+        ));
+        if let Renewal::Renewed(l) = renewal
+            && let Some(e) = lock(&self.inner.seats).get_mut(handle)
+            && e.lease.epoch == lease.epoch
+            && e.lease.revision == lease.revision
+        {
+            e.lease = l;
+            e.last_renewed = sent;
+        }
     }
 
     async fn renew_one(&self, handle: &str, ttl: Duration, progress: &Progress<'_>) {

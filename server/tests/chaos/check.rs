@@ -20,10 +20,20 @@
 //!   turns' nodes stopped extending its delivery for a whole ack window
 //!   (the documented bound: it held the delivery past the window), which
 //!   is named;
+//! - late effects: an effect stored after a newer epoch of its seat was
+//!   claimed came from a call that passed the fence before that claim
+//!   (the trace's `fence_passed`, less any time its process was stopped
+//!   after the claim), and was stored within the outbox's retry bound of
+//!   that check (not counting time its process was stopped or cut off);
+//!   the bound verified is reported;
 //! - stops: a process stopped past the TTL exits 75 or resumes fenced;
 //! - exits: a SIGTERM exits 0; a process ending on its own exits 75 after a
 //!   stall (stopped, or cut off from NATS), never otherwise;
 //! - panics: none in any node's stderr.
+//!
+//! For every lost or duplicated message the checker tells its whole story
+//! ([`story`]): the nodes' delivery trace (README § Logging) and events
+//! that name it, its turns, effects and dead letter, and its seat's claims.
 //!
 //! Dark time (a seat nobody serves) is measured, not judged: a seat is
 //! served from its attachment until its detachment, its holder's end, or
@@ -126,6 +136,28 @@ impl Proc {
             .map(|(s, e)| (e.min(&b) - s.max(&a)).max(0))
             .sum()
     }
+
+    /// Time spent stopped or cut off from NATS within [a, b) (overlaps
+    /// counted once).
+    fn stalled_within(&self, a: Ts, b: Ts) -> i64 {
+        let mut spans: Vec<(Ts, Ts)> = self
+            .stops
+            .iter()
+            .chain(self.cutoffs.iter())
+            .map(|(s, e)| (*s.max(&a), *e.min(&b)))
+            .filter(|(s, e)| e > s)
+            .collect();
+        spans.sort();
+        let (mut total, mut reach) = (0, Ts::MIN);
+        for (s, e) in spans {
+            let s = s.max(reach);
+            if e > s {
+                total += e - s;
+                reach = e;
+            }
+        }
+        total
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -198,8 +230,18 @@ pub struct Stats {
     pub lost: usize,
     pub dead_lettered: usize,
     /// Effects posted at an epoch after a newer epoch of the seat was
-    /// claimed (a zombie's last round: bounded by the in-turn fence).
+    /// claimed (a zombie's last call: bounded by the in-turn fence).
     pub zombie_effects: usize,
+    /// Of those, the longest time from the call's fence check to the
+    /// effect being stored, outside stops and cut-offs (judged against
+    /// [`late_effect_bound`]).
+    pub late_max_delay_us: i64,
+    /// Of those, the most from one turn.
+    pub late_most_per_turn: usize,
+    /// The bound [`late_max_delay_us`] was judged against.
+    ///
+    /// [`late_max_delay_us`]: Stats::late_max_delay_us
+    pub late_bound_us: i64,
     pub max_dark_us: i64,
     pub p99_dark_us: i64,
     pub dark_stretches: usize,
@@ -216,6 +258,20 @@ pub struct Findings {
     /// Documented, bounded exceptions that happened, named.
     pub bounded: Vec<String>,
     pub stats: Stats,
+    /// The whole story ([`story`]) of each lost message and each message
+    /// that ran twice (a few of each).
+    pub stories: Vec<String>,
+}
+
+/// How many stories of each kind (lost, ran twice) a run tells.
+const STORIES: usize = 5;
+
+/// How long an effect may take from its call's fence check to the stream,
+/// outside stops and cut-offs: the outbox tries a post again for ten store
+/// timeouts (`RETRY_TIMEOUTS` in engine/outbox.rs), the last try may take
+/// one more, and a second for the scheduler.
+pub fn late_effect_bound(t: &Timings) -> i64 {
+    11 * t.store_timeout + SECOND
 }
 
 fn secs(us: i64) -> String {
@@ -322,6 +378,61 @@ pub fn graceful_handoffs(h: &History, tenures: &[Tenure]) -> Handoffs {
     out
 }
 
+/// A tenure that ended without a proven handoff — its lease lost or
+/// lapsed, its process killed or ended, or a voluntary release whose
+/// teardown never succeeded — paired with the seat's next tenure on
+/// another node, and the time by which work the giver completed must have
+/// reached the taker: the spec's crash bound (§ A seat's memory follows
+/// it: "a crash loses at most one cycle") is one `memory.flush_seconds`
+/// cycle, plus `slack` for the flush's own trip to the store, before the
+/// giver last acted (its tenure's end, or its first stop or cut-off in
+/// it).
+pub fn crash_handoffs(
+    h: &History,
+    tenures: &[Tenure],
+    flush: i64,
+    slack: i64,
+) -> Vec<(Tenure, Tenure, Ts)> {
+    let unproven = |t: &Tenure| {
+        let said = |name: &str| {
+            h.events.iter().any(|e| {
+                e.name == name
+                    && e.proc == t.proc
+                    && e.str("seat") == t.seat
+                    && e.u64("epoch") == t.epoch
+            })
+        };
+        said("seat_release_unproven") && !said("seat_release_recovered")
+    };
+    let procs: HashMap<&ProcId, &Proc> = h.procs.iter().map(|p| (&p.id, p)).collect();
+    let mut out = Vec::new();
+    for (k, t) in tenures.iter().enumerate() {
+        let crashed = matches!(t.reason.as_str(), "lost" | "grace_expired" | "process_end")
+            || (VOLUNTARY.contains(&t.reason.as_str()) && unproven(t));
+        if !crashed {
+            continue;
+        }
+        let Some(next) = tenures[k + 1..]
+            .iter()
+            .find(|n| n.seat == t.seat && n.epoch > t.epoch)
+        else {
+            continue;
+        };
+        if next.proc.node == t.proc.node {
+            continue;
+        }
+        let acted_until = procs
+            .get(&t.proc)
+            .into_iter()
+            .flat_map(|p| p.stops.iter().chain(p.cutoffs.iter()))
+            .map(|(s, _)| *s)
+            .filter(|s| *s >= t.attached && *s < t.ended)
+            .fold(t.ended, Ts::min);
+        out.push((t.clone(), next.clone(), acted_until - flush - slack));
+    }
+    out
+}
+
 /// What [`graceful_handoffs`] found.
 #[derive(Clone, Debug, Default)]
 pub struct Handoffs {
@@ -396,6 +507,172 @@ pub fn dark_stretches(h: &History, tenures: &[Tenure]) -> Vec<(String, Ts, i64)>
     }
     out.sort_by_key(|x| std::cmp::Reverse(x.2));
     out
+}
+
+/// The late-effects rule: every effect stored after a newer epoch of its
+/// seat was claimed is judged by the last fence its turn passed before it
+/// (the trace's `fence_passed`). It is bounded when that check came
+/// before the claim — not counting time the process was stopped after the
+/// claim, since a stop between the check and its log line delays only the
+/// line — and the effect was stored within [`late_effect_bound`] of the
+/// check, outside stops and cut-offs. Anything else is a violation.
+fn late_effects(
+    h: &History,
+    procs: &HashMap<&ProcId, &Proc>,
+    newer_claim: &dyn Fn(&str, u64) -> Option<Ts>,
+    f: &mut Findings,
+) {
+    let bound = late_effect_bound(&h.timings);
+    f.stats.late_bound_us = bound;
+    let mut passes: HashMap<&str, Vec<&NodeEvent>> = HashMap::new();
+    for e in h.events.iter().filter(|e| e.name == "trace.fence_passed") {
+        passes.entry(e.str("turn_id")).or_default().push(e);
+    }
+    let mut per_turn: HashMap<&str, usize> = HashMap::new();
+    for e in &h.effects {
+        let Some(c) = newer_claim(&e.seat, e.epoch).filter(|c| e.at > *c) else {
+            continue;
+        };
+        f.stats.zombie_effects += 1;
+        *per_turn.entry(e.turn_id.as_str()).or_default() += 1;
+        let what = format!(
+            "effect of turn {} on seat {} (epoch {}, {}) stored {} after epoch {} was claimed",
+            e.turn_id,
+            e.seat,
+            e.epoch,
+            e.node,
+            secs(e.at - c),
+            e.epoch + 1
+        );
+        let Some(pass) = passes
+            .get(e.turn_id.as_str())
+            .and_then(|ps| ps.iter().filter(|p| p.at <= e.at).max_by_key(|p| p.at))
+        else {
+            f.violations.push(format!(
+                "late effect: {what}, and the trace shows no fence its call passed"
+            ));
+            continue;
+        };
+        let proc = procs.get(&pass.proc);
+        let frozen_after_claim = proc.map_or(0, |p| p.frozen_within(c, pass.at));
+        if pass.at - frozen_after_claim > c {
+            f.violations.push(format!(
+                "late effect: {what}; its call passed the fence on {} {} after the claim",
+                pass.proc,
+                secs(pass.at - frozen_after_claim - c)
+            ));
+            continue;
+        }
+        let delay = e.at - pass.at - proc.map_or(0, |p| p.stalled_within(pass.at, e.at));
+        f.stats.late_max_delay_us = f.stats.late_max_delay_us.max(delay);
+        if delay > bound {
+            f.violations.push(format!(
+                "late effect: {what}; stored {} after its call passed the fence (outside stops and cut-offs; bound {})",
+                secs(delay),
+                secs(bound)
+            ));
+        }
+    }
+    f.stats.late_most_per_turn = per_turn.values().copied().max().unwrap_or(0);
+}
+
+/// One message's whole story, in time order, for a person hunting a loss
+/// or a duplicate: its publish; every step of its deliveries on every
+/// process (the trace: fetched, handed back, settled and how); the turns
+/// that carried it (started, each fence passed, completed); its effects
+/// with their epochs; its dead letter; and its seat's claims,
+/// attachments, detachments and undead alarms from a little before the
+/// publish on. Times are seconds from the publish.
+pub fn story(h: &History, id: &str) -> String {
+    let Some(p) = h.published.iter().find(|p| p.id == id) else {
+        return format!("  {id} was never published");
+    };
+    let t0 = p.at;
+    let mut lines: Vec<(Ts, String)> = vec![(
+        p.at,
+        format!(
+            "published to seat {} ({})",
+            p.seat,
+            match (p.acked, p.seq) {
+                (true, Some(seq)) => format!("acknowledged at stream sequence {seq}"),
+                (true, None) => "acknowledged".into(),
+                (false, _) => "never acknowledged".into(),
+            }
+        ),
+    )];
+    let turns: BTreeSet<&str> = h
+        .events
+        .iter()
+        .filter(|e| {
+            e.name == "turn_started"
+                && e.v["trigger_ids"]
+                    .as_array()
+                    .is_some_and(|a| a.iter().any(|x| x == id))
+        })
+        .map(|e| e.str("turn_id"))
+        .collect();
+    const SEAT_EVENTS: [&str; 6] = [
+        "seat_claimed",
+        "seat_attached",
+        "seat_detached",
+        "seat_undead",
+        "seat_undead_lost",
+        "seat_release_unproven",
+    ];
+    let line = |e: &NodeEvent| (e.at, format!("{} {} {}", e.proc, e.name, e.v));
+    for e in &h.events {
+        let mine = if e.name.starts_with("trace.") {
+            e.str("msg_id") == id || turns.contains(e.str("turn_id"))
+        } else {
+            e.name.starts_with("turn_") && turns.contains(e.str("turn_id"))
+        };
+        if mine {
+            lines.push(line(e));
+        }
+    }
+    for e in h
+        .effects
+        .iter()
+        .filter(|e| e.trigger_ids.iter().any(|x| x == id))
+    {
+        lines.push((
+            e.at,
+            format!(
+                "effect stored: turn {} on {} at epoch {}",
+                e.turn_id, e.node, e.epoch
+            ),
+        ));
+    }
+    // The seat's life around it: from a little before the publish to a
+    // while after the message's last step (a minute, when it has none).
+    let last = lines.iter().map(|l| l.0).max().unwrap_or(t0);
+    let until = if last > t0 {
+        last + 10 * SECOND
+    } else {
+        t0 + 60 * SECOND
+    };
+    lines.extend(
+        h.events
+            .iter()
+            .filter(|e| {
+                SEAT_EVENTS.contains(&e.name.as_str())
+                    && e.str("seat") == p.seat
+                    && (t0 - 5 * SECOND..=until).contains(&e.at)
+            })
+            .map(line),
+    );
+    lines.sort_by_key(|l| l.0);
+    let mut out: Vec<String> = lines
+        .iter()
+        .map(|(at, l)| format!("  {:+9.3}s {l}", (at - t0) as f64 / SECOND as f64))
+        .collect();
+    if h.dead.iter().any(|d| d.id == id) {
+        out.push("  (dead-lettered)".into());
+    }
+    if !h.events.iter().any(|e| e.name.starts_with("trace.")) {
+        out.push("  (the recording holds no delivery trace: the nodes logged no crewlet::delivery lines)".into());
+    }
+    out.join("\n")
 }
 
 /// Check every rule over `h`.
@@ -529,16 +806,13 @@ pub fn check(h: &History) -> Findings {
         for id in &e.trigger_ids {
             by_id.entry(id.as_str()).or_default().push(e);
         }
-        if let Some(c) = newer_claim(&e.seat, e.epoch)
-            && e.at > c
-        {
-            f.stats.zombie_effects += 1;
-        }
     }
+    late_effects(h, &procs, &newer_claim, &mut f);
     let dead: BTreeSet<&str> = h.dead.iter().map(|d| d.id.as_str()).collect();
     f.stats.dead_lettered = h.dead.len();
     f.stats.messages = h.published.len();
     let mut lost = Vec::new();
+    let mut twice: Vec<&str> = Vec::new();
     for p in &h.published {
         if !p.acked {
             f.stats.unconfirmed += 1;
@@ -605,6 +879,7 @@ pub fn check(h: &History) -> Findings {
                             })
                         })
                         .collect();
+                    twice.push(p.id.as_str());
                     let which: Vec<String> = es
                         .iter()
                         .map(|e| format!("{}@{}:epoch {}", e.turn_id, e.node, e.epoch))
@@ -643,6 +918,13 @@ pub fn check(h: &History) -> Findings {
         }
     }
     f.stats.lost = lost.len();
+    for p in lost.iter().take(STORIES) {
+        f.stories
+            .push(format!("lost {}:\n{}", p.id, story(h, &p.id)));
+    }
+    for id in twice.iter().take(STORIES) {
+        f.stories.push(format!("ran twice {id}:\n{}", story(h, id)));
+    }
     if !lost.is_empty() {
         let sample: Vec<String> = lost
             .iter()
@@ -1138,6 +1420,171 @@ mod tests {
             f.violations
         );
         assert_eq!(f.stats.stops_fenced, 1);
+    }
+
+    /// Seat s claimed by b at epoch 2 at 10 s; a's turn t1 (epoch 1)
+    /// passed its call's fence at `passed` and its effect was stored at
+    /// `stored` (seconds).
+    fn late(passed: i64, stored: i64) -> History {
+        let (a, b) = (proc("a", 0), proc("b", 0));
+        let mut h = base();
+        h.procs = vec![running(&a), running(&b)];
+        h.published = vec![published("m1")];
+        h.events = vec![
+            ev(1, &a, "seat_claimed", json!({"seat": "s", "epoch": 1})),
+            ev(
+                2,
+                &a,
+                "turn_started",
+                json!({"seat": "s", "turn_id": "t1", "epoch": 1}),
+            ),
+            ev(
+                passed,
+                &a,
+                "trace.fence_passed",
+                json!({"seat": "s", "turn_id": "t1", "epoch": 1, "call": "post_outbox"}),
+            ),
+            ev(10, &b, "seat_claimed", json!({"seat": "s", "epoch": 2})),
+        ];
+        h.effects = vec![effect(stored, "t1", "a", 1, &["m1"])];
+        h
+    }
+
+    #[test]
+    fn a_late_effect_whose_call_passed_the_fence_before_the_claim_is_bounded_and_reported() {
+        let f = check(&late(9, 12));
+        assert!(f.violations.is_empty(), "{:?}", f.violations);
+        assert_eq!(f.stats.zombie_effects, 1);
+        assert_eq!(f.stats.late_max_delay_us, 3 * SECOND);
+        assert_eq!(f.stats.late_most_per_turn, 1);
+        assert_eq!(f.stats.late_bound_us, 23 * SECOND);
+    }
+
+    #[test]
+    fn a_late_effect_whose_call_passed_the_fence_after_the_claim_is_a_violation() {
+        let f = check(&late(11, 12));
+        assert!(
+            f.violations
+                .iter()
+                .any(|v| v.starts_with("late effect") && v.contains("after the claim")),
+            "{:?}",
+            f.violations
+        );
+        // Unless the process was stopped from before the claim until the
+        // line was written: the check came before the stop.
+        let mut h = late(11, 12);
+        h.procs[0].stops = vec![(9 * SECOND + SECOND / 2, 11 * SECOND)];
+        let f = check(&h);
+        assert!(f.violations.is_empty(), "{:?}", f.violations);
+    }
+
+    #[test]
+    fn a_late_effect_with_no_fence_pass_in_the_trace_is_a_violation() {
+        let mut h = late(9, 12);
+        h.events.retain(|e| e.name != "trace.fence_passed");
+        assert!(
+            check(&h)
+                .violations
+                .iter()
+                .any(|v| v.contains("no fence its call passed"))
+        );
+    }
+
+    #[test]
+    fn a_late_effect_stored_past_the_retry_bound_is_a_violation_unless_its_process_was_stalled() {
+        // 31 s after the check: past the bound of 23 s.
+        let f = check(&late(9, 40));
+        assert!(
+            f.violations
+                .iter()
+                .any(|v| v.starts_with("late effect") && v.contains("bound 23.00s")),
+            "{:?}",
+            f.violations
+        );
+        // Cut off for 20 s and stopped for 5 s (overlapping 2 s) of it:
+        // 8 s of running time.
+        let mut h = late(9, 40);
+        h.procs[0].cutoffs = vec![(12 * SECOND, 32 * SECOND)];
+        h.procs[0].stops = vec![(30 * SECOND, 35 * SECOND)];
+        let f = check(&h);
+        assert!(f.violations.is_empty(), "{:?}", f.violations);
+        assert_eq!(f.stats.late_max_delay_us, 8 * SECOND);
+    }
+
+    #[test]
+    fn a_lost_message_is_told_with_every_step_of_its_deliveries_on_every_node() {
+        let (a, b) = (proc("a", 0), proc("b", 1));
+        let mut h = base();
+        h.procs = vec![running(&a), running(&b)];
+        h.published = vec![published("m1"), published("m2")];
+        let trace = |step: &str, what: &str, delivered: u64| json!({"step": step, "msg_id": "m1", "seq": 7, "delivered": delivered, "what": what});
+        h.events = vec![
+            ev(1, &a, "trace.fetched", trace("fetched", "fetch", 1)),
+            ev(
+                2,
+                &a,
+                "trace.settled",
+                trace("settled", "defer: seat \"s\" is not owned here", 1),
+            ),
+            ev(3, &b, "seat_claimed", json!({"seat": "s", "epoch": 2})),
+            ev(4, &b, "trace.fetched", trace("fetched", "stranded", 2)),
+            ev(5, &b, "trace.settled", trace("settled", "ack", 2)),
+            ev(
+                6,
+                &b,
+                "trace.fetched",
+                json!({"step": "fetched", "msg_id": "m2", "seq": 8, "delivered": 1, "what": "fetch"}),
+            ),
+        ];
+        let f = check(&h);
+        assert_eq!(f.stats.lost, 2);
+        let told = f
+            .stories
+            .iter()
+            .find(|s| s.starts_with("lost m1"))
+            .expect("m1's story");
+        let lines: Vec<&str> = told.lines().collect();
+        assert!(lines[1].contains("published to seat s"), "{told}");
+        assert!(lines[2].contains("a#0 trace.fetched"), "{told}");
+        assert!(lines[3].contains("defer: seat"), "{told}");
+        assert!(lines[4].contains("b#1 seat_claimed"), "{told}");
+        assert!(lines[5].contains("stranded"), "{told}");
+        assert!(lines[6].contains("\"ack\""), "{told}");
+        assert!(!told.contains("m2"), "another message's steps: {told}");
+    }
+
+    #[test]
+    fn a_killed_holders_memory_is_judged_one_flush_cycle_before_it_last_acted() {
+        let (a, b) = (proc("a", 0), proc("b", 0));
+        let mut h = base();
+        let mut pa = running(&a);
+        pa.stops = vec![(50 * SECOND, 60 * SECOND)];
+        h.procs = vec![pa, running(&b)];
+        h.events = vec![
+            ev(0, &a, "seat_attached", json!({"seat": "s", "epoch": 1})),
+            ev(
+                70,
+                &a,
+                "seat_detached",
+                json!({"seat": "s", "epoch": 1, "reason": "lost"}),
+            ),
+            ev(56, &b, "seat_attached", json!({"seat": "s", "epoch": 2})),
+            ev(
+                80,
+                &b,
+                "seat_detached",
+                json!({"seat": "s", "epoch": 2, "reason": "drain"}),
+            ),
+            ev(81, &a, "seat_attached", json!({"seat": "s", "epoch": 3})),
+        ];
+        let ts = tenures(&h);
+        let found = crash_handoffs(&h, &ts, 30 * SECOND, 5 * SECOND);
+        // The lost tenure (it last acted at its stop, 50 s) is judged at
+        // 50 − 30 − 5 s, against b's; the drain is not a crash.
+        assert_eq!(found.len(), 1, "{found:?}");
+        let (gave, took, by) = &found[0];
+        assert_eq!((gave.epoch, took.epoch), (1, 2));
+        assert_eq!(*by, 15 * SECOND);
     }
 
     #[test]

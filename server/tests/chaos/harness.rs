@@ -43,6 +43,9 @@ pub const SWEEP_S: u64 = 1;
 /// a delivery while it works on it, so the figures are the ones a user gets.
 pub const ACK_WAIT_S: u64 = 30;
 pub const STORE_TIMEOUT_MS: u64 = 2_000;
+/// `memory.flush_seconds` (the shipped default; the node configs leave it
+/// unset): what a crash may lose.
+pub const FLUSH_S: u64 = 30;
 /// The lease protocol a node runs at under the old-protocol fault.
 pub const OLD_PROTOCOL: u32 = 3;
 
@@ -85,6 +88,9 @@ pub struct Outcome {
     pub dir: PathBuf,
     pub wall: Duration,
     pub memory_handoffs: usize,
+    /// Tenures that ended otherwise, whose memory was checked against the
+    /// crash bound.
+    pub memory_crashes: usize,
     /// Messages the broker stranded that a holder took from the stream
     /// (`message_recovered`).
     pub recovered: usize,
@@ -345,10 +351,11 @@ impl Chaos {
         cmd.arg("run")
             .arg("--config")
             .arg(&n.config)
-            // Turn events are DEBUG lines: the checks need every start.
+            // Turn events are DEBUG lines: the checks need every start;
+            // so are the delivery trace's (each message's story).
             .env(
                 "RUST_LOG",
-                "info,crewlet::event=debug,sqlx=warn,tower_sessions=warn",
+                "info,crewlet::event=debug,crewlet::delivery=debug,sqlx=warn,tower_sessions=warn",
             )
             .env_remove("CREWLET_FAULT_PROTOCOL")
             .stdout(std::process::Stdio::from(out))
@@ -705,6 +712,19 @@ impl Chaos {
         false
     }
 
+    /// The NATS server of `role` for the seat leases' stream.
+    async fn server(&self, role: ServerRole) -> usize {
+        let leader = self
+            .cluster
+            .leader_of(&self.js, "KV_crewlet_leases")
+            .await
+            .unwrap_or(0);
+        match role {
+            ServerRole::Leader => leader,
+            ServerRole::Follower => (leader + 1) % self.cluster.servers.len(),
+        }
+    }
+
     async fn inject(&mut self, fault: &Fault) {
         let kind = fault.kind();
         *self.faults.entry(kind).or_default() += 1;
@@ -741,15 +761,7 @@ impl Chaos {
                 format!("sigstop {id} for {stopped:?}: {what}")
             }
             Fault::NatsRestart { role, down } => {
-                let leader = self
-                    .cluster
-                    .leader_of(&self.js, "KV_crewlet_leases")
-                    .await
-                    .unwrap_or(0);
-                let k = match role {
-                    ServerRole::Leader => leader,
-                    ServerRole::Follower => (leader + 1) % self.cluster.servers.len(),
-                };
+                let k = self.server(role).await;
                 self.cluster.servers[k].kill();
                 self.pause(down).await;
                 self.cluster.servers[k].restart().await;
@@ -826,6 +838,26 @@ impl Chaos {
                 format!(
                     "{} at protocol {OLD_PROTOCOL} for {hold:?} (its /health said {seen:?})",
                     self.nodes[i].id
+                )
+            }
+            Fault::OldHolderDrainsInNatsRestart { node, hold, down } => {
+                let Some(i) = self.serving(node) else {
+                    return;
+                };
+                self.end_node(i, EndCause::Terminated).await;
+                self.start_node(i, &[("CREWLET_FAULT_PROTOCOL", OLD_PROTOCOL.to_string())])
+                    .await;
+                self.pause(hold).await;
+                let k = self.server(ServerRole::Follower).await;
+                self.cluster.servers[k].kill();
+                self.end_node(i, EndCause::Terminated).await;
+                self.pause(down).await;
+                self.cluster.servers[k].restart().await;
+                self.start_node(i, &[]).await;
+                format!(
+                    "{} at protocol {OLD_PROTOCOL} for {hold:?}, then drained while {} (a follower of KV_crewlet_leases) was down for {down:?}",
+                    self.nodes[i].id,
+                    self.cluster.servers[k].name()
                 )
             }
             Fault::RemoveRoles { seats, absent } => {
@@ -1106,7 +1138,8 @@ async fn recorder(
     }
 }
 
-/// Parse one process's log: its events, and any panic line.
+/// Parse one process's log: its events, its delivery trace (as events
+/// named `trace.{step}`, README § Logging), and any panic line.
 fn parse_log(proc: &ProcId, path: &Path) -> (Vec<NodeEvent>, Vec<String>) {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let mut events = Vec::new();
@@ -1121,14 +1154,19 @@ fn parse_log(proc: &ProcId, path: &Path) -> (Vec<NodeEvent>, Vec<String>) {
         let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
             continue;
         };
-        if v["target"] != "crewlet::event" {
-            continue;
-        }
         let fields = &v["fields"];
-        let Some(detail) = fields["detail"]
-            .as_str()
-            .and_then(|d| serde_json::from_str::<serde_json::Value>(d).ok())
-        else {
+        let (name, detail) = if v["target"] == "crewlet::event" {
+            let Some(detail) = fields["detail"]
+                .as_str()
+                .and_then(|d| serde_json::from_str::<serde_json::Value>(d).ok())
+            else {
+                continue;
+            };
+            (fields["event"].as_str().unwrap_or("").to_string(), detail)
+        } else if v["target"] == "crewlet::delivery" {
+            let step = fields["step"].as_str().unwrap_or("");
+            (format!("trace.{step}"), fields.clone())
+        } else {
             continue;
         };
         let at = v["timestamp"]
@@ -1139,7 +1177,7 @@ fn parse_log(proc: &ProcId, path: &Path) -> (Vec<NodeEvent>, Vec<String>) {
         events.push(NodeEvent {
             at,
             proc: proc.clone(),
-            name: fields["event"].as_str().unwrap_or("").to_string(),
+            name,
             v: detail,
         });
     }
@@ -1169,11 +1207,11 @@ async fn memory_rows(db: &Path) -> Result<HashSet<(String, String)>, String> {
 
 /// Memory rows survive every graceful handoff ([`check::graceful_handoffs`]):
 /// every row the giver wrote for the work it finished in that tenure is in
-/// the taker's database. Returns what was checked and what broke.
-async fn check_memory(
-    h: &History,
-    dirs: &BTreeMap<String, PathBuf>,
-) -> (check::Handoffs, Vec<String>) {
+/// the taker's database. And every other end of a tenure
+/// ([`check::crash_handoffs`]) loses at most one flush cycle: every row of
+/// work the giver finished a cycle before it last acted is in the taker's.
+/// Returns what was checked and what broke.
+async fn check_memory(h: &History, dirs: &BTreeMap<String, PathBuf>) -> MemoryChecked {
     let mut rows: BTreeMap<String, HashSet<(String, String)>> = BTreeMap::new();
     let mut violations = Vec::new();
     for (node, dir) in dirs {
@@ -1184,8 +1222,16 @@ async fn check_memory(
             Err(e) => violations.push(format!("memory: cannot read {node}'s database: {e}")),
         }
     }
-    let handoffs = check::graceful_handoffs(h, &check::tenures(h));
-    for (t, next) in &handoffs.graceful {
+    let tenures = check::tenures(h);
+    let handoffs = check::graceful_handoffs(h, &tenures);
+    let slack = 2 * STORE_TIMEOUT_MS as i64 * 1000 + SECOND;
+    let crashes = check::crash_handoffs(h, &tenures, FLUSH_S as i64 * SECOND, slack);
+    let graceful = handoffs
+        .graceful
+        .iter()
+        .map(|(t, n)| (t, n, t.ended, "graceful"));
+    let crashed = crashes.iter().map(|(t, n, by)| (t, n, *by, "crash bound"));
+    for (t, next, by, kind) in graceful.chain(crashed) {
         let (Some(giver), Some(taker)) = (rows.get(&t.proc.node), rows.get(&next.proc.node)) else {
             continue;
         };
@@ -1195,7 +1241,7 @@ async fn check_memory(
             .filter(|e| {
                 e.name == "turn_completed"
                     && e.proc == t.proc
-                    && e.at <= t.ended
+                    && e.at <= by
                     && e.v["seat"] == t.seat.as_str()
                     && e.v["epoch"].as_u64() == Some(t.epoch)
                     && e.v["outcome"] == "completed"
@@ -1213,7 +1259,7 @@ async fn check_memory(
                 .collect();
             if !missing.is_empty() {
                 violations.push(format!(
-                    "memory: seat {} handed from {} (epoch {}, {}) to {} (epoch {}): {} {table} rows not carried, e.g. work key {}",
+                    "memory ({kind}): seat {} from {} (epoch {}, {}) to {} (epoch {}): {} {table} rows not carried, e.g. work key {}",
                     t.seat,
                     t.proc,
                     t.epoch,
@@ -1226,7 +1272,20 @@ async fn check_memory(
             }
         }
     }
-    (handoffs, violations)
+    MemoryChecked {
+        handoffs,
+        crashes: crashes.len(),
+        violations,
+    }
+}
+
+/// What [`check_memory`] checked and found.
+struct MemoryChecked {
+    handoffs: check::Handoffs,
+    /// Tenures that ended without a proven handoff, checked against the
+    /// crash bound.
+    crashes: usize,
+    violations: Vec<String>,
 }
 
 /// Create every seat's mailboxes before the first node starts, many at a
@@ -1599,8 +1658,9 @@ pub async fn run(sched: Schedule, dir: PathBuf) -> Outcome {
         .iter()
         .map(|n| (n.id.clone(), n.dir.clone()))
         .collect();
-    let (handoffs, memory) = check_memory(&history, &dirs).await;
-    history.harness.extend(memory);
+    let memory = check_memory(&history, &dirs).await;
+    let handoffs = memory.handoffs;
+    history.harness.extend(memory.violations);
     let findings = check::check(&history);
     let tenures = check::tenures(&history);
     let stretches = check::dark_stretches(&history, &tenures);
@@ -1622,10 +1682,12 @@ pub async fn run(sched: Schedule, dir: PathBuf) -> Outcome {
         notes.push(format!("a start failed (started again): {f}"));
     }
     notes.push(format!(
-        "events: {} on the bus, {} in the nodes' logs; graceful handoffs whose memory was checked: {}",
+        "events: {} on the bus, {} in the nodes' logs (and {} delivery trace lines); memory checked over {} graceful handoffs and {} tenures ended otherwise (crash bound: one {FLUSH_S} s flush cycle)",
         shared.bus_events.load(Ordering::Relaxed),
-        history.events.len(),
-        handoffs.graceful.len()
+        history.events.iter().filter(|e| !e.name.starts_with("trace.")).count(),
+        history.events.iter().filter(|e| e.name.starts_with("trace.")).count(),
+        handoffs.graceful.len(),
+        memory.crashes
     ));
     if handoffs.lapsed_unproven > 0 {
         notes.push(format!(
@@ -1661,7 +1723,14 @@ pub async fn run(sched: Schedule, dir: PathBuf) -> Outcome {
     }
     std::fs::write(
         dir.join("findings.txt"),
-        format!("{:#?}\n\nnotes:\n{}\n", findings, notes.join("\n")),
+        format!(
+            "violations:\n{:#?}\n\nbounded:\n{:#?}\n\n{:#?}\n\nnotes:\n{}\n\nstories:\n{}\n",
+            findings.violations,
+            findings.bounded,
+            findings.stats,
+            notes.join("\n"),
+            findings.stories.join("\n\n")
+        ),
     )
     .ok();
     let faults = c.faults.clone();
@@ -1675,6 +1744,7 @@ pub async fn run(sched: Schedule, dir: PathBuf) -> Outcome {
         dir,
         wall: t0.elapsed(),
         memory_handoffs: handoffs.graceful.len(),
+        memory_crashes: memory.crashes,
         recovered,
         republished,
     }

@@ -76,6 +76,16 @@ pub enum Fault {
     /// `crewlet apply` a company without `seats`, then (after `absent`)
     /// the whole company again.
     RemoveRoles { seats: Vec<usize>, absent: Duration },
+    /// The faults chaos seed 5004 lost a message under: a node restarted
+    /// at a lower lease protocol holds seats for `hold`, then drains
+    /// (SIGTERM: its offers to the newer peers may time out) while a NATS
+    /// server that does not lead the leases is down; `down` later the
+    /// server and the node (at the current protocol) start again.
+    OldHolderDrainsInNatsRestart {
+        node: usize,
+        hold: Duration,
+        down: Duration,
+    },
 }
 
 impl Fault {
@@ -97,6 +107,7 @@ impl Fault {
             Fault::Rolling => "rolling",
             Fault::LowerProtocol { .. } => "old_protocol",
             Fault::RemoveRoles { .. } => "apply_roles",
+            Fault::OldHolderDrainsInNatsRestart { .. } => "old_drain_nats",
         }
     }
 }
@@ -239,6 +250,33 @@ impl Schedule {
                     recover,
                     gap: ms(300, 3_000, &mut rng),
                 }
+            })
+            .collect();
+        Schedule {
+            seed,
+            profile: p,
+            steps,
+        }
+    }
+
+    /// The seed-5004 scenario: [`Fault::OldHolderDrainsInNatsRestart`] on
+    /// two of the three nodes (drawn from the seed), recovering after each.
+    pub fn old_holder_drains_in_nats_restart(seed: u64) -> Schedule {
+        let p = Profile::ci();
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mut nodes: Vec<usize> = (0..p.nodes).collect();
+        nodes.shuffle(&mut rng);
+        let steps = nodes
+            .into_iter()
+            .take(2)
+            .map(|node| Step {
+                fault: Fault::OldHolderDrainsInNatsRestart {
+                    node,
+                    hold: ms(3_000, 6_000, &mut rng),
+                    down: ms(1_000, 3_000, &mut rng),
+                },
+                recover: true,
+                gap: ms(500, 1_500, &mut rng),
             })
             .collect();
         Schedule {

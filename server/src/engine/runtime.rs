@@ -164,6 +164,15 @@ pub struct SeatTurns {
     pub last_error: Option<String>,
 }
 
+/// What one memory changelog cycle did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FlushReport {
+    /// Rows published.
+    pub rows: usize,
+    /// Seats whose rows could not be published.
+    pub failed: usize,
+}
+
 /// The turn engine. Give it to the seat host as its hooks.
 pub struct TurnEngine {
     me: Weak<TurnEngine>,
@@ -285,6 +294,12 @@ impl TurnEngine {
     /// One changelog cycle: publish each of `held`'s rows stamped since
     /// the last flush. A seat that fails is logged and tried next cycle.
     pub async fn flush_memory(&self, held: &[String]) -> usize {
+        self.flush_memory_report(held).await.rows
+    }
+
+    /// [`TurnEngine::flush_memory`], saying also how many seats' rows could
+    /// not be published (tried again soon: `changelog::next_flush_in`).
+    pub async fn flush_memory_report(&self, held: &[String]) -> FlushReport {
         // The node's change sequence moves on every memory write: a seat
         // flushed at the current value has nothing new, so an idle node's
         // cycle is one read.
@@ -313,7 +328,7 @@ impl TurnEngine {
                 }
             }
         };
-        let mut n = 0;
+        let (mut n, mut failed) = (0, 0);
         for h in due {
             if let (Some(unpublished), Some(v)) = (&unpublished, now)
                 && !unpublished.contains(h)
@@ -329,12 +344,13 @@ impl TurnEngine {
                     }
                 }
                 Err(e) => {
-                    tracing::warn!(seat = %h, error = %e, "cannot publish the seat's memory; trying again next cycle")
+                    failed += 1;
+                    tracing::warn!(seat = %h, error = %e, "cannot publish the seat's memory; trying again soon")
                 }
             }
         }
         lock(&self.flushed_at).retain(|h, _| held.contains(h));
-        n
+        FlushReport { rows: n, failed }
     }
 
     async fn reflect(&self, handle: &str, d: Delivery) -> Disposition {

@@ -6,7 +6,10 @@
 //! A cycle (every `memory.flush_seconds`) publishes each held seat's rows
 //! stamped past the highest change sequence the last cycle published; the
 //! release hook flushes once more before the lease goes, so a graceful
-//! handoff loses nothing and a crash loses at most one cycle. The acquire
+//! handoff loses nothing and a crash loses at most one cycle. A cycle that
+//! could not publish a seat's rows (the store was away) is tried again
+//! within seconds ([`next_flush_in`]), not a whole cycle later, so a store
+//! outage widens what a crash can lose only by its own length. The acquire
 //! hook replays the seat's subjects into the local store before the inbox
 //! attaches ([`hydrate`]); a hydration that fails refuses the seat. Deletes
 //! are not replicated. On NATS the stream is `CREWLET_MEMORY`; a single
@@ -24,6 +27,25 @@ use crate::metrics::{self as m, Update};
 
 /// The changelog stream.
 pub const MEMORY_STREAM: &str = "CREWLET_MEMORY";
+
+/// The first wait before a failed cycle is tried again; it doubles on each
+/// failure up to the cycle itself.
+pub const FLUSH_RETRY_FIRST: Duration = Duration::from_secs(1);
+
+/// Pure: how long until the next cycle, given the cycle's length, whether
+/// the cycle just run left a seat unpublished, and the wait before it
+/// (`None`: it was a regular cycle). A clean cycle waits a whole cycle; a
+/// failed one is tried again after [`FLUSH_RETRY_FIRST`], doubling, never
+/// longer than the cycle.
+pub fn next_flush_in(every: Duration, failed: bool, last_retry: Option<Duration>) -> Duration {
+    if !failed {
+        return every;
+    }
+    match last_retry {
+        None => FLUSH_RETRY_FIRST.min(every),
+        Some(w) => (w * 2).min(every),
+    }
+}
 
 /// `crewlet.memory.{handle}.{table}.{row id}`
 pub fn memory_subject(handle: &str, row: &CarriedRow) -> String {
@@ -460,6 +482,27 @@ async fn hydrate_rows(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_failed_cycle_is_tried_again_within_seconds_backing_off_to_the_cycle() {
+        use super::next_flush_in;
+        let every = std::time::Duration::from_secs(30);
+        let s = std::time::Duration::from_secs;
+        assert_eq!(next_flush_in(every, false, None), every);
+        assert_eq!(next_flush_in(every, true, None), s(1));
+        assert_eq!(next_flush_in(every, true, Some(s(1))), s(2));
+        assert_eq!(next_flush_in(every, true, Some(s(16))), every);
+        assert_eq!(
+            next_flush_in(every, false, Some(s(4))),
+            every,
+            "a clean retry goes back to the cycle"
+        );
+        assert_eq!(
+            next_flush_in(s(1) / 2, true, None),
+            s(1) / 2,
+            "never longer than the cycle"
+        );
+    }
+
     use super::*;
 
     #[test]

@@ -591,16 +591,17 @@ fn start_memory_flush(
     let (engine, turns) = (engine.clone(), turns.clone());
     let every = Duration::from_secs(config.memory.flush_seconds);
     tasks.spawn("memory-flush", async move {
-        let mut tick = tokio::time::interval(every);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        tick.tick().await;
+        use crate::memory::changelog::next_flush_in;
+        let (mut wait, mut retry) = (every, None);
         loop {
-            tick.tick().await;
+            tokio::time::sleep(wait).await;
             let held = engine.host().held();
-            let n = turns.flush_memory(&held).await;
-            if n > 0 {
-                tracing::debug!(rows = n, seats = held.len(), "memory changelog cycle");
+            let r = turns.flush_memory_report(&held).await;
+            if r.rows > 0 {
+                tracing::debug!(rows = r.rows, seats = held.len(), "memory changelog cycle");
             }
+            wait = next_flush_in(every, r.failed > 0, retry);
+            retry = (r.failed > 0).then_some(wait);
         }
     });
 }

@@ -197,6 +197,9 @@ pub struct History {
     pub events: Vec<NodeEvent>,
     pub procs: Vec<Proc>,
     pub removals: Vec<Removal>,
+    /// When a NATS server was down (killed → started again and serving):
+    /// the store may not have answered anyone.
+    pub outages: Vec<(Ts, Ts)>,
     pub polls: Vec<Poll>,
     /// Panic lines found in the nodes' stderr.
     pub panics: Vec<(ProcId, String)>,
@@ -385,8 +388,10 @@ pub fn graceful_handoffs(h: &History, tenures: &[Tenure]) -> Handoffs {
 /// reached the taker: the spec's crash bound (§ A seat's memory follows
 /// it: "a crash loses at most one cycle") is one `memory.flush_seconds`
 /// cycle, plus `slack` for the flush's own trip to the store, before the
-/// giver last acted (its tenure's end, or its first stop or cut-off in
-/// it).
+/// giver last reached the store: its tenure's end, or its first stop or
+/// cut-off in it, or the start of a NATS outage that reached into the
+/// tenure's last cycle (rows due to flush in an outage cannot be, and a
+/// lease lost to it goes with them).
 pub fn crash_handoffs(
     h: &History,
     tenures: &[Tenure],
@@ -421,12 +426,19 @@ pub fn crash_handoffs(
         if next.proc.node == t.proc.node {
             continue;
         }
+        let last_cycle = t.ended - flush - slack;
+        let outages = h
+            .outages
+            .iter()
+            .filter(|(s, e)| *e > last_cycle && *s < t.ended)
+            .map(|(s, _)| *s);
         let acted_until = procs
             .get(&t.proc)
             .into_iter()
             .flat_map(|p| p.stops.iter().chain(p.cutoffs.iter()))
             .map(|(s, _)| *s)
             .filter(|s| *s >= t.attached && *s < t.ended)
+            .chain(outages)
             .fold(t.ended, Ts::min);
         out.push((t.clone(), next.clone(), acted_until - flush - slack));
     }
@@ -1108,6 +1120,7 @@ mod tests {
             events: vec![],
             procs: vec![],
             removals: vec![],
+            outages: vec![],
             polls: vec![],
             panics: vec![],
             harness: vec![],
@@ -1585,6 +1598,11 @@ mod tests {
         let (gave, took, by) = &found[0];
         assert_eq!((gave.epoch, took.epoch), (1, 2));
         assert_eq!(*by, 15 * SECOND);
+        // A NATS outage from 40 s reaching into its last cycle: judged
+        // from the outage's start. One that ended long before: not.
+        h.outages = vec![(5 * SECOND, 8 * SECOND), (40 * SECOND, 44 * SECOND)];
+        let found = crash_handoffs(&h, &ts, 30 * SECOND, 5 * SECOND);
+        assert_eq!(found[0].2, 5 * SECOND);
     }
 
     #[test]

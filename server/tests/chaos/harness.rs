@@ -156,6 +156,8 @@ struct Chaos {
     notes: Vec<String>,
     harness: Vec<String>,
     removals: Vec<Removal>,
+    /// NATS servers' down times (killed → restarted).
+    outages: Vec<(Ts, Ts)>,
     http: reqwest::Client,
     t0: Instant,
 }
@@ -762,9 +764,11 @@ impl Chaos {
             }
             Fault::NatsRestart { role, down } => {
                 let k = self.server(role).await;
+                let from = now();
                 self.cluster.servers[k].kill();
                 self.pause(down).await;
                 self.cluster.servers[k].restart().await;
+                self.outages.push((from, now()));
                 format!(
                     "nats restart of {} ({:?} of KV_crewlet_leases; down {down:?})",
                     self.cluster.servers[k].name(),
@@ -849,10 +853,12 @@ impl Chaos {
                     .await;
                 self.pause(hold).await;
                 let k = self.server(ServerRole::Follower).await;
+                let from = now();
                 self.cluster.servers[k].kill();
                 self.end_node(i, EndCause::Terminated).await;
                 self.pause(down).await;
                 self.cluster.servers[k].restart().await;
+                self.outages.push((from, now()));
                 self.start_node(i, &[]).await;
                 format!(
                     "{} at protocol {OLD_PROTOCOL} for {hold:?}, then drained while {} (a follower of KV_crewlet_leases) was down for {down:?}",
@@ -1429,6 +1435,7 @@ pub async fn run(sched: Schedule, dir: PathBuf) -> Outcome {
         notes: Vec::new(),
         harness: Vec::new(),
         removals: Vec::new(),
+        outages: Vec::new(),
         http: http.clone(),
         t0,
     };
@@ -1649,6 +1656,7 @@ pub async fn run(sched: Schedule, dir: PathBuf) -> Outcome {
         events,
         procs: c.procs.clone(),
         removals: c.removals.clone(),
+        outages: c.outages.clone(),
         polls: lock(&shared.polls).clone(),
         panics,
         harness: c.harness.clone(),

@@ -558,6 +558,25 @@ impl crewlet::duty::Duty for LongTurning {
     }
 }
 
+/// The loop `dog` names wedged, waited for (30 s at most).
+async fn wedged_loop(dog: &crewlet::watchdog::Watchdog, what: &str) -> String {
+    support::wait_for(
+        what,
+        Duration::from_secs(30),
+        Duration::from_millis(50),
+        || {
+            let v = dog.current();
+            async move {
+                match v {
+                    Verdict::Wedged { loop_name, .. } => Some(loop_name),
+                    _ => None,
+                }
+            }
+        },
+    )
+    .await
+}
+
 fn duty_context(dog: &crewlet::watchdog::Watchdog) -> crewlet::duty::DutyContext {
     crewlet::duty::DutyContext {
         store: Arc::new(Coordinator::new(
@@ -634,21 +653,7 @@ async fn a_duty_tick_that_stops_turning_is_wedged_within_a_step_bound_not_three_
     let dog = crewlet::watchdog::Watchdog::new(threshold);
     let stuck = Duties::new();
     stuck.start(&tasks, duty_context(&dog), Arc::new(StepsThenStuck));
-    let named = support::wait_for(
-        "the blocked tick to read as wedged",
-        Duration::from_secs(30),
-        Duration::from_millis(50),
-        || {
-            let v = dog.current();
-            async move {
-                match v {
-                    Verdict::Wedged { loop_name, .. } => Some(loop_name),
-                    _ => None,
-                }
-            }
-        },
-    )
-    .await;
+    let named = wedged_loop(&dog, "the blocked tick to read as wedged").await;
     assert_eq!(named, "duty:steps_then_stuck");
     stuck.abandon();
 }
@@ -675,40 +680,15 @@ impl crewlet::duty::Duty for TickingDuty {
 /// longer watched (a duty that is gone is not a duty that is wedged).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_duty_blocked_in_its_tick_is_a_wedged_loop_and_a_stopped_duty_stands_down() {
-    use crewlet::duty::{Duties, DutyContext};
-    let store: Arc<dyn Store> = Arc::new(Coordinator::new(
-        TwinBackend::new(Duration::from_secs(3)),
-        CoordinatorOptions::default(),
-    ));
+    use crewlet::duty::Duties;
     let dog = crewlet::watchdog::Watchdog::new(Duration::from_secs(1));
     let tasks = Tasks::new();
-    let ctx = DutyContext {
-        store,
-        node_id: "n".into(),
-        owner: "n:1".into(),
-        protocol: 4,
-        events: EventBus::new("n", "n:1"),
-        watchdog: Some(dog.clone()),
-    };
+    let ctx = duty_context(&dog);
     let ticking = Duties::new();
     ticking.start(&tasks, ctx.clone(), Arc::new(TickingDuty));
     let stuck = Duties::new();
     stuck.start(&tasks, ctx, Arc::new(StuckDuty));
-    let named = support::wait_for(
-        "the stuck duty to read as wedged",
-        Duration::from_secs(15),
-        Duration::from_millis(50),
-        || {
-            let v = dog.current();
-            async move {
-                match v {
-                    Verdict::Wedged { loop_name, .. } => Some(loop_name),
-                    _ => None,
-                }
-            }
-        },
-    )
-    .await;
+    let named = wedged_loop(&dog, "the stuck duty to read as wedged").await;
     assert_eq!(named, "duty:stuck");
     assert!(
         dog.beats()["duty:ticking"].live,

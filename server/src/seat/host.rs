@@ -881,17 +881,7 @@ impl SeatHost {
         else {
             return;
         };
-        let sent = Instant::now();
-        let renewal = self
-            .inner
-            .store
-            .renew(&lease, &self.inner.cfg.owner, self.renewal_metadata(&lease))
-            .await;
-        metrics::apply(&Update::count(
-            metrics::RENEWALS,
-            "outcome",
-            renewal.outcome(),
-        ));
+        let (sent, renewal) = self.send_renewal(&lease).await;
         if let Renewal::Renewed(l) = renewal
             && let Some(e) = lock(&self.inner.seats).get_mut(handle)
             && e.lease.epoch == lease.epoch
@@ -900,6 +890,23 @@ impl SeatHost {
             e.lease = l;
             e.last_renewed = sent;
         }
+    }
+
+    /// Renew `lease` (counted in `crewlet_renewals_total`): when it was
+    /// sent, and the store's answer.
+    async fn send_renewal(&self, lease: &Lease) -> (Instant, Renewal) {
+        let sent = Instant::now();
+        let renewal = self
+            .inner
+            .store
+            .renew(lease, &self.inner.cfg.owner, self.renewal_metadata(lease))
+            .await;
+        metrics::apply(&Update::count(
+            metrics::RENEWALS,
+            "outcome",
+            renewal.outcome(),
+        ));
+        (sent, renewal)
     }
 
     async fn renew_one(&self, handle: &str, ttl: Duration, progress: &Progress<'_>) {
@@ -918,17 +925,7 @@ impl SeatHost {
                 .await;
             return;
         }
-        let sent = Instant::now();
-        let renewal = self
-            .inner
-            .store
-            .renew(&lease, &self.inner.cfg.owner, self.renewal_metadata(&lease))
-            .await;
-        metrics::apply(&Update::count(
-            metrics::RENEWALS,
-            "outcome",
-            renewal.outcome(),
-        ));
+        let (sent, renewal) = self.send_renewal(&lease).await;
         match renewal {
             Renewal::Renewed(l) => {
                 let mut seats = lock(&self.inner.seats);

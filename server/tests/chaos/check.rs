@@ -445,6 +445,26 @@ pub fn crash_handoffs(
     out
 }
 
+/// When a graceful tenure's last memory flush was: a hand-off flushes in
+/// its quiesce, just before it offers the seat (`seat_offered`), so work
+/// finished after the offer — a turn still in flight when the giver had
+/// waited `release_wait` (one heartbeat) and offered anyway — is not in
+/// that flush; a release flushes after it detaches, at the tenure's end.
+pub fn flushed_by(h: &History, t: &Tenure) -> Ts {
+    h.events
+        .iter()
+        .filter(|e| {
+            e.name == "seat_offered"
+                && e.proc == t.proc
+                && e.str("seat") == t.seat
+                && e.u64("epoch") == t.epoch
+                && e.at <= t.ended
+        })
+        .map(|e| e.at)
+        .max()
+        .unwrap_or(t.ended)
+}
+
 /// What [`graceful_handoffs`] found.
 #[derive(Clone, Debug, Default)]
 pub struct Handoffs {
@@ -1564,6 +1584,39 @@ mod tests {
         assert!(lines[5].contains("stranded"), "{told}");
         assert!(lines[6].contains("\"ack\""), "{told}");
         assert!(!told.contains("m2"), "another message's steps: {told}");
+    }
+
+    #[test]
+    fn a_handed_off_tenures_memory_is_judged_up_to_its_offer_and_a_released_ones_to_its_end() {
+        let (a, b) = (proc("a", 0), proc("b", 0));
+        let mut h = base();
+        h.events = vec![
+            ev(0, &a, "seat_attached", json!({"seat": "s", "epoch": 1})),
+            ev(
+                8,
+                &a,
+                "seat_offered",
+                json!({"seat": "s", "epoch": 1, "to": "b"}),
+            ),
+            ev(
+                10,
+                &a,
+                "seat_detached",
+                json!({"seat": "s", "epoch": 1, "reason": "rebalance"}),
+            ),
+            ev(9, &b, "seat_attached", json!({"seat": "s", "epoch": 2})),
+            ev(
+                20,
+                &b,
+                "seat_detached",
+                json!({"seat": "s", "epoch": 2, "reason": "drain"}),
+            ),
+        ];
+        let ts = tenures(&h);
+        let given = ts.iter().find(|t| t.proc == a).unwrap();
+        let released = ts.iter().find(|t| t.proc == b).unwrap();
+        assert_eq!(flushed_by(&h, given), 8 * SECOND);
+        assert_eq!(flushed_by(&h, released), 20 * SECOND);
     }
 
     #[test]

@@ -1212,8 +1212,8 @@ async fn memory_rows(db: &Path) -> Result<HashSet<(String, String)>, String> {
 }
 
 /// Memory rows survive every graceful handoff ([`check::graceful_handoffs`]):
-/// every row the giver wrote for the work it finished in that tenure is in
-/// the taker's database. And every other end of a tenure
+/// every row the giver wrote for the work it finished before its last
+/// flush ([`check::flushed_by`]) is in the taker's database. And every other end of a tenure
 /// ([`check::crash_handoffs`]) loses at most one flush cycle: every row of
 /// work the giver finished a cycle before it last acted is in the taker's.
 /// Returns what was checked and what broke.
@@ -1235,7 +1235,7 @@ async fn check_memory(h: &History, dirs: &BTreeMap<String, PathBuf>) -> MemoryCh
     let graceful = handoffs
         .graceful
         .iter()
-        .map(|(t, n)| (t, n, t.ended, "graceful"));
+        .map(|(t, n)| (t, n, check::flushed_by(h, t), "graceful"));
     let crashed = crashes.iter().map(|(t, n, by)| (t, n, *by, "crash bound"));
     for (t, next, by, kind) in graceful.chain(crashed) {
         let (Some(giver), Some(taker)) = (rows.get(&t.proc.node), rows.get(&next.proc.node)) else {

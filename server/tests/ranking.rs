@@ -82,16 +82,21 @@ both!(
     a_node_that_leaves_is_dropped_and_the_others_keep_their_places,
     a_repeated_or_empty_node_id_is_refused_before_anything_is_written,
     with_no_saved_order_every_node_ranks_by_first_seen,
+    a_restarted_node_keeps_its_first_seen_place_with_no_saved_order,
 );
 
-/// Node `id` comes up: its presence lease, claimed through `store`.
+/// Node `id` comes up: its presence lease, claimed through `store`, and
+/// its first-seen time kept (as a node's heartbeat keeps it).
 async fn presence(store: &dyn Store, id: &str) -> Lease {
     let owner = format!("{id}:0001");
     match store
         .claim(ClaimRequest::new(format!("node:{id}"), owner, id))
         .await
     {
-        Ok(Claim::Won(l)) => l,
+        Ok(Claim::Won(l)) => {
+            ranking::remember(store, id, l.acquired_at).await.unwrap();
+            l
+        }
         other => panic!("node {id}'s presence was not claimed: {other:?}"),
     }
 }
@@ -245,6 +250,29 @@ async fn with_no_saved_order_every_node_ranks_by_first_seen(f: Fx) {
     presence(&*b, "node-z").await;
     presence(&*a, "node-a").await;
     assert!(ranking::read(&*a).await.unwrap().is_none());
+    assert_eq!(effective(&*a).await, ids(&["node-z", "node-a"]));
+    assert_eq!(effective(&*b).await, ids(&["node-z", "node-a"]));
+}
+
+/// Handoff § 2: the order is chronological and stable — a node that
+/// restarts (its presence given up, then claimed again, later) keeps its
+/// place; it does not drop to the end as its new presence lease's time
+/// would put it.
+async fn a_restarted_node_keeps_its_first_seen_place_with_no_saved_order(f: Fx) {
+    let a = f.node().await;
+    let b = f.node().await;
+    let z = presence(&*b, "node-z").await;
+    let first = presence(&*a, "node-a").await;
+    assert_eq!(effective(&*a).await, ids(&["node-z", "node-a"]));
+    assert!(matches!(
+        b.release(&z, &z.owner).await,
+        Ok(Release::Released)
+    ));
+    let again = presence(&*b, "node-z").await;
+    assert!(
+        again.acquired_at > first.acquired_at,
+        "the restarted node's presence is the newest lease"
+    );
     assert_eq!(effective(&*a).await, ids(&["node-z", "node-a"]));
     assert_eq!(effective(&*b).await, ids(&["node-z", "node-a"]));
 }

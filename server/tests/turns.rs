@@ -25,6 +25,7 @@ use support::turnfleet::*;
 both!(
     a_seat_whose_program_a_node_does_not_allow_is_never_started_there_and_a_node_that_allows_it_takes_it,
     an_undead_seats_in_flight_turn_finishes_and_nothing_new_starts_there,
+    every_loop_that_can_hold_a_seats_mail_is_watched_and_a_released_seat_stands_down,
     a_turn_runs_once_and_its_effect_names_the_work_and_the_epoch,
     a_crash_after_the_effects_and_before_the_ack_is_skipped_on_the_new_holder,
     a_partial_overlap_runs_only_the_new_trigger,
@@ -925,4 +926,28 @@ async fn an_undead_seats_in_flight_turn_finishes_and_nothing_new_starts_there(f:
         !a.holds("s0")
     })
     .await;
+}
+
+/// ARCHITECTURE.md: every loop that can hold mail or a lease is watched.
+/// A seat's three dispatch loops — its inbox (`dispatch`), its control
+/// subject (`control`: run completions, approval answers, stops) and its
+/// reflection subject (`reflect`) — are followed by the watchdog while it
+/// is held, and no longer once it is let go.
+async fn every_loop_that_can_hold_a_seats_mail_is_watched_and_a_released_seat_stands_down(
+    f: Fleet,
+) {
+    let a = f.node("a", &[echo_role("s0")]).await;
+    let loops = ["dispatch:s0", "control:s0", "reflect:s0"];
+    f.until("s0's three loops watched", WAIT, || {
+        let beats = a.engine.watchdog().beats();
+        loops.iter().all(|k| beats.get(*k).is_some_and(|b| b.live))
+    })
+    .await;
+    a.engine.drain().await;
+    let beats = a.engine.watchdog().beats();
+    assert!(
+        loops.iter().all(|k| !beats.contains_key(*k)),
+        "a released seat's loops are no longer watched: {:?}",
+        beats.keys().collect::<Vec<_>>()
+    );
 }

@@ -649,9 +649,11 @@ impl SeatHost {
                 self.prepare(ctx, progress).await?;
             }
             let reflect = hook_step(progress, "reflect attach", hooks.attach_reflect(ctx)).await?;
+            self.watch_loop("reflect", &ctx.handle, reflect.as_ref());
             self.put_attachment(&ctx.handle, |e| e.reflect = reflect);
             progress();
             let control = hook_step(progress, "control attach", hooks.attach_control(ctx)).await?;
+            self.watch_loop("control", &ctx.handle, control.as_ref());
             self.put_attachment(&ctx.handle, |e| e.control = control);
             progress();
             let holds = hook_step(progress, "pause holds", hooks.pause_holds(ctx)).await?;
@@ -669,9 +671,7 @@ impl SeatHost {
                 .attach(&inbox_group(&ctx.handle), &holds, handler)
                 .await
                 .map_err(|e| HookError::new("inbox attach", e.to_string()))?;
-            if let Some(w) = lock(&self.inner.watchdog).as_ref() {
-                w.follow(&format!("dispatch:{}", ctx.handle), inbox.pulse());
-            }
+            self.watch_loop("dispatch", &ctx.handle, Some(&inbox));
             self.put_attachment(&ctx.handle, |e| {
                 e.inbox = Some(inbox);
                 e.phase = Phase::Attached;
@@ -681,6 +681,15 @@ impl SeatHost {
         match AssertUnwindSafe(guarded).catch_unwind().await {
             Ok(r) => r,
             Err(_) => Err(HookError::new("acquire hook", "panicked")),
+        }
+    }
+
+    /// Have the watchdog follow an attachment's dispatch loop
+    /// (`{kind}:{handle}`: the inbox's `dispatch`, `control`, `reflect`):
+    /// every loop that can hold a seat's mail is watched.
+    fn watch_loop(&self, kind: &str, handle: &str, attachment: Option<&Attachment>) {
+        if let (Some(w), Some(a)) = (lock(&self.inner.watchdog).as_ref(), attachment) {
+            w.follow(&format!("{kind}:{handle}"), a.pulse());
         }
     }
 

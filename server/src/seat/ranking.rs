@@ -11,8 +11,11 @@
 //! The saved order is older than the fleet it ranks: [`effective_order`]
 //! (pure) turns it into a total order over the nodes present now — keep the
 //! saved order for nodes still present, append the ones it has never seen in
-//! first-seen order (their presence lease's `acquired_at`), drop the absent
-//! ones, and fall back to the first-seen order when nothing is left.
+//! first-seen order, drop the absent ones, and fall back to the first-seen
+//! order when nothing is left. First seen is when a node id first held a
+//! presence lease, kept once per id (`node-seen:{id}` in the config bucket,
+//! written create-only): a restarted node keeps its place, where its new
+//! presence lease's `acquired_at` would put it last.
 //!
 //! It must never decide anything itself (the sweep reads [`effective`] and
 //! places seats), never write anything but the one record, and never read a
@@ -26,6 +29,9 @@ use crate::coord::{KvError, StateBucket, Store, StoreError, StoreTime};
 
 /// The record's key in the config bucket.
 pub const KEY: &str = "node-order";
+
+/// The prefix of the first-seen records (`node-seen:{id}`).
+pub const SEEN_PREFIX: &str = "node-seen:";
 
 /// The saved order as stored.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -178,10 +184,10 @@ pub async fn effective(store: &dyn Store) -> Result<Vec<String>, RankingError> {
     Ok(effective_order(&saved, &present))
 }
 
-/// The live nodes with when each was first seen (its presence lease's
-/// `acquired_at`).
+/// The live nodes with when each was first seen (its record, else its
+/// presence lease's `acquired_at`).
 pub async fn present(store: &dyn Store) -> Result<Vec<(String, StoreTime)>, StoreError> {
-    Ok(store
+    let live: Vec<(String, StoreTime)> = store
         .list("node:")
         .await?
         .into_iter()
@@ -190,7 +196,57 @@ pub async fn present(store: &dyn Store) -> Result<Vec<(String, StoreTime)>, Stor
                 .strip_prefix("node:")
                 .map(|id| (id.to_string(), l.acquired_at))
         })
+        .collect();
+    Ok(first_seen_kept(live, &seen(store).await?))
+}
+
+/// Keep `at` as when node `id` was first seen, unless a time is kept for it
+/// already (create-only: the first writer's time stands). A presence
+/// holder calls it with its lease's `acquired_at`.
+pub async fn remember(store: &dyn Store, id: &str, at: StoreTime) -> Result<(), StoreError> {
+    let value = serde_json::to_vec(&at.unix_nanos()).unwrap_or_default();
+    match store
+        .create(
+            StateBucket::Config,
+            &format!("{SEEN_PREFIX}{id}"),
+            value.into(),
+        )
+        .await
+    {
+        Ok(_) | Err(KvError::AlreadyExists) => Ok(()),
+        Err(KvError::WrongRevision) => Ok(()),
+        Err(KvError::Store(e)) => Err(e),
+    }
+}
+
+/// Every node id's kept first-seen time.
+pub async fn seen(
+    store: &dyn Store,
+) -> Result<std::collections::BTreeMap<String, StoreTime>, StoreError> {
+    Ok(store
+        .entries(StateBucket::Config, SEEN_PREFIX)
+        .await?
+        .into_iter()
+        .filter_map(|e| {
+            let id = e.key.strip_prefix(SEEN_PREFIX)?.to_string();
+            let nanos: i64 = serde_json::from_slice(&e.value).ok()?;
+            Some((id, StoreTime::from_unix_nanos(nanos)))
+        })
         .collect())
+}
+
+/// Pure: `live` (node id, presence `acquired_at`) with each id's kept
+/// first-seen time where there is one.
+pub fn first_seen_kept(
+    live: Vec<(String, StoreTime)>,
+    kept: &std::collections::BTreeMap<String, StoreTime>,
+) -> Vec<(String, StoreTime)> {
+    live.into_iter()
+        .map(|(id, at)| {
+            let at = kept.get(&id).copied().unwrap_or(at);
+            (id, at)
+        })
+        .collect()
 }
 
 /// RFC 3339 in whole seconds (UTC) of a store time.

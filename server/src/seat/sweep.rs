@@ -148,6 +148,11 @@ pub struct SeatEngine {
     /// When an earlier incarnation's presence under this node id lapses:
     /// the heartbeat claims the row then rather than a beat later.
     presence_free_at: Mutex<Option<Instant>>,
+    /// The kept first-seen times of the node ids ([`ranking::seen`]),
+    /// read again when a live node appears that it does not name.
+    seen: Mutex<BTreeMap<String, crate::coord::StoreTime>>,
+    /// This node's own first-seen time is kept in the store.
+    seen_kept: std::sync::atomic::AtomicBool,
 }
 
 /// How long after an earlier incarnation's presence lapses this node
@@ -298,6 +303,8 @@ impl SeatEngine {
             roster_seen: Mutex::new(BTreeSet::new()),
             rechecked: Mutex::new(BTreeSet::new()),
             presence_free_at: Mutex::new(None),
+            seen: Mutex::new(BTreeMap::new()),
+            seen_kept: false.into(),
         }))
     }
 
@@ -664,6 +671,40 @@ impl SeatEngine {
         m
     }
 
+    /// The live nodes with when each was first seen: its kept record (read
+    /// again only when a live node is one the last read did not name), else
+    /// its presence lease's `acquired_at` — the same on every node.
+    async fn first_seen_kept(&self, presence: &[Lease]) -> Vec<(String, crate::coord::StoreTime)> {
+        let live = first_seen(presence);
+        let missing = {
+            let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+            live.iter().any(|(id, _)| !seen.contains_key(id))
+        };
+        if missing {
+            match ranking::seen(&*self.store).await {
+                Ok(kept) => *self.seen.lock().unwrap_or_else(|e| e.into_inner()) = kept,
+                Err(e) => tracing::debug!(error = %e, "cannot read when the nodes were first seen"),
+            }
+        }
+        let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        ranking::first_seen_kept(live, &seen)
+    }
+
+    /// Keep this node's first-seen time (its presence lease's
+    /// `acquired_at`) once: create-only, so an earlier incarnation's stands.
+    async fn keep_first_seen(&self, lease: &Lease) {
+        use std::sync::atomic::Ordering::SeqCst;
+        if self.seen_kept.load(SeqCst) {
+            return;
+        }
+        match ranking::remember(&*self.store, &self.cfg.node_id, lease.acquired_at).await {
+            Ok(()) => self.seen_kept.store(true, SeqCst),
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot keep when this node was first seen; next heartbeat")
+            }
+        }
+    }
+
     /// Claim or renew the presence lease (with fresh metadata).
     pub async fn refresh_presence(&self) {
         if self.host.is_draining() {
@@ -678,6 +719,7 @@ impl SeatEngine {
                 .await
             {
                 Renewal::Renewed(l) => {
+                    self.keep_first_seen(&l).await;
                     *presence = Some(l);
                     self.presence_recorded.send_replace(true);
                     return;
@@ -698,6 +740,7 @@ impl SeatEngine {
         .with_metadata(meta);
         match self.store.claim(req).await {
             Ok(Claim::Won(l)) => {
+                self.keep_first_seen(&l).await;
                 *presence = Some(l);
                 let first = !self.presence_recorded.send_replace(true);
                 if first
@@ -1060,7 +1103,7 @@ impl SeatEngine {
         };
         // The fleet's one priority order (never a private one), applied to
         // the nodes present; an unreadable order ranks nobody.
-        let mut present = first_seen(presence_leases);
+        let mut present = self.first_seen_kept(presence_leases).await;
         if !present.iter().any(|(id, _)| *id == self.cfg.node_id) && !self.host.is_draining() {
             present.push((
                 self.cfg.node_id.clone(),
@@ -1274,7 +1317,7 @@ impl SeatEngine {
             .filter_map(presence_of)
             .filter(|p| p.node_id != self.cfg.node_id)
             .collect();
-        let present = first_seen(&leases);
+        let present = self.first_seen_kept(&leases).await;
         let saved = ranking::read(&*self.store)
             .await
             .ok()

@@ -1582,7 +1582,8 @@ async fn an_establishment_longer_than_the_ttl_loses_neither_its_seat_nor_any_oth
         hooks.hydrating.load(std::sync::atomic::Ordering::SeqCst) == 1
     })
     .await;
-    // Three TTLs inside s2's acquire hook.
+    // Three TTLs inside s2's acquire hook: the sleep proves an absence
+    // (no seat fenced, s0 and s1 still admitted), not a condition.
     tokio::time::sleep(TTL * 3).await;
     for s in ["s0", "s1"] {
         assert!(

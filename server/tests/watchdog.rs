@@ -525,16 +525,17 @@ impl crewlet::duty::Duty for StepsThenStuck {
     async fn tick(&self) -> Result<(), String> {
         for _ in 0..3 {
             crewlet::duty::turned();
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            tokio::task::yield_now().await;
         }
         std::future::pending::<()>().await;
         Ok(())
     }
 }
 
-/// A duty ticking once an hour whose one tick takes a step every 200 ms
-/// until it is told to end.
+/// A duty ticking once an hour whose one tick takes a step each time the
+/// test says so (`steps`), until it is told to end.
 struct LongTurning {
+    steps: Arc<tokio::sync::Notify>,
     end: Arc<std::sync::atomic::AtomicBool>,
     ended: Arc<std::sync::atomic::AtomicBool>,
 }
@@ -551,7 +552,7 @@ impl crewlet::duty::Duty for LongTurning {
         use std::sync::atomic::Ordering::SeqCst;
         while !self.end.load(SeqCst) {
             crewlet::duty::turned();
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            self.steps.notified().await;
         }
         self.ended.store(true, SeqCst);
         Ok(())
@@ -610,12 +611,14 @@ async fn a_duty_tick_that_stops_turning_is_wedged_within_a_step_bound_not_three_
         Arc::new(std::sync::atomic::AtomicBool::new(false)),
         Arc::new(std::sync::atomic::AtomicBool::new(false)),
     );
+    let steps = Arc::new(tokio::sync::Notify::new());
     let long = Duties::new();
     let began = std::time::Instant::now();
     long.start(
         &tasks,
         duty_context(&dog),
         Arc::new(LongTurning {
+            steps: steps.clone(),
             end: end.clone(),
             ended: ended.clone(),
         }),
@@ -630,12 +633,16 @@ async fn a_duty_tick_that_stops_turning_is_wedged_within_a_step_bound_not_three_
                 !matches!(v, Verdict::Wedged { .. }),
                 "a turning tick was named wedged: {v:?}"
             );
+            // One step of the tick per look (every 50 ms): it turns
+            // steadily while the test watches.
+            steps.notify_one();
             let past = began.elapsed() > Duration::from_secs(6);
             async move { past.then_some(()) }
         },
     )
     .await;
     end.store(true, SeqCst);
+    steps.notify_one();
     support::wait_for(
         "the long tick to end",
         Duration::from_secs(10),

@@ -856,15 +856,18 @@ mod tests {
             offer: None,
         };
         // A seat claim counts what the store answered.
-        assert_eq!(claim_outcome(&Ok(Claim::Won(lease.clone()))), "won");
+        assert_eq!(claim_outcome(&Ok(Claim::Won(lease.clone()))), Some("won"));
         assert_eq!(
             claim_outcome(&Ok(Claim::HeldBy(lease.clone()))),
-            "held_by_peer"
+            Some("held_by_peer")
         );
         assert_eq!(
             claim_outcome(&Err(StoreError::Unavailable("down".into()))),
-            "store_error"
+            Some("store_error")
         );
+        // A gate refusal is counted once by the pass it ends
+        // (`protocol_gate`), never per claim.
+        assert_eq!(claim_outcome(&Ok(Claim::Gated { floor: 3 })), None);
         // And a renewal too, three-valued.
         assert_eq!(Renewal::Renewed(lease).outcome(), "renewed");
         assert_eq!(Renewal::Lost.outcome(), "lost");

@@ -314,6 +314,7 @@ contract!(
     view_stops_after_it_goes_unused,
     protocol_floor_counts_presence_and_seat_leases_never_duties,
     protocol_floor_ignores_lapsed_leases,
+    a_gated_claim_judges_the_protocol_gate_only_once_its_seat_reads_free,
     duty_leases_have_their_own_ttl_and_bucket,
     lease_ttl_in_force_is_exposed,
     state_buckets_are_compare_and_set,
@@ -386,6 +387,7 @@ atomic_contract!(
     view_judges_liveness_from_expires_at,
     protocol_floor_counts_presence_and_seat_leases_never_duties,
     protocol_floor_ignores_lapsed_leases,
+    a_gated_claim_judges_the_protocol_gate_only_once_its_seat_reads_free,
     offered_lease_is_taken_with_the_next_epoch_while_the_giver_still_holds,
     a_withdrawn_offer_is_never_taken_and_the_giver_holds_on,
     an_offer_on_a_lapsed_lease_is_never_taken,
@@ -1258,6 +1260,41 @@ async fn protocol_floor_ignores_lapsed_leases<B: Backend>(fx: Fx<B>) {
     assert_eq!(fx.store.protocol_floor(4).await.expect("floor"), Some(3));
     fx.lapse(&l).await;
     assert_eq!(fx.store.protocol_floor(4).await.expect("floor"), None);
+}
+
+async fn a_gated_claim_judges_the_protocol_gate_only_once_its_seat_reads_free<B: Backend>(
+    fx: Fx<B>,
+) {
+    let peer = fx.peer().await;
+    won(&peer, req("seat:alice", B)).await;
+    let old = won(&peer, req("node:old", B).with_protocol(3)).await;
+    let s = &fx.store;
+    // A claim on a seat a peer holds judges no gate: the peer's hold is the
+    // rule that refuses it, and no view of the fleet's leases is kept.
+    let holder = held_by(s, req("seat:alice", A).with_protocol(4).gated()).await;
+    assert_eq!(holder.owner, B, "the refusal names the peer's hold");
+    assert!(
+        !s.view_running(),
+        "a claim on a held seat reads no protocol floor"
+    );
+    // A free seat: the gate is judged, refuses at the lower lease's
+    // protocol, and nothing is left held.
+    match s.claim(req("seat:bob", A).with_protocol(4).gated()).await {
+        Ok(Claim::Gated { floor }) => assert_eq!(floor, 3, "the refusal names the floor"),
+        other => panic!("expected the protocol gate to refuse, got {other:?}"),
+    }
+    assert!(s.view_running(), "the gate was judged from the live view");
+    assert_eq!(
+        s.lease("seat:bob").await.expect("read"),
+        None,
+        "a refused claim leaves the seat free"
+    );
+    // An ungated claim (a duty, a presence) never asks.
+    won(s, req("worker:scheduler", A).with_protocol(4)).await;
+    // The lower lease gone, the same claim wins.
+    peer.release(&old, B).await.expect("release");
+    let bob = won(s, req("seat:bob", A).with_protocol(4).gated()).await;
+    assert_eq!(bob.owner, A);
 }
 
 async fn duty_leases_have_their_own_ttl_and_bucket<B: Backend>(fx: Fx<B>) {

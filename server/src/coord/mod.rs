@@ -150,6 +150,10 @@ pub struct ClaimRequest {
     /// A duty's own TTL (`worker:` only; a seat or presence lease always
     /// runs on the leases bucket's TTL, and this is ignored for it).
     pub ttl: Option<Duration>,
+    /// Judge the protocol gate at `protocol` once the resource reads free
+    /// (a seat claim): a claim on a resource a peer holds judges no gate,
+    /// and a refusal comes back as [`Claim::Gated`].
+    pub gated: bool,
 }
 
 impl ClaimRequest {
@@ -165,7 +169,14 @@ impl ClaimRequest {
             protocol: crate::config::protocol(),
             metadata: Metadata::new(),
             ttl: None,
+            gated: false,
         }
+    }
+
+    /// The claim judges the protocol gate once it finds the resource free.
+    pub fn gated(mut self) -> ClaimRequest {
+        self.gated = true;
+        self
     }
 
     pub fn with_ttl(mut self, ttl: Duration) -> ClaimRequest {
@@ -192,15 +203,22 @@ pub enum Claim {
     /// Somebody (possibly a sibling claim still committing, or this very
     /// owner) holds it live.
     HeldBy(Lease),
+    /// A gated claim found the resource free and the protocol gate shut: a
+    /// live presence or seat lease is held at `floor`, below the claim's
+    /// protocol. Nothing was written (or what was written is given back).
+    Gated { floor: u32 },
 }
 
 /// Pure: what a seat claim's answer counts as in
-/// `crewlet_claims_total{outcome}`: `won`, `held_by_peer`, `store_error`.
-pub fn claim_outcome(answer: &Result<Claim, StoreError>) -> &'static str {
+/// `crewlet_claims_total{outcome}`: `won`, `held_by_peer`, `store_error`;
+/// `None` for a gate refusal, which the pass it ends counts once
+/// (`protocol_gate`, from `seat_claims_blocked_by_older_protocol`).
+pub fn claim_outcome(answer: &Result<Claim, StoreError>) -> Option<&'static str> {
     match answer {
-        Ok(Claim::Won(_)) => "won",
-        Ok(Claim::HeldBy(_)) => "held_by_peer",
-        Err(_) => "store_error",
+        Ok(Claim::Won(_)) => Some("won"),
+        Ok(Claim::HeldBy(_)) => Some("held_by_peer"),
+        Ok(Claim::Gated { .. }) => None,
+        Err(_) => Some("store_error"),
     }
 }
 

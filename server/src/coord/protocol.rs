@@ -526,6 +526,21 @@ impl<B: Backend> Coordinator<B> {
             }));
         };
 
+        // The record found the key free (or lapsed) and now reads claiming:
+        // only now is the protocol gate judged. A refusal gives back the
+        // claiming record (a peer reads it held only until then).
+        match self.gate_floor(req).await {
+            Ok(None) => {}
+            Ok(Some(floor)) => {
+                guard.armed = !self.give_back(b, key, r1).await;
+                return Ok(Claim::Gated { floor });
+            }
+            Err(e) => {
+                guard.armed = !self.give_back(b, key, r1).await;
+                return Err(e);
+            }
+        }
+
         match self
             .commit(
                 b,
@@ -611,6 +626,10 @@ impl<B: Backend> Coordinator<B> {
                     epoch_expected,
                 } => (lease_expected, epoch, epoch_expected),
             };
+            // Free (or lapsed): only now is the protocol gate judged.
+            if let Some(floor) = self.gate_floor(req).await? {
+                return Ok(Claim::Gated { floor });
+            }
             let rec = claiming.committed(epoch);
             let counter = EpochRecord {
                 epoch,
@@ -650,6 +669,23 @@ impl<B: Backend> Coordinator<B> {
             key: key.into(),
             reason: "the key stayed contended".into(),
         }))
+    }
+
+    /// A gated claim's protocol gate, judged from the live view: the floor
+    /// a lower-protocol presence or seat lease imposes, if any. An ungated
+    /// claim judges nothing.
+    async fn gate_floor(&self, req: &ClaimRequest) -> Result<Option<u32>, StoreError> {
+        if !req.gated {
+            return Ok(None);
+        }
+        let be = Arc::clone(&self.inner.backend);
+        let mine = req.protocol;
+        self.inner
+            .view
+            .read(&self.inner.backend, &self.inner.tasks, move |m| {
+                m.protocol_floor(be.now(), mine)
+            })
+            .await
     }
 
     /// Writes 2 and 3: mint the epoch, put it into the record.

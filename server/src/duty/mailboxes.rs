@@ -337,28 +337,15 @@ impl MailboxSweep {
                 return Retirement::NotNow;
             }
         }
-        match self.store.protocol_floor(self.protocol).await {
-            Ok(Some(_)) => {
-                self.events.emit(Event::SeatMailboxRetirementHeld {
-                    seat: h.to_string(),
-                    refused: "protocol".into(),
-                    holder: None,
-                });
-                return Retirement::Held;
-            }
-            Ok(None) => {}
-            Err(e) => {
-                tracing::warn!(seat = h, error = %e, "the protocol floor cannot be read; not retiring this tick");
-                return Retirement::NotNow;
-            }
-        }
         let owner = format!(
             "{}:maintenance:{:08x}",
             self.node_id,
             rand::thread_rng().r#gen::<u32>()
         );
-        let mut req = ClaimRequest::new(format!("seat:{h}"), &owner, &self.node_id);
-        req.protocol = self.protocol;
+        // The claim judges the protocol gate once it finds the seat free.
+        let req = ClaimRequest::new(format!("seat:{h}"), &owner, &self.node_id)
+            .with_protocol(self.protocol)
+            .gated();
         // The retirement acts for at most half the lease TTL, counted from
         // before the claim (the lease runs from the claim's own write, which
         // is later): its last act lands while the claim still excludes every
@@ -372,6 +359,14 @@ impl MailboxSweep {
                     seat: h.to_string(),
                     refused: "held".into(),
                     holder: Some(l.preferred),
+                });
+                return Retirement::Held;
+            }
+            Ok(Claim::Gated { .. }) => {
+                self.events.emit(Event::SeatMailboxRetirementHeld {
+                    seat: h.to_string(),
+                    refused: "protocol".into(),
+                    holder: None,
                 });
                 return Retirement::Held;
             }

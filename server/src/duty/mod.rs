@@ -197,7 +197,7 @@ async fn ours(ctx: &DutyContext, name: &str, every: Duration, held: &mut Option<
             *held = Some(l);
             true
         }
-        Ok(Claim::HeldBy(_)) => false,
+        Ok(Claim::HeldBy(_) | Claim::Gated { .. }) => false,
         Err(e) => {
             tracing::warn!(duty = name, error = %e, "cannot claim the duty; skipping this tick");
             false

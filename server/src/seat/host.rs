@@ -208,6 +208,12 @@ pub enum Acquired {
         established: bool,
     },
     HeldBy(Box<Lease>),
+    /// The seat read free and the protocol gate refused the claim: a live
+    /// presence or seat lease is held at `floor`, below this node's
+    /// protocol. Nothing is claimed.
+    Gated {
+        floor: u32,
+    },
     /// A drain began: nothing is claimed (or it was handed straight back).
     Draining,
 }
@@ -551,16 +557,16 @@ impl SeatHost {
             format!("seat:{handle}"),
             self.inner.cfg.owner.clone(),
             self.inner.cfg.node_id.clone(),
-        );
+        )
+        .gated();
         let claimed = self.inner.store.claim(req).await;
         progress();
-        metrics::apply(&Update::count(
-            metrics::CLAIMS,
-            "outcome",
-            crate::coord::claim_outcome(&claimed),
-        ));
+        if let Some(outcome) = crate::coord::claim_outcome(&claimed) {
+            metrics::apply(&Update::count(metrics::CLAIMS, "outcome", outcome));
+        }
         let lease = match claimed? {
             Claim::HeldBy(l) => return Ok(Acquired::HeldBy(Box::new(l))),
+            Claim::Gated { floor } => return Ok(Acquired::Gated { floor }),
             Claim::Won(l) => l,
         };
         let epoch = lease.epoch;

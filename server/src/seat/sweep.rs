@@ -108,8 +108,12 @@ enum Done {
     Released,
     Claimed,
     Nothing,
-    /// The protocol gate refused, or a drain began: no more claims.
+    /// A drain began: no more claims.
     StopClaims,
+    /// A claim found its seat free and the protocol gate shut at this
+    /// floor: no more claims this pass (every other would be refused the
+    /// same way).
+    Gated(u32),
 }
 
 /// The seat engine of one node.
@@ -470,23 +474,32 @@ impl SeatEngine {
         }
     }
 
-    /// The protocol gate, judged from the live view of the lease bucket
-    /// before every path that makes this node a seat's holder (a claim, a
-    /// move's target claiming the seat, taking an offer): `false` while a
-    /// live presence or seat lease is held at a lower protocol (reported as
-    /// `seat_claims_blocked_by_older_protocol`) or the floor cannot be read.
+    /// The protocol gate refused a claim at `floor`: say so once for the
+    /// pass it ends (`seat_claims_blocked_by_older_protocol`, naming the
+    /// nodes below this node's protocol) and show it on the node's page.
+    async fn report_gate(&self, floor: u32) {
+        self.set_claims_blocked_by(Some(floor));
+        let nodes = self.nodes_below_protocol().await;
+        self.events.emit(Event::SeatClaimsBlockedByOlderProtocol {
+            floor,
+            protocol: self.cfg.protocol,
+            nodes,
+        });
+    }
+
+    /// The protocol gate before taking an offer, judged from the live view
+    /// of the lease bucket: `false` while a live presence or seat lease is
+    /// held at a lower protocol (reported as by [`Self::report_gate`]) or
+    /// the floor cannot be read. A claim judges the gate itself, and only
+    /// once its seat reads free (spec § Mixed-version fleets: a claim on a
+    /// seat a peer holds judges no gate); an offered seat is held by its
+    /// giver, so a take asks first.
     async fn protocol_gate_open(&self, progress: &Progress<'_>) -> bool {
         let floor = self.store.protocol_floor(self.cfg.protocol).await;
         progress();
         match floor {
             Ok(Some(floor)) => {
-                self.set_claims_blocked_by(Some(floor));
-                let nodes = self.nodes_below_protocol().await;
-                self.events.emit(Event::SeatClaimsBlockedByOlderProtocol {
-                    floor,
-                    protocol: self.cfg.protocol,
-                    nodes,
-                });
+                self.report_gate(floor).await;
                 false
             }
             Ok(None) => {
@@ -770,6 +783,8 @@ impl SeatEngine {
                         Some(Instant::now() + left + PRESENCE_LAPSE_MARGIN);
                 }
             }
+            // A presence claim judges no gate.
+            Ok(Claim::Gated { .. }) => {}
             Err(e) => tracing::warn!(error = %e, "cannot claim this node's presence"),
         }
     }
@@ -920,6 +935,7 @@ impl SeatEngine {
             .collect();
         let steps = pass::steps(&snap, &plan, &standing, &refused);
         let (mut claimed, mut released, mut advertised_releases) = (0, 0, false);
+        let mut gated = None;
         let offered = Mutex::new(BTreeMap::new());
         if !steps.iter().any(|s| matches!(s, pass::Step::Claim { .. })) {
             self.set_claims_blocked_by(None);
@@ -964,11 +980,22 @@ impl SeatEngine {
                     Done::Claimed => claimed += 1,
                     Done::Nothing => {}
                     Done::StopClaims => stop = true,
+                    Done::Gated(floor) => {
+                        gated = Some(floor);
+                        stop = true;
+                    }
                 }
             }
             if stop {
                 break;
             }
+        }
+        match gated {
+            // Once per pass, however many of its claims the gate refused.
+            Some(floor) => self.report_gate(floor).await,
+            // A claim won: the gate was open.
+            None if claimed > 0 => self.set_claims_blocked_by(None),
+            None => {}
         }
         if released > 0 && !advertised_releases {
             watched(progress, None, self.refresh_presence()).await;
@@ -1199,23 +1226,22 @@ impl SeatEngine {
             Step::ClaimMoved { seat, revision } => {
                 let free = matches!(self.store.lease(&format!("seat:{seat}")).await, Ok(None));
                 progress();
-                if free
-                    && self.protocol_gate_open(progress).await
-                    && let Ok(Acquired::Won {
-                        established: true, ..
-                    }) = self.host.claim_with(seat, progress).await
-                {
-                    moves::finish(&*self.store, seat, *revision).await;
+                if free {
+                    match self.host.claim_with(seat, progress).await {
+                        Ok(Acquired::Won {
+                            established: true, ..
+                        }) => moves::finish(&*self.store, seat, *revision).await,
+                        Ok(Acquired::Gated { floor }) => return Done::Gated(floor),
+                        _ => {}
+                    }
                 }
             }
             Step::AnnounceBehind => self.events.emit(Event::SeatClaimsWithheld {
                 reason: "behind".into(),
             }),
             Step::Claim { seat } => {
-                // A refusal by the protocol gate ends the pass.
-                if !self.protocol_gate_open(progress).await {
-                    return Done::StopClaims;
-                }
+                // The claim judges the protocol gate once the seat reads
+                // free; a refusal ends the pass.
                 let claim = self.host.claim_with(seat, progress).await;
                 progress();
                 match claim {
@@ -1233,6 +1259,7 @@ impl SeatEngine {
                             .insert(seat.clone(), placement::HANDED_BACK_PASSES);
                     }
                     Ok(Acquired::HeldBy(_)) => {}
+                    Ok(Acquired::Gated { floor }) => return Done::Gated(floor),
                     Ok(Acquired::Draining) => return Done::StopClaims,
                     Err(e) => {
                         tracing::warn!(seat = %seat, error = %e, "claim failed; unknown ownership is not ownership")

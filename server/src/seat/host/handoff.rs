@@ -488,16 +488,22 @@ impl SeatHost {
             .await;
         progress();
         // A take is a claim (of an offered seat): counted the same way.
-        crate::metrics::apply(&crate::metrics::Update::count(
-            crate::metrics::CLAIMS,
-            "outcome",
-            crate::coord::claim_outcome(&taken),
-        ));
+        if let Some(outcome) = crate::coord::claim_outcome(&taken) {
+            crate::metrics::apply(&crate::metrics::Update::count(
+                crate::metrics::CLAIMS,
+                "outcome",
+                outcome,
+            ));
+        }
         let lease = match taken {
             Ok(Claim::Won(l)) => l,
             Ok(Claim::HeldBy(l)) => {
                 let _ = self.inner.hooks.unprepare(&provisional).await;
                 return Ok(Acquired::HeldBy(Box::new(l)));
+            }
+            Ok(Claim::Gated { floor }) => {
+                let _ = self.inner.hooks.unprepare(&provisional).await;
+                return Ok(Acquired::Gated { floor });
             }
             Err(e) => {
                 let _ = self.inner.hooks.unprepare(&provisional).await;

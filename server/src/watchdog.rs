@@ -134,11 +134,26 @@ impl Pulse {
         self.0.live.load(Ordering::SeqCst)
     }
 
+    /// A guard that ends this pulse when dropped: the task carrying it
+    /// finished, or was cancelled.
+    pub fn end_on_drop(&self) -> PulseEnd {
+        PulseEnd(self.clone())
+    }
+
     fn read(&self) -> Beat {
         Beat {
             at: *self.0.at.lock().unwrap_or_else(|e| e.into_inner()),
             live: self.is_live(),
         }
+    }
+}
+
+/// Ends its [`Pulse`] when dropped.
+pub struct PulseEnd(Pulse);
+
+impl Drop for PulseEnd {
+    fn drop(&mut self) {
+        self.0.end();
     }
 }
 

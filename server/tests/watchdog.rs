@@ -104,11 +104,21 @@ impl SeatHooks for SlowHooks {
 /// claimable in one pass; started (its loops run, the watchdog thread is
 /// not armed: the test reads its verdict).
 async fn engine_on_twin(seats: usize, hooks: Arc<dyn SeatHooks>) -> (Arc<SeatEngine>, Tasks) {
-    let ttl = Duration::from_secs(3);
     let store: Arc<dyn Store> = Arc::new(Coordinator::new(
-        TwinBackend::new(ttl),
+        TwinBackend::new(Duration::from_secs(3)),
         CoordinatorOptions::default(),
     ));
+    engine_on(store, "n", seats, hooks).await
+}
+
+/// [`engine_on_twin`] on a given store, as node `node_id` (two engines on
+/// one store are a fleet of two).
+async fn engine_on(
+    store: Arc<dyn Store>,
+    node_id: &str,
+    seats: usize,
+    hooks: Arc<dyn SeatHooks>,
+) -> (Arc<SeatEngine>, Tasks) {
     let queue: Arc<dyn Queue> = Arc::new(TwinQueue::new(log_events()));
     let roles: Vec<RoleConfig> = (0..seats)
         .map(|i| RoleConfig {
@@ -125,10 +135,10 @@ async fn engine_on_twin(seats: usize, hooks: Arc<dyn SeatHooks>) -> (Arc<SeatEng
     let first = company::active(&*store).await.unwrap().unwrap();
     let tasks = Tasks::new();
     let company_rx = company::follow(store.clone(), first, &tasks);
-    let owner = crewlet::node::Incarnation::mint("n").to_string();
+    let owner = crewlet::node::Incarnation::mint(node_id).to_string();
     let engine = SeatEngine::new(
         EngineConfig {
-            node_id: "n".into(),
+            node_id: node_id.into(),
             owner: owner.clone(),
             labels: vec![],
             protocol: 4,
@@ -143,7 +153,7 @@ async fn engine_on_twin(seats: usize, hooks: Arc<dyn SeatHooks>) -> (Arc<SeatEng
         store,
         queue,
         hooks,
-        EventBus::new("n", &owner),
+        EventBus::new(node_id, &owner),
         company_rx,
         tasks.clone(),
     )
@@ -491,6 +501,73 @@ async fn each_seats_turn_dispatch_is_watched_a_long_turn_is_not_a_wedge_and_a_re
         engine.watchdog().beats().keys().collect::<Vec<_>>()
     );
     drop(tasks);
+}
+
+/// Acquire hooks whose memory hydration takes four seconds (a long memory
+/// to replay), longer than the test TTL.
+struct LongHydration;
+
+#[async_trait::async_trait]
+impl SeatHooks for LongHydration {
+    async fn hydrate_memory(&self, _s: &SeatContext) -> Result<(), HookError> {
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        Ok(())
+    }
+    fn inbox_handler(&self, _s: &SeatContext, _f: Fence) -> Arc<dyn Handler> {
+        handler_fn(|_d: Delivery| async { Disposition::Ack })
+    }
+}
+
+/// A take of an offered seat is watched while it runs (ARCHITECTURE.md:
+/// every loop that can hold a seat's lock or lease is): the taker's
+/// watchdog follows it as `take-offer:{seat}`, a take whose hydration runs
+/// past the TTL is turning, not wedged, and a finished take stands down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_take_of_an_offered_seat_is_watched_until_it_ends_and_a_slow_one_is_not_a_wedge() {
+    let store: Arc<dyn Store> = Arc::new(Coordinator::new(
+        TwinBackend::new(Duration::from_secs(3)),
+        CoordinatorOptions::default(),
+    ));
+    let (giver, giver_tasks) = engine_on(store.clone(), "a", 1, Arc::new(FastHooks)).await;
+    never_wedged_until(&giver, "a to hold s0", || giver.host().held().len() == 1).await;
+    let (taker, taker_tasks) = engine_on(store, "b", 1, Arc::new(LongHydration)).await;
+    let host = giver.host().clone();
+    let handing = tokio::spawn(async move {
+        host.hand_off(
+            "s0",
+            "b",
+            crewlet::events::DetachReason::Moved,
+            Duration::from_secs(20),
+            &|| {},
+        )
+        .await
+    });
+    let taking = |e: &SeatEngine| {
+        e.watchdog()
+            .beats()
+            .get("take-offer:s0")
+            .is_some_and(|b| b.live)
+    };
+    never_wedged_until(&taker, "b's take of s0 to be watched", || taking(&taker)).await;
+    never_wedged_until(
+        &taker,
+        "b to hold s0 after a hydration past the TTL",
+        || taker.host().held().len() == 1,
+    )
+    .await;
+    let handed = handing.await.expect("the hand-off task");
+    assert!(
+        matches!(handed, crewlet::seat::host::HandOff::Taken { .. }),
+        "{handed:?}"
+    );
+    never_wedged_until(&taker, "the finished take to stand down", || {
+        !taking(&taker)
+    })
+    .await;
+    giver.crash().await;
+    taker.crash().await;
+    giver_tasks.shutdown().await;
+    taker_tasks.shutdown().await;
 }
 
 /// A duty whose tick never returns.

@@ -448,9 +448,18 @@ impl SeatEngine {
                             Ok(crate::coord::Event::Put(e)) => {
                                 match serde_json::from_slice::<OfferNotice>(&e.value) {
                                     Ok(n) => {
+                                        // Watched until it ends: a take
+                                        // holds the seat's lock and, won,
+                                        // its lease.
+                                        let pulse = crate::watchdog::Pulse::new();
+                                        self.watchdog.follow(
+                                            &format!("take-offer:{}", n.seat),
+                                            pulse.clone(),
+                                        );
                                         let me = self.clone();
                                         self.tasks.spawn("take-offer", async move {
-                                            me.consider_offer(n).await
+                                            let _end = pulse.end_on_drop();
+                                            me.consider_offer(n, &|| pulse.beat()).await
                                         });
                                     }
                                     Err(err) => {
@@ -513,8 +522,9 @@ impl SeatEngine {
         }
     }
 
-    /// Take an offered seat if this node may run it now.
-    async fn consider_offer(&self, n: OfferNotice) {
+    /// Take an offered seat if this node may run it now, calling
+    /// `progress` as each step settles (the take's watchdog beat).
+    async fn consider_offer(&self, n: OfferNotice, progress: &Progress<'_>) {
         use std::sync::atomic::Ordering::SeqCst;
         if self.host.is_draining() || self.withdrawn.load(SeqCst) || self.behind.load(SeqCst) {
             return;
@@ -528,13 +538,15 @@ impl SeatEngine {
         }
         // Taking an offer makes this node the seat's holder: the gate holds
         // here as for a claim (the offer lapses, the giver runs the seat on).
-        if !self.protocol_gate_open(&|| {}).await {
+        if !self.protocol_gate_open(progress).await {
             return;
         }
-        match self.host.take_offer(&n.seat, &n.offer_id, &|| {}).await {
+        match self.host.take_offer(&n.seat, &n.offer_id, progress).await {
             Ok(Acquired::Won {
                 established: true, ..
-            }) => self.refresh_presence().await,
+            }) => {
+                watched(progress, None, self.refresh_presence()).await;
+            }
             Ok(_) => {}
             Err(e) => {
                 tracing::debug!(seat = %n.seat, error = %e, "an offered seat was not taken")

@@ -1317,6 +1317,112 @@ async fn no_turn_is_admitted_while_an_offer_stands_and_admission_returns_when_it
     );
 }
 
+/// Hooks for a hand-off with a turn in flight: the turn runs for `turn`,
+/// looking at its fence as it goes (as a turn does before each round and
+/// call), and the quiesce hook (the memory flush for the successor) notes
+/// when it runs.
+struct TurnAndFlush {
+    turn: Duration,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+#[async_trait::async_trait]
+impl SeatHooks for TurnAndFlush {
+    async fn quiesce(&self, _s: &SeatContext) -> Result<(), HookError> {
+        self.log.lock().unwrap().push("flush".into());
+        Ok(())
+    }
+    fn inbox_handler(&self, _s: &SeatContext, fence: Fence) -> Arc<dyn Handler> {
+        let (turn, log) = (self.turn, self.log.clone());
+        handler_fn(move |_d: Delivery| {
+            let (fence, log) = (fence.clone(), log.clone());
+            async move {
+                log.lock().unwrap().push("turn_start".into());
+                let end = tokio::time::Instant::now() + turn;
+                let mut fenced = false;
+                while tokio::time::Instant::now() < end {
+                    if !fenced && !fence.holds() {
+                        fenced = true;
+                        log.lock().unwrap().push("fenced".into());
+                    }
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                log.lock().unwrap().push("turn_end".into());
+                Disposition::Ack
+            }
+        })
+    }
+}
+
+/// Offer seat s0, with a turn of `turn` in flight, to a node that never
+/// takes it (hand-off bound 1.5 s, `release_wait` one heartbeat, 1 s);
+/// what the turn and the flush logged, in order, once the offer was
+/// withdrawn and the turn ended.
+async fn handoff_with_a_turn_in_flight(turn: Duration) -> Vec<String> {
+    use crewlet::seat::host::{HandOff, HostConfig, SeatHost};
+    let f = Fleet::new(Kind::Twin).await;
+    let (store, queue) = f.backends("a").await;
+    crewlet::queue::ensure_seat_mailboxes(&*queue, "s0", QueueSettings::default())
+        .await
+        .unwrap();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let host = Arc::new(SeatHost::new(
+        HostConfig {
+            node_id: "a".into(),
+            owner: "a:1".into(),
+            heartbeat: BEAT,
+            release_wait: BEAT,
+        },
+        store,
+        queue.clone(),
+        Arc::new(TurnAndFlush {
+            turn,
+            log: log.clone(),
+        }),
+        EventBus::new("a", "a:1"),
+    ));
+    host.claim("s0").await.unwrap();
+    queue
+        .publish(
+            "crewlet.agent.s0.inbox",
+            None,
+            bytes::Bytes::from_static(b"work"),
+        )
+        .await
+        .unwrap();
+    let started = || log.lock().unwrap().iter().any(|l| l == "turn_start");
+    f.until("the turn to start", TTL, started).await;
+    let handed = host
+        .hand_off("s0", "nobody", DetachReason::Rebalance, TTL / 2, &|| {})
+        .await;
+    assert!(matches!(handed, HandOff::Withdrawn), "{handed:?}");
+    let ended = || log.lock().unwrap().iter().any(|l| l == "turn_end");
+    f.until("the turn to end", turn + TTL, ended).await;
+    let logged = log.lock().unwrap().clone();
+    logged
+}
+
+/// Spec § Memory that follows the seat: a graceful handoff loses none. A
+/// turn in flight when a hand-off begins finishes before the memory is
+/// flushed for the successor — the hand-off waits for it up to its own
+/// bound, without the seat's lock (it used to wait one heartbeat under the
+/// lock, then flush and offer with the turn still running: what the turn
+/// wrote after the flush never reached the successor).
+#[tokio::test(start_paused = true)]
+async fn a_turn_in_flight_when_a_handoff_begins_finishes_before_the_successors_flush() {
+    let log = handoff_with_a_turn_in_flight(Duration::from_millis(1200)).await;
+    assert_eq!(log, ["turn_start", "turn_end", "flush"]);
+}
+
+/// A turn that outruns the hand-off's bound is fenced at the flush (it is
+/// deferred to the successor, which runs it again), never left to finish
+/// after the flush with the fence still open until the take.
+#[tokio::test(start_paused = true)]
+async fn a_turn_still_running_past_the_handoffs_bound_is_fenced_at_the_flush() {
+    let log = handoff_with_a_turn_in_flight(Duration::from_secs(10)).await;
+    assert_eq!(log, ["turn_start", "flush", "fenced", "turn_end"]);
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_claim_taken_while_a_drain_began_is_handed_straight_back() {
     let f = Fleet::new(Kind::Twin).await;

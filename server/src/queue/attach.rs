@@ -129,6 +129,20 @@ pub struct Attachment {
     pulse: Pulse,
 }
 
+/// A wait for an attachment's running handler to finish
+/// ([`Attachment::idle`]).
+pub struct Idle(watch::Receiver<bool>);
+
+impl Idle {
+    /// Wait up to `within`; true when nothing is in flight any more.
+    pub async fn within(mut self, within: Duration) -> bool {
+        tokio::time::timeout(within, self.0.wait_for(|b| !*b))
+            .await
+            .map(|r| r.is_ok())
+            .unwrap_or(false)
+    }
+}
+
 /// How often the dispatch loop beats while it waits on something that is
 /// allowed to take long: a closed gate (a paused or quiesced seat), a
 /// fetch (bounded by construction) and the turn it dispatched. A broker
@@ -252,11 +266,13 @@ impl Attachment {
     /// Wait up to `within` for the running handler (if any) to finish.
     /// True when nothing is in flight any more.
     pub async fn wait_idle(&self, within: Duration) -> bool {
-        let mut busy = self.busy.clone();
-        tokio::time::timeout(within, busy.wait_for(|b| !*b))
-            .await
-            .map(|r| r.is_ok())
-            .unwrap_or(false)
+        self.idle().within(within).await
+    }
+
+    /// A wait for the running handler to finish that does not borrow the
+    /// attachment (its holder may keep it behind a lock meanwhile).
+    pub fn idle(&self) -> Idle {
+        Idle(self.busy.clone())
     }
 
     /// Stop consuming. Non-destructive: the subscription and what it

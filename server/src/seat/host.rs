@@ -150,9 +150,14 @@ struct SeatEntry {
     last_error: String,
     /// A fenced release has begun: the turn's fence is closed from here.
     fenced: bool,
-    /// Offered to a successor (phase 1 of a handoff): the inbox stays
-    /// quiesced whatever a renewal proves.
+    /// Being offered to a successor (a handoff from its quiesce on): the
+    /// inbox stays quiesced whatever a renewal proves.
     offered: bool,
+    /// The handoff is flushing the seat's memory for its successor: the
+    /// turn's fence is closed from here (a turn still in flight is deferred
+    /// to the successor, so nothing it writes after the flush is a finished
+    /// turn's memory the successor never hydrated).
+    offer_flushed: bool,
 }
 
 impl SeatEntry {
@@ -172,6 +177,7 @@ impl SeatEntry {
             last_error: String::new(),
             fenced: false,
             offered: false,
+            offer_flushed: false,
         }
     }
 }
@@ -266,13 +272,17 @@ impl Fence {
     /// closes nothing. Nor does a teardown that could not be proven (spec
     /// § Fencing): an undead seat's lease is kept and renewed so no peer can
     /// take it, so its in-flight turn races nobody and finishes — while
-    /// admission ([`Fence::may_start`]) starts nothing new there.
+    /// admission ([`Fence::may_start`]) starts nothing new there. A handoff
+    /// closes it when it flushes the seat's memory for the successor: a
+    /// turn still running past the handoff's wait is deferred to the
+    /// successor rather than finishing after the flush.
     pub fn holds(&self) -> bool {
         self.host.upgrade().is_some_and(|h| {
             let ttl = h.store.lease_ttl();
             lock(&h.seats).get(&self.handle).is_some_and(|e| {
                 matches!(e.phase, Phase::Attached | Phase::Undead)
                     && !e.fenced
+                    && !e.offer_flushed
                     && e.lease.epoch == self.epoch
                     && e.last_renewed.elapsed() < ttl
             })

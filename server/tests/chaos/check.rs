@@ -446,10 +446,11 @@ pub fn crash_handoffs(
 }
 
 /// When a graceful tenure's last memory flush was: a hand-off flushes in
-/// its quiesce, just before it offers the seat (`seat_offered`), so work
-/// finished after the offer — a turn still in flight when the giver had
-/// waited `release_wait` (one heartbeat) and offered anyway — is not in
-/// that flush; a release flushes after it detaches, at the tenure's end.
+/// its quiesce, just before it offers the seat (`seat_offered`) — a turn
+/// still in flight past the hand-off's wait is fenced at that flush and
+/// deferred to the taker, so no finished work of the giver's lies after it
+/// but a turn that passed its last fence check just before; a release
+/// flushes after it detaches, at the tenure's end.
 pub fn flushed_by(h: &History, t: &Tenure) -> Ts {
     h.events
         .iter()

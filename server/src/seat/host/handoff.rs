@@ -89,6 +89,26 @@ impl SeatHost {
         bound: Duration,
         progress: &Progress<'_>,
     ) -> HandOff {
+        // Phase 0: stop admitting, and let the turn in flight finish — for
+        // up to the hand-off's bound, without the seat's lock, so the
+        // heartbeat renews the lease (and the turn's delivery) meanwhile.
+        match self.stop_admitting(handle, reason, progress).await {
+            Ok(Some(idle)) => {
+                if !watched(progress, None, idle.within(bound))
+                    .await
+                    .unwrap_or(false)
+                {
+                    tracing::warn!(
+                        seat = handle,
+                        bound_ms = bound.as_millis() as u64,
+                        "the in-flight turn did not finish within the hand-off's bound; its fence closes at the flush and the successor runs it"
+                    );
+                }
+                progress();
+            }
+            Ok(None) => {}
+            Err(why) => return HandOff::NotOffered(why),
+        }
         let offer = match self.offer_seat(handle, to, reason, progress).await {
             Ok(o) => o,
             Err(Unoffered::Resumed(why)) => return HandOff::NotOffered(why),
@@ -130,8 +150,40 @@ impl SeatHost {
         }
     }
 
-    /// Phase 1 under the seat's lock: quiesce, flush, offer, leave the
-    /// notice. On any failure the seat is resumed and nothing is offered.
+    /// Phase 0 under the seat's lock: mark the seat as being offered (no
+    /// other handoff of it starts, nothing new is admitted, a renewal does
+    /// not resume it) and quiesce its inbox. The wait for the turn in
+    /// flight, if one runs, is returned to be waited on without the lock.
+    async fn stop_admitting(
+        &self,
+        handle: &str,
+        reason: DetachReason,
+        progress: &Progress<'_>,
+    ) -> Result<Option<crate::queue::attach::Idle>, String> {
+        let seat_lock = self.seat_lock(handle);
+        let Some(_g) = watched(progress, None, seat_lock.lock()).await else {
+            return Err("the seat's lock was not had".into());
+        };
+        if self.is_draining() && reason != DetachReason::Drain {
+            return Err("this node is draining".into());
+        }
+        let mut seats = lock(&self.inner.seats);
+        match seats.get_mut(handle) {
+            Some(e) if e.phase == Phase::Attached && !e.fenced && !e.offered => {
+                e.offered = true;
+                Ok(e.inbox.as_ref().map(|a| {
+                    a.quiesce();
+                    a.idle()
+                }))
+            }
+            Some(_) => Err("the seat is not attached here".into()),
+            None => Err("the seat is not held here".into()),
+        }
+    }
+
+    /// Phase 1 under the seat's lock: close the turn's fence, flush, offer,
+    /// leave the notice. On any failure the seat is resumed and nothing is
+    /// offered.
     async fn offer_seat(
         &self,
         handle: &str,
@@ -144,13 +196,25 @@ impl SeatHost {
             return Err(Unoffered::Resumed("the seat's lock was not had".into()));
         };
         if self.is_draining() && reason != DetachReason::Drain {
+            // A drain began during the wait: the drain hands the seat on;
+            // until then it admits again.
+            if let Some(e) = lock(&self.inner.seats).get_mut(handle)
+                && e.phase == Phase::Attached
+                && e.offered
+            {
+                e.offered = false;
+                if let Some(a) = &e.inbox {
+                    a.resume();
+                }
+            }
             return Err(Unoffered::Resumed("this node is draining".into()));
         }
         let (lease, inbox, reflect) = {
             let mut seats = lock(&self.inner.seats);
             match seats.get_mut(handle) {
-                Some(e) if e.phase == Phase::Attached && !e.fenced && !e.offered => {
-                    e.offered = true;
+                // Still as phase 0 left it: attached, and offered by it.
+                Some(e) if e.phase == Phase::Attached && !e.fenced && e.offered => {
+                    e.offer_flushed = true;
                     (e.lease.clone(), e.inbox.take(), e.reflect.take())
                 }
                 Some(_) => {
@@ -160,17 +224,6 @@ impl SeatHost {
             }
         };
         let ctx = SeatContext::of(handle, &lease);
-        // Stop admitting; the turn in flight finishes.
-        if let Some(a) = &inbox {
-            a.quiesce();
-            if !a.wait_idle(self.inner.cfg.release_wait).await {
-                tracing::warn!(
-                    seat = handle,
-                    "the in-flight turn did not finish in time; offering anyway (its fence closes at the take)"
-                );
-            }
-            progress();
-        }
         let quiesced_at = self.inner.store.now().await.ok();
         if let Some(a) = reflect {
             a.detach().await;
@@ -269,6 +322,7 @@ impl SeatHost {
         }
         if let Some(e) = lock(&self.inner.seats).get_mut(handle) {
             e.offered = false;
+            e.offer_flushed = false;
             e.inbox = inbox;
             e.reflect = reflect;
         }

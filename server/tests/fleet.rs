@@ -1398,8 +1398,7 @@ async fn handoff_with_a_turn_in_flight(turn: Duration) -> Vec<String> {
     assert!(matches!(handed, HandOff::Withdrawn), "{handed:?}");
     let ended = || log.lock().unwrap().iter().any(|l| l == "turn_end");
     f.until("the turn to end", turn + TTL, ended).await;
-    let logged = log.lock().unwrap().clone();
-    logged
+    log.lock().unwrap().clone()
 }
 
 /// Spec § Memory that follows the seat: a graceful handoff loses none. A

@@ -21,6 +21,7 @@ const WAIT: Duration = Duration::from_secs(20);
 
 both!(
     a_cycle_publishes_only_what_is_new_and_an_idle_cycle_publishes_nothing,
+    one_cycle_publishes_every_seat_with_new_memory_however_many,
     a_seat_moved_gracefully_keeps_every_row,
     a_crash_loses_at_most_one_cycle,
     a_duplicate_episode_written_on_two_nodes_collapses_on_the_next_replay,
@@ -476,6 +477,24 @@ async fn a_cycle_publishes_only_what_is_new_and_an_idle_cycle_publishes_nothing(
         .unwrap();
     assert_eq!(a.turns.flush_memory(&held).await, 1);
     assert_eq!(a.changelog.replay("s0").await.unwrap().len(), 8);
+}
+
+/// A cycle flushes its seats side by side, a few at a time: every seat
+/// with something new — more seats than flush at once — is published in
+/// that one cycle, each seat's rows under its own changelog, and the next
+/// cycle has nothing left.
+async fn one_cycle_publishes_every_seat_with_new_memory_however_many(f: Fleet) {
+    let a = f.node("a", &[echo_role("s0")]).await;
+    f.until("a holds s0", WAIT, || a.attached("s0")).await;
+    let held: Vec<String> = (0..20).map(|i| format!("s{i}")).collect();
+    for h in &held {
+        remember_everything(a.turns.memory(), h, "1").await;
+    }
+    assert_eq!(a.turns.flush_memory(&held).await, 7 * held.len());
+    assert_eq!(a.turns.flush_memory(&held).await, 0, "an idle cycle");
+    for h in &held {
+        assert_eq!(a.changelog.replay(h).await.unwrap().len(), 7, "{h}");
+    }
 }
 
 /// How many of `seat`'s diary notes on node `n` read exactly `note`.

@@ -58,6 +58,8 @@ pub const BUDGET_RECHECK: Duration = Duration::from_secs(2);
 
 /// Waiting deliveries of one seat coalesced into one partition, at most.
 pub const PARTITION_LIMIT: usize = 16;
+/// How many seats one memory cycle flushes at once.
+const FLUSHES_AT_ONCE: usize = 8;
 
 /// The work key of a run's resume: a digest of its trigger id
 /// (`run:{run id}`), the same on every re-run of the resume — so the
@@ -328,15 +330,30 @@ impl TurnEngine {
                 }
             }
         };
-        let (mut n, mut failed) = (0, 0);
+        let mut to_flush = Vec::new();
         for h in due {
-            if let (Some(unpublished), Some(v)) = (&unpublished, now)
-                && !unpublished.contains(h)
-            {
-                lock(&self.flushed_at).insert(h.clone(), v);
-                continue;
+            match (&unpublished, now) {
+                (Some(unpublished), Some(v)) if !unpublished.contains(h) => {
+                    lock(&self.flushed_at).insert(h.clone(), v);
+                }
+                _ => to_flush.push(h.clone()),
             }
-            match changelog::flush(&self.tools.memory, &*self.changelog, h).await {
+        }
+        // Seats side by side, a few at a time: a cycle's length (what a
+        // crash can lose past one cycle) does not grow with the seats that
+        // have something new, one after another.
+        use futures::StreamExt;
+        let flushed: Vec<_> = futures::stream::iter(to_flush)
+            .map(|h: String| async move {
+                let flushed = changelog::flush(&self.tools.memory, &*self.changelog, &h).await;
+                (h, flushed)
+            })
+            .buffer_unordered(FLUSHES_AT_ONCE)
+            .collect()
+            .await;
+        let (mut n, mut failed) = (0, 0);
+        for (h, result) in flushed {
+            match result {
                 Ok(k) => {
                     n += k;
                     if let Some(v) = now {

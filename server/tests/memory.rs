@@ -26,6 +26,7 @@ both!(
     a_crash_loses_at_most_one_cycle,
     a_duplicate_episode_written_on_two_nodes_collapses_on_the_next_replay,
     a_carried_vector_fills_a_stale_one_and_a_stale_copy_never_erases_a_filled_one,
+    a_hydration_larger_than_one_write_carries_every_row_and_skips_only_the_unreadable,
     deleting_the_newest_diary_note_and_writing_another_still_carries_the_new_one,
     a_hydration_that_fails_refuses_the_seat_and_a_peer_takes_it,
     a_finished_turn_is_reflected_on_by_the_seats_holder_and_written_once,
@@ -197,6 +198,55 @@ async fn stores(
         }
     };
     (x, y, log, dir)
+}
+
+/// A hydration applies its rows a few hundred to a write transaction
+/// (`CARRIED_PER_WRITE`), not one each: more rows than two writes hold all
+/// arrive, and rows a hostile or broken publisher put on the seat's
+/// changelog — one claiming another seat, one with a column of the wrong
+/// type — are skipped one by one without losing their neighbours or
+/// ending the hydration.
+async fn a_hydration_larger_than_one_write_carries_every_row_and_skips_only_the_unreadable(
+    f: Fleet,
+) {
+    let (x, y, log, _dir) = stores(&f).await;
+    let n = 2 * changelog_rows_per_write() + 17;
+    for i in 0..n {
+        x.diary_write("s0", &format!("note {i}"), None)
+            .await
+            .unwrap();
+    }
+    assert_eq!(changelog::flush(&x, &*log, "s0").await.unwrap(), n);
+    let good = log.replay("s0").await.unwrap();
+    let mut other_seat = good[0].clone();
+    other_seat.id = "forged-1".into();
+    other_seat.row.insert("id".into(), "forged-1".into());
+    other_seat.row.insert("agent_handle".into(), "s1".into());
+    let mut wrong_type = good[1].clone();
+    wrong_type.id = "forged-2".into();
+    wrong_type.row.insert("id".into(), "forged-2".into());
+    wrong_type
+        .row
+        .insert("content".into(), serde_json::json!(42));
+    for row in [&other_seat, &wrong_type] {
+        log.publish("s0", row).await.unwrap();
+    }
+    let h = changelog::hydrate(&y, &*log, "s0").await.unwrap();
+    assert_eq!(h.inserted, n, "{h:?}");
+    assert_eq!(h.unreadable, 2, "{h:?}");
+    assert_eq!(y.diary("s0", 10_000).await.unwrap().len(), n);
+    assert_eq!(
+        y.diary("s1", 10).await.unwrap(),
+        [],
+        "nothing reaches another seat"
+    );
+    // Replayed again: every row is here already, nothing is lost or doubled.
+    let again = changelog::hydrate(&y, &*log, "s0").await.unwrap();
+    assert_eq!((again.inserted, again.kept_local), (0, n), "{again:?}");
+}
+
+fn changelog_rows_per_write() -> usize {
+    crewlet::memory::store::CARRIED_PER_WRITE
 }
 
 async fn a_carried_vector_fills_a_stale_one_and_a_stale_copy_never_erases_a_filled_one(f: Fleet) {

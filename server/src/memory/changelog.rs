@@ -462,9 +462,13 @@ async fn hydrate_rows(
     handle: &str,
 ) -> Result<Hydrated, ChangelogError> {
     let rows = log.replay(handle).await?;
+    let answers = store
+        .apply_carried_all(handle, &rows)
+        .await
+        .map_err(ChangelogError::Db)?;
     let mut h = Hydrated::default();
-    for r in &rows {
-        match store.apply_carried(handle, r).await {
+    for (r, answer) in rows.iter().zip(answers) {
+        match answer {
             Ok(Applied::Inserted) => h.inserted += 1,
             Ok(Applied::KeptLocal) => h.kept_local += 1,
             Ok(Applied::VectorTaken) => h.vectors_taken += 1,

@@ -155,6 +155,9 @@ impl Table {
     }
 }
 
+/// How many carried rows one hydration write transaction applies.
+pub const CARRIED_PER_WRITE: usize = 256;
+
 /// One row as the changelog carries it: its table, its id, the change
 /// sequence it was published under, and its columns as JSON (a vector as
 /// hex).
@@ -804,6 +807,54 @@ impl MemoryStore {
     /// rules. A hydrated row is stamped 0: it is already on the changelog,
     /// so this node does not publish it again.
     pub async fn apply_carried(&self, handle: &str, c: &CarriedRow) -> Result<Applied, ApplyError> {
+        let mut tx = self.begin_carried().await?;
+        let applied = Self::apply_one(&mut tx, handle, c, self.current_vector.as_ref()).await?;
+        tx.commit().await?;
+        Ok(applied)
+    }
+
+    /// Apply a seat's carried rows (a hydration), [`CARRIED_PER_WRITE`] to
+    /// a write transaction rather than one each: each row's answer, in
+    /// order (a row that cannot be read is its own error; the others
+    /// apply). A database failure ends it: what was committed stays (every
+    /// row applies idempotently, so the next hydration finishes the rest).
+    pub async fn apply_carried_all(
+        &self,
+        handle: &str,
+        rows: &[CarriedRow],
+    ) -> Result<Vec<Result<Applied, ApplyError>>, sqlx::Error> {
+        let mut out = Vec::with_capacity(rows.len());
+        for chunk in rows.chunks(CARRIED_PER_WRITE) {
+            let mut tx = self.begin_carried().await?;
+            for c in chunk {
+                match Self::apply_one(&mut tx, handle, c, self.current_vector.as_ref()).await {
+                    Err(ApplyError::Db(e)) => return Err(e),
+                    answer => out.push(answer),
+                }
+            }
+            tx.commit().await?;
+        }
+        Ok(out)
+    }
+
+    /// A write transaction for carried rows, its write lock taken first: a
+    /// transaction that reads and then writes cannot upgrade once another
+    /// writer committed (WAL).
+    async fn begin_carried(&self) -> Result<sqlx::Transaction<'static, sqlx::Sqlite>, sqlx::Error> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("UPDATE memory_change_seq SET value = value WHERE id = 1")
+            .execute(&mut *tx)
+            .await?;
+        Ok(tx)
+    }
+
+    /// One carried row, inside the caller's write transaction.
+    async fn apply_one(
+        conn: &mut sqlx::SqliteConnection,
+        handle: &str,
+        c: &CarriedRow,
+        current_vector: Option<&VectorId>,
+    ) -> Result<Applied, ApplyError> {
         let table = c.table;
         let cols = table.columns();
         let seat = c
@@ -839,18 +890,12 @@ impl MemoryStore {
             placeholders,
             conflict
         );
-        let mut tx = self.pool.begin().await?;
-        // Take the write lock first: a transaction that reads and then
-        // writes cannot upgrade once another writer committed (WAL).
-        sqlx::query("UPDATE memory_change_seq SET value = value WHERE id = 1")
-            .execute(&mut *tx)
-            .await?;
         let existed: bool = sqlx::query_scalar::<_, i64>(&format!(
             "SELECT COUNT(*) FROM {} WHERE id = ?",
             table.name()
         ))
         .bind(&c.id)
-        .fetch_one(&mut *tx)
+        .fetch_one(&mut *conn)
         .await?
             > 0;
         let mut q = sqlx::query(&sql);
@@ -872,11 +917,12 @@ impl MemoryStore {
             };
         }
         q = q.bind(0i64);
-        let r = match q.execute(&mut *tx).await {
+        let r = match q.execute(&mut *conn).await {
             Ok(r) => r,
             // A mutable row colliding on its natural key under another id.
+            // The failed statement changed nothing, and the transaction
+            // goes on (SQLite aborts the statement, not the transaction).
             Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
-                tx.rollback().await?;
                 return Ok(Applied::Collided);
             }
             Err(e) => return Err(e.into()),
@@ -900,7 +946,7 @@ impl MemoryStore {
                 table.name()
             ))
             .bind(&c.id)
-            .fetch_one(&mut *tx)
+            .fetch_one(&mut *conn)
             .await?;
             let stored_id = match stored {
                 (Some(m), Some(d), Some(_)) => Some((m, d as u32)),
@@ -915,11 +961,7 @@ impl MemoryStore {
                 (Some(m), Some(d), Some(_)) => Some((m.to_string(), d as u32)),
                 _ => None,
             };
-            if take_carried_vector(
-                stored_id.as_ref(),
-                carried_id.as_ref(),
-                self.current_vector.as_ref(),
-            ) {
+            if take_carried_vector(stored_id.as_ref(), carried_id.as_ref(), current_vector) {
                 let (model, dims) = carried_id.unwrap_or_default();
                 let bytes = hex::decode(carried_vec.unwrap_or_default()).map_err(|_| {
                     ApplyError::Field {
@@ -935,7 +977,7 @@ impl MemoryStore {
                 .bind(model)
                 .bind(dims as i64)
                 .bind(&c.id)
-                .execute(&mut *tx)
+                .execute(&mut *conn)
                 .await?;
                 Applied::VectorTaken
             } else {
@@ -944,7 +986,6 @@ impl MemoryStore {
         } else {
             applied
         };
-        tx.commit().await?;
         Ok(applied)
     }
 

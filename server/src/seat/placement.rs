@@ -334,9 +334,17 @@ fn releases(
         if g.held <= g.allowance {
             continue;
         }
+        // A seat a person moved here is kept while the request stands: its
+        // next pass finishes the request. (Given back for balance, its old
+        // holder, seeing the request, handed it here again, pass after
+        // pass, for the request's two minutes.)
         let mut mine_here: Vec<&&SeatSpec> = seats
             .iter()
-            .filter(|s| snap.held.contains(&s.handle) && !forced_set.contains(&s.handle))
+            .filter(|s| {
+                snap.held.contains(&s.handle)
+                    && !forced_set.contains(&s.handle)
+                    && snap.moves.get(&s.handle).map(String::as_str) != Some(me)
+            })
             .collect();
         // Keep the seats that prefer this node; give back the others first.
         mine_here.sort_by_key(|s| {

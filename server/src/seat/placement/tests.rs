@@ -795,6 +795,25 @@ fn a_seat_moved_to_another_node_is_left_to_it() {
     assert!(plan(&s).claims.contains(&"s000".to_string()));
 }
 
+/// Found by the dashboard's fleet test: a seat a person moved to a node
+/// already at its share was given back for balance by that node, and its
+/// old holder, seeing the move still standing, handed it over again: a
+/// hand-off a second, both ways, for the request's two minutes. The target
+/// keeps it while the request stands and gives back another.
+#[test]
+fn a_seat_moved_to_this_node_is_not_given_back_for_balance_while_the_request_stands() {
+    let a = node("a", &[]);
+    let fleet = [a.clone(), node("b", &[])];
+    let mut s = snap(&a, &fleet, seats("s", 4, &pl(&[], &[])));
+    // a holds one over its share of two; the highest handle goes first.
+    s.held = set(&["s000", "s001", "s003"]);
+    let given =
+        |s: &Snapshot| -> Vec<String> { plan(s).releases.into_iter().map(|(h, _)| h).collect() };
+    assert_eq!(given(&s), ["s003"]);
+    s.moves.insert("s003".into(), "a".into());
+    assert_eq!(given(&s), ["s001"], "the moved seat is kept, another goes");
+}
+
 #[test]
 fn a_seat_this_node_could_not_establish_is_left_to_a_peer_and_retried_when_none_may_run_it() {
     let a = node("a", &[]);

@@ -1264,15 +1264,14 @@ async fn nats_a_deferral_quiesces_the_inbox_and_the_next_successful_renew_resume
     .await;
 }
 
-/// Found by the chaos soak (seed 5004): a delivery queued behind the turn
-/// in flight started its own turn after the seat was quiesced and offered,
-/// and wrote memory the successor had already hydrated without. While an
-/// offer stands nothing new is admitted; once it is withdrawn the seat
-/// admits again.
-#[tokio::test(start_paused = true)]
-async fn no_turn_is_admitted_while_an_offer_stands_and_admission_returns_when_it_is_withdrawn() {
-    use crewlet::seat::host::{HandOff, HostConfig, SeatHost};
-    let f = Fleet::new(Kind::Twin).await;
+/// A bare seat host of node `a` on the twin (no engine: the test drives
+/// its claims, heartbeats and hand-offs), with seat s0's mailboxes made;
+/// and its queue.
+async fn bare_host(
+    f: &Fleet,
+    hooks: Arc<dyn SeatHooks>,
+) -> (Arc<crewlet::seat::host::SeatHost>, Arc<dyn Queue>) {
+    use crewlet::seat::host::{HostConfig, SeatHost};
     let (store, queue) = f.backends("a").await;
     crewlet::queue::ensure_seat_mailboxes(&*queue, "s0", QueueSettings::default())
         .await
@@ -1285,10 +1284,23 @@ async fn no_turn_is_admitted_while_an_offer_stands_and_admission_returns_when_it
             release_wait: BEAT,
         },
         store,
-        queue,
-        Arc::new(TestHooks::default()),
+        queue.clone(),
+        hooks,
         EventBus::new("a", "a:1"),
     ));
+    (host, queue)
+}
+
+/// Found by the chaos soak (seed 5004): a delivery queued behind the turn
+/// in flight started its own turn after the seat was quiesced and offered,
+/// and wrote memory the successor had already hydrated without. While an
+/// offer stands nothing new is admitted; once it is withdrawn the seat
+/// admits again.
+#[tokio::test(start_paused = true)]
+async fn no_turn_is_admitted_while_an_offer_stands_and_admission_returns_when_it_is_withdrawn() {
+    use crewlet::seat::host::HandOff;
+    let f = Fleet::new(Kind::Twin).await;
+    let (host, _) = bare_host(&f, Arc::new(TestHooks::default())).await;
     host.claim("s0").await.unwrap();
     let epoch = host.may_start("s0").expect("admitting once attached");
     // Offered to a node that never takes it.
@@ -1332,6 +1344,13 @@ impl SeatHooks for TurnAndFlush {
         self.log.lock().unwrap().push("flush".into());
         Ok(())
     }
+    /// A release's teardown: its memory flush takes 100 ms.
+    async fn release(&self, _s: &SeatContext) -> Result<(), HookError> {
+        self.log.lock().unwrap().push("flush".into());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        self.log.lock().unwrap().push("flushed".into());
+        Ok(())
+    }
     fn inbox_handler(&self, _s: &SeatContext, fence: Fence) -> Arc<dyn Handler> {
         let (turn, log) = (self.turn, self.log.clone());
         handler_fn(move |_d: Delivery| {
@@ -1359,28 +1378,14 @@ impl SeatHooks for TurnAndFlush {
 /// what the turn and the flush logged, in order, once the offer was
 /// withdrawn and the turn ended.
 async fn handoff_with_a_turn_in_flight(turn: Duration) -> Vec<String> {
-    use crewlet::seat::host::{HandOff, HostConfig, SeatHost};
+    use crewlet::seat::host::HandOff;
     let f = Fleet::new(Kind::Twin).await;
-    let (store, queue) = f.backends("a").await;
-    crewlet::queue::ensure_seat_mailboxes(&*queue, "s0", QueueSettings::default())
-        .await
-        .unwrap();
     let log = Arc::new(Mutex::new(Vec::new()));
-    let host = Arc::new(SeatHost::new(
-        HostConfig {
-            node_id: "a".into(),
-            owner: "a:1".into(),
-            heartbeat: BEAT,
-            release_wait: BEAT,
-        },
-        store,
-        queue.clone(),
-        Arc::new(TurnAndFlush {
-            turn,
-            log: log.clone(),
-        }),
-        EventBus::new("a", "a:1"),
-    ));
+    let hooks = Arc::new(TurnAndFlush {
+        turn,
+        log: log.clone(),
+    });
+    let (host, queue) = bare_host(&f, hooks).await;
     host.claim("s0").await.unwrap();
     queue
         .publish(
@@ -1420,6 +1425,42 @@ async fn a_turn_in_flight_when_a_handoff_begins_finishes_before_the_successors_f
 async fn a_turn_still_running_past_the_handoffs_bound_is_fenced_at_the_flush() {
     let log = handoff_with_a_turn_in_flight(Duration::from_secs(10)).await;
     assert_eq!(log, ["turn_start", "flush", "fenced", "turn_end"]);
+}
+
+/// The same for a voluntary release (`handoff = "release"`, a role gone):
+/// a turn still running past `release_wait` is fenced before the
+/// teardown's memory flush begins, so nothing it writes during or after
+/// that flush is a finished turn the next holder never hydrated (the fence
+/// used to stay open until the flush had ended and the seat was dropped).
+#[tokio::test(start_paused = true)]
+async fn a_turn_still_running_past_a_voluntary_releases_wait_is_fenced_before_its_last_flush() {
+    let f = Fleet::new(Kind::Twin).await;
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let turn = Duration::from_secs(10);
+    let hooks = Arc::new(TurnAndFlush {
+        turn,
+        log: log.clone(),
+    });
+    let (host, queue) = bare_host(&f, hooks).await;
+    host.claim("s0").await.unwrap();
+    queue
+        .publish(
+            "crewlet.agent.s0.inbox",
+            None,
+            bytes::Bytes::from_static(b"work"),
+        )
+        .await
+        .unwrap();
+    let started = || log.lock().unwrap().iter().any(|l| l == "turn_start");
+    f.until("the turn to start", TTL, started).await;
+    host.release("s0", DetachReason::RoleGone).await;
+    let ended = || log.lock().unwrap().iter().any(|l| l == "turn_end");
+    f.until("the turn to end", turn + TTL, ended).await;
+    let log = log.lock().unwrap().clone();
+    assert_eq!(
+        log,
+        ["turn_start", "flush", "fenced", "flushed", "turn_end"]
+    );
 }
 
 #[tokio::test(start_paused = true)]

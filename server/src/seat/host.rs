@@ -153,11 +153,12 @@ struct SeatEntry {
     /// Being offered to a successor (a handoff from its quiesce on): the
     /// inbox stays quiesced whatever a renewal proves.
     offered: bool,
-    /// The handoff is flushing the seat's memory for its successor: the
-    /// turn's fence is closed from here (a turn still in flight is deferred
-    /// to the successor, so nothing it writes after the flush is a finished
-    /// turn's memory the successor never hydrated).
-    offer_flushed: bool,
+    /// The seat's last memory flush for its next holder has begun (a
+    /// handoff's flush before its offer, or a voluntary release's teardown):
+    /// the turn's fence is closed from here (a turn still in flight is
+    /// deferred to the next holder, so nothing it writes after the flush is
+    /// a finished turn's memory the next holder never hydrated).
+    last_flush: bool,
 }
 
 impl SeatEntry {
@@ -177,7 +178,7 @@ impl SeatEntry {
             last_error: String::new(),
             fenced: false,
             offered: false,
-            offer_flushed: false,
+            last_flush: false,
         }
     }
 }
@@ -282,7 +283,7 @@ impl Fence {
             lock(&h.seats).get(&self.handle).is_some_and(|e| {
                 matches!(e.phase, Phase::Attached | Phase::Undead)
                     && !e.fenced
-                    && !e.offer_flushed
+                    && !e.last_flush
                     && e.lease.epoch == self.epoch
                     && e.last_renewed.elapsed() < ttl
             })
@@ -762,13 +763,18 @@ impl SeatHost {
                 if !a.wait_idle(self.inner.cfg.release_wait).await {
                     tracing::warn!(
                         seat = handle,
-                        "the in-flight turn did not finish in time; detaching anyway"
+                        "the in-flight turn did not finish in time; its fence closes at the last flush and the next holder runs it"
                     );
                 }
                 progress();
             }
             for a in [inbox, control, reflect].into_iter().flatten() {
                 a.detach().await;
+            }
+            // The teardown flushes the seat's memory for its next holder: a
+            // turn still running is fenced from here, not finished after it.
+            if let Some(e) = lock(&self.inner.seats).get_mut(handle) {
+                e.last_flush = true;
             }
         }
         self.inner.events.emit(Event::SeatDetached {
@@ -806,6 +812,10 @@ impl SeatHost {
                     error: e.to_string(),
                 });
                 if let Some(entry) = lock(&self.inner.seats).get_mut(handle) {
+                    // Unproven: the lease is kept, so a turn still in flight
+                    // races nobody and finishes (spec § Fencing); the
+                    // teardown's retry flushes what it wrote.
+                    entry.last_flush = false;
                     entry.phase = Phase::Undead;
                     entry.undead_since = Some(Instant::now());
                     entry.attempts = 1;

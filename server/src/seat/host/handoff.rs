@@ -214,7 +214,7 @@ impl SeatHost {
             match seats.get_mut(handle) {
                 // Still as phase 0 left it: attached, and offered by it.
                 Some(e) if e.phase == Phase::Attached && !e.fenced && e.offered => {
-                    e.offer_flushed = true;
+                    e.last_flush = true;
                     (e.lease.clone(), e.inbox.take(), e.reflect.take())
                 }
                 Some(_) => {
@@ -322,7 +322,7 @@ impl SeatHost {
         }
         if let Some(e) = lock(&self.inner.seats).get_mut(handle) {
             e.offered = false;
-            e.offer_flushed = false;
+            e.last_flush = false;
             e.inbox = inbox;
             e.reflect = reflect;
         }

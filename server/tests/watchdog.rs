@@ -81,13 +81,14 @@ fn a_node_whose_sweep_loop_blocks_forever_exits_75() {
     );
 }
 
-/// Acquire hooks that take their time (a seat's memory to replay, say).
-struct SlowHooks;
+/// Acquire hooks that take their time (a seat's memory to replay, say):
+/// each hydration takes this long.
+struct SlowHooks(Duration);
 
 #[async_trait::async_trait]
 impl SeatHooks for SlowHooks {
     async fn hydrate_memory(&self, _s: &SeatContext) -> Result<(), HookError> {
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        tokio::time::sleep(self.0).await;
         Ok(())
     }
     fn inbox_handler(&self, _s: &SeatContext, _f: Fence) -> Arc<dyn Handler> {
@@ -180,7 +181,7 @@ async fn never_wedged_until(engine: &SeatEngine, what: &str, done: impl Fn() -> 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sweep_pass_that_claims_seat_after_seat_is_not_a_wedged_loop() {
-    let (engine, tasks) = engine_on_twin(10, Arc::new(SlowHooks)).await;
+    let (engine, tasks) = engine_on_twin(10, Arc::new(SlowHooks(Duration::from_millis(500)))).await;
     let attached = || {
         engine
             .host()
@@ -503,25 +504,11 @@ async fn each_seats_turn_dispatch_is_watched_a_long_turn_is_not_a_wedge_and_a_re
     drop(tasks);
 }
 
-/// Acquire hooks whose memory hydration takes four seconds (a long memory
-/// to replay), longer than the test TTL.
-struct LongHydration;
-
-#[async_trait::async_trait]
-impl SeatHooks for LongHydration {
-    async fn hydrate_memory(&self, _s: &SeatContext) -> Result<(), HookError> {
-        tokio::time::sleep(Duration::from_secs(4)).await;
-        Ok(())
-    }
-    fn inbox_handler(&self, _s: &SeatContext, _f: Fence) -> Arc<dyn Handler> {
-        handler_fn(|_d: Delivery| async { Disposition::Ack })
-    }
-}
-
 /// A take of an offered seat is watched while it runs (ARCHITECTURE.md:
 /// every loop that can hold a seat's lock or lease is): the taker's
 /// watchdog follows it as `take-offer:{seat}`, a take whose hydration runs
-/// past the TTL is turning, not wedged, and a finished take stands down.
+/// past the TTL (four seconds, the TTL three) is turning, not wedged, and a
+/// finished take stands down.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_take_of_an_offered_seat_is_watched_until_it_ends_and_a_slow_one_is_not_a_wedge() {
     let store: Arc<dyn Store> = Arc::new(Coordinator::new(
@@ -530,7 +517,8 @@ async fn a_take_of_an_offered_seat_is_watched_until_it_ends_and_a_slow_one_is_no
     ));
     let (giver, giver_tasks) = engine_on(store.clone(), "a", 1, Arc::new(FastHooks)).await;
     never_wedged_until(&giver, "a to hold s0", || giver.host().held().len() == 1).await;
-    let (taker, taker_tasks) = engine_on(store, "b", 1, Arc::new(LongHydration)).await;
+    let (taker, taker_tasks) =
+        engine_on(store, "b", 1, Arc::new(SlowHooks(Duration::from_secs(4)))).await;
     let host = giver.host().clone();
     let handing = tokio::spawn(async move {
         host.hand_off(

@@ -17,6 +17,9 @@
 //! - cold convergence of N seats over M nodes started together on NATS:
 //!   until every node holds its share, against the claim-limit arithmetic
 //!   (⌈share ÷ claim limit⌉ sweeps), with the seats given back on the way;
+//! - kill -9 → the last of the dead node's seats attached when each seat's
+//!   acquire hook takes 500 ms (a long memory to replay), against
+//!   establishing them one after another;
 //! - kill -9 → the last stranded message answered (the binary, the shipped
 //!   30 s ack window with in-progress extensions), p50/p99 over
 //!   `CREWLET_BENCH_STRANDED_RUNS` runs (5) on each nats-server, against
@@ -134,13 +137,105 @@ async fn engine(
     cfg: EngineConfig,
     events: EventBus,
 ) -> Arc<SeatEngine> {
+    let _ = id;
+    engine_with(store, queue, cfg, events, Arc::new(Held)).await
+}
+
+async fn engine_with(
+    store: Arc<dyn Store>,
+    queue: Arc<dyn Queue>,
+    cfg: EngineConfig,
+    events: EventBus,
+    hooks: Arc<dyn SeatHooks>,
+) -> Arc<SeatEngine> {
     let tasks = Tasks::new();
     let first = company::active(&*store).await.unwrap().expect("company");
     let rx = company::follow(store.clone(), first, &tasks);
-    let _ = id;
-    SeatEngine::new(cfg, store, queue, Arc::new(Held), events, rx, tasks)
+    SeatEngine::new(cfg, store, queue, hooks, events, rx, tasks)
         .await
         .expect("engine")
+}
+
+/// Seats held as [`Held`] whose acquire hook takes its time: a memory
+/// replay of this long.
+struct SlowAcquire(Duration);
+
+#[async_trait::async_trait]
+impl SeatHooks for SlowAcquire {
+    async fn hydrate_memory(&self, _s: &SeatContext) -> Result<(), crewlet::seat::host::HookError> {
+        tokio::time::sleep(self.0).await;
+        Ok(())
+    }
+    async fn pause_holds(
+        &self,
+        _s: &SeatContext,
+    ) -> Result<Vec<String>, crewlet::seat::host::HookError> {
+        Ok(vec!["bench".into()])
+    }
+    fn inbox_handler(&self, _s: &SeatContext, _f: Fence) -> Arc<dyn Handler> {
+        handler_fn(|_d: Delivery| async { Disposition::Ack })
+    }
+}
+
+/// A killed node's seats taken over when each seat's acquire hook takes
+/// `hook` (a long memory to replay): two nodes of `seats / 2`, claim limit
+/// `seats / 2`, so the survivor claims the dead node's seats in one pass and
+/// establishes them side by side. Returns the time from the kill to the last
+/// of them attached, and what establishing them one after another would
+/// take (TTL + sweep + each hook in turn).
+async fn slow_acquire_recovery(seats: usize, hook: Duration) -> (Duration, Duration) {
+    let server = support::nats::NatsServer::start().await;
+    let ttl = Duration::from_secs(3);
+    let beat = Duration::from_secs(1);
+    let sweep = Duration::from_secs(1);
+    let (sa, qa) = nats(&server, "crewlet-slow-a", ttl).await;
+    company::apply(&*sa, "bench", &roles(seats)).await.unwrap();
+    let run = |id: &'static str, s: Arc<dyn Store>, q: Arc<dyn Queue>| async move {
+        let bus = EventBus::new(id, &format!("{id}:bench"));
+        let rx = bus.subscribe();
+        let mut cfg = engine_cfg(id, ttl, beat, sweep);
+        cfg.claim_limit = seats / 2;
+        let e = engine_with(s, q, cfg, bus, Arc::new(SlowAcquire(hook))).await;
+        e.start();
+        (e, rx)
+    };
+    let (a, mut rx_a) = run("a", sa, qa).await;
+    let (sb, qb) = nats(&server, "crewlet-slow-b", ttl).await;
+    let (b, _rx_b) = run("b", sb, qb).await;
+    let attached_here = |n: &SeatEngine| {
+        n.host()
+            .status()
+            .iter()
+            .filter(|s| s.phase == crewlet::seat::host::Phase::Attached)
+            .count()
+    };
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !(attached_here(&a) == seats / 2 && attached_here(&b) == seats / 2) {
+        assert!(Instant::now() < deadline, "no even split");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    while rx_a.try_recv().is_ok() {}
+    let moved: Vec<String> = b.host().held();
+    let t0 = Instant::now();
+    b.crash().await;
+    let mut last = None;
+    let mut pending = moved.clone();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !pending.is_empty() && Instant::now() < deadline {
+        while let Ok(e) = rx_a.try_recv() {
+            if let Event::SeatAttached { seat, .. } = e.event
+                && let Some(i) = pending.iter().position(|s| *s == seat)
+            {
+                pending.remove(i);
+                last = Some(t0.elapsed());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert!(pending.is_empty(), "not every seat came back: {pending:?}");
+    a.crash().await;
+    let one_by_one = ttl + sweep + hook * moved.len() as u32;
+    (last.unwrap_or_default(), one_by_one)
 }
 
 /// Messages the idle node receives per sweep.
@@ -617,6 +712,8 @@ async fn main() {
     let (two_rebalance, two_drain) = handoff_dark(true).await;
     let (rel_rebalance, rel_drain) = handoff_dark(false).await;
     let cold = convergence(120, 3).await;
+    let hook = Duration::from_millis(500);
+    let (slow, one_by_one) = slow_acquire_recovery(16, hook).await;
     let runs = std::env::var("CREWLET_BENCH_STRANDED_RUNS")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -677,6 +774,13 @@ async fn main() {
             .unwrap_or_else(|| "not converged within 300 s".into()),
         cold.given_back,
         ms(cold.arithmetic)
+    );
+    println!(
+        "| kill -9 → the last of the dead node's 8 seats attached, each acquire hook taking {} (two nodes, claim limit 8; TTL 3 s, sweep 1 s) | {} | one after another: TTL + sweep + 8 × {} = {} | — |",
+        ms(hook),
+        ms(slow),
+        ms(hook),
+        ms(one_by_one)
     );
     for (name, secs, left) in stranded.iter().filter(|(_, secs, _)| !secs.is_empty()) {
         let at = |q: f64| {

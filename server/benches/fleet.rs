@@ -49,11 +49,18 @@ use crewlet::seat::sweep::{EngineConfig, SeatEngine};
 use crewlet::tasks::Tasks;
 use serde_json::json;
 
-/// Seats attached under a hold: no fetch traffic, only the engine's own.
-struct Held;
+/// Seats attached under a hold: no fetch traffic, only the engine's own;
+/// each seat's acquire hook takes this long (a memory to replay).
+struct Held(Duration);
 
 #[async_trait::async_trait]
 impl SeatHooks for Held {
+    async fn hydrate_memory(&self, _s: &SeatContext) -> Result<(), crewlet::seat::host::HookError> {
+        if !self.0.is_zero() {
+            tokio::time::sleep(self.0).await;
+        }
+        Ok(())
+    }
     async fn pause_holds(
         &self,
         _s: &SeatContext,
@@ -138,7 +145,7 @@ async fn engine(
     events: EventBus,
 ) -> Arc<SeatEngine> {
     let _ = id;
-    engine_with(store, queue, cfg, events, Arc::new(Held)).await
+    engine_with(store, queue, cfg, events, Arc::new(Held(Duration::ZERO))).await
 }
 
 async fn engine_with(
@@ -154,27 +161,6 @@ async fn engine_with(
     SeatEngine::new(cfg, store, queue, hooks, events, rx, tasks)
         .await
         .expect("engine")
-}
-
-/// Seats held as [`Held`] whose acquire hook takes its time: a memory
-/// replay of this long.
-struct SlowAcquire(Duration);
-
-#[async_trait::async_trait]
-impl SeatHooks for SlowAcquire {
-    async fn hydrate_memory(&self, _s: &SeatContext) -> Result<(), crewlet::seat::host::HookError> {
-        tokio::time::sleep(self.0).await;
-        Ok(())
-    }
-    async fn pause_holds(
-        &self,
-        _s: &SeatContext,
-    ) -> Result<Vec<String>, crewlet::seat::host::HookError> {
-        Ok(vec!["bench".into()])
-    }
-    fn inbox_handler(&self, _s: &SeatContext, _f: Fence) -> Arc<dyn Handler> {
-        handler_fn(|_d: Delivery| async { Disposition::Ack })
-    }
 }
 
 /// A killed node's seats taken over when each seat's acquire hook takes
@@ -195,7 +181,7 @@ async fn slow_acquire_recovery(seats: usize, hook: Duration) -> (Duration, Durat
         let rx = bus.subscribe();
         let mut cfg = engine_cfg(id, ttl, beat, sweep);
         cfg.claim_limit = seats / 2;
-        let e = engine_with(s, q, cfg, bus, Arc::new(SlowAcquire(hook))).await;
+        let e = engine_with(s, q, cfg, bus, Arc::new(Held(hook))).await;
         e.start();
         (e, rx)
     };

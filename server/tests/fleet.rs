@@ -1373,11 +1373,18 @@ impl SeatHooks for TurnAndFlush {
     }
 }
 
-/// Offer seat s0, with a turn of `turn` in flight, to a node that never
-/// takes it (hand-off bound 1.5 s, `release_wait` one heartbeat, 1 s);
-/// what the turn and the flush logged, in order, once the offer was
-/// withdrawn and the turn ended.
-async fn handoff_with_a_turn_in_flight(turn: Duration) -> Vec<String> {
+/// How seat s0 is given up in [`give_up_with_a_turn_in_flight`].
+enum GivenUp {
+    /// Offered to a node that never takes it (hand-off bound 1.5 s): the
+    /// offer is withdrawn.
+    HandedToNobody,
+    /// Released for a role gone (`release_wait` one heartbeat, 1 s).
+    Released,
+}
+
+/// Give seat s0 up as `how` with a turn of `turn` in flight; what the turn
+/// and the flush logged, in order, once the turn ended.
+async fn give_up_with_a_turn_in_flight(turn: Duration, how: GivenUp) -> Vec<String> {
     use crewlet::seat::host::HandOff;
     let f = Fleet::new(Kind::Twin).await;
     let log = Arc::new(Mutex::new(Vec::new()));
@@ -1397,10 +1404,15 @@ async fn handoff_with_a_turn_in_flight(turn: Duration) -> Vec<String> {
         .unwrap();
     let started = || log.lock().unwrap().iter().any(|l| l == "turn_start");
     f.until("the turn to start", TTL, started).await;
-    let handed = host
-        .hand_off("s0", "nobody", DetachReason::Rebalance, TTL / 2, &|| {})
-        .await;
-    assert!(matches!(handed, HandOff::Withdrawn), "{handed:?}");
+    match how {
+        GivenUp::HandedToNobody => {
+            let handed = host
+                .hand_off("s0", "nobody", DetachReason::Rebalance, TTL / 2, &|| {})
+                .await;
+            assert!(matches!(handed, HandOff::Withdrawn), "{handed:?}");
+        }
+        GivenUp::Released => host.release("s0", DetachReason::RoleGone).await,
+    }
     let ended = || log.lock().unwrap().iter().any(|l| l == "turn_end");
     f.until("the turn to end", turn + TTL, ended).await;
     log.lock().unwrap().clone()
@@ -1414,7 +1426,8 @@ async fn handoff_with_a_turn_in_flight(turn: Duration) -> Vec<String> {
 /// wrote after the flush never reached the successor).
 #[tokio::test(start_paused = true)]
 async fn a_turn_in_flight_when_a_handoff_begins_finishes_before_the_successors_flush() {
-    let log = handoff_with_a_turn_in_flight(Duration::from_millis(1200)).await;
+    let log =
+        give_up_with_a_turn_in_flight(Duration::from_millis(1200), GivenUp::HandedToNobody).await;
     assert_eq!(log, ["turn_start", "turn_end", "flush"]);
 }
 
@@ -1423,7 +1436,7 @@ async fn a_turn_in_flight_when_a_handoff_begins_finishes_before_the_successors_f
 /// after the flush with the fence still open until the take.
 #[tokio::test(start_paused = true)]
 async fn a_turn_still_running_past_the_handoffs_bound_is_fenced_at_the_flush() {
-    let log = handoff_with_a_turn_in_flight(Duration::from_secs(10)).await;
+    let log = give_up_with_a_turn_in_flight(Duration::from_secs(10), GivenUp::HandedToNobody).await;
     assert_eq!(log, ["turn_start", "flush", "fenced", "turn_end"]);
 }
 
@@ -1434,29 +1447,7 @@ async fn a_turn_still_running_past_the_handoffs_bound_is_fenced_at_the_flush() {
 /// used to stay open until the flush had ended and the seat was dropped).
 #[tokio::test(start_paused = true)]
 async fn a_turn_still_running_past_a_voluntary_releases_wait_is_fenced_before_its_last_flush() {
-    let f = Fleet::new(Kind::Twin).await;
-    let log = Arc::new(Mutex::new(Vec::new()));
-    let turn = Duration::from_secs(10);
-    let hooks = Arc::new(TurnAndFlush {
-        turn,
-        log: log.clone(),
-    });
-    let (host, queue) = bare_host(&f, hooks).await;
-    host.claim("s0").await.unwrap();
-    queue
-        .publish(
-            "crewlet.agent.s0.inbox",
-            None,
-            bytes::Bytes::from_static(b"work"),
-        )
-        .await
-        .unwrap();
-    let started = || log.lock().unwrap().iter().any(|l| l == "turn_start");
-    f.until("the turn to start", TTL, started).await;
-    host.release("s0", DetachReason::RoleGone).await;
-    let ended = || log.lock().unwrap().iter().any(|l| l == "turn_end");
-    f.until("the turn to end", turn + TTL, ended).await;
-    let log = log.lock().unwrap().clone();
+    let log = give_up_with_a_turn_in_flight(Duration::from_secs(10), GivenUp::Released).await;
     assert_eq!(
         log,
         ["turn_start", "flush", "fenced", "flushed", "turn_end"]

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""A command agent for Crewlet (README § The command agent).
+"""A command agent for Crewlet (docs/agents.md § The command agent).
 
 The node writes one JSON object per line to stdin; this answers one JSON
 object per line on stdout. Each turn takes two rounds: round 1 asks for a
 diary note and an outbound post echoing the triggers — and, when the seat
 has an MCP time server (a tool named `time.get_current_time` in the turn's
-`tools`, README § Tools), the current time in UTC — and when the results
+`tools`, docs/agents.md § Tools), the current time in UTC — and when the results
 come back the turn is done. Anything else is ignored; EOF ends the program.
 """
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Serve a GGUF model on an OpenAI-compatible endpoint, for the tests and
-`./dev run --tiny-model` (README § The model agent).
+`./dev run --tiny-model` (docs/agents.md § The model agent).
 
 Runs llama.cpp's server from PyPI's `xllamacpp` (put it on PYTHONPATH) on
 127.0.0.1:PORT with the chat template TEMPLATE — one that renders the

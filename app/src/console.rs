@@ -175,7 +175,7 @@ pub trait Console: Send + Sync + 'static {
         actor: &Person,
         id: u64,
     ) -> Result<DeadLetterActionResult, ConsoleError>;
-    /// The seat's approvals (README § Tools, Approvals), the newest first.
+    /// The seat's approvals (docs/agents.md § Tools, Approvals), the newest first.
     async fn approvals(&self, handle: &str) -> Result<Vec<ApprovalView>, ConsoleError>;
     /// Answer one of the seat's approvals: `approve` runs the call once, on
     /// whichever node holds the seat, else the agent is told it was denied

@@ -20,7 +20,7 @@
 
 use leptos::prelude::*;
 
-/// Every event name the node sends (README § Events). A browser only
+/// Every event name the node sends (docs/mail-and-turns.md § Events). A browser only
 /// hears the named events it listens for, so the Events page listens for
 /// each of these.
 pub const EVENT_NAMES: &[&str] = &[

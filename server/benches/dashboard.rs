@@ -1,5 +1,5 @@
 //! Dashboard benchmarks: prints a table, asserts nothing.
-//! `cargo bench -p server --bench dashboard` (README § Benchmarks).
+//! `cargo bench -p server --bench dashboard` (docs/testing.md § Benchmarks).
 //!
 //! Rows:
 //! - a seat's page with 10,000 events about it kept, first render (its

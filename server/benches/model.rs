@@ -1,5 +1,5 @@
 //! Model-agent benchmarks: prints a table, asserts nothing.
-//! `cargo bench -p server --bench model` (README § Benchmarks).
+//! `cargo bench -p server --bench model` (docs/testing.md § Benchmarks).
 //!
 //! Row: the engine's overhead per round of a model seat — a turn's wall
 //! time (`turn_started` to `turn_completed`, as the node's event bus

@@ -1,6 +1,6 @@
 //! The boot walk on NATS: creating the three mailboxes (inbox, control,
 //! reflect) of every seat of a 1,000-seat company, as every node does
-//! before it claims anything (seed § The unowned seat: 1.7 ms a seat).
+//! before it claims anything (seed spec § The unowned seat: 1.7 ms a seat).
 //! Prints a table; asserts nothing about time.
 //!
 //! `cargo bench -p server --bench queue` (starts its own nats-server, its

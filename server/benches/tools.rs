@@ -1,5 +1,5 @@
 //! Tool-server benchmarks: prints a table, asserts nothing.
-//! `cargo bench -p server --bench tools` (README § Benchmarks).
+//! `cargo bench -p server --bench tools` (docs/testing.md § Benchmarks).
 //!
 //! Rows: what a seat's MCP servers add to taking it — from the node's
 //! `seat_claimed` to its `seat_attached` (the acquire hook: the tool

@@ -4,7 +4,7 @@
 //! reads, and — on a fleet — `crewlet.events.{node}` on NATS, from which
 //! every node re-broadcasts its peers' events.
 //!
-//! The names and fields here are a public contract (README § Events).
+//! The names and fields here are a public contract (docs/mail-and-turns.md § Events).
 //! Emitting never blocks and never fails the caller: a slow subscriber
 //! misses events (and is told so by the bus), the emitter never waits.
 
@@ -671,7 +671,7 @@ pub fn queue_sink(bus: &EventBus) -> crate::queue::EventSink {
 }
 
 /// Pure: what one of this node's events does to its metrics
-/// (`crate::metrics`, README § Monitoring).
+/// (`crate::metrics`, docs/operations.md § Monitoring).
 pub fn metric_updates(e: &Event) -> Vec<Update> {
     use crate::metrics as m;
     match e {

@@ -5,9 +5,13 @@
 //! `super::…` path to the module that owns it, and fails naming the
 //! modules of any cycle, each upward edge and each raw spawn.
 //! (`scripts/import-cycles` prints the same graph's cycles from a shell.)
+//! And every section citation in the code and the documents names a
+//! heading that exists (`citations`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+
+mod citations;
 
 /// Module path (`seat::sweep`) → its source file.
 fn modules(root: &Path) -> BTreeMap<String, PathBuf> {

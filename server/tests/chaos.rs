@@ -3,8 +3,8 @@
 //! server restarts (the leases' leader and a follower), a node cut off
 //! from NATS by a blackholing proxy, drains, a rolling restart, a node at
 //! an older lease protocol, applies that remove and re-add roles — while a
-//! publisher feeds every seat; then the recording is checked (README §
-//! Chaos testing).
+//! publisher feeds every seat; then the recording is checked
+//! (docs/testing.md § Chaos testing).
 //!
 //! - `ci_profile_holds_every_invariant` runs in `cargo test` (and so in
 //!   `./dev test`): every fault kind once, seed `CHAOS_SEED` (default 1).

@@ -1,5 +1,5 @@
 //! The command agent against real child processes: the Python example, and
-//! small inline Python scripts that misbehave on purpose (README § The
+//! small inline Python scripts that misbehave on purpose (docs/agents.md § The
 //! command agent).
 
 mod support;

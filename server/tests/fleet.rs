@@ -1418,7 +1418,7 @@ async fn give_up_with_a_turn_in_flight(turn: Duration, how: GivenUp) -> Vec<Stri
     log.lock().unwrap().clone()
 }
 
-/// Spec § Memory that follows the seat: a graceful handoff loses none. A
+/// Spec § A seat's memory follows it: a graceful handoff loses none. A
 /// turn in flight when a hand-off begins finishes before the memory is
 /// flushed for the successor — the hand-off waits for it up to its own
 /// bound, without the seat's lock (it used to wait one heartbeat under the

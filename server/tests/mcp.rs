@@ -2,7 +2,7 @@
 //! nats-server, against real servers nobody here wrote: npm's
 //! `@modelcontextprotocol/server-filesystem` and `server-everything` (run
 //! with node) and PyPI's `mcp-server-time`, installed by `./dev test`
-//! (README § Tools).
+//! (docs/agents.md § Tools).
 //! The spec's § Establishing a seat (the tool servers first) and § A turn
 //! that broke halfway (an MCP call reached outside unless its tool is
 //! read-only), as behaviour.

@@ -1379,7 +1379,7 @@ mod broker {
 /// A person re-publishes a dead letter: it reaches its subscription again
 /// (once, however often the re-publish is asked) and leaves the dead
 /// letters; one discarded is gone, and asking again finds nothing
-/// (README § Dead letters).
+/// (docs/dashboard.md § The dashboard, *Dead letters*).
 async fn a_requeued_dead_letter_is_delivered_again_once_and_a_discarded_one_is_gone(b: Backend) {
     let q = &*b.queue;
     let spec = ensure_seat(q, "picky").await;

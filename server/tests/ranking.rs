@@ -254,7 +254,7 @@ async fn with_no_saved_order_every_node_ranks_by_first_seen(f: Fx) {
     assert_eq!(effective(&*b).await, ids(&["node-z", "node-a"]));
 }
 
-/// Handoff § 2: the order is chronological and stable — a node that
+/// handoff § 2: the order is chronological and stable — a node that
 /// restarts (its presence given up, then claimed again, later) keeps its
 /// place; it does not drop to the end as its new presence lease's time
 /// would put it.

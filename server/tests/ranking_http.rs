@@ -1,5 +1,5 @@
 //! The node priority order and "move this seat now" over HTTP, against a
-//! real node in this process (README § HTTP): who may read and change the
+//! real node in this process (docs/http-and-cli.md § HTTP): who may read and change the
 //! order, compare-and-set saves (409 on a stale revision), moves refused
 //! with the reason (a node outside the seat's placement is named as such),
 //! and every action audited and announced on the event bus.

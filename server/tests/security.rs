@@ -207,7 +207,7 @@ handle = "alpha"
     node.shutdown().await.unwrap();
 }
 
-/// The NATS users README § Security model recommends, with the
+/// The NATS users docs/security.md § Security model recommends, with the
 /// passwords spelled out.
 const NATS_USERS: &str = r#"authorization {
   users = [

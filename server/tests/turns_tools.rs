@@ -1,4 +1,4 @@
-//! The engine's built-in tools as an agent calls them (README § The command
+//! The engine's built-in tools as an agent calls them (docs/agents.md § The command
 //! agent, the tools table): `read_memory` answers the seat's own recent
 //! diary notes and episodes, and reaches nothing outside the engine.
 

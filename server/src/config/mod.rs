@@ -35,7 +35,7 @@ pub const APPROVABLE_BUILT_INS: [&str; 3] = ["post_outbox", "a2a_message", "run_
 
 /// The environment variable that makes this process speak an older lease
 /// protocol: fault injection for mixed-version drills and the chaos
-/// harness (README § How seats are owned).
+/// harness (docs/seats.md § How seats are owned).
 pub const FAULT_PROTOCOL_VAR: &str = "CREWLET_FAULT_PROTOCOL";
 
 /// The lease protocol this process speaks: [`PROTOCOL`], unless
@@ -274,7 +274,7 @@ pub struct NodeSection {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub allow_command_agents: Option<bool>,
     /// The programs a company may have started here: command agents, MCP
-    /// stdio servers, detached runs (README § Security model). Unset: any
+    /// stdio servers, detached runs (docs/security.md § Security model). Unset: any
     /// command agent or stdio server on a single node with `local`
     /// coordination, none on a fleet; a detached run only by a rule that
     /// says `run` (or `[runs] allow`).
@@ -287,7 +287,7 @@ pub struct NodeSection {
     /// `{data_dir}/instructions`); nothing outside it is read.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub instructions_dir: Option<PathBuf>,
-    /// A user of the machine the seats' children run as (README § Security
+    /// A user of the machine the seats' children run as (docs/security.md § Security
     /// model): they then cannot read the node's data directory, its
     /// database or its environment. Unset: as the node's own user.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -362,7 +362,7 @@ pub struct CoordinationSection {
     pub handoff_timeout_ms: u64,
     /// Claim a seat or presence lease in one atomic batch write (the epoch
     /// key beside the lease, both by compare-and-set): `local` only; with
-    /// `embedded-kv` it is refused (README § The company file, One-write
+    /// `embedded-kv` it is refused (docs/config.md § The company file, One-write
     /// claims). Off as shipped.
     pub atomic_claim: bool,
 }
@@ -498,11 +498,11 @@ pub struct RoleConfig {
     pub agent: AgentConfig,
     #[serde(default)]
     pub placement: PlacementConfig,
-    /// The seat's MCP tool servers (README § Tools), started first when
+    /// The seat's MCP tool servers (docs/agents.md § Tools), started first when
     /// the seat is established and stopped when it is given back.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mcp: Vec<McpServerConfig>,
-    /// Tool calls a person approves before they run (README § Tools,
+    /// Tool calls a person approves before they run (docs/agents.md § Tools,
     /// Approvals): a tool's full name (`fs.write_file`), a server's every
     /// tool (`git.*`), or `*`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -514,12 +514,12 @@ pub struct RoleConfig {
     pub approve_destructive: bool,
     /// Tools (full names, `server.*`, `*`) the company vouches are
     /// read-only: with `approve_destructive`, these alone run unasked — a
-    /// tool server's own annotations never lower protection (README
+    /// tool server's own annotations never lower protection (docs/agents.md
     /// § Tools, Approvals).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub read_only: Vec<String>,
     /// The seats this seat's agent may mail with `a2a_message` (handles,
-    /// or `*` for every other seat). Empty: none (README § Security model).
+    /// or `*` for every other seat). Empty: none (docs/security.md § Security model).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub a2a_to: Vec<String>,
     /// How long an approval waits for a person before it is denied as
@@ -527,7 +527,7 @@ pub struct RoleConfig {
     #[serde(default = "default_approval_timeout_seconds")]
     pub approval_timeout_seconds: u64,
     /// What a model seat may spend per day, ISO week and month on the
-    /// company's clock (README § The model agent, Budgets).
+    /// company's clock (docs/agents.md § The model agent, Budgets).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget: Option<BudgetConfig>,
 }
@@ -651,11 +651,11 @@ pub enum AgentConfig {
     /// The built-in agent: a diary note and an episode per trigger, its
     /// outbound effect on `crewlet.outbox.{handle}`.
     Echo(EchoConfig),
-    /// The seat's own child process, speaking JSON lines (README § The
+    /// The seat's own child process, speaking JSON lines (docs/agents.md § The
     /// command agent).
     Command(CommandConfig),
     /// A model behind an OpenAI-compatible chat-completions endpoint
-    /// (README § The model agent).
+    /// (docs/agents.md § The model agent).
     Model(ModelConfig),
 }
 

@@ -1,5 +1,5 @@
 //! What a node lets a company's seats do on it — decided from the node's
-//! own file, never from an applied company or from mail (README § Security
+//! own file, never from an applied company or from mail (docs/security.md § Security
 //! model): which programs start ([`Programs`]), which of the node's
 //! variables reach an agent (`[node] agent_env`), which files a role may
 //! have read as its instructions (`[node] instructions_dir`), drills and

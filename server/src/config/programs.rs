@@ -1,5 +1,5 @@
 //! What runs on a node: the node's own decision over every program a
-//! company, an agent or mail can name (`[[node.programs]]`, README
+//! company, an agent or mail can name (`[[node.programs]]`, docs/security.md
 //! § Security model).
 //!
 //! A company names programs in three places: a command agent's `argv`, an

@@ -60,7 +60,7 @@ pub(super) fn from_serde(e: &serde_path_to_error::Error<toml::de::Error>) -> Pro
         if path == "." { "(file)" } else { &path },
         None,
         message,
-        "see the configuration reference in the README for this key's type and values",
+        "see docs/config.md for this key's type and values",
     )
 }
 
@@ -218,7 +218,7 @@ fn check_coordination(c: &Config, p: &mut Report<'_>) {
              expires, and nats-server (2.15.1 measured) loses such a key when a server restarts \
              after a crash: an epoch would be minted twice",
             "remove it (claims take three writes, with the counter in a bucket of its own); \
-             README § The company file, One-write claims"
+             docs/config.md § The company file, One-write claims"
                 .into(),
         );
     }
@@ -1042,7 +1042,7 @@ fn check_child_env(c: &Config) -> Vec<Problem> {
                         &format!("{at}.{key}"),
                         q(n),
                         "is a variable of the node that its file does not hand to agents",
-                        "list it in [node] agent_env on each node that may hand it over (README § Security model)",
+                        "list it in [node] agent_env on each node that may hand it over (docs/security.md § Security model)",
                     ));
                 }
             }

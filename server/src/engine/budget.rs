@@ -1,4 +1,4 @@
-//! Windowed token budgets (spec § protocol 4: the holder charges the
+//! Windowed token budgets (spec § Mixed-version fleets, protocol 4: the holder charges the
 //! seat's rounds to the windowed token counters — a slot per day, week and
 //! month on the company's clock). A role's `budget` caps what its seat may
 //! spend in each; what each completion spent is added to the seat's three

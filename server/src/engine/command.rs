@@ -1,5 +1,5 @@
 //! The command agent: the seat's own child process, speaking JSON lines on
-//! its stdin and stdout (README § The command agent).
+//! its stdin and stdout (docs/agents.md § The command agent).
 //!
 //! The child is started in the acquire hook and sent SIGTERM in the release
 //! hook. Each round writes one line to the child and reads lines until one

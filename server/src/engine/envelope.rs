@@ -1,5 +1,5 @@
 //! The inbox envelope: the JSON users' systems publish to
-//! `crewlet.agent.{handle}.inbox` (README § The inbox envelope).
+//! `crewlet.agent.{handle}.inbox` (docs/mail-and-turns.md § The inbox envelope).
 //!
 //! `id` is the event id (the completion ledger's key), `type` says what it
 //! is, `body` is free JSON; `thread` and `message_id` are the chat identity
@@ -22,7 +22,7 @@ pub const LEDGERED: [&str; 4] = [
 
 /// The engine's own continuation types: a detached run's completion and a
 /// person's answer to an approval, which the engine itself hands to a
-/// seat's inbox. Nobody else may send them (README § Security model): the
+/// seat's inbox. Nobody else may send them (docs/security.md § Security model): the
 /// HTTP inbox and a schedule refuse them, and one arriving on the stream is
 /// believed only as far as its run's or approval's own record goes.
 pub const ENGINE_TYPES: [&str; 2] = crate::config::ENGINE_MAIL_TYPES;

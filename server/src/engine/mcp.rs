@@ -1,4 +1,4 @@
-//! A seat's MCP tool servers (README § Tools): the role's `mcp` servers,
+//! A seat's MCP tool servers (docs/agents.md § Tools): the role's `mcp` servers,
 //! started first in the acquire hook — stdio children of the seat, or
 //! sessions with shared streamable-HTTP servers — initialised and their
 //! tools listed within each server's `start_timeout_seconds`, and stopped

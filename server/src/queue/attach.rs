@@ -30,8 +30,8 @@
 //! handed back at a closed gate, settled and how, dead-lettered — is a
 //! DEBUG line under the `crewlet::delivery` target with the subscription,
 //! stream sequence, delivery count and message id ([`trace`]), so that a
-//! message's whole story can be told from the nodes' logs (README §
-//! Logging).
+//! message's whole story can be told from the nodes' logs
+//! (docs/config.md § `[logging]`).
 
 use std::collections::BTreeSet;
 use std::panic::AssertUnwindSafe;
@@ -342,8 +342,8 @@ async fn settle_or_log(what: &str, sub: &str, r: Result<(), QueueError>) {
 }
 
 /// One step of `d`'s life on this node: a DEBUG line under the
-/// `crewlet::delivery` target (its fields are a public contract, README §
-/// Logging). `step` is `fetched`, `returned`, `settled` or
+/// `crewlet::delivery` target (its fields are a public contract,
+/// docs/config.md § `[logging]`). `step` is `fetched`, `returned`, `settled` or
 /// `dead_lettered`; `what` says how (`fetch` or `stranded`; `ack`, `nak`,
 /// `retry 2s`, `defer: …`, `poison: …`; `failed: …` when the broker
 /// refused the settle).

@@ -1,6 +1,6 @@
 //! The approvals as people see and answer them: the wire view of a record
 //! ([`approval_view`]), `GET /api/seats/{handle}/approvals` and
-//! `POST /api/seats/{handle}/approvals/{approval_id}` (README § HTTP). The
+//! `POST /api/seats/{handle}/approvals/{approval_id}` (docs/http-and-cli.md § HTTP). The
 //! answer itself — operators only, audited — is the console's
 //! ([`app::console::Console::answer_approval`]).
 

@@ -677,7 +677,7 @@ mod tests {
         missing.sort();
         assert!(
             missing.is_empty(),
-            "add these to app::live::EVENT_NAMES (and README § Events), or the Events page never hears them: {missing:?}"
+            "add these to app::live::EVENT_NAMES (and docs/mail-and-turns.md § Events), or the Events page never hears them: {missing:?}"
         );
         for n in app::live::EVENT_NAMES {
             assert!(names.iter().any(|m| m == n), "{n} is not an event name");

@@ -2,7 +2,7 @@
 //! sign-in gate, `/health`, `/metrics`, the JSON query endpoints and the
 //! live event stream (`/api/events`).
 //!
-//! Routes here are public contracts (README § HTTP). This module renders
+//! Routes here are public contracts (docs/http-and-cli.md § HTTP). This module renders
 //! and routes; what it shows comes from the node through [`NodeConsole`].
 
 pub mod approvals;
@@ -645,7 +645,7 @@ async fn seat_outbox(
 }
 
 /// `GET /api/events/history?before=&seat=&node=&turn=&type=&noise=&limit=`:
-/// one page of the events this node kept, newest first (README § Events).
+/// one page of the events this node kept, newest first (docs/mail-and-turns.md § Events).
 async fn event_history(
     Extension(console): Extension<SharedConsole>,
     axum::extract::Query(q): axum::extract::Query<HistoryParams>,
@@ -753,7 +753,7 @@ async fn fleet(Extension(console): Extension<SharedConsole>) -> axum::response::
 }
 
 /// `GET /api/seats/{handle}/memory`: the seat's memory, answered by its
-/// holder (README § HTTP). 404 for a seat not in the active company.
+/// holder (docs/http-and-cli.md § HTTP). 404 for a seat not in the active company.
 async fn seat_memory(
     Extension(console): Extension<SharedConsole>,
     axum::extract::Path(handle): axum::extract::Path<String>,
@@ -765,7 +765,7 @@ async fn seat_memory(
 }
 
 /// `GET /api/seats/{handle}/tools`: the seat's tools with their
-/// annotations, as this node tells its agent (README § Tools).
+/// annotations, as this node tells its agent (docs/agents.md § Tools).
 /// 404 for a seat not in the active company; `held_here: false` (and no
 /// MCP tools) when another node holds it.
 async fn seat_tools(

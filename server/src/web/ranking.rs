@@ -1,5 +1,5 @@
 //! The HTTP face of the node priority order and of "move this seat now"
-//! (README § HTTP):
+//! (docs/http-and-cli.md § HTTP):
 //!
 //! - `GET /api/nodes/order` (anybody signed in): the saved order and the
 //!   order every node ranks the live fleet by now, with who saved it, when,

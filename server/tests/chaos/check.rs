@@ -7,7 +7,7 @@
 //! company's removals. Times are microseconds since the Unix epoch on the
 //! one machine every process runs on.
 //!
-//! The rules (README § Chaos testing):
+//! The rules (docs/testing.md § Chaos testing):
 //! - epochs: a seat's attachments come in strictly increasing epochs;
 //! - overlap: two processes are attached to one seat at once (not counting
 //!   time the older one spent stopped) for at most TTL + heartbeat + store
@@ -32,7 +32,7 @@
 //! - panics: none in any node's stderr.
 //!
 //! For every lost or duplicated message the checker tells its whole story
-//! ([`story`]): the nodes' delivery trace (README § Logging) and events
+//! ([`story`]): the nodes' delivery trace (docs/config.md § `[logging]`) and events
 //! that name it, its turns, effects and dead letter, and its seat's claims.
 //!
 //! Dark time (a seat nobody serves) is measured, not judged: a seat is
@@ -331,7 +331,8 @@ pub fn tenures(h: &History) -> Vec<Tenure> {
     out
 }
 
-/// The detach reasons of a voluntary release (spec § Release modes).
+/// The detach reasons of a voluntary release (spec § Establishing a seat,
+/// and giving it back).
 const VOLUNTARY: [&str; 5] = [
     "drain",
     "rebalance",
@@ -385,7 +386,7 @@ pub fn graceful_handoffs(h: &History, tenures: &[Tenure]) -> Handoffs {
 /// lapsed, its process killed or ended, or a voluntary release whose
 /// teardown never succeeded — paired with the seat's next tenure on
 /// another node, and the time by which work the giver completed must have
-/// reached the taker: the spec's crash bound (§ A seat's memory follows
+/// reached the taker: the spec's crash bound (spec § A seat's memory follows
 /// it: "a crash loses at most one cycle") is one `memory.flush_seconds`
 /// cycle, plus `slack` for the flush's own trip to the store, before the
 /// giver last reached the store: its tenure's end, or its first stop or

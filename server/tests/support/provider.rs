@@ -1,7 +1,7 @@
 //! The model provider's stand-in: a small OpenAI-compatible
 //! chat-completions endpoint (`POST {url}/chat/completions`) on a free
 //! loopback port, scripted per test — the one stand-in the suites use, for
-//! a paid external service (README § The model agent). Each test scripts
+//! a paid external service (docs/agents.md § The model agent). Each test scripts
 //! the replies, in order, and reads back every request as it arrived (its
 //! body and its `Authorization` header). The node's real HTTP client talks
 //! to it end to end. A request with nothing scripted is answered 500.

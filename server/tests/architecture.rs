@@ -11,6 +11,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
+#[path = "architecture/citations.rs"]
 mod citations;
 
 /// Module path (`seat::sweep`) → its source file.

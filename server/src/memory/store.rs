@@ -856,7 +856,6 @@ impl MemoryStore {
         current_vector: Option<&VectorId>,
     ) -> Result<Applied, ApplyError> {
         let table = c.table;
-        let cols = table.columns();
         let seat = c
             .row
             .get("agent_handle")
@@ -868,28 +867,6 @@ impl MemoryStore {
                 found: seat.to_string(),
             });
         }
-        let names: Vec<&str> = cols.iter().map(|(n, _)| *n).collect();
-        let placeholders = vec!["?"; names.len() + 1].join(", ");
-        let conflict = if table.is_mutable() {
-            let sets: Vec<String> = names
-                .iter()
-                .filter(|n| **n != "id")
-                .map(|n| format!("{n} = excluded.{n}"))
-                .collect();
-            format!(
-                "ON CONFLICT(id) DO UPDATE SET {}, change_seq = 0",
-                sets.join(", ")
-            )
-        } else {
-            "ON CONFLICT DO NOTHING".to_string()
-        };
-        let sql = format!(
-            "INSERT INTO {} ({}, change_seq) VALUES ({}) {}",
-            table.name(),
-            names.join(", "),
-            placeholders,
-            conflict
-        );
         let existed: bool = sqlx::query_scalar::<_, i64>(&format!(
             "SELECT COUNT(*) FROM {} WHERE id = ?",
             table.name()
@@ -898,26 +875,11 @@ impl MemoryStore {
         .fetch_one(&mut *conn)
         .await?
             > 0;
-        let mut q = sqlx::query(&sql);
-        for (name, col) in cols {
-            let v = c.row.get(*name).unwrap_or(&Value::Null);
-            let bad = || ApplyError::Field {
-                table: table.name(),
-                column: name,
-            };
-            q = match col {
-                Col::Text => q.bind(v.as_str().ok_or_else(bad)?.to_string()),
-                Col::OptText => q.bind(v.as_str().map(str::to_string)),
-                Col::Int => q.bind(v.as_i64().ok_or_else(bad)?),
-                Col::OptInt => q.bind(v.as_i64()),
-                Col::OptBlob => q.bind(match v.as_str() {
-                    Some(h) => Some(hex::decode(h).map_err(|_| bad())?),
-                    None => None,
-                }),
-            };
-        }
-        q = q.bind(0i64);
-        let r = match q.execute(&mut *conn).await {
+        let sql = carried_upsert_sql(table);
+        let r = match bind_carried(sqlx::query(&sql), c)?
+            .execute(&mut *conn)
+            .await
+        {
             Ok(r) => r,
             // A mutable row colliding on its natural key under another id.
             // The failed statement changed nothing, and the transaction
@@ -940,53 +902,61 @@ impl MemoryStore {
         } else {
             Applied::KeptLocal
         };
-        let applied = if applied == Applied::KeptLocal && table.has_vector() {
-            let stored: StoredVector = sqlx::query_as(&format!(
-                "SELECT vector_model, vector_dims, vector FROM {} WHERE id = ?",
-                table.name()
-            ))
-            .bind(&c.id)
-            .fetch_one(&mut *conn)
-            .await?;
-            let stored_id = match stored {
-                (Some(m), Some(d), Some(_)) => Some((m, d as u32)),
-                _ => None,
-            };
-            let carried_vec = c.row.get("vector").and_then(Value::as_str);
-            let carried_id = match (
-                c.row.get("vector_model").and_then(Value::as_str),
-                c.row.get("vector_dims").and_then(Value::as_i64),
-                carried_vec,
-            ) {
-                (Some(m), Some(d), Some(_)) => Some((m.to_string(), d as u32)),
-                _ => None,
-            };
-            if take_carried_vector(stored_id.as_ref(), carried_id.as_ref(), current_vector) {
-                let (model, dims) = carried_id.unwrap_or_default();
-                let bytes = hex::decode(carried_vec.unwrap_or_default()).map_err(|_| {
-                    ApplyError::Field {
-                        table: table.name(),
-                        column: "vector",
-                    }
-                })?;
-                sqlx::query(&format!(
-                    "UPDATE {} SET vector = ?, vector_model = ?, vector_dims = ? WHERE id = ?",
-                    table.name()
-                ))
-                .bind(bytes)
-                .bind(model)
-                .bind(dims as i64)
-                .bind(&c.id)
-                .execute(&mut *conn)
-                .await?;
-                Applied::VectorTaken
-            } else {
-                Applied::KeptLocal
-            }
-        } else {
-            applied
-        };
+        if applied == Applied::KeptLocal && table.has_vector() {
+            return Self::take_carried_vector_row(conn, c, current_vector).await;
+        }
         Ok(applied)
+    }
+
+    /// A kept-local row whose carried copy holds a vector: the carried
+    /// vector replaces the local one when [`take_carried_vector`] says so
+    /// (`VectorTaken`), else the local row stands whole (`KeptLocal`).
+    async fn take_carried_vector_row(
+        conn: &mut sqlx::SqliteConnection,
+        c: &CarriedRow,
+        current_vector: Option<&VectorId>,
+    ) -> Result<Applied, ApplyError> {
+        let table = c.table;
+        let stored: StoredVector = sqlx::query_as(&format!(
+            "SELECT vector_model, vector_dims, vector FROM {} WHERE id = ?",
+            table.name()
+        ))
+        .bind(&c.id)
+        .fetch_one(&mut *conn)
+        .await?;
+        let stored_id = match stored {
+            (Some(m), Some(d), Some(_)) => Some((m, d as u32)),
+            _ => None,
+        };
+        let carried_vec = c.row.get("vector").and_then(Value::as_str);
+        let carried_id = match (
+            c.row.get("vector_model").and_then(Value::as_str),
+            c.row.get("vector_dims").and_then(Value::as_i64),
+            carried_vec,
+        ) {
+            (Some(m), Some(d), Some(_)) => Some((m.to_string(), d as u32)),
+            _ => None,
+        };
+        if !take_carried_vector(stored_id.as_ref(), carried_id.as_ref(), current_vector) {
+            return Ok(Applied::KeptLocal);
+        }
+        let (model, dims) = carried_id.unwrap_or_default();
+        let bytes =
+            hex::decode(carried_vec.unwrap_or_default()).map_err(|_| ApplyError::Field {
+                table: table.name(),
+                column: "vector",
+            })?;
+        sqlx::query(&format!(
+            "UPDATE {} SET vector = ?, vector_model = ?, vector_dims = ? WHERE id = ?",
+            table.name()
+        ))
+        .bind(bytes)
+        .bind(model)
+        .bind(dims as i64)
+        .bind(&c.id)
+        .execute(&mut *conn)
+        .await?;
+        Ok(Applied::VectorTaken)
     }
 
     /// The vector a diary note or episode holds here: (model, dims, bytes).
@@ -1038,6 +1008,62 @@ impl MemoryStore {
         };
         Ok((expired, over))
     }
+}
+
+/// A statement with its arguments, as sqlx builds it for SQLite.
+type SqliteQuery<'q> = sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments<'q>>;
+
+/// The statement that writes one carried row of `table`: a mutable row
+/// (profile, counter) replaces the local one by id, an append-only one
+/// (diary note, episode) is inserted unless its id is already here.
+fn carried_upsert_sql(table: Table) -> String {
+    let names: Vec<&str> = table.columns().iter().map(|(n, _)| *n).collect();
+    let placeholders = vec!["?"; names.len() + 1].join(", ");
+    let conflict = if table.is_mutable() {
+        let sets: Vec<String> = names
+            .iter()
+            .filter(|n| **n != "id")
+            .map(|n| format!("{n} = excluded.{n}"))
+            .collect();
+        format!(
+            "ON CONFLICT(id) DO UPDATE SET {}, change_seq = 0",
+            sets.join(", ")
+        )
+    } else {
+        "ON CONFLICT DO NOTHING".to_string()
+    };
+    format!(
+        "INSERT INTO {} ({}, change_seq) VALUES ({}) {}",
+        table.name(),
+        names.join(", "),
+        placeholders,
+        conflict
+    )
+}
+
+/// A carried row's values bound to [`carried_upsert_sql`]'s statement, in
+/// its columns' order, then `change_seq` 0; a value of the wrong type is
+/// refused naming its column.
+fn bind_carried<'q>(mut q: SqliteQuery<'q>, c: &CarriedRow) -> Result<SqliteQuery<'q>, ApplyError> {
+    let table = c.table;
+    for (name, col) in table.columns() {
+        let v = c.row.get(*name).unwrap_or(&Value::Null);
+        let bad = || ApplyError::Field {
+            table: table.name(),
+            column: name,
+        };
+        q = match col {
+            Col::Text => q.bind(v.as_str().ok_or_else(bad)?.to_string()),
+            Col::OptText => q.bind(v.as_str().map(str::to_string)),
+            Col::Int => q.bind(v.as_i64().ok_or_else(bad)?),
+            Col::OptInt => q.bind(v.as_i64()),
+            Col::OptBlob => q.bind(match v.as_str() {
+                Some(h) => Some(hex::decode(h).map_err(|_| bad())?),
+                None => None,
+            }),
+        };
+    }
+    Ok(q.bind(0i64))
 }
 
 #[cfg(test)]

@@ -1336,6 +1336,8 @@ async fn no_turn_is_admitted_while_an_offer_stands_and_admission_returns_when_it
 struct TurnAndFlush {
     turn: Duration,
     log: Arc<Mutex<Vec<String>>>,
+    /// Told when the turn first finds its fence closed.
+    fenced: Arc<tokio::sync::Notify>,
 }
 
 #[async_trait::async_trait]
@@ -1344,17 +1346,19 @@ impl SeatHooks for TurnAndFlush {
         self.log.lock().unwrap().push("flush".into());
         Ok(())
     }
-    /// A release's teardown: its memory flush takes 100 ms.
+    /// A release's teardown: its memory flush lasts until the turn finds
+    /// its fence closed, or one second: a fence closed before the flush is
+    /// seen during it, one still open is not.
     async fn release(&self, _s: &SeatContext) -> Result<(), HookError> {
         self.log.lock().unwrap().push("flush".into());
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.fenced.notified()).await;
         self.log.lock().unwrap().push("flushed".into());
         Ok(())
     }
     fn inbox_handler(&self, _s: &SeatContext, fence: Fence) -> Arc<dyn Handler> {
-        let (turn, log) = (self.turn, self.log.clone());
+        let (turn, log, told) = (self.turn, self.log.clone(), self.fenced.clone());
         handler_fn(move |_d: Delivery| {
-            let (fence, log) = (fence.clone(), log.clone());
+            let (fence, log, told) = (fence.clone(), log.clone(), told.clone());
             async move {
                 log.lock().unwrap().push("turn_start".into());
                 let end = tokio::time::Instant::now() + turn;
@@ -1363,6 +1367,7 @@ impl SeatHooks for TurnAndFlush {
                     if !fenced && !fence.holds() {
                         fenced = true;
                         log.lock().unwrap().push("fenced".into());
+                        told.notify_one();
                     }
                     tokio::time::sleep(Duration::from_millis(10)).await;
                 }
@@ -1391,6 +1396,7 @@ async fn give_up_with_a_turn_in_flight(turn: Duration, how: GivenUp) -> Vec<Stri
     let hooks = Arc::new(TurnAndFlush {
         turn,
         log: log.clone(),
+        fenced: Default::default(),
     });
     let (host, queue) = bare_host(&f, hooks).await;
     host.claim("s0").await.unwrap();

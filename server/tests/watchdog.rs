@@ -82,13 +82,22 @@ fn a_node_whose_sweep_loop_blocks_forever_exits_75() {
 }
 
 /// Acquire hooks that take their time (a seat's memory to replay, say):
-/// each hydration takes this long.
-struct SlowHooks(Duration);
+/// each hydration runs until the test opens the gate.
+struct GatedHooks(tokio::sync::watch::Receiver<bool>);
+
+impl GatedHooks {
+    /// The hooks, and the gate's sender (`send(true)` opens it).
+    fn new() -> (Arc<Self>, tokio::sync::watch::Sender<bool>) {
+        let (open, gate) = tokio::sync::watch::channel(false);
+        (Arc::new(Self(gate)), open)
+    }
+}
 
 #[async_trait::async_trait]
-impl SeatHooks for SlowHooks {
+impl SeatHooks for GatedHooks {
     async fn hydrate_memory(&self, _s: &SeatContext) -> Result<(), HookError> {
-        tokio::time::sleep(self.0).await;
+        let mut gate = self.0.clone();
+        let _ = gate.wait_for(|open| *open).await;
         Ok(())
     }
     fn inbox_handler(&self, _s: &SeatContext, _f: Fence) -> Arc<dyn Handler> {
@@ -96,11 +105,6 @@ impl SeatHooks for SlowHooks {
     }
 }
 
-/// One sweep pass that claims ten seats whose acquire hooks take half a
-/// second each lasts five seconds against a TTL of three. Each claim
-/// returns; the sweep loop is turning, and the watchdog must say so (in the
-/// chaos harness it took such a pass for a wedged loop and the node exited
-/// 75 in the middle of a rolling restart).
 /// A node's seat engine on the twin, `seats` seats, TTL 3 s, every seat
 /// claimable in one pass; started (its loops run, the watchdog thread is
 /// not armed: the test reads its verdict).
@@ -179,9 +183,23 @@ async fn never_wedged_until(engine: &SeatEngine, what: &str, done: impl Fn() -> 
     }
 }
 
+/// One sweep pass whose claims' acquire hooks run past the TTL (three
+/// seconds) is turning, and the watchdog must say so (in the chaos harness
+/// it took such a pass for a wedged loop and the node exited 75 in the
+/// middle of a rolling restart). The hooks are held until the pass has run
+/// past the TTL with the watchdog read all along.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sweep_pass_that_claims_seat_after_seat_is_not_a_wedged_loop() {
-    let (engine, tasks) = engine_on_twin(10, Arc::new(SlowHooks(Duration::from_millis(500)))).await;
+    let (hooks, open) = GatedHooks::new();
+    let (engine, tasks) = engine_on_twin(10, hooks).await;
+    let claiming = || !engine.host().held().is_empty();
+    never_wedged_until(&engine, "the pass to claim", claiming).await;
+    let since = Instant::now();
+    never_wedged_until(&engine, "the pass's claims to run past the TTL", || {
+        since.elapsed() > Duration::from_secs(3)
+    })
+    .await;
+    open.send(true).expect("the hooks hold the gate");
     let attached = || {
         engine
             .host()
@@ -507,8 +525,9 @@ async fn each_seats_turn_dispatch_is_watched_a_long_turn_is_not_a_wedge_and_a_re
 /// A take of an offered seat is watched while it runs (ARCHITECTURE.md:
 /// every loop that can hold a seat's lock or lease is): the taker's
 /// watchdog follows it as `take-offer:{seat}`, a take whose hydration runs
-/// past the TTL (four seconds, the TTL three) is turning, not wedged, and a
-/// finished take stands down.
+/// past the TTL (held until the take has been watched for longer than the
+/// TTL, three seconds) is turning, not wedged, and a finished take stands
+/// down.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_take_of_an_offered_seat_is_watched_until_it_ends_and_a_slow_one_is_not_a_wedge() {
     let store: Arc<dyn Store> = Arc::new(Coordinator::new(
@@ -517,8 +536,8 @@ async fn a_take_of_an_offered_seat_is_watched_until_it_ends_and_a_slow_one_is_no
     ));
     let (giver, giver_tasks) = engine_on(store.clone(), "a", 1, Arc::new(FastHooks)).await;
     never_wedged_until(&giver, "a to hold s0", || giver.host().held().len() == 1).await;
-    let (taker, taker_tasks) =
-        engine_on(store, "b", 1, Arc::new(SlowHooks(Duration::from_secs(4)))).await;
+    let (hooks, open) = GatedHooks::new();
+    let (taker, taker_tasks) = engine_on(store, "b", 1, hooks).await;
     let host = giver.host().clone();
     let handing = tokio::spawn(async move {
         host.hand_off(
@@ -537,6 +556,12 @@ async fn a_take_of_an_offered_seat_is_watched_until_it_ends_and_a_slow_one_is_no
             .is_some_and(|b| b.live)
     };
     never_wedged_until(&taker, "b's take of s0 to be watched", || taking(&taker)).await;
+    let since = Instant::now();
+    never_wedged_until(&taker, "b's take to run past the TTL", || {
+        since.elapsed() > Duration::from_secs(3)
+    })
+    .await;
+    open.send(true).expect("the hooks hold the gate");
     never_wedged_until(
         &taker,
         "b to hold s0 after a hydration past the TTL",

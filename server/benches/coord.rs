@@ -27,7 +27,7 @@
 //! Goal (issue 3): claim p50 ≤ 0.5 ms on single-server loopback, and every
 //! row flat (10,000 / 10 ratio ≤ 1.2).
 
-#[path = "../tests/support/mod.rs"]
+#[path = "../tests/it/support/mod.rs"]
 mod support;
 
 use std::time::{Duration, Instant};

@@ -25,7 +25,7 @@
 //!   `CREWLET_BENCH_STRANDED_RUNS` runs (5) on each nats-server, against
 //!   the 1,800 s window mail a dead node had fetched used to wait out.
 
-#[path = "../tests/support/mod.rs"]
+#[path = "../tests/it/support/mod.rs"]
 mod support;
 
 use std::collections::BTreeMap;

@@ -7,14 +7,14 @@
 //! completions, divided by the turn's rounds; p50 / p99 over
 //! `CREWLET_BENCH_MODEL_TURNS` turns (default 200), each two completions
 //! (a `read_memory` call, then the reply) and three rounds. The endpoint is
-//! the model provider's stand-in the tests use (`tests/support/provider.rs`,
+//! the model provider's stand-in the tests use (`tests/it/support/provider.rs`,
 //! answering at once), so what is left is the engine: the prompt built
 //! from the seat's memory, the HTTP round trips on loopback, the tool
 //! executed, the outbound effect posted, the ledger written. On one node,
 //! once with the in-process twins and once on a real nats-server (the
 //! coordination store, mailboxes and outbox on JetStream).
 
-#[path = "../tests/support/mod.rs"]
+#[path = "../tests/it/support/mod.rs"]
 mod support;
 
 use support::provider;

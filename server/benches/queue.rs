@@ -11,7 +11,7 @@
 //! The walks run in a task on the runtime's workers, where a node walks
 //! (awaited on the `block_on` thread, every round trip would hop threads).
 
-#[path = "../tests/support/mod.rs"]
+#[path = "../tests/it/support/mod.rs"]
 mod support;
 
 use std::time::Instant;

@@ -25,7 +25,7 @@
 //! `CREWLET_SCALE_LIMIT_S` (300: how long any one phase may take before
 //! the size is reported as not converging and the curve stops there).
 
-#[path = "../tests/support/mod.rs"]
+#[path = "../tests/it/support/mod.rs"]
 mod support;
 
 use std::collections::BTreeMap;

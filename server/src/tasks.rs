@@ -7,7 +7,7 @@
 //! stderr reader) belongs to whoever holds the [`JoinHandle`] that
 //! [`spawn_held`] returns; the holder awaits or aborts it, and a task whose
 //! handle is dropped ends with the thing it serves (its stream, its turn).
-//! No task in the node is spawned any other way: `server/tests/architecture.rs`
+//! No task in the node is spawned any other way: `server/tests/it/architecture.rs`
 //! fails on a `tokio::spawn` outside this file.
 
 use std::future::Future;

@@ -16,6 +16,7 @@
 //! kept under `target/tmp/chaos/` (a failed run always; a passing one with
 //! `CHAOS_KEEP=1`).
 
+#[path = "it/support/mod.rs"]
 mod support;
 
 #[path = "chaos/check.rs"]

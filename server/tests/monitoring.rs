@@ -9,7 +9,12 @@
 //!
 //! Needs `promtool` and `prometheus` (Debian's `prometheus` package; `./dev
 //! test` installs it) — or `PROMTOOL` / `PROMETHEUS` naming them.
+//!
+//! Its own test binary, not a module of `it/`: one process is one node to
+//! the metrics recorder (the `node` label is the first node's), so these
+//! tests share their process with no other suite's nodes.
 
+#[path = "it/support/mod.rs"]
 mod support;
 
 use std::path::PathBuf;

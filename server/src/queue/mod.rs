@@ -3,7 +3,7 @@
 //!
 //! Two backends implement it — [`twin::TwinQueue`], the in-process twin
 //! a single node runs, and [`jetstream::JetStreamQueue`] on NATS — and one
-//! contract suite (`server/tests/queue_contract.rs`) runs against both. The
+//! contract suite (`server/tests/it/queue_contract.rs`) runs against both. The
 //! consuming loop itself ([`attach`]) is shared, so holds, quiesce, Defer,
 //! the delivery budget and dead letters behave identically by construction;
 //! a backend only fetches one message and settles it.

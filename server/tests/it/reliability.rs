@@ -5,7 +5,7 @@
 //! owning node is never redelivered for running long; an agent's child
 //! sees only its own environment and dies with its node, even on `kill -9`.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

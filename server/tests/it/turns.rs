@@ -6,8 +6,7 @@
 //! § The completion ledger, § A turn that broke halfway and § Routing, as
 //! behaviour.
 
-#[macro_use]
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -5,7 +5,7 @@
 //! instantiates it once per backend, so a behaviour one has and the other
 //! lacks fails here.
 
-mod support;
+use crate::support;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

@@ -3,7 +3,7 @@
 //! it lands (found by the chaos harness: a restart of NATS lost effects
 //! whose turns the ledger then recorded as done).
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -6,11 +6,13 @@
 
 #![allow(dead_code)]
 
+pub mod duty_faults;
 pub mod faulty;
 pub mod http_node;
 pub mod nats;
 pub mod process;
 pub mod provider;
+pub mod run_faults;
 pub mod stranded;
 
 use std::future::Future;

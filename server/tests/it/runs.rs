@@ -6,10 +6,8 @@
 //! answer the last holder recorded and never resumed with is resumed, and a
 //! seat whose runs cannot be recovered is handed back as `unprepared`).
 
-#[path = "support/run_faults.rs"]
-mod run_faults;
-#[macro_use]
-mod support;
+use crate::support;
+use crate::support::run_faults;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

@@ -3,7 +3,7 @@
 //! limit and the session cookie, the seat list, a seat's memory and the
 //! fleet's alarms.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -4,7 +4,7 @@
 //! with the reason (a node outside the seat's placement is named as such),
 //! and every action audited and announced on the event bus.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

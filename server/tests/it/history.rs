@@ -4,8 +4,7 @@
 //! node's database, paged newest first, filtered, and outliving a
 //! restart), and a server function's answer to a request with no session.
 
-#[macro_use]
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -3,10 +3,8 @@
 //! drain, the protocol gate, undead seats, admission and the acquire hook's
 //! order — the spec's § Placement and § Establishing a seat, as behaviour.
 
-#[path = "support/duty_faults.rs"]
-mod duty_faults;
-#[macro_use]
-mod support;
+use crate::support;
+use crate::support::duty_faults;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};

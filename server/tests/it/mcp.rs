@@ -12,8 +12,7 @@
 //! `mcp_server_time`; a test run
 //! without them fails, naming `./dev test`, rather than passing unseen.
 
-#[macro_use]
-mod support;
+use crate::support;
 
 use std::path::Path;
 use std::time::Duration;

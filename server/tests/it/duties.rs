@@ -2,10 +2,8 @@
 //! in-process twin and on a real nats-server, with the grace shortened
 //! (spec § Singleton duties, § The removed seat).
 
-#[path = "support/duty_faults.rs"]
-mod duty_faults;
-#[macro_use]
-mod support;
+use crate::support;
+use crate::support::duty_faults;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -4,8 +4,7 @@
 //! a fleet's nodes are; the promise is that they all rank the fleet the same
 //! way — after a save, and after a node joins that never read the order.
 
-#[macro_use]
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -5,8 +5,7 @@
 //! a silent or hydrating holder is unavailable, never empty; the overview
 //! is one request per holder and its coverage names who did not answer.
 
-#[macro_use]
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -5,8 +5,7 @@
 //! stays fixed, a hydration that fails refuses the seat, and a turn's
 //! reflection is written where the seat is held.
 
-#[macro_use]
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -6,8 +6,7 @@
 //! sent back, the loop ending with the reply posted — never the model's
 //! wisdom. A run without the model fails, naming `./dev test`.
 
-#[macro_use]
-mod support;
+use crate::support;
 
 use std::path::Path;
 use std::time::Duration;

@@ -5,8 +5,7 @@
 //! sent back, the loop ending with the reply posted), what reaches the
 //! prompt, the key, and the failures.
 
-#[macro_use]
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

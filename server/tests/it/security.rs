@@ -5,7 +5,7 @@
 //! every input is bounded, sessions end when they should and a role
 //! change holds on the next request.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

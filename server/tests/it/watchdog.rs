@@ -9,7 +9,7 @@
 //! the chaos harness (a NATS leader restart took every node of a fleet down
 //! with exit 75).
 
-mod support;
+use crate::support;
 
 use std::io::Write;
 use std::process::{Command, Stdio};

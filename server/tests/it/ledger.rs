@@ -2,7 +2,7 @@
 //! on a real nats-server: what one node records, a peer finds; a partial
 //! overlap runs only the new trigger; both directions fail open.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::time::Duration;

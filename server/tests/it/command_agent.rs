@@ -2,7 +2,7 @@
 //! small inline Python scripts that misbehave on purpose (docs/agents.md § The
 //! command agent).
 
-mod support;
+use crate::support;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

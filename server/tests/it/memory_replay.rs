@@ -7,7 +7,7 @@
 //! that member, which had not caught up, took its "nothing pending" for the
 //! end, and the handed-over rows were missing from the new holder.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! nats-server: they share the company, split its seats, show each other
 //! in `/query/fleet`, and a drained node's seats move to its peer.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -11,7 +11,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-#[path = "architecture/citations.rs"]
 mod citations;
 
 /// Module path (`seat::sweep`) → its source file.

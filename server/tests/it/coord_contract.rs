@@ -11,7 +11,7 @@
 //! Nothing waits on a bare sleep: `eventually` polls a condition against a
 //! deadline (on the twin the paused clock jumps to each poll).
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

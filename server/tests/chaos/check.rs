@@ -351,6 +351,9 @@ const VOLUNTARY: [&str; 5] = [
 /// loses at most one cycle"), not carried whole. Those are counted in
 /// `lapsed_unproven`.
 pub fn graceful_handoffs(h: &History, tenures: &[Tenure]) -> Handoffs {
+    // (Also not graceful: a release whose lease had lapsed before it, so
+    // the next holder claimed the seat before the giver let it go — see
+    // [`lapsed_before_release`]; counted in `lapsed_before_release`.)
     let said = |name: &str, t: &Tenure| {
         h.events.iter().any(|e| {
             e.name == name
@@ -377,9 +380,32 @@ pub fn graceful_handoffs(h: &History, tenures: &[Tenure]) -> Handoffs {
             out.lapsed_unproven += 1;
             continue;
         }
+        if lapsed_before_release(h, t, next) {
+            out.lapsed_before_release += 1;
+            continue;
+        }
         out.graceful.push((t.clone(), next.clone()));
     }
     out
+}
+
+/// Whether the seat's next tenure began with a plain claim (not the take
+/// of an offer) made before the giver detached: the giver's lease had
+/// lapsed (a store outage longer than the TTL, say) while it was still
+/// letting the seat go, so the release that followed found nothing to give
+/// back and its last flush came after the next holder had read the seat's
+/// memory. A lapsed lease is a lost tenure (spec § A seat's memory follows
+/// it: "a crash loses at most one cycle"), whatever the detach's reason.
+pub fn lapsed_before_release(h: &History, t: &Tenure, next: &Tenure) -> bool {
+    let by_next = |name: &'static str| {
+        h.events.iter().filter(move |e| {
+            e.name == name
+                && e.proc == next.proc
+                && e.str("seat") == next.seat
+                && e.u64("epoch") == next.epoch
+        })
+    };
+    by_next("seat_offer_taken").next().is_none() && by_next("seat_claimed").any(|e| e.at < t.ended)
 }
 
 /// A tenure that ended without a proven handoff — its lease lost or
@@ -413,17 +439,18 @@ pub fn crash_handoffs(
     let procs: HashMap<&ProcId, &Proc> = h.procs.iter().map(|p| (&p.id, p)).collect();
     let mut out = Vec::new();
     for (k, t) in tenures.iter().enumerate() {
-        let crashed = matches!(t.reason.as_str(), "lost" | "grace_expired" | "process_end")
-            || (VOLUNTARY.contains(&t.reason.as_str()) && unproven(t));
-        if !crashed {
-            continue;
-        }
         let Some(next) = tenures[k + 1..]
             .iter()
             .find(|n| n.seat == t.seat && n.epoch > t.epoch)
         else {
             continue;
         };
+        let crashed = matches!(t.reason.as_str(), "lost" | "grace_expired" | "process_end")
+            || (VOLUNTARY.contains(&t.reason.as_str())
+                && (unproven(t) || lapsed_before_release(h, t, next)));
+        if !crashed {
+            continue;
+        }
         if next.proc.node == t.proc.node {
             continue;
         }
@@ -475,6 +502,9 @@ pub struct Handoffs {
     /// Voluntary releases whose teardown never succeeded before the lease
     /// went: not graceful.
     pub lapsed_unproven: usize,
+    /// Voluntary releases whose lease had lapsed before them (the next
+    /// holder claimed first): not graceful.
+    pub lapsed_before_release: usize,
 }
 
 fn percentile(sorted: &[i64], p: f64) -> i64 {
@@ -1241,6 +1271,58 @@ mod tests {
         assert_eq!(given, vec![1, 3]);
         assert!(found.graceful.iter().all(|(_, n)| n.proc == b));
         assert_eq!(found.lapsed_unproven, 1);
+    }
+
+    #[test]
+    fn a_release_whose_lease_lapsed_before_it_is_judged_by_the_crash_bound_not_as_graceful() {
+        // a rebalances s twice. Epoch 1: released, then b claims it (a
+        // graceful handoff). Epoch 3: a's lease lapses in a store outage
+        // while it is letting the seat go; b claims it (epoch 4) before a
+        // detaches. Epoch 5: handed over in two phases — b takes it while
+        // a still holds it, before a detaches (graceful).
+        let (a, b) = (proc("a", 0), proc("b", 0));
+        let mut h = base();
+        h.procs = vec![running(&a), running(&b)];
+        let s = |epoch: u64| json!({"seat": "s", "epoch": epoch});
+        let gone = |epoch: u64| json!({"seat": "s", "epoch": epoch, "reason": "rebalance"});
+        h.events = vec![
+            ev(0, &a, "seat_attached", s(1)),
+            ev(5, &a, "seat_detached", gone(1)),
+            ev(6, &b, "seat_claimed", s(2)),
+            ev(6, &b, "seat_attached", s(2)),
+            ev(
+                7,
+                &b,
+                "seat_detached",
+                json!({"seat": "s", "epoch": 2, "reason": "lost"}),
+            ),
+            ev(10, &a, "seat_attached", s(3)),
+            ev(14, &b, "seat_claimed", s(4)),
+            ev(15, &a, "seat_detached", gone(3)),
+            ev(16, &b, "seat_attached", s(4)),
+            ev(
+                17,
+                &b,
+                "seat_detached",
+                json!({"seat": "s", "epoch": 4, "reason": "lost"}),
+            ),
+            ev(20, &a, "seat_attached", s(5)),
+            ev(24, &b, "seat_claimed", s(6)),
+            ev(24, &b, "seat_offer_taken", s(6)),
+            ev(25, &a, "seat_detached", gone(5)),
+            ev(26, &b, "seat_attached", s(6)),
+        ];
+        let all = tenures(&h);
+        let found = graceful_handoffs(&h, &all);
+        let given: Vec<u64> = found.graceful.iter().map(|(t, _)| t.epoch).collect();
+        assert_eq!(given, vec![1, 5]);
+        assert_eq!(found.lapsed_before_release, 1);
+        let crashed: Vec<(u64, u64)> = crash_handoffs(&h, &all, 0, 0)
+            .iter()
+            .filter(|(t, _, _)| t.proc == a)
+            .map(|(t, n, _)| (t.epoch, n.epoch))
+            .collect();
+        assert_eq!(crashed, vec![(3, 4)]);
     }
 
     #[test]

@@ -1719,6 +1719,12 @@ pub async fn run(sched: Schedule, dir: PathBuf) -> Outcome {
             handoffs.lapsed_unproven
         ));
     }
+    if handoffs.lapsed_before_release > 0 {
+        notes.push(format!(
+            "voluntary releases whose lease lapsed before them, the next holder claiming first (memory bounded by a flush cycle, as a crash): {}",
+            handoffs.lapsed_before_release
+        ));
+    }
     let recovered = history
         .events
         .iter()

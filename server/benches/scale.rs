@@ -41,8 +41,8 @@ use crewlet::queue::twin::TwinQueue;
 use crewlet::queue::{
     Delivery, Disposition, Handler, Queue, QueueSettings, handler_fn, log_events,
 };
+use crewlet::seat::engine::{EngineConfig, SeatEngine};
 use crewlet::seat::host::{Fence, SeatContext, SeatHooks};
-use crewlet::seat::sweep::{EngineConfig, SeatEngine};
 use crewlet::tasks::Tasks;
 
 /// Lease TTL and heartbeat as shipped; a faster sweep and a larger claim

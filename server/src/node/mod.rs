@@ -28,7 +28,7 @@ use crate::memory::memread::{MemRead, MemReadError, NatsScatter, Scatter, TwinSc
 use crate::queue::Queue;
 use crate::queue::jetstream::{JetStreamQueue, JetStreamSettings};
 use crate::queue::twin::TwinQueue;
-use crate::seat::sweep::{EngineConfig, SeatEngine};
+use crate::seat::engine::{EngineConfig, SeatEngine};
 use crate::tasks::Tasks;
 use crate::web::{self, WebError};
 

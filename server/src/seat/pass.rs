@@ -1,6 +1,6 @@
 //! One sweep pass as a plan: the ordered steps a pass takes, decided from
 //! its snapshot, the placement plan and the standing move requests, by
-//! pure functions. `seat::sweep` reads what the snapshot needs, asks
+//! pure functions. `seat::engine` (the sweep) reads what the snapshot needs, asks
 //! [`steps`] what to do and executes the steps in order; the tests below
 //! assert the exact steps for a snapshot.
 //!

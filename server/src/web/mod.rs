@@ -43,7 +43,7 @@ use app::{App, shell};
 
 use crate::config::Config;
 use crate::identity::NodeInfo;
-use crate::seat::sweep::SeatEngine;
+use crate::seat::engine::SeatEngine;
 use crate::tasks::Tasks;
 
 pub use console::NodeConsole;

@@ -14,11 +14,11 @@
 //!   protocol (the roster), and whether this node's last claim was refused
 //!   for it (its own state).
 //!
-//! The roster is never guessed at: [`RosterMemory`] keeps the last one read,
+//! The roster is never guessed at: [`LastRoster`] keeps the last one read,
 //! and while the store cannot be read that one is shown, marked stale with
 //! the time it was read and every node's status `unknown`.
 //!
-//! [`fleet_view`] and [`RosterMemory::answer`] are pure.
+//! [`fleet_view`] and [`LastRoster::answer`] are pure.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Mutex;
@@ -56,7 +56,7 @@ impl Roster {
 
 /// The last roster read, for the moments the store cannot be read.
 #[derive(Default)]
-pub struct RosterMemory {
+pub struct LastRoster {
     last: Mutex<Option<Roster>>,
 }
 
@@ -68,7 +68,7 @@ pub struct RosterAnswer {
     pub stale: Option<String>,
 }
 
-impl RosterMemory {
+impl LastRoster {
     /// The roster to show after a read that came to `read`: a fresh one
     /// (kept for later), else the last one read marked stale with why; an
     /// error only when no roster was ever read.

@@ -22,8 +22,8 @@ use crewlet::queue::twin::TwinQueue;
 use crewlet::queue::{
     Attachment, Delivery, Disposition, Handler, Queue, QueueSettings, handler_fn, log_events,
 };
+use crewlet::seat::engine::{EngineConfig, SeatEngine};
 use crewlet::seat::host::{Fence, HookError, SeatContext, SeatHooks};
-use crewlet::seat::sweep::{EngineConfig, SeatEngine};
 use crewlet::tasks::Tasks;
 use tokio::sync::broadcast;
 
@@ -1655,7 +1655,7 @@ async fn an_undead_seat_whose_lease_is_lost_is_announced_as_seat_undead_lost() {
 /// hooks — and never more than [`CLAIMS_AT_ONCE`] run at once.
 #[tokio::test(start_paused = true)]
 async fn a_passs_claims_are_established_side_by_side_a_bounded_number_at_once() {
-    use crewlet::seat::sweep::CLAIMS_AT_ONCE;
+    use crewlet::seat::engine::CLAIMS_AT_ONCE;
     let f = Fleet::new(Kind::Twin).await;
     let hooks = Arc::new(TestHooks::default());
     let (open, gate) = tokio::sync::watch::channel(false);

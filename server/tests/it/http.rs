@@ -2229,7 +2229,7 @@ async fn an_undead_seat_is_an_alarm_saying_for_how_long_until_its_teardown_is_pr
 #[tokio::test]
 async fn while_the_roster_cannot_be_read_the_last_one_read_is_shown_as_unknown_with_its_time() {
     use crewlet::coord::StoreError;
-    use crewlet::web::nodes::{LocalFacts, Roster, RosterMemory, fleet_view, rfc3339};
+    use crewlet::web::nodes::{LastRoster, LocalFacts, Roster, fleet_view, rfc3339};
     let n = TestNode::start().await;
     wait_for_seats(&n, serde_json::json!(["alpha"])).await;
     let store = n.node.as_ref().unwrap().engine.store().clone();
@@ -2240,7 +2240,7 @@ async fn while_the_roster_cannot_be_read_the_last_one_read_is_shown_as_unknown_w
         ..Default::default()
     };
     let down = || Err(StoreError::Unavailable("no quorum".into()));
-    let memory = RosterMemory::default();
+    let memory = LastRoster::default();
 
     // Nothing was ever read: nothing to show.
     assert!(memory.answer(down()).is_err());

@@ -26,8 +26,8 @@ use crewlet::queue::twin::TwinQueue;
 use crewlet::queue::{
     Delivery, Disposition, Handler, Queue, QueueSettings, handler_fn, log_events,
 };
+use crewlet::seat::engine::{EngineConfig, SeatEngine};
 use crewlet::seat::host::{Fence, HookError, Phase, SeatContext, SeatHooks};
-use crewlet::seat::sweep::{EngineConfig, SeatEngine};
 use crewlet::tasks::Tasks;
 use crewlet::watchdog::Verdict;
 

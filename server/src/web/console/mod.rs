@@ -35,10 +35,10 @@ use crate::audit;
 use crate::engine::runtime::TurnEngine;
 use crate::identity::NodeInfo;
 use crate::memory::memread::MemRead;
-use crate::seat::sweep::SeatEngine;
+use crate::seat::engine::SeatEngine;
 use crate::web::auth::Auth;
 use crate::web::live::SeatNotes;
-use crate::web::nodes::RosterMemory;
+use crate::web::nodes::LastRoster;
 use crate::web::unavailable::unavailable;
 
 /// What the console reads from.
@@ -76,7 +76,7 @@ pub struct NodeConsole {
     history: crate::web::history::EventHistory,
     trends: Arc<crate::trends::Trends>,
     /// The last roster read, shown (stale) while the store cannot be read.
-    roster: RosterMemory,
+    roster: LastRoster,
     policy: crate::config::AgentPolicy,
     environment: crate::config::Environment,
 }
@@ -108,7 +108,7 @@ impl NodeConsole {
             fleet_audit,
             history,
             trends,
-            roster: RosterMemory::default(),
+            roster: LastRoster::default(),
             policy,
             environment,
         }

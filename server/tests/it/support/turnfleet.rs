@@ -24,8 +24,8 @@ use crewlet::node::company;
 use crewlet::queue::jetstream::{JetStreamQueue, JetStreamSettings};
 use crewlet::queue::twin::TwinQueue;
 use crewlet::queue::{Queue, QueueSettings, inbox_group, inbox_subject, log_events};
+use crewlet::seat::engine::{EngineConfig, SeatEngine};
 use crewlet::seat::host::SeatHooks;
-use crewlet::seat::sweep::{EngineConfig, SeatEngine};
 use crewlet::tasks::Tasks;
 use tokio::sync::broadcast;
 

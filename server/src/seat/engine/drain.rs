@@ -1,0 +1,78 @@
+//! A drain: every held seat handed to a peer (a few at a time) or, if
+//! none takes it, released, before the node stops.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use futures::StreamExt;
+
+use crate::events::{DetachReason, Event};
+use crate::seat::placement::{Presence, Snapshot};
+use crate::seat::ranking;
+
+use super::{DRAIN_HANDOFFS, SeatEngine, presence_of, seat_specs};
+
+impl SeatEngine {
+    /// Graceful shutdown is a drain: presence given up first, every seat
+    /// released voluntarily, then the loops stop. No peer waits a TTL.
+    pub async fn drain(&self) {
+        self.watchdog.disarm();
+        self.host.begin_drain();
+        self.events.emit(Event::NodeDraining {});
+        // One renewal of every seat first, carrying the draining mark, so
+        // the seats read as a draining node's once the presence is gone.
+        self.host.heartbeat(self.store.lease_ttl()).await;
+        if let Some(p) = self.presence.lock().await.take() {
+            let _ = self.store.release(&p, &self.cfg.owner).await;
+        }
+        // Every seat is offered to a successor first (a drain is a
+        // voluntary move), a few at a time; released when none is eligible.
+        let snap = self.drain_snapshot().await;
+        let offered = Mutex::new(BTreeMap::new());
+        let snap = &snap;
+        let offered = &offered;
+        futures::stream::iter(self.host.held())
+            .for_each_concurrent(DRAIN_HANDOFFS, |handle| async move {
+                match snap {
+                    Some(snap) => {
+                        self.give_back(snap, &handle, DetachReason::Drain, offered, &|| {})
+                            .await;
+                    }
+                    None => self.host.release(&handle, DetachReason::Drain).await,
+                }
+            })
+            .await;
+        self.tasks.shutdown().await;
+    }
+
+    /// What a draining node knows for choosing successors: the live
+    /// presence rows (this node's given up), the seats, the order.
+    pub(super) async fn drain_snapshot(&self) -> Option<Snapshot> {
+        if !self.cfg.handoff.two_phase {
+            return None;
+        }
+        let leases = self.store.list("node:").await.ok()?;
+        let presence: Vec<Presence> = leases
+            .iter()
+            .filter_map(presence_of)
+            .filter(|p| p.node_id != self.cfg.node_id)
+            .collect();
+        let present = self.first_seen_kept(&leases).await;
+        let saved = ranking::read(&*self.store)
+            .await
+            .ok()
+            .flatten()
+            .map(|(o, _)| o.nodes)
+            .unwrap_or_default();
+        let company = self.company();
+        Some(Snapshot {
+            node_id: self.cfg.node_id.clone(),
+            labels: self.cfg.labels.clone(),
+            seats: seat_specs(&company),
+            presence,
+            draining: true,
+            ranking: ranking::effective_order(&saved, &present),
+            ..Snapshot::default()
+        })
+    }
+}

@@ -1,0 +1,542 @@
+//! The sweep: every `sweep` interval (or sooner, after a company change)
+//! the live presence rows and seat leases are read, [`placement::plan`]
+//! says what to do, and the pass releases, claims and hands over.
+
+use crate::watchdog::Progress;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::company::{Company, wants_early_sweep};
+use crate::coord::Lease;
+use crate::events::{DetachReason, Event};
+use crate::queue::boot_walk;
+use crate::seat::host::watched;
+use crate::seat::host::{Acquired, HandOff};
+use crate::seat::placement::matches_placement;
+use crate::seat::placement::{self, Presence, Snapshot, Withheld};
+use crate::seat::{moves, pass, ranking};
+use crate::watchdog::stamp_interval;
+
+use super::{CLAIMS_AT_ONCE, Done, SeatEngine, presence_of, seat_specs};
+
+impl SeatEngine {
+    pub(super) async fn sweep_loop(self: Arc<Self>) {
+        let stamp = stamp_interval(self.watchdog.threshold()).min(self.cfg.sweep);
+        let beat = self.watchdog.watch("sweep");
+        // The first pass waits (up to one heartbeat interval) for this
+        // node's presence to be recorded, without taking the presence lock:
+        // seats held by a node the roster does not list yet showed on
+        // Settings › Nodes as a draining node of protocol 0.
+        let mut recorded = self.presence_recorded.subscribe();
+        let until = Instant::now() + self.cfg.heartbeat;
+        while !*recorded.borrow_and_update() && Instant::now() < until {
+            beat.beat();
+            let _ = tokio::time::timeout(
+                stamp.min(until.saturating_duration_since(Instant::now())),
+                recorded.changed(),
+            )
+            .await;
+        }
+        let mut next = Instant::now();
+        let mut last_early: Option<Instant> = None;
+        loop {
+            beat.beat();
+            if Instant::now() >= next {
+                next = Instant::now() + self.cfg.sweep;
+                if std::env::var_os("CREWLET_FAULT_WEDGE_SWEEP").is_some() {
+                    // Fault injection for the watchdog's process test: the
+                    // sweep blocks forever while the process stays alive.
+                    tracing::warn!(
+                        "CREWLET_FAULT_WEDGE_SWEEP is set: the sweep loop now blocks forever"
+                    );
+                    std::thread::sleep(Duration::from_secs(u64::MAX / 4));
+                }
+                if self.sweep_pass(&|| beat.beat()).await {
+                    // Seats left for a recheck: one more pass shortly.
+                    next =
+                        next.min(Instant::now() + placement::RECHECK_AFTER.min(self.cfg.heartbeat));
+                }
+                beat.beat();
+            }
+            let wait = stamp.min(next.saturating_duration_since(Instant::now()));
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = self.early.notified() => {
+                    // At most one early pass per interval.
+                    let now = Instant::now();
+                    if last_early.is_none_or(|t| now.duration_since(t) >= self.cfg.sweep) {
+                        last_early = Some(now);
+                        next = now;
+                    }
+                }
+            }
+        }
+    }
+
+    pub(super) async fn company_loop(self: Arc<Self>) {
+        let mut rx = self.company.clone();
+        let mut seen = Some(rx.borrow_and_update().clone());
+        while rx.changed().await.is_ok() {
+            let new = rx.borrow_and_update().clone();
+            // A role added: recorded, and its mailboxes exist before
+            // anything claims it (after any retirement of its old mailbox).
+            let handles: Vec<String> = new.handles().map(str::to_string).collect();
+            crate::queue::registry::register(
+                &*self.store,
+                &handles,
+                &self.events,
+                crate::queue::registry::RETIREMENT_BUDGET,
+            )
+            .await;
+            if let Err((seat, e)) = boot_walk(&*self.queue, new.handles(), self.cfg.queue).await {
+                tracing::error!(seat, error = %e, "cannot create a new seat's mailboxes");
+            }
+            self.events.emit(Event::CompanyApplied {
+                revision: new.revision,
+                seats: new.roles.len(),
+            });
+            if wants_early_sweep(seen.as_ref(), &new) {
+                self.early.notify_one();
+            }
+            seen = Some(new);
+        }
+    }
+
+    /// Ask for a pass now (still at most one early pass per interval).
+    pub fn sweep_soon(&self) {
+        self.early.notify_one();
+    }
+
+    /// One placement pass.
+    pub async fn sweep_once(&self) {
+        self.sweep_pass(&|| {}).await;
+    }
+
+    /// One placement pass, calling `progress` as each store call and each
+    /// release or claim settles (the sweep loop's watchdog beat: a pass
+    /// that gives back and claims several seats can outlast the TTL while
+    /// every step of it returns).
+    ///
+    /// True when the pass left seats for a recheck [`placement::RECHECK_AFTER`] later.
+    pub(super) async fn sweep_pass(&self, progress: &Progress<'_>) -> bool {
+        let began = std::time::Instant::now();
+        let Some((snap, plan, standing)) = self.plan_pass(progress).await else {
+            return false;
+        };
+        self.note_plan(&plan);
+        let refused: BTreeMap<String, String> = standing
+            .iter()
+            .filter_map(|(m, _)| {
+                let r = self.refused_for(&m.seat);
+                r.into_iter().next().map(|n| (m.seat.clone(), n))
+            })
+            .collect();
+        let steps = pass::steps(&snap, &plan, &standing, &refused);
+        let (mut claimed, mut released, mut advertised_releases) = (0, 0, false);
+        let mut gated = None;
+        let offered = Mutex::new(BTreeMap::new());
+        if !steps.iter().any(|s| matches!(s, pass::Step::Claim { .. })) {
+            self.set_claims_blocked_by(None);
+        }
+        let mut next = 0;
+        while let Some(step) = steps.get(next) {
+            if matches!(step, pass::Step::AnnounceBehind | pass::Step::Claim { .. })
+                && released > 0
+                && !advertised_releases
+            {
+                // A seat given back is advertised in the release itself. The
+                // presence write (bounded store calls, maybe behind the
+                // heartbeat's on the presence lock) is waited on beating: a
+                // sweep waiting out a NATS election here was shot as wedged.
+                watched(progress, None, self.refresh_presence()).await;
+                progress();
+                advertised_releases = true;
+            }
+            // Claims side by side, a few at a time: a restarted node's
+            // seats are established together, not one after another.
+            let run: Vec<&pass::Step> = steps[next..]
+                .iter()
+                .take_while(|s| matches!(s, pass::Step::Claim { .. }))
+                .take(CLAIMS_AT_ONCE)
+                .collect();
+            let done = if run.is_empty() {
+                next += 1;
+                vec![self.execute(&snap, step, &offered, progress).await]
+            } else {
+                next += run.len();
+                futures::future::join_all(
+                    run.iter()
+                        .map(|s| self.execute(&snap, s, &offered, progress)),
+                )
+                .await
+            };
+            progress();
+            let mut stop = false;
+            for d in done {
+                match d {
+                    Done::Released => released += 1,
+                    Done::Claimed => claimed += 1,
+                    Done::Nothing => {}
+                    Done::StopClaims => stop = true,
+                    Done::Gated(floor) => {
+                        gated = Some(floor);
+                        stop = true;
+                    }
+                }
+            }
+            if stop {
+                break;
+            }
+        }
+        match gated {
+            // Once per pass, however many of its claims the gate refused.
+            Some(floor) => self.report_gate(floor).await,
+            // A claim won: the gate was open.
+            None if claimed > 0 => self.set_claims_blocked_by(None),
+            None => {}
+        }
+        if released > 0 && !advertised_releases {
+            watched(progress, None, self.refresh_presence()).await;
+            progress();
+        }
+        if claimed > 0 {
+            // Advertise the new count at the end of the pass (beating
+            // while the presence write waits, as above).
+            watched(progress, None, self.refresh_presence()).await;
+            progress();
+        }
+        self.events.emit(Event::SeatSweep {
+            held: self.host.held().len(),
+            undead: self.host.undead().len(),
+            capacity: plan.capacity,
+            claimed,
+            released,
+            fleet_full: plan.withheld == Some(Withheld::FleetFull),
+            duration_ms: began.elapsed().as_millis() as u64,
+        });
+        !plan.rechecks.is_empty()
+    }
+
+    /// Read what a pass decides on and plan it: the roster, this node as it
+    /// is now, the fleet's priority order, the standing moves, and — only
+    /// when the pass would claim — the seat leases and last holders. `None`
+    /// when the roster cannot be read (a pass concludes nothing then).
+    pub(super) async fn plan_pass(
+        &self,
+        progress: &Progress<'_>,
+    ) -> Option<(Snapshot, placement::Plan, Vec<(moves::MoveRequest, u64)>)> {
+        let presence_leases = match self.store.list("node:").await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!(error = %e, "the roster cannot be read; this pass concludes nothing");
+                return None;
+            }
+        };
+        progress();
+        let mut snap = self.snapshot(&presence_leases, progress).await;
+        let standing = match moves::standing(&*self.store).await {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::warn!(error = %e, "move requests cannot be read; this pass acts on none");
+                Vec::new()
+            }
+        };
+        progress();
+        snap.moves = standing
+            .iter()
+            .map(|(m, _)| (m.seat.clone(), m.to.clone()))
+            .collect();
+        let mut plan = placement::plan(&snap);
+        // Only a pass that would claim reads the seat leases: a full node,
+        // or a fleet whose presence counts say it is full, reads the
+        // presence rows and nothing else (spec § Mixed-version fleets).
+        if !plan.claims.is_empty() {
+            let leases = self.store.list("seat:").await;
+            progress();
+            // The hint outlives the lease: a free seat's is its last
+            // holder's, kept beside its epoch. Unread, there is no hint
+            // this pass (stickiness, never a rule).
+            let holders = match self.store.holders("seat:").await {
+                Ok(h) => h,
+                Err(e) => {
+                    tracing::warn!(error = %e, "the seats' last holders cannot be read; no stickiness this pass");
+                    BTreeMap::new()
+                }
+            };
+            progress();
+            match leases {
+                Ok(leases) => {
+                    pass::with_seat_leases(&mut snap, &leases, &holders, &self.cfg.owner);
+                    plan = placement::plan(&snap);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "the seat leases cannot be read; claiming nothing this pass");
+                    plan.claims.clear();
+                }
+            }
+        }
+        Some((snap, plan, standing))
+    }
+
+    /// This pass's snapshot from the presence rows it read: this node as
+    /// it is now, what it holds, the counts and hints it keeps between
+    /// passes, and the fleet's priority order over the nodes present.
+    pub(super) async fn snapshot(
+        &self,
+        presence_leases: &[Lease],
+        progress: &Progress<'_>,
+    ) -> Snapshot {
+        let company = self.company();
+        let fading = self.fading(presence_leases).await;
+        progress();
+        let mut presence: Vec<Presence> = presence_leases.iter().filter_map(presence_of).collect();
+        // This node as it is now, whatever its row said a heartbeat ago.
+        presence.retain(|p| p.node_id != self.cfg.node_id);
+        let withdrawn = self.withdrawn.load(std::sync::atomic::Ordering::SeqCst);
+        if !self.host.is_draining() {
+            presence.push(Presence {
+                node_id: self.cfg.node_id.clone(),
+                labels: self.cfg.labels.clone(),
+                withdrawn,
+                seats_held: Some(self.seats_held_count(&company) as u32),
+            });
+        }
+        let mut snap = Snapshot {
+            node_id: self.cfg.node_id.clone(),
+            labels: self.cfg.labels.clone(),
+            seats: seat_specs(&company),
+            presence,
+            held: self.host.held().into_iter().collect(),
+            undead: self.host.undead().into_iter().collect(),
+            held_elsewhere: BTreeSet::new(),
+            draining: self.host.is_draining(),
+            behind: self.behind.load(std::sync::atomic::Ordering::SeqCst),
+            unserviceable: withdrawn,
+            claim_limit: self.cfg.claim_limit,
+            release_limit: self.cfg.release_limit,
+            ranking: Vec::new(),
+            deferred: self
+                .deferred
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone(),
+            moves: BTreeMap::new(),
+            handed_back: self.spend_handed_back_pass(),
+            leased_to: BTreeMap::new(),
+            fading,
+            rechecked: self
+                .rechecked
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone(),
+        };
+        // The fleet's one priority order (never a private one), applied to
+        // the nodes present; an unreadable order ranks nobody.
+        let mut present = self.first_seen_kept(presence_leases).await;
+        if !present.iter().any(|(id, _)| *id == self.cfg.node_id) && !self.host.is_draining() {
+            present.push((
+                self.cfg.node_id.clone(),
+                crate::coord::StoreTime::from_unix_nanos(i64::MAX),
+            ));
+        }
+        match ranking::read(&*self.store).await {
+            Ok(order) => {
+                let saved = order.map(|(o, _)| o.nodes).unwrap_or_default();
+                snap.ranking = ranking::effective_order(&saved, &present);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "the node order cannot be read; ranking nobody this pass")
+            }
+        }
+        progress();
+        snap
+    }
+
+    /// Keep what the plan says for the next passes: the unplaceable seats
+    /// (announced when they change), each deferred seat's count, and the
+    /// seats left for a recheck.
+    pub(super) fn note_plan(&self, plan: &placement::Plan) {
+        {
+            let mut last = self
+                .last_unplaceable
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            if *last != plan.unplaceable {
+                if !plan.unplaceable.is_empty() {
+                    self.events.emit(Event::SeatsUnplaceable {
+                        seats: plan.unplaceable.clone(),
+                    });
+                }
+                *last = plan.unplaceable.clone();
+            }
+        }
+        {
+            let mut d = self.deferred.lock().unwrap_or_else(|e| e.into_inner());
+            let before = std::mem::take(&mut *d);
+            for h in &plan.deferred {
+                d.insert(h.clone(), before.get(h).copied().unwrap_or(0) + 1);
+            }
+        }
+        *self.rechecked.lock().unwrap_or_else(|e| e.into_inner()) =
+            plan.rechecks.iter().cloned().collect();
+    }
+
+    /// Carry out one step of a pass.
+    pub(super) async fn execute(
+        &self,
+        snap: &Snapshot,
+        step: &pass::Step,
+        offered: &Mutex<BTreeMap<String, usize>>,
+        progress: &Progress<'_>,
+    ) -> Done {
+        use pass::Step;
+        match step {
+            Step::Release { seat, reason } => {
+                if self.give_back(snap, seat, *reason, offered, progress).await {
+                    return Done::Released;
+                }
+            }
+            Step::FinishMove { seat, revision } => {
+                moves::finish(&*self.store, seat, *revision).await;
+            }
+            Step::HandOff {
+                seat,
+                to,
+                revision: _,
+            } => {
+                if !self.host.held().contains(seat) {
+                    return Done::Nothing;
+                }
+                match self
+                    .host
+                    .hand_off(
+                        seat,
+                        to,
+                        DetachReason::Moved,
+                        self.cfg.handoff.timeout,
+                        progress,
+                    )
+                    .await
+                {
+                    HandOff::Taken { .. } | HandOff::Lost => return Done::Released,
+                    HandOff::Withdrawn => self.refuse(seat, to),
+                    HandOff::NotOffered(why) => {
+                        tracing::warn!(seat = %seat, to = %to, why = %why, "cannot hand the seat to its requested node")
+                    }
+                }
+            }
+            Step::ClaimMoved { seat, revision } => {
+                let free = matches!(self.store.lease(&format!("seat:{seat}")).await, Ok(None));
+                progress();
+                if free {
+                    match self.host.claim_with(seat, progress).await {
+                        Ok(Acquired::Won {
+                            established: true, ..
+                        }) => moves::finish(&*self.store, seat, *revision).await,
+                        Ok(Acquired::Gated { floor }) => return Done::Gated(floor),
+                        _ => {}
+                    }
+                }
+            }
+            Step::AnnounceBehind => self.events.emit(Event::SeatClaimsWithheld {
+                reason: "behind".into(),
+            }),
+            Step::Claim { seat } => {
+                // The claim judges the protocol gate once the seat reads
+                // free; a refusal ends the pass.
+                let claim = self.host.claim_with(seat, progress).await;
+                progress();
+                match claim {
+                    Ok(Acquired::Won {
+                        established: true, ..
+                    }) => return Done::Claimed,
+                    Ok(Acquired::Won {
+                        established: false, ..
+                    }) => {
+                        // Handed back by its acquire hook: a peer gets the
+                        // next passes at it.
+                        self.handed_back
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .insert(seat.clone(), placement::HANDED_BACK_PASSES);
+                    }
+                    Ok(Acquired::HeldBy(_)) => {}
+                    Ok(Acquired::Gated { floor }) => return Done::Gated(floor),
+                    Ok(Acquired::Draining) => return Done::StopClaims,
+                    Err(e) => {
+                        tracing::warn!(seat = %seat, error = %e, "claim failed; unknown ownership is not ownership")
+                    }
+                }
+            }
+        }
+        Done::Nothing
+    }
+
+    /// The nodes whose presence is fading (see [`Snapshot::fading`]): rows
+    /// not renewed for two heartbeats, and rows the last pass read that
+    /// are gone now. Remembers this roster for the next pass.
+    pub(super) async fn fading(&self, presence: &[Lease]) -> BTreeSet<String> {
+        let roster: BTreeSet<String> = presence
+            .iter()
+            .filter_map(|l| l.resource.strip_prefix("node:").map(str::to_string))
+            .filter(|id| *id != self.cfg.node_id)
+            .collect();
+        let mut fading: BTreeSet<String> = {
+            let mut seen = self.roster_seen.lock().unwrap_or_else(|e| e.into_inner());
+            let gone = seen.difference(&roster).cloned().collect();
+            *seen = roster;
+            gone
+        };
+        if let Ok(now) = self.store.now().await {
+            let stale = self.cfg.heartbeat * 2;
+            for l in presence {
+                let left = l.expires_at.since(now);
+                let Some(id) = l.resource.strip_prefix("node:") else {
+                    continue;
+                };
+                if id != self.cfg.node_id && l.ttl.saturating_sub(left) > stale {
+                    fading.insert(id.to_string());
+                }
+            }
+        }
+        fading
+    }
+
+    pub(super) fn roles_i_may_run(&self, company: &Company) -> Vec<String> {
+        company
+            .roles
+            .iter()
+            .filter(|r| matches_placement(&self.cfg.node_id, &self.cfg.labels, &r.placement))
+            .map(|r| r.handle.clone())
+            .collect()
+    }
+
+    /// Seat leases held here (run or undead), counting only seats of the
+    /// active revision: a lease on a seat whose role is gone stands in for
+    /// no free one, or every node would read the fleet as full.
+    pub(super) fn seats_held_count(&self, company: &Company) -> usize {
+        let seats: BTreeSet<&str> = company.handles().collect();
+        self.host
+            .held()
+            .into_iter()
+            .chain(self.host.undead())
+            .filter(|h| seats.contains(h.as_str()))
+            .count()
+    }
+
+    /// The seats this node could not establish and still leaves to its
+    /// peers, spending one pass of each one's wait (a seat leaves the set
+    /// once its passes are spent).
+    pub(super) fn spend_handed_back_pass(&self) -> BTreeSet<String> {
+        let mut h = self.handed_back.lock().unwrap_or_else(|e| e.into_inner());
+        let left: BTreeSet<String> = h.keys().cloned().collect();
+        h.retain(|_, n| {
+            *n -= 1;
+            *n > 0
+        });
+        left
+    }
+}

@@ -18,6 +18,7 @@ mod audit_fleet;
 mod cli;
 mod command_agent;
 mod coord_contract;
+mod documented;
 mod duties;
 mod fleet;
 mod fleet_nodes;

@@ -516,7 +516,9 @@ pub struct EventBus {
     incarnation: String,
     tx: broadcast::Sender<FleetEvent>,
     /// Set once the bus is connected to the fleet; shared by every clone.
-    outbound: std::sync::Arc<std::sync::OnceLock<mpsc::UnboundedSender<FleetEvent>>>,
+    /// Bounded ([`BUS_CAPACITY`]): while the fleet link is that far behind,
+    /// an event is kept here (logged, on this node's bus) but not sent on.
+    outbound: std::sync::Arc<std::sync::OnceLock<mpsc::Sender<FleetEvent>>>,
 }
 
 /// Events kept for subscribers that fall behind.
@@ -542,7 +544,7 @@ impl EventBus {
         client: async_nats::Client,
         tasks: &Tasks,
     ) -> Result<(), async_nats::SubscribeError> {
-        let (out_tx, mut out_rx) = mpsc::unbounded_channel::<FleetEvent>();
+        let (out_tx, mut out_rx) = mpsc::channel::<FleetEvent>(BUS_CAPACITY);
         let subject = format!("crewlet.events.{}", self.node);
         let publisher = client.clone();
         tasks.spawn("events-publish", async move {
@@ -607,8 +609,10 @@ impl EventBus {
         for u in metric_updates(&fleet.event) {
             crate::metrics::apply(&u);
         }
-        if let Some(out) = self.outbound.get() {
-            let _ = out.send(fleet.clone());
+        if let Some(out) = self.outbound.get()
+            && let Err(mpsc::error::TrySendError::Full(e)) = out.try_send(fleet.clone())
+        {
+            tracing::debug!(event = %e.event.name(), "the fleet bus is behind; this event is not sent to peers");
         }
         let _ = self.tx.send(fleet);
     }
@@ -617,57 +621,6 @@ impl EventBus {
     pub fn subscribe(&self) -> broadcast::Receiver<FleetEvent> {
         self.tx.subscribe()
     }
-}
-
-/// A queue event sink that reports through `bus`.
-pub fn queue_sink(bus: &EventBus) -> crate::queue::EventSink {
-    let bus = bus.clone();
-    std::sync::Arc::new(move |e| {
-        use crate::queue::QueueEvent;
-        bus.emit(match e {
-            QueueEvent::DeadLettered {
-                subscription,
-                subject,
-                seq,
-                delivered,
-                reason,
-            } => Event::MessageDeadLettered {
-                subscription,
-                subject,
-                seq,
-                delivered,
-                reason: reason.to_string(),
-            },
-            QueueEvent::Deferred {
-                subscription,
-                seq,
-                reason,
-                ..
-            } => Event::DeliveryDeferred {
-                subscription,
-                seq,
-                reason,
-            },
-            QueueEvent::Recovered {
-                subscription,
-                subject,
-                seq,
-            } => Event::MessageRecovered {
-                subscription,
-                subject,
-                seq,
-            },
-            QueueEvent::Republished {
-                subject,
-                seq,
-                new_seq,
-            } => Event::MessageRepublished {
-                subject,
-                seq,
-                new_seq,
-            },
-        })
-    })
 }
 
 /// Pure: what one of this node's events does to its metrics
@@ -814,6 +767,27 @@ fn closed(v: &str, known: &[&str]) -> String {
 mod tests {
     use super::*;
     use crate::metrics as m;
+
+    #[tokio::test]
+    async fn a_fleet_link_that_is_behind_holds_at_most_its_capacity_and_local_emits_go_on() {
+        let bus = EventBus::new("n", "n:1");
+        let (tx, mut rx) = mpsc::channel(2);
+        bus.outbound.set(tx).expect("set once");
+        let mut local = bus.subscribe();
+        for _ in 0..5 {
+            bus.emit(Event::SeatBudgetRestored { seat: "s".into() });
+        }
+        // Every event reached this node's own subscribers …
+        for _ in 0..5 {
+            assert!(local.try_recv().is_ok());
+        }
+        // … and the link to peers kept only what it has room for.
+        assert!(rx.try_recv().is_ok() && rx.try_recv().is_ok());
+        assert!(
+            rx.try_recv().is_err(),
+            "the link held more than its capacity"
+        );
+    }
 
     /// A counter's name, labels and increment.
     type Counted = (&'static str, Vec<(&'static str, String)>, u64);

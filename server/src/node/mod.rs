@@ -11,7 +11,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 pub use crate::company;
-pub mod fleet;
 
 use tokio::net::TcpListener;
 
@@ -22,7 +21,7 @@ use crate::coord::Store;
 use crate::db::{self, DbError};
 use crate::engine::outbox::{NatsOutbox, Outbox, TwinOutbox};
 use crate::engine::runtime::{TurnEngine, TurnSetup};
-use crate::events::{EventBus, queue_sink};
+use crate::events::EventBus;
 use crate::memory::changelog::{Changelog, NatsChangelog, TwinChangelog};
 use crate::memory::memread::{MemRead, MemReadError, NatsScatter, Scatter, TwinScatter};
 use crate::queue::Queue;
@@ -679,6 +678,58 @@ fn start_trends(
 
 /// Hand the shared info to whoever needs it.
 pub type SharedInfo = Arc<NodeInfo>;
+
+/// A queue event sink that reports through `bus` (the queue knows nothing
+/// of events; the node joins the two).
+fn queue_sink(bus: &EventBus) -> crate::queue::EventSink {
+    let bus = bus.clone();
+    std::sync::Arc::new(move |e| {
+        use crate::queue::QueueEvent;
+        bus.emit(match e {
+            QueueEvent::DeadLettered {
+                subscription,
+                subject,
+                seq,
+                delivered,
+                reason,
+            } => crate::events::Event::MessageDeadLettered {
+                subscription,
+                subject,
+                seq,
+                delivered,
+                reason: reason.to_string(),
+            },
+            QueueEvent::Deferred {
+                subscription,
+                seq,
+                reason,
+                ..
+            } => crate::events::Event::DeliveryDeferred {
+                subscription,
+                seq,
+                reason,
+            },
+            QueueEvent::Recovered {
+                subscription,
+                subject,
+                seq,
+            } => crate::events::Event::MessageRecovered {
+                subscription,
+                subject,
+                seq,
+            },
+            QueueEvent::Republished {
+                subject,
+                seq,
+                new_seq,
+            } => crate::events::Event::MessageRepublished {
+                subject,
+                seq,
+                new_seq,
+            },
+        })
+    })
+}
 
 #[cfg(test)]
 mod tests {

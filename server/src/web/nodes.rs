@@ -27,8 +27,8 @@ use std::time::Duration;
 use app::api::{FleetAlarm, FleetView, NodeStatus};
 
 use crate::coord::{Lease, Store, StoreError};
-use crate::node::fleet::fleet_from_leases;
 use crate::web::live::SeatNote;
+use crate::web::ownership::fleet_from_leases;
 use crate::web::seats::node_of;
 
 /// The live presence and seat leases, as read at one moment.

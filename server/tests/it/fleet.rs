@@ -568,7 +568,8 @@ async fn a_draining_node_that_still_holds_seats_reads_as_draining_and_its_succes
         .within_async(Duration::from_secs(20), || {
             let (store, last_read) = (store.clone(), last_read.clone());
             async move {
-                let view = crewlet::node::fleet::read_fleet(&*store, "t", "c", "embedded-kv").await;
+                let view =
+                    crewlet::web::ownership::read_fleet(&*store, "t", "c", "embedded-kv").await;
                 let found = view.as_ref().is_ok_and(|view| {
                     let a_draining = view.nodes.iter().any(|n| {
                         n.node_id == "a"

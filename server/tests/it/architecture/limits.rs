@@ -21,6 +21,7 @@ const UNMAPPED_LIMIT: usize = 200;
 
 /// Functions over `FN_LIMIT` today: (file, function, lines). Shrink them;
 /// take one out once it is under the limit.
+#[rustfmt::skip]
 const LONG_FUNCTIONS: &[(&str, &str, usize)] = &[
     ("app/src/components/layout.rs", "Layout", 82),
     ("app/src/pages/dead_letters.rs", "DeadLetterItem", 82),
@@ -56,21 +57,9 @@ const LONG_FUNCTIONS: &[(&str, &str, usize)] = &[
     ("server/src/engine/model.rs", "complete", 95),
     ("server/src/engine/model.rs", "round", 76),
     ("server/src/engine/runs.rs", "launch", 93),
-    (
-        "server/src/engine/runtime/approval_resume.rs",
-        "approval_outcome",
-        95,
-    ),
-    (
-        "server/src/engine/runtime/approval_resume.rs",
-        "resume_approval",
-        75,
-    ),
-    (
-        "server/src/engine/runtime/dispatch.rs",
-        "run_partition",
-        117,
-    ),
+    ("server/src/engine/runtime/approval_resume.rs", "approval_outcome", 95),
+    ("server/src/engine/runtime/approval_resume.rs", "resume_approval", 75),
+    ("server/src/engine/runtime/dispatch.rs", "run_partition", 117),
     ("server/src/engine/runtime/resume.rs", "claim_resume", 85),
     ("server/src/engine/runtime/resume.rs", "recover_runs", 91),
     ("server/src/engine/tools.rs", "ask_approval", 73),
@@ -79,7 +68,6 @@ const LONG_FUNCTIONS: &[(&str, &str, usize)] = &[
     ("server/src/events.rs", "metric_updates", 99),
     ("server/src/memory/memread.rs", "overview", 124),
     ("server/src/metrics.rs", "describe", 167),
-    ("server/src/node/fleet.rs", "fleet_from_leases", 100),
     ("server/src/node/mod.rs", "start", 197),
     ("server/src/queue/attach.rs", "consume", 100),
     ("server/src/queue/attach.rs", "handle_batch", 79),
@@ -97,14 +85,11 @@ const LONG_FUNCTIONS: &[(&str, &str, usize)] = &[
     ("server/src/web/auth.rs", "gate", 91),
     ("server/src/web/auth.rs", "login", 94),
     ("server/src/web/console/approvals.rs", "answer", 72),
-    (
-        "server/src/web/console/seat_actions.rs",
-        "send_to_inbox",
-        93,
-    ),
+    ("server/src/web/console/seat_actions.rs", "send_to_inbox", 93),
     ("server/src/web/console/seats.rs", "page", 118),
     ("server/src/web/mod.rs", "router", 184),
     ("server/src/web/nodes.rs", "alarms", 73),
+    ("server/src/web/ownership.rs", "fleet_from_leases", 100),
     ("server/src/web/seats.rs", "seat_rows", 90),
 ];
 
@@ -114,12 +99,10 @@ const LONG_FILES: &[(&str, usize)] = &[
     ("server/src/config/mod.rs", 1130),
     ("server/src/config/validate.rs", 1167),
     ("server/src/coord/nats.rs", 948),
-    ("server/src/events.rs", 812),
     ("server/src/memory/store.rs", 1068),
     ("server/src/queue/jetstream.rs", 1122),
     ("server/src/seat/host.rs", 1113),
     ("server/src/web/auth.rs", 1286),
-    ("server/src/web/mod.rs", 801),
 ];
 
 /// The line with string and char literals and its comment taken out.

@@ -96,6 +96,53 @@ pub fn poll_interval(threshold: Duration) -> Duration {
     (threshold / 4).max(Duration::from_millis(10))
 }
 
+/// Pure: whether the watcher, asleep since `slept_at` for `poll`, woke so
+/// late (by a whole `poll` more) that the process itself was held — stopped
+/// or starved of the CPU as a whole. Its loops were held with it and had no
+/// chance to beat: the watcher then looks again one poll later instead of
+/// reading the pause as a wedge — once; a watcher held poll after poll
+/// judges all the same (a node starved that long cannot renew either).
+pub fn watcher_was_held(slept_at: Instant, poll: Duration, now: Instant) -> bool {
+    now.saturating_duration_since(slept_at) >= poll * 2
+}
+
+/// Pure: the line a wedged node leaves on stderr — the loop, its lag, the
+/// threshold, and the other live loops that lag most (a wedge of one loop
+/// reads differently from a process that stalled as a whole).
+pub fn wedged_line(
+    loop_name: &str,
+    lag: Duration,
+    threshold: Duration,
+    beats: &BTreeMap<String, Beat>,
+    now: Instant,
+) -> String {
+    let mut others: Vec<(Duration, &String)> = beats
+        .iter()
+        .filter(|(n, b)| b.live && n.as_str() != loop_name)
+        .map(|(n, b)| (now.saturating_duration_since(b.at), n))
+        .collect();
+    others.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(b.1)));
+    let shown: Vec<String> = others
+        .iter()
+        .take(5)
+        .map(|(l, n)| format!("{n} {:.1}s", l.as_secs_f64()))
+        .collect();
+    let more = match others.len() {
+        n if n > 5 => format!(", and {} more", n - 5),
+        _ => String::new(),
+    };
+    format!(
+        "crewlet watchdog: the {loop_name} loop has not turned for {:.1}s (threshold {:.1}s = the lease TTL); this node no longer provably owns its seats. Exiting with code {EXIT_WEDGED}. The other loops last turned: {}{more}.",
+        lag.as_secs_f64(),
+        threshold.as_secs_f64(),
+        if shown.is_empty() {
+            "none live".to_string()
+        } else {
+            shown.join(", ")
+        }
+    )
+}
+
 /// A loop's beat that the loop carries itself. It is live until
 /// [`Pulse::end`] (the loop's own end) and beats as the loop turns.
 #[derive(Clone)]
@@ -267,12 +314,25 @@ impl Watchdog {
             .name("crewlet-watchdog".into())
             .spawn(move || {
                 let poll = poll_interval(me.inner.threshold);
+                // A held wake is forgiven once: a process starved poll after
+                // poll is judged all the same.
+                let mut forgave = false;
                 loop {
+                    let slept_at = Instant::now();
                     std::thread::sleep(poll);
-                    if !me.inner.armed.load(Ordering::SeqCst) || me.inner.stopped.load(Ordering::SeqCst) {
+                    if !me.inner.armed.load(Ordering::SeqCst)
+                        || me.inner.stopped.load(Ordering::SeqCst)
+                    {
                         return;
                     }
-                    match me.current() {
+                    let held = watcher_was_held(slept_at, poll, Instant::now());
+                    if held && !forgave {
+                        forgave = true;
+                        continue;
+                    }
+                    forgave = false;
+                    let (now, beats) = (Instant::now(), me.beats());
+                    match verdict(now, &beats, me.inner.threshold) {
                         Verdict::Healthy => {}
                         Verdict::StandDown => return,
                         Verdict::Wedged { loop_name, lag } => {
@@ -280,12 +340,9 @@ impl Watchdog {
                                 return;
                             }
                             use std::io::Write;
-                            let _ = writeln!(
-                                std::io::stderr(),
-                                "crewlet watchdog: the {loop_name} loop has not turned for {:.1}s (threshold {:.1}s = the lease TTL); this node no longer provably owns its seats. Exiting with code {EXIT_WEDGED}.",
-                                lag.as_secs_f64(),
-                                me.inner.threshold.as_secs_f64()
-                            );
+                            let line =
+                                wedged_line(&loop_name, lag, me.inner.threshold, &beats, now);
+                            let _ = writeln!(std::io::stderr(), "{line}");
                             std::process::exit(EXIT_WEDGED);
                         }
                     }
@@ -348,6 +405,52 @@ mod tests {
                 lag: Duration::from_secs(46)
             }
         );
+    }
+
+    #[test]
+    fn a_watcher_that_woke_a_whole_poll_late_looks_again_before_judging() {
+        let poll = Duration::from_millis(750);
+        let slept = Instant::now();
+        assert!(!watcher_was_held(slept, poll, slept + poll));
+        assert!(!watcher_was_held(slept, poll, slept + poll + poll / 2));
+        assert!(watcher_was_held(slept, poll, slept + poll * 2));
+        assert!(watcher_was_held(
+            slept,
+            poll,
+            slept + Duration::from_secs(30)
+        ));
+    }
+
+    #[test]
+    fn the_wedged_line_names_the_loop_and_the_others_that_lag_most() {
+        let now = Instant::now() + Duration::from_secs(100);
+        let b = beats(
+            &[
+                ("dispatch:s1", 3_200, true),
+                ("heartbeat", 3_100, true),
+                ("sweep", 200, true),
+                ("gone", 9_000, false),
+            ],
+            now,
+        );
+        let line = wedged_line(
+            "dispatch:s1",
+            Duration::from_millis(3_200),
+            Duration::from_secs(3),
+            &b,
+            now,
+        );
+        assert!(
+            line.starts_with(
+                "crewlet watchdog: the dispatch:s1 loop has not turned for 3.2s (threshold 3.0s"
+            ),
+            "{line}"
+        );
+        assert!(
+            line.ends_with("The other loops last turned: heartbeat 3.1s, sweep 0.2s."),
+            "{line}"
+        );
+        assert!(!line.contains("gone"), "{line}");
     }
 
     #[test]

@@ -73,17 +73,37 @@ macro_rules! both {
 /// A free TCP port on 127.0.0.1 (bound, then released for the server),
 /// never one this test process has handed out before: two tests running
 /// at once are never given the same port by a kernel that reuses it.
+///
+/// The port is drawn below the kernel's ephemeral range, never from it:
+/// a node that is down (killed, rolling) keeps its port in its config, and
+/// an ephemeral port is the one the kernel hands to the next outgoing
+/// connection of any process — a soak's node once found its port taken
+/// that way and could not start again.
 pub fn free_port() -> u16 {
+    use rand::Rng;
     static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let (low, high) = ports_outside_ephemeral_range();
+    let mut rng = rand::thread_rng();
     loop {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
-        let port = l.local_addr().expect("ephemeral port address").port();
+        let port = rng.gen_range(low..high);
         let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
-        if !given.contains(&port) {
-            given.push(port);
-            return port;
+        if given.contains(&port) || std::net::TcpListener::bind(("127.0.0.1", port)).is_err() {
+            continue;
         }
+        given.push(port);
+        return port;
     }
+}
+
+/// The ports [`free_port`] draws from: the 10,000 below the start of the
+/// kernel's ephemeral range (Linux's is 32768–60999 unless changed).
+fn ports_outside_ephemeral_range() -> (u16, u16) {
+    let first_ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let high = first_ephemeral.max(11_024);
+    (high - 10_000, high)
 }
 
 /// Poll `cond` every `every` until it returns `Some`, or panic naming

@@ -3,11 +3,17 @@
 //! out). Colour only when stderr is a terminal: redirected output and
 //! files carry plain text.
 //!
+//! Lines are written by a thread of their own, never by the runtime's
+//! workers: a write that blocks (a pipe nobody drains, a disk that throttles
+//! writers) then holds the log thread, not every loop of the node — a node
+//! whose workers all sat in `write(2)` for seconds would miss its
+//! heartbeats and leave its seats. Nothing is dropped: when the thread is
+//! behind by [`LOG_BUFFER_LINES`] lines, the next line waits for room.
+//!
 //! Secrets never reach a log line: the config is only ever logged redacted,
 //! and passwords and tokens are never passed to a tracing macro.
 
 use std::fs::OpenOptions;
-use std::sync::Arc;
 
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::Layer;
@@ -35,14 +41,41 @@ pub enum LoggingError {
 pub const DEFAULT_FILTER: &str =
     "info,sqlx=warn,tower_sessions=warn,tower_sessions_core=error,rmcp=warn";
 
+/// How many lines may wait for the log thread before a line waits for it.
+pub const LOG_BUFFER_LINES: usize = 128_000;
+
+/// Keeps the log threads running; dropping it writes out every line still
+/// waiting. Hold it until the process ends.
+#[must_use = "dropping the guard stops the log threads"]
+pub struct LogGuard {
+    _guards: Vec<tracing_appender::non_blocking::WorkerGuard>,
+}
+
+/// `writer` behind a log thread of its own (thread named `name`).
+fn on_own_thread<W: std::io::Write + Send + 'static>(
+    writer: W,
+    name: &str,
+    guards: &mut Vec<tracing_appender::non_blocking::WorkerGuard>,
+) -> tracing_appender::non_blocking::NonBlocking {
+    let (w, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+        .lossy(false)
+        .buffered_lines_limit(LOG_BUFFER_LINES)
+        .thread_name(name)
+        .finish(writer);
+    guards.push(guard);
+    w
+}
+
 /// Install the process-wide logger.
-pub fn init(cfg: &LoggingSection) -> Result<(), LoggingError> {
+pub fn init(cfg: &LoggingSection) -> Result<LogGuard, LoggingError> {
     let filter =
         || EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER));
     let json = cfg.format == LogFormat::Json;
+    let mut guards = Vec::new();
     let stderr_layer = cfg.stderr.then(|| {
+        let w = on_own_thread(std::io::stderr(), "crewlet-log-stderr", &mut guards);
         let l = tracing_subscriber::fmt::layer()
-            .with_writer(std::io::stderr)
+            .with_writer(w)
             .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
         if json {
             l.json().with_filter(filter()).boxed()
@@ -60,7 +93,7 @@ pub fn init(cfg: &LoggingSection) -> Result<(), LoggingError> {
                     file: path.display().to_string(),
                     source,
                 })?;
-            let w = Arc::new(f);
+            let w = on_own_thread(f, "crewlet-log-file", &mut guards);
             let l = tracing_subscriber::fmt::layer()
                 .with_writer(w)
                 .with_ansi(false);
@@ -76,5 +109,6 @@ pub fn init(cfg: &LoggingSection) -> Result<(), LoggingError> {
         .with(stderr_layer)
         .with(file_layer)
         .try_init()
-        .map_err(|_| LoggingError::AlreadySet)
+        .map_err(|_| LoggingError::AlreadySet)?;
+    Ok(LogGuard { _guards: guards })
 }

@@ -357,10 +357,13 @@ fn run(path: &Path) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if let Err(e) = crewlet::logging::init(&config.logging) {
-        eprintln!("error: {e}");
-        return ExitCode::from(2);
-    }
+    let _log = match crewlet::logging::init(&config.logging) {
+        Ok(guard) => guard,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -81,6 +81,114 @@ fn a_node_whose_sweep_loop_blocks_forever_exits_75() {
     );
 }
 
+/// A node whose stderr is a pipe nobody drains — a supervisor that stopped
+/// reading, a disk that stalls writers — keeps turning its loops: its log
+/// lines wait on the log thread, not on the threads that renew its leases.
+/// (Written from the runtime's workers, the node's log stalled every loop
+/// at once once the pipe was full, and the watchdog ended it with 75.)
+#[test]
+fn a_node_whose_log_nobody_reads_keeps_turning_its_loops_past_the_ttl() {
+    use std::os::fd::AsRawFd;
+    let dir = tempfile::tempdir().unwrap();
+    let port = support::free_port();
+    let config = dir.path().join("crewlet.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[node]\nlisten = \"127.0.0.1:{port}\"\ndata_dir = \"{}\"\n\n[coordination]\nlease_ttl_seconds = 3\nheartbeat_seconds = 1\nsweep_seconds = 1\n\n[[roles]]\nhandle = \"w\"\n",
+            dir.path().join("data").display(),
+        ),
+    )
+    .unwrap();
+    // Every line the node and its libraries have: the pipe fills in seconds.
+    let mut child = Command::new(BIN)
+        .args(["run", "--config"])
+        .arg(&config)
+        .env("RUST_LOG", "trace")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pipe = child.stderr.take().unwrap();
+    let fd = pipe.as_raw_fd();
+    // SAFETY: fcntl and ioctl on a pipe this process owns, reading an int.
+    let capacity = unsafe { libc::fcntl(fd, libc::F_GETPIPE_SZ) };
+    assert!(capacity > 0, "the pipe's capacity");
+    let waiting = || {
+        let mut n: libc::c_int = 0;
+        // SAFETY: as above; FIONREAD writes one int.
+        unsafe { libc::ioctl(fd, libc::FIONREAD, &mut n) };
+        n
+    };
+    let alive = |child: &mut std::process::Child| {
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("the node ended ({status}) with its log unread")
+        }
+    };
+    // Each request adds lines (a connection accepted, …). The pipe is full
+    // when what waits in it stops growing though requests go on adding
+    // lines (the kernel fills it page by page, so "full" is a little under
+    // its capacity). Asked, a few times a second, until then and for three
+    // TTLs more: the node answers every time and stays up — its loops
+    // turned all along (a wedge ends it after one TTL).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while health_status(port).is_err() {
+        alive(&mut child);
+        assert!(Instant::now() < deadline, "the node never listened");
+        std::thread::park_timeout(Duration::from_millis(50));
+    }
+    let (mut full_at, mut answers_since_full) = (None::<Instant>, 0);
+    let (mut last_waiting, mut unchanged) = (0, 0);
+    loop {
+        alive(&mut child);
+        let status = health_status(port).unwrap_or_else(|e| {
+            panic!(
+                "/health with {} of the log pipe's {capacity} bytes waiting: {e}",
+                waiting()
+            )
+        });
+        assert_eq!(status, "HTTP/1.1 200 OK", "/health");
+        let now_waiting = waiting();
+        unchanged = if now_waiting == last_waiting {
+            unchanged + 1
+        } else {
+            0
+        };
+        last_waiting = now_waiting;
+        match full_at {
+            None if unchanged >= 5 && now_waiting >= capacity / 2 => full_at = Some(Instant::now()),
+            None => assert!(
+                Instant::now() < deadline,
+                "the node's log never filled its pipe ({now_waiting} of {capacity} bytes)"
+            ),
+            Some(at) if at.elapsed() >= Duration::from_secs(9) => break,
+            Some(_) => answers_since_full += 1,
+        }
+        // Paced: a few lines a request, some fifty requests a second — the log
+        // thread's own buffer is never what fills.
+        std::thread::park_timeout(Duration::from_millis(20));
+    }
+    assert!(
+        answers_since_full > 1,
+        "asked after the pipe filled: {answers_since_full}"
+    );
+    assert_eq!(waiting(), last_waiting, "nobody read the pipe meanwhile");
+    let _ = child.kill();
+    let _ = child.wait();
+    drop(pipe);
+}
+
+/// The status line of `GET /health` on 127.0.0.1:`port`, read within 5 s.
+fn health_status(port: u16) -> std::io::Result<String> {
+    use std::io::{BufRead, BufReader};
+    let mut conn = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    conn.set_read_timeout(Some(Duration::from_secs(5)))?;
+    conn.write_all(b"GET /health HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")?;
+    let mut line = String::new();
+    BufReader::new(conn).read_line(&mut line)?;
+    Ok(line.trim_end().to_string())
+}
+
 /// Acquire hooks that take their time (a seat's memory to replay, say):
 /// each hydration runs until the test opens the gate.
 struct GatedHooks(tokio::sync::watch::Receiver<bool>);

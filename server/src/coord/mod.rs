@@ -49,9 +49,9 @@ pub type Revision = u64;
 pub type Metadata = BTreeMap<String, serde_json::Value>;
 
 /// The in-process twin: the store a single node runs.
-pub type LocalStore = Coordinator<TwinBackend>;
+pub type TwinCoordinator = Coordinator<TwinBackend>;
 /// The fleet store on NATS JetStream KV.
-pub type NatsStore = Coordinator<NatsBackend>;
+pub type NatsCoordinator = Coordinator<NatsBackend>;
 
 /// Open the store `config` names: the in-process twin for
 /// `coordination.type = local`, JetStream KV on `stream.urls` for

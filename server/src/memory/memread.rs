@@ -294,7 +294,7 @@ pub trait Holdings: Send + Sync {
 /// Memory reads answered by the seat's holder, and this node's answers for
 /// the seats it holds. One per node.
 pub struct MemRead {
-    engine: Arc<dyn Holdings>,
+    holdings: Arc<dyn Holdings>,
     memory: MemoryStore,
     scatter: Arc<dyn Scatter>,
     budget: Duration,
@@ -302,16 +302,16 @@ pub struct MemRead {
 }
 
 impl MemRead {
-    /// Reads for the node running `engine`, whose memory store is `memory`,
+    /// Reads for the node whose seats `holdings` tells, whose memory store is `memory`,
     /// asking peers over `scatter` and waiting `budget` for each.
     pub fn new(
-        engine: Arc<dyn Holdings>,
+        holdings: Arc<dyn Holdings>,
         memory: MemoryStore,
         scatter: Arc<dyn Scatter>,
         budget: Duration,
     ) -> MemRead {
         MemRead {
-            engine,
+            holdings,
             memory,
             scatter,
             budget,
@@ -330,11 +330,11 @@ impl MemRead {
     }
 
     fn node_id(&self) -> &str {
-        self.engine.node_id()
+        self.holdings.node_id()
     }
 
     fn incarnation(&self) -> &str {
-        self.engine.incarnation()
+        self.holdings.incarnation()
     }
 
     fn me(&self, epoch: Option<u64>) -> MemoryAnswerer {
@@ -372,7 +372,7 @@ impl MemRead {
 
     /// Where `handle` stands here, by the seat host.
     fn here(&self, handle: &str) -> Here {
-        match self.engine.held_here(handle) {
+        match self.holdings.held_here(handle) {
             Some(HeldHere::Attached(e)) => Here::Attached(e),
             Some(HeldHere::Establishing(e)) => Here::Not(Some(e), MemoryUnavailable::Hydrating),
             Some(HeldHere::Releasing(e)) => Here::Not(Some(e), MemoryUnavailable::Releasing),
@@ -395,7 +395,11 @@ impl MemRead {
     }
 
     async fn read_seat(&self, handle: &str) -> Result<SeatRead, MemReadError> {
-        let lease = self.engine.store().lease(&format!("seat:{handle}")).await?;
+        let lease = self
+            .holdings
+            .store()
+            .lease(&format!("seat:{handle}"))
+            .await?;
         let Some(lease) = lease else {
             return Ok(MemoryAnswer::Unheld {
                 handle: handle.to_string(),
@@ -435,7 +439,7 @@ impl MemRead {
     /// leases listed once, this node's seats from its store, one request
     /// per other holder.
     pub async fn overview(&self) -> Result<MemoryOverview, MemReadError> {
-        let leases = self.engine.store().list("seat:").await?;
+        let leases = self.holdings.store().list("seat:").await?;
         let mut by_owner: BTreeMap<String, Vec<(String, MemoryHolder)>> = BTreeMap::new();
         for l in &leases {
             if let Some(handle) = l.resource.strip_prefix("seat:") {
@@ -539,7 +543,7 @@ impl MemRead {
         }
 
         // The company's seats nobody holds.
-        for handle in self.engine.company_handles() {
+        for handle in self.holdings.company_handles() {
             if !seats.contains_key(&handle) {
                 seats.insert(
                     handle.to_string(),

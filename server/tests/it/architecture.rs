@@ -7,13 +7,15 @@
 //! (`scripts/import-cycles` prints the same graph's cycles from a shell.)
 //! And every section citation in the code and the documents names a
 //! heading that exists (`citations`); functions and files stay under their
-//! limits, the long ones of today only shrinking (`limits`).
+//! limits, the long ones of today only shrinking (`limits`); every blocking
+//! thread is awaited where it starts; one word keeps one meaning (`words`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 mod citations;
 mod limits;
+mod words;
 
 /// Module path (`seat::sweep`) → its source file.
 fn modules(root: &Path) -> BTreeMap<String, PathBuf> {
@@ -320,6 +322,67 @@ fn the_spawn_check_sees_a_raw_spawn() {
             "let t = tokio::spawn(async {});",
             "let v = TaskTracker::new();"
         ]
+    );
+}
+
+/// The lines of `src` that start blocking work nobody waits for: a
+/// `spawn_blocking(…)` whose call is not followed at once by `.await` (the
+/// caller owns the thread's work and its result, so a node stopping never
+/// leaves a detached thread writing behind it).
+fn unawaited_blocking(src: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut rest = src;
+    while let Some(at) = rest.find("spawn_blocking(") {
+        let open = at + "spawn_blocking".len();
+        let mut depth = 0usize;
+        let mut close = None;
+        for (i, c) in rest[open..].char_indices() {
+            match c {
+                '(' => depth += 1,
+                ')' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        close = Some(open + i + 1);
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+        let end = close.unwrap_or(rest.len());
+        if !rest[end..].trim_start().starts_with(".await") {
+            let line_start = rest[..at].rfind('\n').map_or(0, |n| n + 1);
+            let line_end = rest[at..].find('\n').map_or(rest.len(), |n| at + n);
+            found.push(rest[line_start..line_end].trim().to_string());
+        }
+        rest = &rest[end..];
+    }
+    found
+}
+
+#[test]
+fn every_blocking_thread_is_awaited_by_the_task_that_started_it() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let loose: Vec<String> = modules(&root)
+        .iter()
+        .flat_map(|(m, p)| {
+            unawaited_blocking(&product_source(p))
+                .into_iter()
+                .map(move |l| format!("{m}: {l}"))
+        })
+        .collect();
+    assert!(
+        loose.is_empty(),
+        "spawn_blocking not awaited where it is started (await its handle, or make it a task with Tasks::spawn): {loose:#?}"
+    );
+}
+
+#[test]
+fn the_blocking_check_sees_a_thread_nobody_awaits() {
+    let src = "let a = tokio::task::spawn_blocking(move || f(g(1)))\n    .await;\nlet h = tokio::task::spawn_blocking(move || { f(2) });\nlet b = spawn_blocking(|| 3).await;";
+    assert_eq!(
+        unawaited_blocking(src),
+        ["let h = tokio::task::spawn_blocking(move || { f(2) });"]
     );
 }
 

@@ -21,8 +21,8 @@ use bytes::Bytes;
 use crewlet::coord::{
     Backend, BucketId, Claim, ClaimRequest, ClaimStep, ConnectionState, Coordinator,
     CoordinatorOptions, Event, Fault, HoldPoint, KvError, Lease, LeaseState, Metadata, NatsBackend,
-    NatsOptions, NatsStore, Offer, Release, Renewal, StateBucket, Store, StoreError, StoreTime,
-    TwinBackend,
+    NatsCoordinator, NatsOptions, Offer, Release, Renewal, StateBucket, Store, StoreError,
+    StoreTime, TwinBackend,
 };
 use crewlet::tasks::Tasks;
 use futures::StreamExt;
@@ -90,11 +90,15 @@ fn nats_options(urls: Vec<String>) -> NatsOptions {
     o
 }
 
-async fn nats_store(urls: Vec<String>, opts: CoordinatorOptions) -> NatsStore {
+async fn nats_store(urls: Vec<String>, opts: CoordinatorOptions) -> NatsCoordinator {
     nats_store_with(urls, opts, false).await
 }
 
-async fn nats_store_with(urls: Vec<String>, opts: CoordinatorOptions, atomic: bool) -> NatsStore {
+async fn nats_store_with(
+    urls: Vec<String>,
+    opts: CoordinatorOptions,
+    atomic: bool,
+) -> NatsCoordinator {
     let mut o = nats_options(urls);
     o.atomic_claim = atomic;
     let backend = NatsBackend::connect(&o)
@@ -2073,7 +2077,7 @@ async fn cluster_leader_kill_claims_and_renews_recover_and_no_lease_is_held_twic
 
     // Both nodes compete for every seat, then renew what they won.
     async fn one_round(
-        stores: &[(&NatsStore, &str); 2],
+        stores: &[(&NatsCoordinator, &str); 2],
         seats: &[String],
         held: &mut BTreeMap<(usize, String), Lease>,
         history: &mut BTreeMap<String, Vec<Tenure>>,

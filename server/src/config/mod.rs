@@ -35,7 +35,7 @@ pub const APPROVABLE_BUILT_INS: [&str; 3] = ["post_outbox", "a2a_message", "run_
 
 /// The environment variable that makes this process speak an older lease
 /// protocol: fault injection for mixed-version drills and the chaos
-/// harness (docs/seats.md § How seats are owned).
+/// harness (spec § Mixed-version fleets).
 pub const FAULT_PROTOCOL_VAR: &str = "CREWLET_FAULT_PROTOCOL";
 
 /// The lease protocol this process speaks: [`PROTOCOL`], unless

@@ -117,15 +117,11 @@ impl RunningNode {
         self.turns.approvals().shutdown().await;
         self.turns.stop_timers().await;
         self.tasks.shutdown().await;
-        let served = self.server.await;
+        let served = served_within(self.server, SERVE_DRAIN).await;
         self.engine
             .events()
             .emit(crate::events::Event::NodeStopped {});
-        match served {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(NodeError::Serve(e)),
-            Err(e) => Err(NodeError::Serve(std::io::Error::other(e))),
-        }
+        served
     }
 
     /// Stop without releasing anything, as a crash would (tests).
@@ -136,7 +132,7 @@ impl RunningNode {
         self.turns.stop_timers().await;
         self.engine.crash().await;
         self.tasks.shutdown().await;
-        let _ = self.server.await;
+        let _ = served_within(self.server, SERVE_DRAIN).await;
     }
 
     /// Resolves when shutdown has been asked for.
@@ -147,6 +143,33 @@ impl RunningNode {
     /// Ask the node to stop (what SIGINT / SIGTERM do).
     pub fn stop(&self) {
         self.tasks.token().cancel();
+    }
+}
+
+/// How long a stopping node waits, once it has stopped listening, for the
+/// HTTP connections still open: a request in progress finishes within it;
+/// a client that holds a connection past it — an idle keep-alive, a request
+/// never finished — is cut off, so no client can hold a node's stop open.
+pub const SERVE_DRAIN: Duration = Duration::from_secs(5);
+
+/// Wait for the HTTP server's graceful end (its stop was asked for with the
+/// node's token) up to `bound`, then close what is still open.
+async fn served_within(
+    mut server: tokio::task::JoinHandle<Result<(), std::io::Error>>,
+    bound: Duration,
+) -> Result<(), NodeError> {
+    match tokio::time::timeout(bound, &mut server).await {
+        Ok(Ok(Ok(()))) => Ok(()),
+        Ok(Ok(Err(e))) => Err(NodeError::Serve(e)),
+        Ok(Err(e)) => Err(NodeError::Serve(std::io::Error::other(e))),
+        Err(_) => {
+            server.abort();
+            tracing::info!(
+                after_ms = bound.as_millis() as u64,
+                "HTTP connections still open at stop: closed"
+            );
+            Ok(())
+        }
     }
 }
 

@@ -134,6 +134,33 @@ async fn sign_in_sets_a_strict_http_only_cookie_and_returns_to_the_page_asked_fo
     n.stop().await;
 }
 
+/// A stopping node does not wait on its clients for ever: a connection
+/// that never finishes its request (or an idle keep-alive the client keeps)
+/// is cut off `SERVE_DRAIN` after the node stopped listening, and the stop
+/// ends. (It once waited on such a connection with no bound: a test whose
+/// client still held its pooled connection hung at `stop` for 40 minutes.)
+#[tokio::test]
+async fn a_client_holding_a_connection_open_cannot_hold_the_nodes_stop_open() {
+    use tokio::io::AsyncWriteExt;
+    let n = TestNode::start().await;
+    let addr = n.base.trim_start_matches("http://").to_string();
+    let mut held = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    // Half a request: the server is reading it when the stop comes.
+    held.write_all(b"GET /health HTTP/1.1\r\nHost: localhost\r\n")
+        .await
+        .unwrap();
+    // And a pooled keep-alive from a client that stays in scope.
+    let c = client();
+    let r = c.get(n.url("/health")).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let bound = node::SERVE_DRAIN * 12;
+    assert!(
+        tokio::time::timeout(bound, n.stop()).await.is_ok(),
+        "the stop was still waiting on the open connections after {bound:?}"
+    );
+    drop((held, c));
+}
+
 #[tokio::test]
 async fn signing_in_again_cycles_the_session_id() {
     let n = TestNode::start().await;

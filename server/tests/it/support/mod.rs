@@ -71,8 +71,17 @@ macro_rules! both {
 }
 
 /// A free TCP port on 127.0.0.1 (bound, then released for the server),
-/// never one this test process has handed out before: two tests running
-/// at once are never given the same port by a kernel that reuses it.
+/// never one this test process or another test process on the machine
+/// holds: two tests running at once are never given the same port.
+///
+/// A port is held for the life of the process that drew it, by a lock on
+/// a file named after it in the machine's temporary directory
+/// (`crewlet-test-ports/{port}`); the kernel lets the lock go when the
+/// process ends, however it ends. Without it a port was checked free in
+/// one process while another had handed it to a server that was down or
+/// not yet started: soak seed 12010's node could not start on a port the
+/// suite beside it had drawn ("Address already in use", two start
+/// violations).
 ///
 /// The port is drawn below the kernel's ephemeral range, never from it:
 /// a node that is down (killed, rolling) keeps its port in its config, and
@@ -81,18 +90,73 @@ macro_rules! both {
 /// that way and could not start again.
 pub fn free_port() -> u16 {
     use rand::Rng;
-    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    static HELD: std::sync::Mutex<Vec<(u16, Option<std::fs::File>)>> =
+        std::sync::Mutex::new(Vec::new());
+    let dir = std::env::temp_dir().join("crewlet-test-ports");
+    let _ = std::fs::create_dir_all(&dir);
     let (low, high) = ports_outside_ephemeral_range();
     let mut rng = rand::thread_rng();
     loop {
         let port = rng.gen_range(low..high);
-        let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
-        if given.contains(&port) || std::net::TcpListener::bind(("127.0.0.1", port)).is_err() {
+        let mut held = HELD.lock().unwrap_or_else(|e| e.into_inner());
+        if held.iter().any(|(p, _)| *p == port) {
             continue;
         }
-        given.push(port);
+        let lock = match hold_port_file(&dir, port) {
+            PortFile::Held(f) => Some(f),
+            PortFile::HeldElsewhere => continue,
+            // No shared directory to coordinate through: this process's
+            // own list and the bind below are all there is.
+            PortFile::Unavailable => None,
+        };
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_err() {
+            continue;
+        }
+        held.push((port, lock));
         return port;
     }
+}
+
+enum PortFile {
+    Held(std::fs::File),
+    HeldElsewhere,
+    Unavailable,
+}
+
+/// Take the lock on `dir/{port}`, unless another process holds it.
+fn hold_port_file(dir: &std::path::Path, port: u16) -> PortFile {
+    let file = match std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join(port.to_string()))
+    {
+        Ok(f) => f,
+        Err(_) => return PortFile::Unavailable,
+    };
+    match file.try_lock() {
+        Ok(()) => PortFile::Held(file),
+        Err(std::fs::TryLockError::WouldBlock) => PortFile::HeldElsewhere,
+        Err(std::fs::TryLockError::Error(_)) => PortFile::Unavailable,
+    }
+}
+
+/// What [`free_port`] promises across processes: a port one test process
+/// drew is refused to every other while the first lives. A second open of
+/// the port's lock file is, to the kernel, what another process's open is.
+#[test]
+fn a_port_one_test_process_holds_is_never_given_to_another() {
+    let port = free_port();
+    let dir = std::env::temp_dir().join("crewlet-test-ports");
+    assert!(
+        matches!(hold_port_file(&dir, port), PortFile::HeldElsewhere),
+        "port {port} was drawn by this process, yet its lock file could be taken again"
+    );
+    assert_ne!(
+        free_port(),
+        port,
+        "the same process was given port {port} twice"
+    );
 }
 
 /// The ports [`free_port`] draws from: the 10,000 below the start of the

@@ -11,10 +11,18 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use super::{free_port, wait_for};
+use super::free_port;
 
 /// How long a server gets to start answering.
 const READY: Duration = Duration::from_secs(60);
+
+/// The last lines of a server's log, for a failure message: the log's
+/// directory is removed as the failing test unwinds.
+fn log_tail(log: &Path) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(40)..].join("\n")
+}
 
 fn binary() -> PathBuf {
     if let Ok(p) = std::env::var("NATS_SERVER") {
@@ -180,9 +188,10 @@ impl NatsServer {
             }
             assert!(
                 std::time::Instant::now() < until,
-                "timed out after {READY:?} waiting for nats-server {} to serve JetStream (log: {})",
+                "timed out after {READY:?} waiting for nats-server {} to serve JetStream; the end of its log ({}):\n{}",
                 self.name,
-                self.log.display()
+                self.log.display(),
+                log_tail(&self.log)
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -300,36 +309,6 @@ impl NatsServer {
         .is_some()
     }
 
-    /// Wait until JetStream answers through `urls`, from this server.
-    async fn await_ready(&self, urls: &[String]) {
-        let urls = urls.to_vec();
-        let log = self.log.clone();
-        let login = self.login.clone();
-        let expect = self.server_name.clone();
-        wait_for(
-            &format!(
-                "nats-server {} to serve JetStream (log: {})",
-                self.name,
-                log.display()
-            ),
-            READY,
-            Duration::from_millis(50),
-            || {
-                let urls = urls.clone();
-                let login = login.clone();
-                let expect = expect.clone();
-                async move {
-                    if jetstream_ready(&urls, login, Some(&expect)).await {
-                        Some(())
-                    } else {
-                        None
-                    }
-                }
-            },
-        )
-        .await;
-    }
-
     pub fn name(&self) -> &str {
         &self.name
     }
@@ -363,11 +342,18 @@ impl NatsServer {
         }
     }
 
-    /// Start it again on the same ports and store directory.
+    /// Start it again on the same ports and store directory. A server that
+    /// exits instead of serving fails the test at once, its log printed:
+    /// its ports are its identity to the cluster and the clients, so it
+    /// cannot move.
     pub async fn restart(&mut self) {
         self.kill();
         self.spawn();
-        self.await_ready(&[self.url()]).await;
+        assert!(
+            self.serves_or_exits().await,
+            "nats-server {} exited after a restart on its own ports (its log is above)",
+            self.name
+        );
     }
 
     pub fn is_running(&self) -> bool {

@@ -23,6 +23,7 @@ pub use policy::{
     AgentPolicy, AgentUser, Confinement, INSTRUCTIONS_SUBDIR, SEATS_SUBDIR, confined,
 };
 pub use programs::{ProgramRule, ProgramUse, Programs};
+pub use schema::key_paths;
 pub use validate::{MAX_ROLES, MAX_SCHEDULES, Problem};
 
 /// The current lease protocol (spec: "The current protocol is 4").

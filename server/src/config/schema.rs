@@ -168,6 +168,31 @@ fn known() -> BTreeMap<String, Shape> {
     root
 }
 
+/// Every key a company file may hold, written as docs/config.md writes
+/// it: `node.id`, `roles[].agent.rounds`, `auth.users[].name`. A table
+/// whose keys are free-form (a role's `env`) is one key. The list the
+/// unknown-key check reads, so the documentation check reads the truth.
+pub fn key_paths() -> Vec<String> {
+    let mut out = Vec::new();
+    paths_under(&known(), "", &mut out);
+    out
+}
+
+fn paths_under(shape: &BTreeMap<String, Shape>, prefix: &str, out: &mut Vec<String>) {
+    for (k, v) in shape {
+        let here = if prefix.is_empty() {
+            k.clone()
+        } else {
+            format!("{prefix}.{k}")
+        };
+        match v {
+            Shape::Table(inner) if !inner.is_empty() => paths_under(inner, &here, out),
+            Shape::TableArray(inner) => paths_under(inner, &format!("{here}[]"), out),
+            _ => out.push(here),
+        }
+    }
+}
+
 /// The closest valid key to `key` among `candidates`, if one is close.
 pub(super) fn nearest<'a>(key: &str, candidates: impl Iterator<Item = &'a str>) -> Option<&'a str> {
     candidates

@@ -9,7 +9,7 @@
 mod network;
 mod policy;
 pub mod programs;
-mod schema;
+pub mod schema;
 mod validate;
 
 use std::collections::BTreeMap;
@@ -23,7 +23,6 @@ pub use policy::{
     AgentPolicy, AgentUser, Confinement, INSTRUCTIONS_SUBDIR, SEATS_SUBDIR, confined,
 };
 pub use programs::{ProgramRule, ProgramUse, Programs};
-pub use schema::key_paths;
 pub use validate::{MAX_ROLES, MAX_SCHEDULES, Problem};
 
 /// The current lease protocol (spec: "The current protocol is 4").

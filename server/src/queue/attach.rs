@@ -7,7 +7,9 @@
 //! past its delivery budget, or one its handler calls poison, is
 //! dead-lettered visibly; a handler panic is caught and the delivery handed
 //! back. Mail a broker stranded (stored for the subscription but behind the
-//! point it says it delivered, awaiting no acknowledgement) is taken from
+//! point it says it delivered, awaiting no acknowledgement — or only
+//! acknowledgements the broker would long have asked back, the loop idle
+//! meanwhile) is taken from
 //! where it is stored and handled like a delivery: looked for at attach,
 //! after a fetch error, every [`STRANDED_EVERY`], and soon again after a
 //! look that found some.
@@ -61,15 +63,20 @@ pub trait Source: Send + Sync + 'static {
 
     /// Take every message the broker stranded, from where it is stored:
     /// stored for this subscription, at or behind the point it says it
-    /// delivered, while no delivery awaits its acknowledgement. Below the
-    /// acknowledgement floor `judge` decides ([`Handler::answered`]). Each
-    /// is settled where it is stored (acknowledged: removed; handed back:
-    /// left for the next look). `None`: not now (a delivery awaits its
-    /// acknowledgement; ask again later). A backend whose deliveries cannot
-    /// strand has nothing to take.
+    /// delivered, while no delivery awaits its acknowledgement — or while
+    /// the ones that do have awaited it so long that the broker would have
+    /// handed them back were they real: `idle` is how long this loop has
+    /// taken nothing and expects nothing back of its own (a hand-back it
+    /// delayed). Below the acknowledgement floor `judge` decides
+    /// ([`Handler::answered`]). Each is settled where it is stored
+    /// (acknowledged: removed; handed back: left for the next look).
+    /// `None`: not now (a delivery awaits its acknowledgement; ask again
+    /// later). A backend whose deliveries cannot strand has nothing to
+    /// take.
     async fn take_stranded(
         &self,
         _judge: &dyn Handler,
+        _idle: Duration,
     ) -> Result<Option<Vec<Fetched>>, QueueError> {
         Ok(Some(Vec::new()))
     }
@@ -371,9 +378,13 @@ async fn settled(what: &str, sub: &str, d: &Delivery, r: Result<(), QueueError>)
 /// Look for stranded mail: what was found, and when the next look is due
 /// (soon when something was found: a consumer that strands mail may go on
 /// stranding what arrives).
-async fn look_for_stranded(l: &Loop) -> (Vec<Fetched>, tokio::time::Instant) {
+async fn look_for_stranded(
+    l: &Loop,
+    quiet_since: tokio::time::Instant,
+) -> (Vec<Fetched>, tokio::time::Instant) {
     let now = tokio::time::Instant::now();
-    match l.source.take_stranded(&*l.handler).await {
+    let idle = now.saturating_duration_since(quiet_since);
+    match l.source.take_stranded(&*l.handler, idle).await {
         Ok(Some(found)) => {
             for f in &found {
                 trace("fetched", &l.subscription, &f.delivery, "stranded");
@@ -407,6 +418,9 @@ async fn consume(l: Loop) {
     let mut stranded_due = tokio::time::Instant::now();
     // Stranded mail taken from the stream, handled before the next fetch.
     let mut recovered: std::collections::VecDeque<Fetched> = Default::default();
+    // Since when this loop has taken nothing and expects nothing of its
+    // own back (a delayed hand-back counts until it is due).
+    let mut quiet_since = tokio::time::Instant::now();
     loop {
         l.pulse.beat();
         tokio::select! {
@@ -416,7 +430,7 @@ async fn consume(l: Loop) {
         if recovered.is_empty() && tokio::time::Instant::now() >= stranded_due {
             let (found, due) = tokio::select! {
                 _ = l.cancel.cancelled() => return,
-                r = look_for_stranded(&l) => r,
+                r = look_for_stranded(&l, quiet_since) => r,
             };
             recovered.extend(found);
             stranded_due = due;
@@ -436,6 +450,7 @@ async fn consume(l: Loop) {
         let Fetched { delivery, settle } = match fetched {
             Ok(Some(f)) => {
                 backoff = Duration::from_millis(100);
+                quiet_since = tokio::time::Instant::now();
                 f
             }
             Ok(None) => continue,
@@ -452,27 +467,7 @@ async fn consume(l: Loop) {
                 continue;
             }
         };
-        // Coalesce: whatever else is already waiting, up to the handler's
-        // limit, goes in the same partition.
-        let mut batch = vec![(delivery, settle)];
-        let limit = l.handler.batch_limit().max(1);
-        while batch.len() < limit && l.gate.borrow().open() && !l.cancel.is_cancelled() {
-            if let Some(f) = recovered.pop_front() {
-                batch.push((f.delivery, f.settle));
-                continue;
-            }
-            match l.source.next(COALESCE_WAIT).await {
-                Ok(Some(f)) => {
-                    trace("fetched", &l.subscription, &f.delivery, "fetch");
-                    batch.push((f.delivery, f.settle))
-                }
-                Ok(None) => break,
-                Err(e) => {
-                    tracing::debug!(subscription = %l.subscription, error = %e, "coalescing fetch failed");
-                    break;
-                }
-            }
-        }
+        let batch = coalesce(&l, (delivery, settle), &mut recovered).await;
         // A hold or quiesce that arrived during the fetch: hand it back.
         if !l.gate.borrow().open() || l.cancel.is_cancelled() {
             for (d, settle) in batch {
@@ -493,17 +488,49 @@ async fn consume(l: Loop) {
         if live.is_empty() {
             continue;
         }
-        if !handle_batch(&l, live).await {
-            return;
+        match handle_batch(&l, live).await {
+            Some(back_in) => quiet_since = tokio::time::Instant::now() + back_in,
+            None => return,
         }
     }
 }
 
+/// Coalesce: whatever else is already waiting (recovered first), up to
+/// the handler's limit, goes in the same partition as `first`.
+async fn coalesce(
+    l: &Loop,
+    first: (Delivery, Box<dyn Settle>),
+    recovered: &mut std::collections::VecDeque<Fetched>,
+) -> Vec<(Delivery, Box<dyn Settle>)> {
+    let mut batch = vec![first];
+    let limit = l.handler.batch_limit().max(1);
+    while batch.len() < limit && l.gate.borrow().open() && !l.cancel.is_cancelled() {
+        if let Some(f) = recovered.pop_front() {
+            batch.push((f.delivery, f.settle));
+            continue;
+        }
+        match l.source.next(COALESCE_WAIT).await {
+            Ok(Some(f)) => {
+                trace("fetched", &l.subscription, &f.delivery, "fetch");
+                batch.push((f.delivery, f.settle))
+            }
+            Ok(None) => break,
+            Err(e) => {
+                tracing::debug!(subscription = %l.subscription, error = %e, "coalescing fetch failed");
+                break;
+            }
+        }
+    }
+    batch
+}
+
 /// Run the handler on `live` and settle each delivery by its answer,
-/// beating and extending the deliveries' ack window while it runs. `false`
-/// when the loop was detached meanwhile and must end (what was in flight
-/// returned, or left to settle on its own task).
-async fn handle_batch(l: &Loop, live: Vec<(Delivery, Box<dyn Settle>)>) -> bool {
+/// beating and extending the deliveries' ack window while it runs: how
+/// long until the last delivery it handed back with a delay is due again
+/// (zero when none was). `None` when the loop was detached meanwhile and
+/// must end (what was in flight returned, or left to settle on its own
+/// task).
+async fn handle_batch(l: &Loop, live: Vec<(Delivery, Box<dyn Settle>)>) -> Option<Duration> {
     let deliveries: Vec<Delivery> = live.iter().map(|(d, _)| d.clone()).collect();
     let _ = l.busy.send(true);
     let handler = l.handler.clone();
@@ -546,7 +573,7 @@ async fn handle_batch(l: &Loop, live: Vec<(Delivery, Box<dyn Settle>)>) -> bool 
                 trace("returned", &l.subscription, &d, "abandoned");
                 settled("nak", &l.subscription, &d, settle.nak().await).await;
             }
-            return false;
+            return None;
         }
         None => {
             // Detached with these in flight: the handler finishes on
@@ -563,7 +590,7 @@ async fn handle_batch(l: &Loop, live: Vec<(Delivery, Box<dyn Settle>)>) -> bool 
                 };
                 settle_all(&subscription, &events, live, dispositions).await;
             });
-            return false;
+            return None;
         }
         Some(Ok(Ok(d))) => d,
         Some(_) => {
@@ -579,18 +606,18 @@ async fn handle_batch(l: &Loop, live: Vec<(Delivery, Box<dyn Settle>)>) -> bool 
     {
         l.gate.send_modify(|g| g.quiesced = true);
     }
-    settle_all(&l.subscription, &l.events, live, dispositions).await;
-    true
+    Some(settle_all(&l.subscription, &l.events, live, dispositions).await)
 }
 
 /// Settle each delivery as its handler answered (a missing answer hands
-/// it back).
+/// it back): the longest delay one was handed back with (zero when none).
 async fn settle_all(
     subscription: &str,
     events: &EventSink,
     live: Vec<(Delivery, Box<dyn Settle>)>,
     dispositions: Vec<Disposition>,
-) {
+) -> Duration {
+    let mut longest = Duration::ZERO;
     for (i, (delivery, settle)) in live.into_iter().enumerate() {
         let (subject, seq) = (delivery.subject.clone(), delivery.seq);
         let d = &delivery;
@@ -601,6 +628,7 @@ async fn settle_all(
                 settled("nak", subscription, d, settle.nak().await).await
             }
             Disposition::Retry(delay) => {
+                longest = longest.max(delay);
                 let what = format!("retry {delay:?}");
                 settled(&what, subscription, d, settle.nak_after(delay).await).await;
             }
@@ -626,6 +654,7 @@ async fn settle_all(
             }
         }
     }
+    longest
 }
 
 async fn dead_letter(l: &Loop, d: &Delivery, settle: Box<dyn Settle>, reason: DeadLetterReason) {
@@ -657,5 +686,120 @@ async fn dead_letter_in(
             // the next delivery tries again.
             tracing::error!(subscription = %subscription, seq = d.seq, error = %e, "cannot dead-letter a message; it stays queued");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    /// One message, then nothing; every stranded-mail look is recorded
+    /// with the idle time the loop gave it.
+    struct OneThenQuiet {
+        first: Mutex<Option<Delivery>>,
+        looks: Arc<Mutex<Vec<(tokio::time::Instant, Duration)>>>,
+        /// When the delivery was handed back with a delay.
+        delayed: Arc<Mutex<Option<tokio::time::Instant>>>,
+    }
+
+    struct Settled(Arc<Mutex<Option<tokio::time::Instant>>>);
+
+    #[async_trait::async_trait]
+    impl Settle for Settled {
+        async fn ack(self: Box<Self>) -> Result<(), QueueError> {
+            Ok(())
+        }
+        async fn nak(self: Box<Self>) -> Result<(), QueueError> {
+            Ok(())
+        }
+        async fn nak_after(self: Box<Self>, _delay: Duration) -> Result<(), QueueError> {
+            *self.0.lock().unwrap() = Some(tokio::time::Instant::now());
+            Ok(())
+        }
+        async fn dead_letter(
+            self: Box<Self>,
+            _reason: &DeadLetterReason,
+        ) -> Result<(), QueueError> {
+            Ok(())
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl Source for OneThenQuiet {
+        async fn next(&self, wait: Duration) -> Result<Option<Fetched>, QueueError> {
+            let first = self.first.lock().unwrap().take();
+            match first {
+                Some(delivery) => Ok(Some(Fetched {
+                    delivery,
+                    settle: Box::new(Settled(self.delayed.clone())),
+                })),
+                None => {
+                    tokio::time::sleep(wait).await;
+                    Ok(None)
+                }
+            }
+        }
+        async fn take_stranded(
+            &self,
+            _judge: &dyn Handler,
+            idle: Duration,
+        ) -> Result<Option<Vec<Fetched>>, QueueError> {
+            self.looks
+                .lock()
+                .unwrap()
+                .push((tokio::time::Instant::now(), idle));
+            Ok(None)
+        }
+    }
+
+    /// A delivery this loop handed back with a delay is its own, due back
+    /// then: until it is due, no look for stranded mail is told the loop
+    /// was idle, so a retry's backoff is never cut short by taking its
+    /// mail from the stream.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_loop_is_not_idle_while_a_delivery_it_handed_back_with_a_delay_is_due() {
+        let delay = Duration::from_secs(60);
+        let looks = Arc::new(Mutex::new(Vec::new()));
+        let delayed = Arc::new(Mutex::new(None));
+        let source = Arc::new(OneThenQuiet {
+            first: Mutex::new(Some(Delivery {
+                subscription: "agent-s".into(),
+                subject: "crewlet.agent.s.inbox".into(),
+                payload: bytes::Bytes::from_static(b"x"),
+                delivered: 1,
+                msg_id: None,
+                seq: 1,
+            })),
+            looks: looks.clone(),
+            delayed: delayed.clone(),
+        });
+        let handler = super::super::handler_fn(move |_| async move { Disposition::Retry(delay) });
+        let a = Attachment::start("agent-s".into(), 25, &[], source, handler, Arc::new(|_| {}));
+        tokio::time::sleep(delay * 2).await;
+        a.detach().await;
+        let handed_back = delayed
+            .lock()
+            .unwrap()
+            .expect("the delivery was handed back with its delay");
+        let looks = looks.lock().unwrap();
+        let during: Vec<_> = looks
+            .iter()
+            .filter(|(at, _)| *at > handed_back && *at < handed_back + delay)
+            .collect();
+        assert!(
+            !during.is_empty(),
+            "the loop looked while the retry was due: {looks:?}"
+        );
+        assert!(
+            during.iter().all(|(_, idle)| idle.is_zero()),
+            "a look was told the loop was idle before its own retry was due: {during:?}"
+        );
+        assert!(
+            looks.iter().any(
+                |(at, idle)| *at > handed_back + delay + STRANDED_AFTER_ERROR && !idle.is_zero()
+            ),
+            "once the retry was due, the loop counted as idle again: {looks:?}"
+        );
     }
 }

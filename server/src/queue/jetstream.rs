@@ -20,11 +20,14 @@ use async_nats::jetstream::{self as js, AckKind, ErrorCode};
 use bytes::Bytes;
 use futures::StreamExt;
 
+mod stranded;
+
 use super::attach::{Fetched, Settle, Source};
 use super::{
     Attachment, DeadLetter, DeadLetterReason, Delivery, EventSink, Handler, Queue, QueueError,
     SubscriptionInfo, SubscriptionSpec,
 };
+pub use stranded::{PENDING_WINDOWS, may_look_past_pending};
 
 /// The stream every seat mailbox lives on (interest retention).
 pub const AGENTS_STREAM: &str = "CREWLET_AGENTS";
@@ -757,172 +760,12 @@ impl Source for PullSource {
         self.stranded_every
     }
 
-    async fn take_stranded(&self, judge: &dyn Handler) -> Result<Option<Vec<Fetched>>, QueueError> {
-        // A consumer leader that takes an acknowledgement for a delivery it
-        // never heard of moves its pointer past it, and every message its
-        // predecessor handed out before that is neither pending nor ever
-        // delivered again (NATS 2.9; nats-server PR #6469); the chaos soak
-        // also saw a consumer pass every new message of its subject that
-        // way, copies put back at the stream's end included. On an interest
-        // stream such a message is still stored: this consumer is the only
-        // interest in its subject and has not acknowledged it. So the
-        // holder takes it from the stream itself, not through the consumer.
-        // Above the ack floor being stored is proof enough (with nothing
-        // awaiting an acknowledgement every delivery there was
-        // acknowledged, which removes it). Below the floor it is not: 2.9
-        // also keeps answered mail stored there (nats-server #3612), and the
-        // soak saw floors pushed past mail never delivered; the handler's
-        // [`Handler::answered`] tells the two apart.
-        let Some((_, top, subject)) = self.quiet_range().await? else {
-            return Ok(None);
-        };
-        let mut found = Vec::new();
-        let mut from = 1;
-        while from <= top && found.len() < STRANDED_BATCH {
-            let next = bounded(
-                self.timeout,
-                self.stream
-                    .raw_message_builder()
-                    .sequence(from)
-                    .next_by_subject(subject.clone())
-                    .send(),
-            )
-            .await?;
-            match next {
-                Ok(m) if m.sequence <= top => {
-                    from = m.sequence + 1;
-                    found.push(m);
-                }
-                Ok(_) => break,
-                Err(e) if raw_not_found(&e) => break,
-                Err(e) => return Err(backend(e)),
-            }
-        }
-        if found.is_empty() {
-            return Ok(Some(Vec::new()));
-        }
-        // An acknowledgement taken a moment ago may not have removed its
-        // message from every replica yet: look again after a moment, and
-        // take only what is still stored while nothing awaits an
-        // acknowledgement. (Mail that was in fact answered is skipped by the
-        // completion ledger: one wasted delivery, no effect.)
-        tokio::time::sleep(STRANDED_SETTLE).await;
-        let Some((floor, _, _)) = self.quiet_range().await? else {
-            return Ok(None);
-        };
-        let mut out = Vec::new();
-        for m in found {
-            match bounded(self.timeout, self.stream.get_raw_message(m.sequence)).await? {
-                Ok(_) => {}
-                Err(e) if raw_not_found(&e) => continue,
-                Err(e) => return Err(backend(e)),
-            }
-            let delivery = Delivery {
-                subscription: self.name.clone(),
-                subject: m.subject.to_string(),
-                payload: m.payload.clone(),
-                delivered: 1,
-                msg_id: m
-                    .headers
-                    .get(async_nats::header::NATS_MESSAGE_ID)
-                    .map(|v| v.to_string()),
-                seq: m.sequence,
-            };
-            if m.sequence <= floor {
-                match judge.answered(&delivery).await {
-                    // Answered mail the broker failed to remove: removed.
-                    Some(true) => {
-                        match bounded(self.timeout, self.stream.delete_message(m.sequence)).await? {
-                            Ok(_) => {
-                                tracing::debug!(subscription = %self.name, seq = m.sequence, "answered mail the broker kept stored below the ack floor; removed")
-                            }
-                            Err(e) if delete_not_found(&e) => {}
-                            Err(e) => return Err(backend(e)),
-                        }
-                        continue;
-                    }
-                    Some(false) => {}
-                    None => continue,
-                }
-            }
-            let settle = Box::new(StoredSettle {
-                stream: self.stream.clone(),
-                js: self.js.clone(),
-                name: self.name.clone(),
-                subject: delivery.subject.clone(),
-                seq: delivery.seq,
-                msg_id: delivery.msg_id.clone(),
-                payload: delivery.payload.clone(),
-                timeout: self.timeout,
-            });
-            out.push(Fetched { delivery, settle });
-        }
-        Ok(Some(out))
-    }
-}
-
-/// Settles a stranded message taken from the stream itself: answered, it
-/// is removed; handed back, it stays stored (the next look takes it
-/// again); dead-lettered, it is copied to `CREWLET_DEAD`, then removed.
-struct StoredSettle {
-    stream: stream::Stream,
-    js: js::Context,
-    name: String,
-    subject: String,
-    seq: u64,
-    msg_id: Option<String>,
-    payload: Bytes,
-    timeout: Duration,
-}
-
-impl StoredSettle {
-    async fn remove(&self) -> Result<(), QueueError> {
-        match bounded(self.timeout, self.stream.delete_message(self.seq)).await? {
-            Ok(_) => Ok(()),
-            Err(e) if delete_not_found(&e) => Ok(()),
-            Err(e) => Err(backend(e)),
-        }
-    }
-}
-
-#[async_trait::async_trait]
-impl Settle for StoredSettle {
-    async fn ack(self: Box<Self>) -> Result<(), QueueError> {
-        self.remove().await
-    }
-
-    async fn nak(self: Box<Self>) -> Result<(), QueueError> {
-        Ok(())
-    }
-
-    /// Left where it is stored for a later look (which is at least
-    /// `STRANDED_EVERY` away).
-    async fn nak_after(self: Box<Self>, _delay: Duration) -> Result<(), QueueError> {
-        Ok(())
-    }
-
-    async fn dead_letter(self: Box<Self>, reason: &DeadLetterReason) -> Result<(), QueueError> {
-        let headers = dead_letter_headers(
-            &self.name,
-            &self.subject,
-            self.seq,
-            1,
-            self.msg_id.as_deref(),
-            reason,
-        );
-        bounded(self.timeout, async {
-            self.js
-                .publish_with_headers(
-                    format!("crewlet.dead.{}", self.name),
-                    headers,
-                    self.payload.clone(),
-                )
-                .await?
-                .await
-        })
-        .await?
-        .map_err(backend)?;
-        self.remove().await
+    async fn take_stranded(
+        &self,
+        judge: &dyn Handler,
+        idle: Duration,
+    ) -> Result<Option<Vec<Fetched>>, QueueError> {
+        self.take_stranded_mail(judge, idle).await
     }
 }
 
@@ -961,39 +804,11 @@ pub fn header_text(s: &str) -> String {
         .collect()
 }
 
-/// At most this many stranded messages are taken per look.
-const STRANDED_BATCH: usize = 4096;
-/// How long a look waits before it re-reads what it found stranded.
-const STRANDED_SETTLE: Duration = Duration::from_millis(500);
-
-impl PullSource {
-    /// The consumer's (ack floor, delivered, filter subject) when no
-    /// delivery awaits its acknowledgement; `None` otherwise.
-    async fn quiet_range(&self) -> Result<Option<(u64, u64, String)>, QueueError> {
-        let info = bounded(self.timeout, self.consumer.get_info())
-            .await?
-            .map_err(backend)?;
-        if info.num_ack_pending > 0 {
-            return Ok(None);
-        }
-        Ok(Some((
-            info.ack_floor.stream_sequence,
-            info.delivered.stream_sequence,
-            info.config.filter_subject.clone(),
-        )))
-    }
-}
-
 fn raw_not_found(e: &async_nats::jetstream::stream::RawMessageError) -> bool {
     matches!(
         e.kind(),
         async_nats::jetstream::stream::RawMessageErrorKind::NoMessageFound
     )
-}
-
-fn delete_not_found(e: &async_nats::jetstream::stream::DeleteMessageError) -> bool {
-    matches!(e.kind(), async_nats::jetstream::stream::DeleteMessageErrorKind::JetStream(j)
-        if j.error_code() == ErrorCode::NO_MESSAGE_FOUND)
 }
 
 struct PullSettle {

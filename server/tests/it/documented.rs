@@ -187,7 +187,7 @@ fn names(text: &str, word: &str) -> bool {
 
 #[test]
 fn every_key_of_the_company_file_has_one_row_in_the_config_docs_and_every_row_a_key() {
-    let keys = crewlet::config::key_paths();
+    let keys = crewlet::config::schema::key_paths();
     assert!(keys.len() > 80, "too few keys read: {keys:?}");
     let rows = documented_keys(&read("docs/config.md"));
     let mut count: BTreeMap<&str, usize> = BTreeMap::new();

@@ -1339,6 +1339,90 @@ mod broker {
         a.detach().await;
     }
 
+    /// Soak seed 12026 (nats-server 2.9.10): a seat's consumer kept one
+    /// delivery awaiting its acknowledgement for minutes and never handed
+    /// it back, while it passed every new message of the seat's subject;
+    /// the holder's look for stranded mail waited on that one delivery and
+    /// five messages stayed unanswered to the end. Made here on any server:
+    /// a client that is not the holder takes the delivery and hands it back
+    /// an hour later — awaiting its acknowledgement, never handed back
+    /// within the ack window, as the soak's was. Once the holder's loop has
+    /// sat idle for two ack windows, the mail is taken from where it is
+    /// stored, run once and removed.
+    #[tokio::test]
+    async fn a_delivery_the_broker_keeps_pending_and_never_hands_back_does_not_hold_the_mail_up() {
+        use futures::StreamExt;
+        let b = jetstream().await;
+        let url = b._server.as_ref().unwrap().url();
+        let q = &*b.queue;
+        let short = QueueSettings {
+            max_deliveries: 25,
+            ack_wait: Duration::from_secs(1),
+        };
+        let spec = SubscriptionSpec::seat("kept", short)[0].clone();
+        for spec in SubscriptionSpec::seat("kept", short) {
+            q.ensure_subscription(&spec).await.unwrap();
+        }
+        publish(q, &spec.subject, "kept back").await;
+        let client = async_nats::connect(&url).await.unwrap();
+        let js = async_nats::jetstream::new(client);
+        let stream = js
+            .get_stream(crewlet::queue::jetstream::AGENTS_STREAM)
+            .await
+            .unwrap();
+        let consumer: async_nats::jetstream::consumer::Consumer<
+            async_nats::jetstream::consumer::pull::Config,
+        > = stream.get_consumer(&spec.name).await.unwrap();
+        let mut batch = consumer
+            .fetch()
+            .max_messages(1)
+            .expires(Duration::from_secs(2))
+            .messages()
+            .await
+            .unwrap();
+        let taken = batch.next().await.expect("the delivery").unwrap();
+        taken
+            .ack_with(async_nats::jetstream::AckKind::Nak(Some(
+                Duration::from_secs(3600),
+            )))
+            .await
+            .unwrap();
+        support::wait_for(
+            "the broker to keep the delivery awaiting its acknowledgement (pending 0, ack pending 1, delivered up to 1)",
+            WAIT,
+            Duration::from_millis(10),
+            || async { (consumer_state(&stream, &spec.name).await == (0, 1, 1)).then_some(()) },
+        )
+        .await;
+
+        let (h, mut rx) = recorder(|_| Disposition::Ack);
+        let a = q.attach(&spec.name, &[], h).await.unwrap();
+        let d = recv(
+            &mut rx,
+            "the mail the broker kept back, taken from the stream",
+        )
+        .await;
+        assert_eq!(
+            (String::from_utf8(d.payload.to_vec()).unwrap(), d.seq),
+            ("kept back".to_string(), 1)
+        );
+        until("a message_recovered event naming it", || {
+            b.events.lock().unwrap().iter().any(|e| {
+                matches!(e, QueueEvent::Recovered { subscription, seq: 1, .. } if *subscription == spec.name)
+            })
+        })
+        .await;
+        support::wait_for(
+            "no message stored once it was answered",
+            WAIT,
+            Duration::from_millis(10),
+            || async { (stored(&stream).await == 0).then_some(()) },
+        )
+        .await;
+        nothing_arrives(&mut rx).await;
+        a.detach().await;
+    }
+
     #[tokio::test]
     async fn mail_awaiting_its_acknowledgement_is_not_taken_for_stranded() {
         let b = jetstream().await;

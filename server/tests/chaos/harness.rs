@@ -676,7 +676,8 @@ impl Chaos {
             }
             if Instant::now() >= until {
                 self.say(format!(
-                    "not recovered: unheld {unheld:?}, holding nothing: {idle:?}"
+                    "not recovered: unheld {unheld:?}, holding nothing: {idle:?}; the lease stream: {}",
+                    stream_state(&self.js, "KV_crewlet_leases").await
                 ));
                 return false;
             }
@@ -1349,6 +1350,30 @@ async fn provision(client: async_nats::Client, seats: &[String]) {
     }
 }
 
+/// A stream's cluster as the broker tells it: its leader and each
+/// replica's state, or why it could not be read.
+async fn stream_state(js: &jetstream::Context, name: &str) -> String {
+    let info = match js.get_stream(name).await {
+        Ok(mut s) => s.info().await.map(|i| i.cluster.clone()),
+        Err(e) => return format!("cannot be read: {e}"),
+    };
+    match info {
+        Ok(Some(c)) => format!(
+            "leader {:?}, replicas {:?}",
+            c.leader,
+            c.replicas
+                .iter()
+                .map(|r| format!(
+                    "{} current {} active {:?} lag {:?}",
+                    r.name, r.current, r.active, r.lag
+                ))
+                .collect::<Vec<_>>()
+        ),
+        Ok(None) => "no cluster information".to_string(),
+        Err(e) => format!("cannot be read: {e}"),
+    }
+}
+
 /// Run one schedule from a fresh cluster and fleet; the recording and the
 /// nodes' logs stay in `dir`.
 pub async fn run(sched: Schedule, dir: PathBuf) -> Outcome {
@@ -1763,6 +1788,15 @@ pub async fn run(sched: Schedule, dir: PathBuf) -> Outcome {
         ),
     )
     .ok();
+    if !findings.violations.is_empty() {
+        // The servers' logs die with their temporary directories: a run
+        // with violations keeps them beside the nodes' (soak seed 12032's
+        // lease stream answered nothing for six minutes after its leader
+        // restarted, and nothing kept said why).
+        for s in &c.cluster.servers {
+            let _ = std::fs::copy(s.log_path(), dir.join(format!("nats-{}.log", s.name())));
+        }
+    }
     let faults = c.faults.clone();
     drop(c);
     Outcome {

@@ -313,6 +313,12 @@ impl NatsServer {
         &self.name
     }
 
+    /// Where the server writes its log (inside its temporary directory,
+    /// gone once the server is dropped).
+    pub fn log_path(&self) -> &Path {
+        &self.log
+    }
+
     pub fn url(&self) -> String {
         format!("nats://127.0.0.1:{}", self.port)
     }

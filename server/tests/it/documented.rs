@@ -36,16 +36,24 @@ fn quoted_metric_names(src: &str) -> Vec<String> {
     out
 }
 
+/// The backquoted words of a table row's first cell
+/// (`` | `a`, `b` | … `` → `a`, `b`).
+fn first_cell_words(row: &str) -> impl Iterator<Item = &str> {
+    row.split('|')
+        .nth(1)
+        .unwrap_or_default()
+        .split('`')
+        .skip(1)
+        .step_by(2)
+}
+
 /// The metrics a table row of `md` documents: the backquoted `crewlet_…`
 /// names of a row's first cell (`| \`crewlet_turns_total{outcome}\` | …`).
 fn documented_metrics(md: &str) -> Vec<String> {
     md.lines()
         .filter(|l| l.starts_with("| `crewlet_"))
         .flat_map(|l| {
-            let cell = l.split('|').nth(1).unwrap_or_default();
-            cell.split('`')
-                .skip(1)
-                .step_by(2)
+            first_cell_words(l)
                 .filter_map(|t| t.strip_prefix("crewlet_"))
                 .map(|t| {
                     let name: String = t
@@ -156,9 +164,8 @@ fn documented_keys(md: &str) -> Vec<(String, String)> {
         if !line.starts_with("| `") {
             continue;
         }
-        let cell = line.split('|').nth(1).unwrap_or_default();
         let mut table = section.clone();
-        for token in cell.split('`').skip(1).step_by(2) {
+        for token in first_cell_words(line) {
             if token.starts_with('[') {
                 table = Some(table_path(token));
             } else if token.contains('.') || token.contains("[]") {
@@ -266,10 +273,7 @@ fn documented_routes(md: &str) -> Vec<String> {
     md.lines()
         .filter(|l| l.starts_with("| `"))
         .flat_map(|l| {
-            let cell = l.split('|').nth(1).unwrap_or_default();
-            cell.split('`')
-                .skip(1)
-                .step_by(2)
+            first_cell_words(l)
                 .filter(|t| {
                     ["GET /", "POST /", "PUT /", "PATCH /", "DELETE /"]
                         .iter()

@@ -814,12 +814,7 @@ mod broker {
     /// end, and the filter is moved back.
     async fn strand(url: &str, spec: &SubscriptionSpec) -> async_nats::jetstream::stream::Stream {
         use futures::StreamExt;
-        let client = async_nats::connect(url).await.unwrap();
-        let js = async_nats::jetstream::new(client);
-        let stream = js
-            .get_stream(crewlet::queue::jetstream::AGENTS_STREAM)
-            .await
-            .unwrap();
+        let stream = agents_stream(url).await;
         let original = stream.consumer_info(&spec.name).await.unwrap().config;
         let mut away = original.clone();
         away.filter_subject = format!("{}-elsewhere", spec.subject);
@@ -840,6 +835,35 @@ mod broker {
         );
         stream.create_consumer(original).await.unwrap();
         stream
+    }
+
+    /// The mailboxes' stream, through a client of the test's own.
+    async fn agents_stream(url: &str) -> async_nats::jetstream::stream::Stream {
+        let client = async_nats::connect(url).await.unwrap();
+        async_nats::jetstream::new(client)
+            .get_stream(crewlet::queue::jetstream::AGENTS_STREAM)
+            .await
+            .unwrap()
+    }
+
+    /// One delivery of `name`'s consumer, taken by a client that is not
+    /// the holder (left for the caller to settle).
+    async fn take_one_elsewhere(
+        stream: &async_nats::jetstream::stream::Stream,
+        name: &str,
+    ) -> async_nats::jetstream::Message {
+        use futures::StreamExt;
+        let consumer: async_nats::jetstream::consumer::Consumer<
+            async_nats::jetstream::consumer::pull::Config,
+        > = stream.get_consumer(name).await.unwrap();
+        let mut one = consumer
+            .fetch()
+            .max_messages(1)
+            .expires(Duration::from_secs(2))
+            .messages()
+            .await
+            .unwrap();
+        one.next().await.expect("a delivery").unwrap()
     }
 
     async fn consumer_state(
@@ -1034,21 +1058,10 @@ mod broker {
         q: &dyn Queue,
         spec: &SubscriptionSpec,
     ) -> async_nats::jetstream::stream::Stream {
-        use futures::StreamExt;
         publish(q, &spec.subject, "below").await;
         let stream = strand(url, spec).await;
         publish(q, &spec.subject, "later").await;
-        let consumer: async_nats::jetstream::consumer::Consumer<
-            async_nats::jetstream::consumer::pull::Config,
-        > = stream.get_consumer(&spec.name).await.unwrap();
-        let mut one = consumer
-            .fetch()
-            .max_messages(1)
-            .expires(Duration::from_secs(2))
-            .messages()
-            .await
-            .unwrap();
-        let m = one.next().await.expect("the later message").unwrap();
+        let m = take_one_elsewhere(&stream, &spec.name).await;
         assert_eq!(&m.payload[..], b"later");
         m.double_ack().await.unwrap();
         let i = stream.consumer_info(&spec.name).await.unwrap();
@@ -1351,7 +1364,6 @@ mod broker {
     /// stored, run once and removed.
     #[tokio::test]
     async fn a_delivery_the_broker_keeps_pending_and_never_hands_back_does_not_hold_the_mail_up() {
-        use futures::StreamExt;
         let b = jetstream().await;
         let url = b._server.as_ref().unwrap().url();
         let q = &*b.queue;
@@ -1364,24 +1376,9 @@ mod broker {
             q.ensure_subscription(&spec).await.unwrap();
         }
         publish(q, &spec.subject, "kept back").await;
-        let client = async_nats::connect(&url).await.unwrap();
-        let js = async_nats::jetstream::new(client);
-        let stream = js
-            .get_stream(crewlet::queue::jetstream::AGENTS_STREAM)
+        let stream = agents_stream(&url).await;
+        take_one_elsewhere(&stream, &spec.name)
             .await
-            .unwrap();
-        let consumer: async_nats::jetstream::consumer::Consumer<
-            async_nats::jetstream::consumer::pull::Config,
-        > = stream.get_consumer(&spec.name).await.unwrap();
-        let mut batch = consumer
-            .fetch()
-            .max_messages(1)
-            .expires(Duration::from_secs(2))
-            .messages()
-            .await
-            .unwrap();
-        let taken = batch.next().await.expect("the delivery").unwrap();
-        taken
             .ack_with(async_nats::jetstream::AckKind::Nak(Some(
                 Duration::from_secs(3600),
             )))

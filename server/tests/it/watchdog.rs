@@ -10,6 +10,7 @@
 //! with exit 75).
 
 use crate::support;
+use crate::support::faulty::{Call, Faults, Faulty};
 
 use std::io::Write;
 use std::process::{Command, Stdio};
@@ -18,7 +19,8 @@ use std::time::{Duration, Instant};
 
 use crewlet::config::{PlacementConfig, RoleConfig};
 use crewlet::coord::{
-    Claim, ClaimRequest, Coordinator, CoordinatorOptions, Renewal, Store, TwinBackend,
+    Claim, ClaimRequest, Coordinator, CoordinatorOptions, Renewal, StateBucket, Store, StoreError,
+    TwinBackend,
 };
 use crewlet::events::EventBus;
 use crewlet::node::company;
@@ -363,6 +365,87 @@ async fn a_claim_whose_hook_fails_and_hands_the_seat_back_is_not_a_wedged_loop()
         hooks.given_back.load(std::sync::atomic::Ordering::SeqCst) >= 2
     })
     .await;
+    engine.crash().await;
+    tasks.shutdown().await;
+}
+
+/// The node-order reads a pass makes while its config bucket does not
+/// answer: each waits out the store's bound (2 s) and fails.
+#[derive(Default)]
+struct SilentConfig {
+    silent: std::sync::atomic::AtomicBool,
+    /// Reads of when the nodes were first seen, each left unanswered.
+    seen_reads: std::sync::atomic::AtomicUsize,
+}
+
+const STORE_BOUND: Duration = Duration::from_secs(2);
+
+#[async_trait::async_trait]
+impl Faults for SilentConfig {
+    async fn before(&self, call: Call<'_>) -> Result<(), StoreError> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let config = matches!(
+            call,
+            Call::Get(StateBucket::Config, _) | Call::Entries(StateBucket::Config, _)
+        );
+        if !(config && self.silent.load(SeqCst)) {
+            return Ok(());
+        }
+        if call == Call::Entries(StateBucket::Config, crewlet::seat::ranking::SEEN_PREFIX) {
+            self.seen_reads.fetch_add(1, SeqCst);
+        }
+        tokio::time::sleep(STORE_BOUND).await;
+        Err(StoreError::Timeout(STORE_BOUND))
+    }
+}
+
+/// Soak seed 12062 (nats-server 2.9.10): a node restarted during a NATS
+/// follower restart exited 75 — its sweep met a node it had not seen, read
+/// when the nodes were first seen and then the node order, each call
+/// waiting out its 2 s bound with no beat between them (3.7 s against a
+/// TTL of 3 s). A pass reading a store that does not answer is waiting on
+/// bounded calls, not wedged: here every pass that meets the new node
+/// makes both reads, and the passes must go on, unshot, until two of them
+/// have waited through both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sweep_reading_the_node_order_from_a_silent_store_is_not_a_wedged_loop() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let twin: Arc<dyn Store> = Arc::new(Coordinator::new(
+        TwinBackend::new(Duration::from_secs(3)),
+        CoordinatorOptions::default(),
+    ));
+    let store = Faulty::wrap(twin, SilentConfig::default());
+    let (engine, tasks) = engine_on(store.clone(), "n", 2, Arc::new(FastHooks)).await;
+    never_wedged_until(&engine, "both seats held", || {
+        engine.host().held().len() == 2
+    })
+    .await;
+    store.silent.store(true, SeqCst);
+    // A live peer the node has not seen, renewed as a live node would.
+    let req = ClaimRequest::new("node:peer", "peer:00000001", "peer").with_protocol(4);
+    let Ok(Claim::Won(mut peer)) = store.claim(req).await else {
+        panic!("the peer's presence could not be claimed");
+    };
+    let stop = tokio_util::sync::CancellationToken::new();
+    let renewing = {
+        let (store, stop) = (store.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut beat = tokio::time::interval(Duration::from_millis(500));
+            while stop.run_until_cancelled(beat.tick()).await.is_some() {
+                if let Renewal::Renewed(l) = store.renew(&peer, "peer:00000001", None).await {
+                    peer = l;
+                }
+            }
+        })
+    };
+    // A second pass reads when the nodes were first seen once the first
+    // has waited through that read and the order's.
+    never_wedged_until(&engine, "two passes through the silent reads", || {
+        store.seen_reads.load(SeqCst) >= 2
+    })
+    .await;
+    stop.cancel();
+    renewing.await.expect("the peer's renewals end");
     engine.crash().await;
     tasks.shutdown().await;
 }

@@ -18,7 +18,7 @@ use crate::seat::host::{Acquired, HandOff};
 use crate::seat::placement::matches_placement;
 use crate::seat::placement::{self, Presence, Snapshot, Withheld};
 use crate::seat::{moves, pass, ranking};
-use crate::watchdog::stamp_interval;
+use crate::watchdog::{beat_while, stamp_interval};
 
 use super::{CLAIMS_AT_ONCE, Done, SeatEngine, presence_of, seat_specs};
 
@@ -333,26 +333,36 @@ impl SeatEngine {
                 .unwrap_or_else(|e| e.into_inner())
                 .clone(),
         };
-        // The fleet's one priority order (never a private one), applied to
-        // the nodes present; an unreadable order ranks nobody.
-        let mut present = self.first_seen_kept(presence_leases).await;
+        snap.ranking = self.ranking(presence_leases, progress).await;
+        progress();
+        snap
+    }
+
+    /// The fleet's one priority order (never a private one), applied to
+    /// the nodes present; an unreadable order ranks nobody. Each read may
+    /// wait out the store's bound: the pass beats while it waits (a sweep
+    /// reading when the nodes were first seen and then their order, each
+    /// unanswered for 2 s, was shot as wedged: soak seed 12062).
+    async fn ranking(&self, presence_leases: &[Lease], progress: &Progress<'_>) -> Vec<String> {
+        let every = stamp_interval(self.watchdog.threshold());
+        let mut present =
+            beat_while(progress, every, None, self.first_seen_kept(presence_leases)).await;
         if !present.iter().any(|(id, _)| *id == self.cfg.node_id) && !self.host.is_draining() {
             present.push((
                 self.cfg.node_id.clone(),
                 crate::coord::StoreTime::from_unix_nanos(i64::MAX),
             ));
         }
-        match ranking::read(&*self.store).await {
+        match beat_while(progress, every, None, ranking::read(&*self.store)).await {
             Ok(order) => {
                 let saved = order.map(|(o, _)| o.nodes).unwrap_or_default();
-                snap.ranking = ranking::effective_order(&saved, &present);
+                ranking::effective_order(&saved, &present)
             }
             Err(e) => {
-                tracing::warn!(error = %e, "the node order cannot be read; ranking nobody this pass")
+                tracing::warn!(error = %e, "the node order cannot be read; ranking nobody this pass");
+                Vec::new()
             }
         }
-        progress();
-        snap
     }
 
     /// Keep what the plan says for the next passes: the unplaceable seats
@@ -384,6 +394,19 @@ impl SeatEngine {
             plan.rechecks.iter().cloned().collect();
     }
 
+    /// A move done: its request removed, the pass beating while the store
+    /// answers (it may wait out the store's bound).
+    async fn finish_move(&self, seat: &str, revision: u64, progress: &Progress<'_>) {
+        let every = stamp_interval(self.watchdog.threshold());
+        beat_while(
+            progress,
+            every,
+            None,
+            moves::finish(&*self.store, seat, revision),
+        )
+        .await;
+    }
+
     /// Carry out one step of a pass.
     pub(super) async fn execute(
         &self,
@@ -400,7 +423,7 @@ impl SeatEngine {
                 }
             }
             Step::FinishMove { seat, revision } => {
-                moves::finish(&*self.store, seat, *revision).await;
+                self.finish_move(seat, *revision, progress).await;
             }
             Step::HandOff {
                 seat,
@@ -435,7 +458,7 @@ impl SeatEngine {
                     match self.host.claim_with(seat, progress).await {
                         Ok(Acquired::Won {
                             established: true, ..
-                        }) => moves::finish(&*self.store, seat, *revision).await,
+                        }) => self.finish_move(seat, *revision, progress).await,
                         Ok(Acquired::Gated { floor }) => return Done::Gated(floor),
                         _ => {}
                     }

@@ -12,6 +12,14 @@
 //! It must never answer from a view that is not level, never wait on the
 //! stream's `last_seq` (after an expiry that points at a message that no
 //! longer exists), and never outlive the owner's cancellation token.
+//!
+//! Nor may it sit on a watch that has stopped delivering: a reader that
+//! finds the view behind a write that still exists, with nothing applied for
+//! [`STALLED`], has the watch opened again. After a NATS server restart the
+//! client's own re-creation of the watch's consumer can keep failing,
+//! silently and for minutes (soak seed 12032 on nats-server 2.9.10: every
+//! gated claim of two nodes timed out for six minutes while their other
+//! calls were answered, and the claims' reads kept the view from idling).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -46,6 +54,10 @@ const RECHECK: Duration = Duration::from_millis(100);
 const WATCH_OPEN: Duration = Duration::from_millis(500);
 /// How long a failed watch waits before it is opened again.
 const REOPEN: Duration = Duration::from_millis(200);
+/// A view behind a write that exists, with nothing applied for this long,
+/// has a watch that stopped delivering: it is opened again. Below the
+/// store's bound on a call, so a claim that waits meets a reopened view.
+pub const STALLED: Duration = Duration::from_secs(1);
 
 /// The leases the view holds, indexed so the protocol floor costs what the
 /// lower-protocol leases cost, not what the fleet's leases do.
@@ -118,6 +130,10 @@ struct ViewState {
     /// The opening whose first delivery was found complete (see
     /// [`LeaseView::read`]); until then every read checks it.
     settled: u64,
+    /// When this opening last applied a write (or was opened).
+    advanced_at: Option<tokio::time::Instant>,
+    /// The opening a reader found stalled (see [`STALLED`]).
+    stalled: Option<u64>,
 }
 
 /// The view, shared by every clone of its store.
@@ -126,6 +142,8 @@ pub struct LeaseView {
     /// The highest revision applied; reset to 0 when the watch is reopened.
     applied: watch::Sender<Revision>,
     idle: Duration,
+    /// Wakes the task when a reader found the watch stalled.
+    stall: tokio::sync::Notify,
 }
 
 impl LeaseView {
@@ -135,6 +153,7 @@ impl LeaseView {
             state: Mutex::new(ViewState::default()),
             applied,
             idle,
+            stall: tokio::sync::Notify::new(),
         })
     }
 
@@ -156,11 +175,24 @@ impl LeaseView {
         st.running = true;
         st.opened += 1;
         st.index.clear();
+        st.advanced_at = None;
         self.applied.send_replace(0);
         drop(st);
         let view = Arc::clone(self);
         let backend = Arc::clone(backend);
         tasks.spawn("coord_lease_view", async move { view.run(backend).await });
+    }
+
+    /// Behind a write that exists: a watch that has applied nothing for
+    /// [`STALLED`] is asked to open again (once an opening).
+    fn judge_stall(&self) {
+        let mut st = self.lock();
+        let stalled = st.advanced_at.is_some_and(|t| t.elapsed() >= STALLED);
+        if stalled && st.stalled != Some(st.opened) {
+            st.stalled = Some(st.opened);
+            drop(st);
+            self.stall.notify_one();
+        }
     }
 
     fn idle_expired(&self) -> bool {
@@ -183,7 +215,12 @@ impl LeaseView {
             let opened =
                 tokio::time::timeout(WATCH_OPEN, backend.watch(BucketId::Leases, "")).await;
             let mut stream = match opened.unwrap_or_else(|_| Err(StoreError::Timeout(WATCH_OPEN))) {
-                Ok(s) => s,
+                Ok(s) => {
+                    let mut st = self.lock();
+                    st.advanced_at = Some(tokio::time::Instant::now());
+                    st.stalled = None;
+                    s
+                }
                 Err(e) => {
                     tracing::debug!(error = %e, "lease view: watch could not be opened");
                     tokio::time::sleep(REOPEN).await;
@@ -211,6 +248,16 @@ impl LeaseView {
                             return;
                         }
                     }
+                    _ = self.stall.notified() => {
+                        let st = self.lock();
+                        if st.stalled == Some(st.opened) {
+                            tracing::warn!(
+                                stalled_s = STALLED.as_secs_f64(),
+                                "the lease view's watch stopped delivering while behind a write that exists; opening it again"
+                            );
+                            break;
+                        }
+                    }
                 }
             }
             // Reopened from scratch: current values again, nothing stale kept.
@@ -218,6 +265,8 @@ impl LeaseView {
                 let mut st = self.lock();
                 st.opened += 1;
                 st.index.clear();
+                // Judged again once the new watch is open.
+                st.advanced_at = None;
             }
             self.applied.send_replace(0);
             tokio::time::sleep(REOPEN).await;
@@ -228,6 +277,7 @@ impl LeaseView {
         let rev = ev.revision();
         {
             let mut st = self.lock();
+            st.advanced_at = Some(tokio::time::Instant::now());
             match ev {
                 // An atomic claim's epoch key is no lease.
                 RawEvent::Put(e) if e.key.starts_with(super::kv::EPOCH_KEY_PREFIX) => {}
@@ -294,6 +344,7 @@ impl LeaseView {
                         // The write may have aged out before the view saw it.
                         if backend.revision_exists(BucketId::Leases, last).await? {
                             self.touch(backend, tasks);
+                            self.judge_stall();
                             continue;
                         }
                     }
@@ -365,7 +416,10 @@ mod tests {
     struct Scripted {
         last: Mutex<Revision>,
         last_reads: std::sync::atomic::AtomicUsize,
-        events: Mutex<Option<futures::channel::mpsc::UnboundedReceiver<RawEvent>>>,
+        /// One stream for each opening of the watch, in order.
+        events:
+            Mutex<std::collections::VecDeque<futures::channel::mpsc::UnboundedReceiver<RawEvent>>>,
+        watches: std::sync::atomic::AtomicUsize,
     }
 
     fn not_scripted() -> StoreError {
@@ -445,11 +499,13 @@ mod tests {
             Err(not_scripted())
         }
         async fn watch(&self, _: BucketId, _: &str) -> Result<RawEventStream, StoreError> {
+            self.watches
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             let rx = self
                 .events
                 .lock()
                 .unwrap()
-                .take()
+                .pop_front()
                 .ok_or_else(not_scripted)?;
             Ok(rx.map(Ok).boxed())
         }
@@ -477,7 +533,8 @@ mod tests {
         let backend = Arc::new(Scripted {
             last: Mutex::new(4),
             last_reads: Default::default(),
-            events: Mutex::new(Some(rx)),
+            events: Mutex::new([rx].into()),
+            watches: Default::default(),
         });
         let view = LeaseView::new(DEFAULT_IDLE);
         let tasks = Tasks::new();
@@ -493,8 +550,9 @@ mod tests {
         *backend.last.lock().unwrap() = 5;
         tx.unbounded_send(put("node:b", 4)).unwrap();
         // Every task idle: the paused clock runs on; the read must not
-        // have answered from a view that lacks a.
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        // have answered from a view that lacks a (for less than STALLED:
+        // then the watch would be opened again).
+        tokio::time::sleep(STALLED / 2).await;
         assert!(!reading.is_finished(), "answered without node a");
         tx.unbounded_send(put("node:a", 5)).unwrap();
         let answer = reading.await.unwrap().unwrap();
@@ -508,6 +566,38 @@ mod tests {
             backend.last_reads.load(std::sync::atomic::Ordering::SeqCst) - before,
             1,
             "a read of a settled opening reads the last revision once"
+        );
+        tasks.shutdown().await;
+    }
+
+    /// Soak seed 12032 (nats-server 2.9.10): after a server restart the
+    /// view's watch went silent for six minutes — its consumer's
+    /// re-creation inside the client kept failing, with no error — and
+    /// every gated claim waited on it until the store's bound. A view
+    /// behind a write that exists, with nothing applied for [`STALLED`],
+    /// opens its watch again, and the read is answered from the new one.
+    #[tokio::test(start_paused = true)]
+    async fn a_view_whose_watch_stops_delivering_while_behind_opens_it_again() {
+        let (_silent, dead) = futures::channel::mpsc::unbounded();
+        let (tx, fresh) = futures::channel::mpsc::unbounded();
+        tx.unbounded_send(put("node:a", 5)).unwrap();
+        let backend = Arc::new(Scripted {
+            last: Mutex::new(5),
+            last_reads: Default::default(),
+            events: Mutex::new([dead, fresh].into()),
+            watches: Default::default(),
+        });
+        let view = LeaseView::new(DEFAULT_IDLE);
+        let tasks = Tasks::new();
+        let keys = |ix: &ViewIndex| ix.leases.keys().cloned().collect::<Vec<_>>();
+        let answer = tokio::time::timeout(STALLED * 10, view.read(&backend, &tasks, keys))
+            .await
+            .expect("a read behind a silent watch was never answered");
+        assert_eq!(answer.unwrap(), ["node:a"]);
+        assert_eq!(
+            backend.watches.load(std::sync::atomic::Ordering::SeqCst),
+            2,
+            "the silent watch was opened again, once"
         );
         tasks.shutdown().await;
     }

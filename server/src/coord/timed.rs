@@ -40,6 +40,50 @@ impl Failed for WriteError {
     }
 }
 
+/// One call on its way: recorded when answered, and told at debug level
+/// when its caller gives it up unanswered (a store call is dropped at the
+/// store's bound) — which primitive on which key went unanswered is what a
+/// store outage's recording has to say.
+struct InFlight<'a> {
+    op: &'static str,
+    bucket: BucketId,
+    key: &'a str,
+    began: Instant,
+    answered: bool,
+}
+
+impl<'a> InFlight<'a> {
+    fn new(op: &'static str, bucket: BucketId, key: &'a str) -> InFlight<'a> {
+        InFlight {
+            op,
+            bucket,
+            key,
+            began: Instant::now(),
+            answered: false,
+        }
+    }
+
+    /// Record the answer, and whether it failed.
+    fn observed<T, E: Failed>(mut self, r: Result<T, E>) -> Result<T, E> {
+        self.answered = true;
+        observed(self.op, self.began, r)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if !self.answered {
+            tracing::debug!(
+                op = self.op,
+                bucket = self.bucket.name(),
+                key = self.key,
+                waited_ms = self.began.elapsed().as_millis() as u64,
+                "a store call was given up unanswered"
+            );
+        }
+    }
+}
+
 /// Record one call of `op` that took since `began`, and whether it failed.
 fn observed<T, E: Failed>(op: &'static str, began: Instant, r: Result<T, E>) -> Result<T, E> {
     let took = began.elapsed().as_secs_f64();
@@ -74,8 +118,8 @@ impl<B: Backend> Backend for Timed<B> {
     }
 
     async fn get(&self, b: BucketId, key: &str) -> Result<Option<RawEntry>, StoreError> {
-        let t = Instant::now();
-        observed("get", t, self.inner.get(b, key).await)
+        let t = InFlight::new("get", b, key);
+        t.observed(self.inner.get(b, key).await)
     }
 
     async fn get_marked(
@@ -83,8 +127,8 @@ impl<B: Backend> Backend for Timed<B> {
         b: BucketId,
         key: &str,
     ) -> Result<(Revision, Option<RawEntry>), StoreError> {
-        let t = Instant::now();
-        observed("get", t, self.inner.get_marked(b, key).await)
+        let t = InFlight::new("get", b, key);
+        t.observed(self.inner.get_marked(b, key).await)
     }
 
     fn atomic_claims(&self) -> bool {
@@ -96,13 +140,13 @@ impl<B: Backend> Backend for Timed<B> {
     }
 
     async fn batch(&self, b: BucketId, writes: Vec<BatchWrite>) -> Result<Written, WriteError> {
-        let t = Instant::now();
-        observed("batch", t, self.inner.batch(b, writes).await)
+        let t = InFlight::new("batch", b, "");
+        t.observed(self.inner.batch(b, writes).await)
     }
 
     async fn create(&self, b: BucketId, key: &str, value: Bytes) -> Result<Written, WriteError> {
-        let t = Instant::now();
-        observed("create", t, self.inner.create(b, key, value).await)
+        let t = InFlight::new("create", b, key);
+        t.observed(self.inner.create(b, key, value).await)
     }
 
     async fn update(
@@ -112,12 +156,8 @@ impl<B: Backend> Backend for Timed<B> {
         value: Bytes,
         expected: Revision,
     ) -> Result<Written, WriteError> {
-        let t = Instant::now();
-        observed(
-            "update",
-            t,
-            self.inner.update(b, key, value, expected).await,
-        )
+        let t = InFlight::new("update", b, key);
+        t.observed(self.inner.update(b, key, value, expected).await)
     }
 
     async fn update_stamped(
@@ -127,17 +167,13 @@ impl<B: Backend> Backend for Timed<B> {
         value: Bytes,
         expected: Revision,
     ) -> Result<Written, WriteError> {
-        let t = Instant::now();
-        observed(
-            "update",
-            t,
-            self.inner.update_stamped(b, key, value, expected).await,
-        )
+        let t = InFlight::new("update", b, key);
+        t.observed(self.inner.update_stamped(b, key, value, expected).await)
     }
 
     async fn delete(&self, b: BucketId, key: &str, expected: Revision) -> Result<(), WriteError> {
-        let t = Instant::now();
-        observed("delete", t, self.inner.delete(b, key, expected).await)
+        let t = InFlight::new("delete", b, key);
+        t.observed(self.inner.delete(b, key, expected).await)
     }
 
     async fn written_at(
@@ -146,12 +182,8 @@ impl<B: Backend> Backend for Timed<B> {
         key: &str,
         revision: Revision,
     ) -> Result<Option<StoreTime>, StoreError> {
-        let t = Instant::now();
-        observed(
-            "written_at",
-            t,
-            self.inner.written_at(b, key, revision).await,
-        )
+        let t = InFlight::new("written_at", b, key);
+        t.observed(self.inner.written_at(b, key, revision).await)
     }
 
     async fn last_revision(
@@ -159,33 +191,72 @@ impl<B: Backend> Backend for Timed<B> {
         b: BucketId,
         scope: &str,
     ) -> Result<Option<Revision>, StoreError> {
-        let t = Instant::now();
-        observed("last_revision", t, self.inner.last_revision(b, scope).await)
+        let t = InFlight::new("last_revision", b, scope);
+        t.observed(self.inner.last_revision(b, scope).await)
     }
 
     async fn revision_exists(&self, b: BucketId, revision: Revision) -> Result<bool, StoreError> {
-        let t = Instant::now();
-        observed(
-            "revision_exists",
-            t,
-            self.inner.revision_exists(b, revision).await,
-        )
+        let t = InFlight::new("revision_exists", b, "");
+        t.observed(self.inner.revision_exists(b, revision).await)
     }
 
     async fn purge(&self, b: BucketId, key: &str, through: Revision) -> Result<(), StoreError> {
-        let t = Instant::now();
-        observed("purge", t, self.inner.purge(b, key, through).await)
+        let t = InFlight::new("purge", b, key);
+        t.observed(self.inner.purge(b, key, through).await)
     }
 
     async fn watch(&self, b: BucketId, prefix: &str) -> Result<RawEventStream, StoreError> {
-        let t = Instant::now();
-        observed("watch", t, self.inner.watch(b, prefix).await)
+        let t = InFlight::new("watch", b, prefix);
+        t.observed(self.inner.watch(b, prefix).await)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What `f` logs at debug level, as text.
+    fn logged(f: impl FnOnce()) -> String {
+        #[derive(Clone, Default)]
+        struct Buf(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+        impl std::io::Write for Buf {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let buf = Buf::default();
+        let out = buf.clone();
+        let sub = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::DEBUG)
+            .with_ansi(false)
+            .with_writer(move || out.clone())
+            .finish();
+        tracing::subscriber::with_default(sub, f);
+        String::from_utf8(buf.0.lock().unwrap().clone()).unwrap()
+    }
+
+    #[test]
+    fn a_call_given_up_unanswered_is_told_with_its_primitive_bucket_and_key_and_an_answered_one_is_not()
+     {
+        let told = logged(|| drop(InFlight::new("update", BucketId::Epochs, "seat:s1")));
+        assert!(
+            told.contains("a store call was given up unanswered"),
+            "{told}"
+        );
+        assert!(told.contains("op=\"update\""), "{told}");
+        assert!(told.contains("bucket=\"crewlet_epochs\""), "{told}");
+        assert!(told.contains("key=\"seat:s1\""), "{told}");
+        let answered = logged(|| {
+            let r: Result<(), StoreError> =
+                InFlight::new("get", BucketId::Leases, "seat:s1").observed(Ok(()));
+            assert!(r.is_ok());
+        });
+        assert!(!answered.contains("unanswered"), "{answered}");
+    }
 
     #[test]
     fn a_lost_compare_and_set_is_an_answer_and_no_answer_is_a_store_error() {

@@ -330,7 +330,13 @@ impl LeaseView {
             let behind = last.saturating_sub(*self.applied.borrow());
             let mut rx = self.applied.subscribe();
             let mut reread = false;
+            let mut waiting = Waiting {
+                view: self,
+                last,
+                answered: false,
+            };
             loop {
+                waiting.last = last;
                 let waited = tokio::time::timeout(RECHECK, async {
                     rx.wait_for(|a| *a >= last).await.map(|_| ())
                 })
@@ -378,12 +384,41 @@ impl LeaseView {
                     }
                 }
             }
+            waiting.answered = true;
             for u in lag_updates(behind, began.elapsed().as_secs_f64()) {
                 m::apply(&u);
             }
         }
         let st = self.lock();
         Ok(f(&st.index))
+    }
+}
+
+/// A read waiting for the view to be level: told at debug level when its
+/// caller gives it up (at the store's bound), with where the view stood —
+/// what a claim that timed out on a store that answered has to say.
+struct Waiting<'a> {
+    view: &'a LeaseView,
+    last: Revision,
+    answered: bool,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        if self.answered {
+            return;
+        }
+        let st = self.view.lock();
+        tracing::debug!(
+            waited_for = self.last,
+            applied = *self.view.applied.borrow(),
+            since_applied_ms = st.advanced_at.map(|t| t.elapsed().as_millis() as u64),
+            opened = st.opened,
+            settled = st.settled,
+            stalled = st.stalled,
+            running = st.running,
+            "a lease view read was given up before the view was level"
+        );
     }
 }
 

@@ -370,10 +370,13 @@ impl Chaos {
             .arg("--config")
             .arg(&n.config)
             // Turn events are DEBUG lines: the checks need every start;
-            // so are the delivery trace's (each message's story).
+            // so are the delivery trace's (each message's story), the store
+            // calls given up unanswered and the lease view's reopenings
+            // (a store outage's story).
             .env(
                 "RUST_LOG",
-                "info,crewlet::event=debug,crewlet::delivery=debug,sqlx=warn,tower_sessions=warn",
+                "info,crewlet::event=debug,crewlet::delivery=debug,crewlet::coord::timed=debug,\
+                 crewlet::coord::view=debug,sqlx=warn,tower_sessions=warn",
             )
             .env_remove("CREWLET_FAULT_PROTOCOL")
             .stdout(std::process::Stdio::from(out))

@@ -13,13 +13,13 @@
 //! stream's `last_seq` (after an expiry that points at a message that no
 //! longer exists), and never outlive the owner's cancellation token.
 //!
-//! Nor may it sit on a watch that has stopped delivering: a reader that
-//! finds the view behind a write that still exists, with nothing applied for
-//! [`STALLED`], has the watch opened again. After a NATS server restart the
-//! client's own re-creation of the watch's consumer can keep failing,
-//! silently and for minutes (soak seed 12032 on nats-server 2.9.10: every
-//! gated claim of two nodes timed out for six minutes while their other
-//! calls were answered, and the claims' reads kept the view from idling).
+//! Nor may it sit on a watch that does not keep up: a reader that has
+//! waited [`STALLED`] (within one opening) for a write that still exists
+//! has the watch opened again. After NATS server restarts a watch went
+//! silent, or delivered on but stayed tens of revisions behind the
+//! bucket, for minutes (soak seed 12032 on nats-server 2.9.10: every gated
+//! claim of two nodes timed out while their other calls were answered, and
+//! the claims' reads kept the view from idling out).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -54,8 +54,9 @@ const RECHECK: Duration = Duration::from_millis(100);
 const WATCH_OPEN: Duration = Duration::from_millis(500);
 /// How long a failed watch waits before it is opened again.
 const REOPEN: Duration = Duration::from_millis(200);
-/// A view behind a write that exists, with nothing applied for this long,
-/// has a watch that stopped delivering: it is opened again. Below the
+/// A read that has waited this long (within one opening of the watch) for
+/// a write that exists has a watch that does not keep up: it is opened
+/// again. A level watch applies a write within milliseconds; below the
 /// store's bound on a call, so a claim that waits meets a reopened view.
 pub const STALLED: Duration = Duration::from_secs(1);
 
@@ -132,6 +133,8 @@ struct ViewState {
     settled: u64,
     /// When this opening last applied a write (or was opened).
     advanced_at: Option<tokio::time::Instant>,
+    /// When this opening's watch was opened (`None` until it is).
+    opened_at: Option<tokio::time::Instant>,
     /// The opening a reader found stalled (see [`STALLED`]).
     stalled: Option<u64>,
 }
@@ -176,6 +179,7 @@ impl LeaseView {
         st.opened += 1;
         st.index.clear();
         st.advanced_at = None;
+        st.opened_at = None;
         self.applied.send_replace(0);
         drop(st);
         let view = Arc::clone(self);
@@ -183,11 +187,14 @@ impl LeaseView {
         tasks.spawn("coord_lease_view", async move { view.run(backend).await });
     }
 
-    /// Behind a write that exists: a watch that has applied nothing for
-    /// [`STALLED`] is asked to open again (once an opening).
-    fn judge_stall(&self) {
+    /// A read waiting since `began` for a write that exists: once it has
+    /// waited [`STALLED`] within the current opening, the watch is asked to
+    /// open again (once an opening).
+    fn judge_stall(&self, began: tokio::time::Instant) {
         let mut st = self.lock();
-        let stalled = st.advanced_at.is_some_and(|t| t.elapsed() >= STALLED);
+        let stalled = st
+            .opened_at
+            .is_some_and(|o| o.max(began).elapsed() >= STALLED);
         if stalled && st.stalled != Some(st.opened) {
             st.stalled = Some(st.opened);
             drop(st);
@@ -217,7 +224,9 @@ impl LeaseView {
             let mut stream = match opened.unwrap_or_else(|_| Err(StoreError::Timeout(WATCH_OPEN))) {
                 Ok(s) => {
                     let mut st = self.lock();
-                    st.advanced_at = Some(tokio::time::Instant::now());
+                    let now = tokio::time::Instant::now();
+                    st.advanced_at = Some(now);
+                    st.opened_at = Some(now);
                     st.stalled = None;
                     s
                 }
@@ -253,7 +262,7 @@ impl LeaseView {
                         if st.stalled == Some(st.opened) {
                             tracing::warn!(
                                 stalled_s = STALLED.as_secs_f64(),
-                                "the lease view's watch stopped delivering while behind a write that exists; opening it again"
+                                "the lease view stayed behind a write that exists; opening its watch again"
                             );
                             break;
                         }
@@ -267,6 +276,7 @@ impl LeaseView {
                 st.index.clear();
                 // Judged again once the new watch is open.
                 st.advanced_at = None;
+                st.opened_at = None;
             }
             self.applied.send_replace(0);
             tokio::time::sleep(REOPEN).await;
@@ -327,6 +337,7 @@ impl LeaseView {
         self.touch(backend, tasks);
         if let Some(mut last) = backend.last_revision(BucketId::Leases, "").await? {
             let began = std::time::Instant::now();
+            let waiting_since = tokio::time::Instant::now();
             let behind = last.saturating_sub(*self.applied.borrow());
             let mut rx = self.applied.subscribe();
             let mut reread = false;
@@ -350,7 +361,7 @@ impl LeaseView {
                         // The write may have aged out before the view saw it.
                         if backend.revision_exists(BucketId::Leases, last).await? {
                             self.touch(backend, tasks);
-                            self.judge_stall();
+                            self.judge_stall(waiting_since);
                             continue;
                         }
                     }
@@ -605,12 +616,12 @@ mod tests {
         tasks.shutdown().await;
     }
 
-    /// Soak seed 12032 (nats-server 2.9.10): after a server restart the
-    /// view's watch went silent for six minutes — its consumer's
-    /// re-creation inside the client kept failing, with no error — and
-    /// every gated claim waited on it until the store's bound. A view
-    /// behind a write that exists, with nothing applied for [`STALLED`],
-    /// opens its watch again, and the read is answered from the new one.
+    /// Soak seed 12032 (nats-server 2.9.10): after server restarts a
+    /// watch can go silent (the client re-creates its consumer inside the
+    /// stream's poll, retrying for ever, with no error) and every gated
+    /// claim waited on it until the store's bound. A read that has waited
+    /// [`STALLED`] for a write that exists has the watch opened again, and
+    /// is answered from the new one.
     #[tokio::test(start_paused = true)]
     async fn a_view_whose_watch_stops_delivering_while_behind_opens_it_again() {
         let (_silent, dead) = futures::channel::mpsc::unbounded();
@@ -634,6 +645,48 @@ mod tests {
             2,
             "the silent watch was opened again, once"
         );
+        tasks.shutdown().await;
+    }
+
+    /// The same soak seed, instrumented: the view applied a write every
+    /// ~200 ms yet stayed 17–70 revisions behind the bucket for minutes,
+    /// so every gated claim timed out. A read that has waited STALLED for a
+    /// write that exists has the watch opened again, however busy the
+    /// watch is with older writes.
+    #[tokio::test(start_paused = true)]
+    async fn a_view_that_delivers_but_stays_behind_opens_its_watch_again() {
+        let (slow_tx, slow) = futures::channel::mpsc::unbounded();
+        let (tx, fresh) = futures::channel::mpsc::unbounded();
+        tx.unbounded_send(put("node:a", 50)).unwrap();
+        let backend = Arc::new(Scripted {
+            last: Mutex::new(50),
+            last_reads: Default::default(),
+            events: Mutex::new([slow, fresh].into()),
+            watches: Default::default(),
+        });
+        // The first watch delivers older writes, one every 200 ms.
+        let trickle = tokio::spawn(async move {
+            // For longer than the read may take: never reaching 50.
+            for i in 0..1_000 {
+                if slow_tx.unbounded_send(put("node:b", 1 + i % 40)).is_err() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        });
+        let view = LeaseView::new(DEFAULT_IDLE);
+        let tasks = Tasks::new();
+        let keys = |ix: &ViewIndex| ix.leases.keys().cloned().collect::<Vec<_>>();
+        let answer = tokio::time::timeout(STALLED * 10, view.read(&backend, &tasks, keys))
+            .await
+            .expect("a read behind a watch that does not keep up was never answered");
+        assert_eq!(answer.unwrap(), ["node:a"]);
+        assert_eq!(
+            backend.watches.load(std::sync::atomic::Ordering::SeqCst),
+            2,
+            "the lagging watch was opened again, once"
+        );
+        trickle.abort();
         tasks.shutdown().await;
     }
 

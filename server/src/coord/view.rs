@@ -317,6 +317,36 @@ impl LeaseView {
         });
     }
 
+    /// Wait until the view has applied `last`, or `last` is gone (it may
+    /// have aged out before the view saw it); a read waiting since `since`
+    /// judges the watch as it waits (see [`STALLED`]).
+    async fn reach<B: Backend>(
+        self: &Arc<Self>,
+        backend: &Arc<B>,
+        tasks: &Tasks,
+        rx: &mut watch::Receiver<Revision>,
+        last: Revision,
+        since: tokio::time::Instant,
+    ) -> Result<(), StoreError> {
+        loop {
+            let waited = tokio::time::timeout(RECHECK, async {
+                rx.wait_for(|a| *a >= last).await.map(|_| ())
+            })
+            .await;
+            match waited {
+                Ok(Ok(_)) => return Ok(()),
+                Ok(Err(_)) => return Err(StoreError::Unavailable("the lease view stopped".into())),
+                Err(_) => {
+                    if !backend.revision_exists(BucketId::Leases, last).await? {
+                        return Ok(());
+                    }
+                    self.touch(backend, tasks);
+                    self.judge_stall(since);
+                }
+            }
+        }
+    }
+
     /// Bring the view level with the bucket's last write (read from the
     /// leader), then hand `f` the leases it holds. Unbounded: the caller
     /// bounds it with the store timeout.
@@ -348,24 +378,8 @@ impl LeaseView {
             };
             loop {
                 waiting.last = last;
-                let waited = tokio::time::timeout(RECHECK, async {
-                    rx.wait_for(|a| *a >= last).await.map(|_| ())
-                })
-                .await;
-                match waited {
-                    Ok(Ok(_)) => {}
-                    Ok(Err(_)) => {
-                        return Err(StoreError::Unavailable("the lease view stopped".into()));
-                    }
-                    Err(_) => {
-                        // The write may have aged out before the view saw it.
-                        if backend.revision_exists(BucketId::Leases, last).await? {
-                            self.touch(backend, tasks);
-                            self.judge_stall(waiting_since);
-                            continue;
-                        }
-                    }
-                }
+                self.reach(backend, tasks, &mut rx, last, waiting_since)
+                    .await?;
                 let opening = {
                     let st = self.lock();
                     (st.settled != st.opened).then_some(st.opened)

@@ -20,6 +20,7 @@ use async_nats::jetstream::{self as js, AckKind, ErrorCode};
 use bytes::Bytes;
 use futures::StreamExt;
 
+mod kept;
 mod stranded;
 
 use super::attach::{Fetched, Settle, Source};
@@ -27,6 +28,7 @@ use super::{
     Attachment, DeadLetter, DeadLetterReason, Delivery, EventSink, Handler, Queue, QueueError,
     SubscriptionInfo, SubscriptionSpec,
 };
+pub use kept::{Covering, KEEP_ATTEMPTS, KEEP_BACKOFF, Kept, Published, judge_kept, kept_copy_id};
 pub use stranded::{PENDING_WINDOWS, may_look_past_pending};
 
 /// The stream every seat mailbox lives on (interest retention).
@@ -39,63 +41,6 @@ pub const DEAD_LETTER_AGE: Duration = Duration::from_secs(30 * 24 * 3600);
 pub const DEDUPE_WINDOW: Duration = Duration::from_secs(120);
 
 const DESCRIPTION_PREFIX: &str = "crewlet mailbox; max_deliveries=";
-
-/// How many times mail the broker acknowledged but did not keep is
-/// published again before the publish fails.
-pub const KEEP_ATTEMPTS: usize = 5;
-/// The wait before the second copy; it doubles for each later one (100,
-/// 200, 400, 800 ms).
-pub const KEEP_BACKOFF: Duration = Duration::from_millis(100);
-
-/// Where a kept publish landed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Published {
-    /// The stream sequence the message is kept at (a copy's, when the
-    /// first was dropped).
-    pub seq: u64,
-    /// The broker recognised the message id as one it had already.
-    pub duplicate: bool,
-}
-
-/// What an acknowledged publish's read-back says.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kept {
-    /// The message is in the stream.
-    Stored,
-    /// No subscription covers the subject: discarded at the publish, as the
-    /// contract says.
-    Uncovered,
-    /// Gone while its subscription never delivered that far: the broker
-    /// dropped it, and a copy cannot run anything twice.
-    Dropped,
-    /// Gone after its subscription delivered past it: answered and removed
-    /// (a fast handler acknowledges within the read-back), or dropped and
-    /// passed; a copy could run it twice, so none is made.
-    CannotTell,
-}
-
-/// The read-back decision (pure). `delivered`: how far the covering
-/// subscription delivered (`None`: nothing covers the subject); it is read
-/// after the message was found gone, so mail answered before the read-back
-/// always shows as delivered.
-pub fn judge_kept(stored: bool, delivered: Option<u64>, seq: u64) -> Kept {
-    match (stored, delivered) {
-        (true, _) => Kept::Stored,
-        (false, None) => Kept::Uncovered,
-        (false, Some(d)) if d < seq => Kept::Dropped,
-        (false, Some(_)) => Kept::CannotTell,
-    }
-}
-
-/// The message id of the copy published for mail dropped at `seq`: derived
-/// from the original's id (or the sequence), so a repeated look at the
-/// same drop is deduplicated by the broker.
-pub fn kept_copy_id(msg_id: Option<&str>, seq: u64) -> String {
-    match msg_id {
-        Some(id) => format!("{id}~kept@{seq}"),
-        None => format!("kept@{seq}"),
-    }
-}
 
 /// Settings of the JetStream queue.
 #[derive(Clone, Debug)]
@@ -225,116 +170,6 @@ impl JetStreamQueue {
         })
         .await?
         .map_err(backend)
-    }
-
-    /// Publish and make sure the broker kept what it acknowledged.
-    ///
-    /// A NATS 2.9 stream leader that does not know its consumers yet (just
-    /// after an election) acknowledges a publish to an interest-retained
-    /// subject and then drops it for "no interest" (docs/nats.md; the chaos
-    /// soak lost five messages so). After the acknowledgement the message is
-    /// read back from the leader; one that is not there while the
-    /// subscription covering its subject has not delivered that far is
-    /// published again (`keep`). The answer names
-    /// where the mail was kept, or `NotKept` once `KEEP_ATTEMPTS` copies
-    /// were all dropped.
-    pub async fn publish_kept(
-        &self,
-        subject: &str,
-        msg_id: Option<&str>,
-        payload: Bytes,
-    ) -> Result<Published, QueueError> {
-        let ack = self
-            .publish_once(subject, msg_id.unwrap_or(""), payload.clone())
-            .await?;
-        let seq = self.keep(subject, msg_id, payload, ack.sequence).await?;
-        Ok(Published {
-            seq,
-            duplicate: ack.duplicate,
-        })
-    }
-
-    /// Make sure the message acknowledged at `seq` on `subject` is kept,
-    /// publishing it again while it is not (see `publish_kept`); returns the
-    /// sequence it is kept at. Mail no subscription covers is discarded at
-    /// the publish by contract and left so; a read that fails leaves the
-    /// acknowledgement standing (the publish succeeded as far as anyone can
-    /// tell).
-    pub async fn keep(
-        &self,
-        subject: &str,
-        msg_id: Option<&str>,
-        payload: Bytes,
-        mut seq: u64,
-    ) -> Result<u64, QueueError> {
-        for attempt in 0..KEEP_ATTEMPTS {
-            let stored =
-                match bounded(self.settings.timeout, self.agents.get_raw_message(seq)).await {
-                    Ok(Ok(_)) => true,
-                    Ok(Err(e)) if raw_not_found(&e) => false,
-                    Ok(Err(_)) | Err(_) => return Ok(seq),
-                };
-            if stored {
-                return Ok(seq);
-            }
-            let Ok(delivered) = self.covering_delivered(subject).await else {
-                return Ok(seq);
-            };
-            match judge_kept(false, delivered, seq) {
-                Kept::Stored | Kept::Uncovered | Kept::CannotTell => return Ok(seq),
-                Kept::Dropped => {}
-            }
-            // A leader that dropped one publish may drop the next while it
-            // still does not know its consumers: later copies wait longer.
-            if attempt > 0 {
-                tokio::time::sleep(KEEP_BACKOFF * (1 << (attempt - 1))).await;
-            }
-            let copy_id = kept_copy_id(msg_id, seq);
-            let ack = self
-                .publish_once(subject, &copy_id, payload.clone())
-                .await?;
-            (self.events)(super::QueueEvent::Republished {
-                subject: subject.to_string(),
-                seq,
-                new_seq: ack.sequence,
-            });
-            seq = ack.sequence;
-        }
-        Err(QueueError::NotKept {
-            subject: subject.to_string(),
-            seq,
-        })
-    }
-
-    /// How far the subscription covering `subject` says it delivered
-    /// (`None`: no subscription covers it). A seat mailbox's subscription is
-    /// named by the subject's grammar; any other subject is looked up in
-    /// the listing.
-    async fn covering_delivered(&self, subject: &str) -> Result<Option<u64>, QueueError> {
-        if let Some((_, _, name)) = super::seat_subject(subject) {
-            match bounded(self.settings.timeout, self.agents.consumer_info(&name)).await? {
-                Ok(info) if super::subject_matches(&info.config.filter_subject, subject) => {
-                    return Ok(Some(info.delivered.stream_sequence));
-                }
-                Ok(_) => {}
-                Err(e) if info_not_found(&e) => {}
-                Err(e) => return Err(backend(e)),
-            }
-        }
-        let Some(name) = self
-            .list_subscriptions()
-            .await?
-            .into_iter()
-            .find(|s| super::subject_matches(&s.subject, subject))
-            .map(|s| s.name)
-        else {
-            return Ok(None);
-        };
-        match bounded(self.settings.timeout, self.agents.consumer_info(&name)).await? {
-            Ok(info) => Ok(Some(info.delivered.stream_sequence)),
-            Err(e) if info_not_found(&e) => Ok(None),
-            Err(e) => Err(backend(e)),
-        }
     }
 
     async fn consumer_info(&self, name: &str) -> Result<Option<pull::Config>, QueueError> {
@@ -944,31 +779,5 @@ mod tests {
         assert_eq!(stranded_every(0), Duration::from_secs(30));
         assert_eq!(stranded_every(1), Duration::from_secs(300));
         assert_eq!(stranded_every(2), Duration::from_secs(300));
-    }
-
-    #[test]
-    fn stored_mail_is_kept_and_uncovered_mail_is_the_contracts_discard() {
-        assert_eq!(judge_kept(true, Some(0), 5), Kept::Stored);
-        assert_eq!(judge_kept(true, None, 5), Kept::Stored);
-        assert_eq!(judge_kept(false, None, 5), Kept::Uncovered);
-    }
-
-    #[test]
-    fn gone_mail_its_subscription_never_delivered_is_a_drop() {
-        assert_eq!(judge_kept(false, Some(4), 5), Kept::Dropped);
-        assert_eq!(judge_kept(false, Some(0), 5), Kept::Dropped);
-    }
-
-    #[test]
-    fn gone_mail_its_subscription_delivered_is_never_copied() {
-        assert_eq!(judge_kept(false, Some(5), 5), Kept::CannotTell);
-        assert_eq!(judge_kept(false, Some(9), 5), Kept::CannotTell);
-    }
-
-    #[test]
-    fn a_copy_of_the_same_drop_has_the_same_id() {
-        assert_eq!(kept_copy_id(Some("m-1"), 7), "m-1~kept@7");
-        assert_eq!(kept_copy_id(Some("m-1"), 7), kept_copy_id(Some("m-1"), 7));
-        assert_eq!(kept_copy_id(None, 7), "kept@7");
     }
 }

@@ -1182,6 +1182,94 @@ mod broker {
         a.detach().await;
     }
 
+    /// The drop as the chaos ci profile met it on NATS 2.9: the mail's
+    /// subscription, waiting for mail, passed over the dropped sequence
+    /// without delivering it, so how far it delivered says nothing; that
+    /// nothing was acknowledged at or past it, with nothing in hand, does.
+    #[tokio::test]
+    async fn mail_the_broker_dropped_after_its_subscription_passed_over_it_is_published_again_and_delivered_once()
+     {
+        // Measured: a waiting subscription's delivered pointer passes over
+        // other subjects' mail and gaps on 2.9.10, and moves only with its
+        // own deliveries on 2.15.1, where this drop looks like the one above.
+        if support::nats::version().is_none_or(|v| v >= (2, 10, 0)) {
+            support::nats::skip(
+                "mail_the_broker_dropped_after_its_subscription_passed_over_it_is_published_again_and_delivered_once",
+                "a waiting subscription here does not pass over mail it never delivered (2.9 does); the drop it would hide is proven by the test above",
+            );
+            return;
+        }
+        let Kept {
+            queue: q,
+            _server,
+            events,
+            stream,
+            js,
+        } = kept_queue().await;
+        let spec = ensure_seat(&q, "passed").await;
+        let other = ensure_seat(&q, "other").await;
+        let subject = spec.subject.clone();
+        let payload = Bytes::from_static(b"{\"id\":\"env-2\"}");
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(async_nats::header::NATS_MESSAGE_ID, "env-2");
+        let ack = js
+            .publish_with_headers(subject.clone(), headers, payload.clone())
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        stream.delete_message(ack.sequence).await.unwrap();
+        let (h, mut rx) = recorder(|_| Disposition::Ack);
+        let a = q.attach(&spec.name, &[], h).await.unwrap();
+        // Later mail for another seat: the waiting subscription passes the gap.
+        js.publish(other.subject.clone(), Bytes::from_static(b"elsewhere"))
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        let deadline = tokio::time::Instant::now() + WAIT;
+        let info = loop {
+            let info = stream.clone().consumer_info(&spec.name).await.unwrap();
+            if info.delivered.stream_sequence >= ack.sequence {
+                break info;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the subscription never passed {}: {:?}",
+                ack.sequence,
+                info.delivered
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        assert!(
+            info.ack_floor.stream_sequence < ack.sequence && info.num_ack_pending == 0,
+            "passed over, nothing acknowledged, nothing in hand: {:?}",
+            (info.ack_floor, info.num_ack_pending)
+        );
+
+        let kept = q
+            .keep(&subject, Some("env-2"), payload.clone(), ack.sequence)
+            .await
+            .unwrap();
+        assert!(kept > ack.sequence, "kept as a later copy, at {kept}");
+        assert!(
+            events.lock().unwrap().contains(&QueueEvent::Republished {
+                subject: subject.clone(),
+                seq: ack.sequence,
+                new_seq: kept,
+            }),
+            "message_republished names the dropped and the kept sequence"
+        );
+        let d = recv(&mut rx, "the kept copy").await;
+        assert_eq!(d.payload, payload, "the same envelope");
+        assert_eq!(
+            d.msg_id.as_deref(),
+            Some(format!("env-2~kept@{}", ack.sequence).as_str())
+        );
+        nothing_arrives(&mut rx).await;
+        a.detach().await;
+    }
+
     #[tokio::test]
     async fn answered_mail_gone_from_the_stream_is_never_published_again() {
         let Kept {

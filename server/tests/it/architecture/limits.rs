@@ -99,7 +99,6 @@ const LONG_FILES: &[(&str, usize)] = &[
     ("server/src/config/validate.rs", 1167),
     ("server/src/coord/nats.rs", 948),
     ("server/src/memory/store.rs", 1068),
-    ("server/src/queue/jetstream.rs", 937),
     ("server/src/seat/host.rs", 1113),
     ("server/src/web/auth.rs", 1286),
 ];

@@ -1,0 +1,284 @@
+//! The read-back of a publish: mail the broker acknowledged is looked for
+//! in the stream, and mail it dropped is published again ([`Kept`],
+//! [`judge_kept`], `JetStreamQueue::keep`).
+//!
+//! A NATS 2.9 stream leader can acknowledge a publish to an
+//! interest-retained subject and then drop it for "no interest" (just
+//! after an election, and for long stretches after a leader restart in the
+//! chaos soak). A copy of mail that was answered would run it again, so a
+//! message is copied only when it cannot have been answered: its
+//! subscription did not deliver that far, or passed over it with nothing
+//! acknowledged at or past it and nothing in hand.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use super::{JetStreamQueue, backend, bounded, info_not_found, raw_not_found};
+use crate::queue::{Queue, QueueError, QueueEvent};
+
+/// How many times mail the broker acknowledged but did not keep is
+/// published again before the publish fails.
+pub const KEEP_ATTEMPTS: usize = 5;
+/// The wait before the second copy; it doubles for each later one (100,
+/// 200, 400, 800 ms).
+pub const KEEP_BACKOFF: Duration = Duration::from_millis(100);
+
+/// Where a kept publish landed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Published {
+    /// The stream sequence the message is kept at (a copy's, when the
+    /// first was dropped).
+    pub seq: u64,
+    /// The broker recognised the message id as one it had already.
+    pub duplicate: bool,
+}
+
+/// What an acknowledged publish's read-back says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kept {
+    /// The message is in the stream.
+    Stored,
+    /// No subscription covers the subject: discarded at the publish, as the
+    /// contract says.
+    Uncovered,
+    /// Gone and never acknowledged: its subscription did not deliver that
+    /// far, or passed over it with nothing acknowledged at or past it and
+    /// nothing in hand. The broker dropped it; a copy cannot run anything
+    /// twice.
+    Dropped,
+    /// Gone while its subscription acknowledged at or past it, or has mail
+    /// in hand: answered and removed (a fast handler acknowledges within the
+    /// read-back), or dropped; a copy could run it twice, so none is made.
+    CannotTell,
+}
+
+/// Where the subscription covering a subject stands, as its consumer info
+/// says after the message was found gone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Covering {
+    /// The stream sequence it delivered up to. A pull subscription waiting
+    /// for mail moves this past sequences it never delivered (other seats'
+    /// mail, dropped mail), so it alone cannot say a message was delivered.
+    pub delivered: u64,
+    /// The stream sequence of its acknowledgement floor: everything it
+    /// delivered up to here is acknowledged. Moved only by an
+    /// acknowledgement (or a termination), never by passing over a gap.
+    pub ack_floor: u64,
+    /// Deliveries in hand, not yet acknowledged.
+    pub ack_pending: u64,
+}
+
+/// The read-back decision (pure). `covering`: the subscription covering
+/// the subject (`None`: nothing covers it), read after the message was
+/// found gone. Mail answered before the read-back was delivered and
+/// acknowledged: once nothing else is in hand the floor stands at or past
+/// it, and while something is, nothing can be told. Mail dropped and passed
+/// over leaves the floor below it (chaos ci profile, NATS 2.9: 57
+/// acknowledged messages taken for answered on `delivered` alone, every
+/// subscription having passed them while waiting for mail).
+pub fn judge_kept(stored: bool, covering: Option<Covering>, seq: u64) -> Kept {
+    match (stored, covering) {
+        (true, _) => Kept::Stored,
+        (false, None) => Kept::Uncovered,
+        (false, Some(c)) if c.delivered < seq => Kept::Dropped,
+        (false, Some(c)) if c.ack_floor < seq && c.ack_pending == 0 => Kept::Dropped,
+        (false, Some(_)) => Kept::CannotTell,
+    }
+}
+
+/// The message id of the copy published for mail dropped at `seq`: derived
+/// from the original's id (or the sequence), so a repeated look at the
+/// same drop is deduplicated by the broker.
+pub fn kept_copy_id(msg_id: Option<&str>, seq: u64) -> String {
+    match msg_id {
+        Some(id) => format!("{id}~kept@{seq}"),
+        None => format!("kept@{seq}"),
+    }
+}
+
+/// Where a consumer stands, for the read-back's judgement.
+fn covering_of(info: &async_nats::jetstream::consumer::Info) -> Covering {
+    Covering {
+        delivered: info.delivered.stream_sequence,
+        ack_floor: info.ack_floor.stream_sequence,
+        ack_pending: info.num_ack_pending as u64,
+    }
+}
+
+impl JetStreamQueue {
+    /// Publish and make sure the broker kept what it acknowledged.
+    ///
+    /// A NATS 2.9 stream leader that does not know its consumers yet (just
+    /// after an election) acknowledges a publish to an interest-retained
+    /// subject and then drops it for "no interest" (docs/nats.md; the chaos
+    /// soak lost five messages so). After the acknowledgement the message is
+    /// read back from the leader; one that is not there while the
+    /// subscription covering its subject has not delivered that far, or
+    /// passed over it with nothing acknowledged and nothing in hand, is
+    /// published again (`keep`, `judge_kept`). The answer names
+    /// where the mail was kept, or `NotKept` once `KEEP_ATTEMPTS` copies
+    /// were all dropped.
+    pub async fn publish_kept(
+        &self,
+        subject: &str,
+        msg_id: Option<&str>,
+        payload: Bytes,
+    ) -> Result<Published, QueueError> {
+        let ack = self
+            .publish_once(subject, msg_id.unwrap_or(""), payload.clone())
+            .await?;
+        let seq = self.keep(subject, msg_id, payload, ack.sequence).await?;
+        Ok(Published {
+            seq,
+            duplicate: ack.duplicate,
+        })
+    }
+
+    /// Make sure the message acknowledged at `seq` on `subject` is kept,
+    /// publishing it again while it is not (see `publish_kept`); returns the
+    /// sequence it is kept at. Mail no subscription covers is discarded at
+    /// the publish by contract and left so; a read that fails leaves the
+    /// acknowledgement standing (the publish succeeded as far as anyone can
+    /// tell).
+    pub async fn keep(
+        &self,
+        subject: &str,
+        msg_id: Option<&str>,
+        payload: Bytes,
+        mut seq: u64,
+    ) -> Result<u64, QueueError> {
+        for attempt in 0..KEEP_ATTEMPTS {
+            let stored =
+                match bounded(self.settings.timeout, self.agents.get_raw_message(seq)).await {
+                    Ok(Ok(_)) => true,
+                    Ok(Err(e)) if raw_not_found(&e) => false,
+                    Ok(Err(_)) | Err(_) => return Ok(seq),
+                };
+            if stored {
+                return Ok(seq);
+            }
+            let Ok(covering) = self.covering(subject).await else {
+                return Ok(seq);
+            };
+            match judge_kept(false, covering, seq) {
+                Kept::Stored | Kept::Uncovered => return Ok(seq),
+                Kept::CannotTell => {
+                    tracing::debug!(subject, seq, covering = ?covering, "an acknowledged publish is gone and its subscription may have answered it: not published again");
+                    return Ok(seq);
+                }
+                Kept::Dropped => {}
+            }
+            // A leader that dropped one publish may drop the next while it
+            // still does not know its consumers: later copies wait longer.
+            if attempt > 0 {
+                tokio::time::sleep(KEEP_BACKOFF * (1 << (attempt - 1))).await;
+            }
+            let copy_id = kept_copy_id(msg_id, seq);
+            let ack = self
+                .publish_once(subject, &copy_id, payload.clone())
+                .await?;
+            (self.events)(QueueEvent::Republished {
+                subject: subject.to_string(),
+                seq,
+                new_seq: ack.sequence,
+            });
+            seq = ack.sequence;
+        }
+        Err(QueueError::NotKept {
+            subject: subject.to_string(),
+            seq,
+        })
+    }
+
+    /// Where the subscription covering `subject` stands (`None`: no
+    /// subscription covers it). A seat mailbox's subscription is named by
+    /// the subject's grammar; any other subject is looked up in the listing.
+    async fn covering(&self, subject: &str) -> Result<Option<Covering>, QueueError> {
+        if let Some((_, _, name)) = crate::queue::seat_subject(subject) {
+            match bounded(self.settings.timeout, self.agents.consumer_info(&name)).await? {
+                Ok(info) if crate::queue::subject_matches(&info.config.filter_subject, subject) => {
+                    return Ok(Some(covering_of(&info)));
+                }
+                Ok(_) => {}
+                Err(e) if info_not_found(&e) => {}
+                Err(e) => return Err(backend(e)),
+            }
+        }
+        let Some(name) = self
+            .list_subscriptions()
+            .await?
+            .into_iter()
+            .find(|s| crate::queue::subject_matches(&s.subject, subject))
+            .map(|s| s.name)
+        else {
+            return Ok(None);
+        };
+        match bounded(self.settings.timeout, self.agents.consumer_info(&name)).await? {
+            Ok(info) => Ok(Some(covering_of(&info))),
+            Err(e) if info_not_found(&e) => Ok(None),
+            Err(e) => Err(backend(e)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stored_mail_is_kept_and_uncovered_mail_is_the_contracts_discard() {
+        let idle = Covering {
+            delivered: 0,
+            ack_floor: 0,
+            ack_pending: 0,
+        };
+        assert_eq!(judge_kept(true, Some(idle), 5), Kept::Stored);
+        assert_eq!(judge_kept(true, None, 5), Kept::Stored);
+        assert_eq!(judge_kept(false, None, 5), Kept::Uncovered);
+    }
+
+    #[test]
+    fn gone_mail_its_subscription_never_delivered_is_a_drop() {
+        let c = |delivered| Covering {
+            delivered,
+            ack_floor: 0,
+            ack_pending: 0,
+        };
+        assert_eq!(judge_kept(false, Some(c(4)), 5), Kept::Dropped);
+        assert_eq!(judge_kept(false, Some(c(0)), 5), Kept::Dropped);
+    }
+
+    #[test]
+    fn gone_mail_its_subscription_passed_over_with_nothing_acknowledged_or_in_hand_is_a_drop() {
+        let passed = Covering {
+            delivered: 9,
+            ack_floor: 4,
+            ack_pending: 0,
+        };
+        assert_eq!(judge_kept(false, Some(passed), 5), Kept::Dropped);
+    }
+
+    #[test]
+    fn gone_mail_acknowledged_past_or_with_mail_in_hand_is_never_copied() {
+        let acked_past = Covering {
+            delivered: 9,
+            ack_floor: 5,
+            ack_pending: 0,
+        };
+        let in_hand = Covering {
+            delivered: 9,
+            ack_floor: 4,
+            ack_pending: 1,
+        };
+        assert_eq!(judge_kept(false, Some(acked_past), 5), Kept::CannotTell);
+        assert_eq!(judge_kept(false, Some(in_hand), 5), Kept::CannotTell);
+    }
+
+    #[test]
+    fn a_copy_of_the_same_drop_has_the_same_id() {
+        assert_eq!(kept_copy_id(Some("m-1"), 7), "m-1~kept@7");
+        assert_eq!(kept_copy_id(Some("m-1"), 7), kept_copy_id(Some("m-1"), 7));
+        assert_eq!(kept_copy_id(None, 7), "kept@7");
+    }
+}

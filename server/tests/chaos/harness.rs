@@ -34,7 +34,11 @@ use super::proxy::Proxy;
 use super::schedule::{Fault, Schedule, ServerRole};
 use crate::support::nats::NatsCluster;
 
-const BIN: &str = env!("CARGO_BIN_EXE_crewlet");
+/// The node executable: the one this build made, or `CHAOS_CREWLET` (a
+/// copy, so a soak can run beside builds that replace the build's own).
+fn bin() -> String {
+    std::env::var("CHAOS_CREWLET").unwrap_or_else(|_| env!("CARGO_BIN_EXE_crewlet").to_string())
+}
 
 pub const TTL_S: u64 = 3;
 pub const HEARTBEAT_S: u64 = 1;
@@ -365,7 +369,7 @@ impl Chaos {
         let log = self.dir.join(format!("{}.{}.log", n.id, spawn));
         let out = std::fs::File::create(&log).expect("create a node log");
         let err = out.try_clone().expect("clone a node log");
-        let mut cmd = tokio::process::Command::new(BIN);
+        let mut cmd = tokio::process::Command::new(bin());
         cmd.arg("run")
             .arg("--config")
             .arg(&n.config)
@@ -699,7 +703,7 @@ impl Chaos {
             };
             let out = tokio::time::timeout(
                 Duration::from_secs(30),
-                tokio::process::Command::new(BIN)
+                tokio::process::Command::new(bin())
                     .arg("apply")
                     .arg(&file)
                     .arg("--node")

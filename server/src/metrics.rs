@@ -316,173 +316,261 @@ pub fn upkeep() {
 /// How often [`upkeep`] runs.
 pub const UPKEEP_EVERY: Duration = Duration::from_secs(5);
 
+/// A family's kind, for [`FAMILIES`].
+#[derive(Clone, Copy)]
+enum Kind {
+    Counter,
+    Gauge,
+    Histogram,
+}
+
+/// Every family: its kind, name, unit and help text.
+const FAMILIES: &[(Kind, &str, metrics::Unit, &str)] = {
+    use metrics::Unit;
+    &[
+        (
+            Kind::Counter,
+            CLAIMS,
+            Unit::Count,
+            "Seat claims, by outcome (won, held_by_peer, store_error, protocol_gate, withheld).",
+        ),
+        (
+            Kind::Histogram,
+            CLAIM_DURATION,
+            Unit::Seconds,
+            "How long won seat claims' store calls took.",
+        ),
+        (
+            Kind::Counter,
+            RENEWALS,
+            Unit::Count,
+            "Seat renewals, by outcome (renewed, lost, store_unreachable).",
+        ),
+        (
+            Kind::Histogram,
+            LEASE_VIEW_CATCH_UP,
+            Unit::Seconds,
+            "How long a read of the live lease view waited for it to be level with the bucket.",
+        ),
+        (
+            Kind::Gauge,
+            LEASE_VIEW_LAG,
+            Unit::Count,
+            "Revisions the live lease view was behind the bucket at its last read.",
+        ),
+        (
+            Kind::Histogram,
+            SWEEP_DURATION,
+            Unit::Seconds,
+            "How long placement passes took.",
+        ),
+        (
+            Kind::Histogram,
+            SWEEP_CLAIMS,
+            Unit::Count,
+            "Seats one placement pass claimed.",
+        ),
+        (
+            Kind::Histogram,
+            SWEEP_RELEASES,
+            Unit::Count,
+            "Seats one placement pass gave back.",
+        ),
+        (
+            Kind::Gauge,
+            INBOX_DEPTH,
+            Unit::Count,
+            "Mail waiting in the inboxes of the seats this node holds (read on the sweep's cadence).",
+        ),
+        (
+            Kind::Gauge,
+            SEAT_INBOX_DEPTH,
+            Unit::Count,
+            "Mail waiting in one seat's inbox, by seat (small companies only).",
+        ),
+        (
+            Kind::Counter,
+            MEMORY_FLUSHES,
+            Unit::Count,
+            "Memory changelog flushes, by outcome.",
+        ),
+        (
+            Kind::Histogram,
+            MEMORY_FLUSH_DURATION,
+            Unit::Seconds,
+            "How long memory changelog flushes took.",
+        ),
+        (
+            Kind::Counter,
+            MEMORY_FLUSHED_ROWS,
+            Unit::Count,
+            "Memory rows flushes published.",
+        ),
+        (
+            Kind::Counter,
+            MEMORY_HYDRATIONS,
+            Unit::Count,
+            "Memory hydrations, by outcome.",
+        ),
+        (
+            Kind::Histogram,
+            MEMORY_HYDRATE_DURATION,
+            Unit::Seconds,
+            "How long memory hydrations took.",
+        ),
+        (
+            Kind::Counter,
+            MEMORY_HYDRATED_ROWS,
+            Unit::Count,
+            "Memory rows hydrations replayed, by result.",
+        ),
+        (
+            Kind::Counter,
+            MEMORY_READS,
+            Unit::Count,
+            "Reads of a seat's memory, by answer (held, unheld, unavailable).",
+        ),
+        (
+            Kind::Counter,
+            RELEASES,
+            Unit::Count,
+            "Seats given back, by reason.",
+        ),
+        (
+            Kind::Histogram,
+            STORE_DURATION,
+            Unit::Seconds,
+            "How long the coordination store's primitives took, by op.",
+        ),
+        (
+            Kind::Counter,
+            STORE_ERRORS,
+            Unit::Count,
+            "Coordination store primitives that failed, by op.",
+        ),
+        (
+            Kind::Gauge,
+            SEATS_HELD,
+            Unit::Count,
+            "Seats this node holds and runs.",
+        ),
+        (
+            Kind::Gauge,
+            SEATS_UNPROVEN,
+            Unit::Count,
+            "Seats whose teardown could not be proven (undead).",
+        ),
+        (
+            Kind::Gauge,
+            UNPROVEN_OLDEST,
+            Unit::Seconds,
+            "How long the oldest unproven teardown has been failing.",
+        ),
+        (
+            Kind::Gauge,
+            SEATS_UNPLACEABLE,
+            Unit::Count,
+            "Seats no live node may run (this node's last placement pass).",
+        ),
+        (Kind::Counter, SWEEPS, Unit::Count, "Placement passes."),
+        (
+            Kind::Counter,
+            HANDOFFS,
+            Unit::Count,
+            "Handoffs, by outcome (taken, withdrawn).",
+        ),
+        (
+            Kind::Histogram,
+            HANDOFF_DARK,
+            Unit::Seconds,
+            "How long no turn could be admitted during a handoff.",
+        ),
+        (
+            Kind::Counter,
+            TURNS,
+            Unit::Count,
+            "Turns, by outcome (completed, broken_redelivered, broken_recorded, broken_dead_lettered, fenced, stopped, parked, panicked).",
+        ),
+        (
+            Kind::Histogram,
+            TURN_DURATION,
+            Unit::Seconds,
+            "How long turns ran.",
+        ),
+        (
+            Kind::Histogram,
+            TURN_ROUNDS,
+            Unit::Count,
+            "Rounds per turn.",
+        ),
+        (
+            Kind::Counter,
+            TOOL_CALLS,
+            Unit::Count,
+            "Tool calls the engine executed for turns, by tool and outcome.",
+        ),
+        (
+            Kind::Counter,
+            TOKENS,
+            Unit::Count,
+            "Tokens the model agents' completions spent.",
+        ),
+        (
+            Kind::Counter,
+            TRIGGERS_SKIPPED,
+            Unit::Count,
+            "Triggers that will not run (again), by reason.",
+        ),
+        (
+            Kind::Counter,
+            DELIVERIES,
+            Unit::Count,
+            "Deliveries, by disposition.",
+        ),
+        (Kind::Gauge, DEAD_LETTERS, Unit::Count, "Dead letters kept."),
+        (
+            Kind::Counter,
+            HTTP_REQUESTS,
+            Unit::Count,
+            "HTTP requests, by route and status.",
+        ),
+        (
+            Kind::Histogram,
+            HTTP_DURATION,
+            Unit::Seconds,
+            "How long HTTP requests took, by route.",
+        ),
+        (
+            Kind::Counter,
+            SIGN_INS,
+            Unit::Count,
+            "Sign-in attempts, by outcome.",
+        ),
+        (
+            Kind::Gauge,
+            EVENT_STREAMS,
+            Unit::Count,
+            "Event streams open now.",
+        ),
+        (
+            Kind::Counter,
+            TOOL_SERVER_FAILURES,
+            Unit::Count,
+            "Tool servers that failed to start or exited.",
+        ),
+    ]
+};
+
 /// The help text and unit of every family.
 fn describe() {
-    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
-    describe_counter!(
-        CLAIMS,
-        Unit::Count,
-        "Seat claims, by outcome (won, held_by_peer, store_error, protocol_gate, withheld)."
-    );
-    describe_histogram!(
-        CLAIM_DURATION,
-        Unit::Seconds,
-        "How long won seat claims' store calls took."
-    );
-    describe_counter!(
-        RENEWALS,
-        Unit::Count,
-        "Seat renewals, by outcome (renewed, lost, store_unreachable)."
-    );
-    describe_histogram!(
-        LEASE_VIEW_CATCH_UP,
-        Unit::Seconds,
-        "How long a read of the live lease view waited for it to be level with the bucket."
-    );
-    describe_gauge!(
-        LEASE_VIEW_LAG,
-        Unit::Count,
-        "Revisions the live lease view was behind the bucket at its last read."
-    );
-    describe_histogram!(
-        SWEEP_DURATION,
-        Unit::Seconds,
-        "How long placement passes took."
-    );
-    describe_histogram!(
-        SWEEP_CLAIMS,
-        Unit::Count,
-        "Seats one placement pass claimed."
-    );
-    describe_histogram!(
-        SWEEP_RELEASES,
-        Unit::Count,
-        "Seats one placement pass gave back."
-    );
-    describe_gauge!(
-        INBOX_DEPTH,
-        Unit::Count,
-        "Mail waiting in the inboxes of the seats this node holds (read on the sweep's cadence)."
-    );
-    describe_gauge!(
-        SEAT_INBOX_DEPTH,
-        Unit::Count,
-        "Mail waiting in one seat's inbox, by seat (small companies only)."
-    );
-    describe_counter!(
-        MEMORY_FLUSHES,
-        Unit::Count,
-        "Memory changelog flushes, by outcome."
-    );
-    describe_histogram!(
-        MEMORY_FLUSH_DURATION,
-        Unit::Seconds,
-        "How long memory changelog flushes took."
-    );
-    describe_counter!(
-        MEMORY_FLUSHED_ROWS,
-        Unit::Count,
-        "Memory rows flushes published."
-    );
-    describe_counter!(
-        MEMORY_HYDRATIONS,
-        Unit::Count,
-        "Memory hydrations, by outcome."
-    );
-    describe_histogram!(
-        MEMORY_HYDRATE_DURATION,
-        Unit::Seconds,
-        "How long memory hydrations took."
-    );
-    describe_counter!(
-        MEMORY_HYDRATED_ROWS,
-        Unit::Count,
-        "Memory rows hydrations replayed, by result."
-    );
-    describe_counter!(
-        MEMORY_READS,
-        Unit::Count,
-        "Reads of a seat's memory, by answer (held, unheld, unavailable)."
-    );
-    describe_counter!(RELEASES, Unit::Count, "Seats given back, by reason.");
-    describe_histogram!(
-        STORE_DURATION,
-        Unit::Seconds,
-        "How long the coordination store's primitives took, by op."
-    );
-    describe_counter!(
-        STORE_ERRORS,
-        Unit::Count,
-        "Coordination store primitives that failed, by op."
-    );
-    describe_gauge!(SEATS_HELD, Unit::Count, "Seats this node holds and runs.");
-    describe_gauge!(
-        SEATS_UNPROVEN,
-        Unit::Count,
-        "Seats whose teardown could not be proven (undead)."
-    );
-    describe_gauge!(
-        UNPROVEN_OLDEST,
-        Unit::Seconds,
-        "How long the oldest unproven teardown has been failing."
-    );
-    describe_gauge!(
-        SEATS_UNPLACEABLE,
-        Unit::Count,
-        "Seats no live node may run (this node's last placement pass)."
-    );
-    describe_counter!(SWEEPS, Unit::Count, "Placement passes.");
-    describe_counter!(
-        HANDOFFS,
-        Unit::Count,
-        "Handoffs, by outcome (taken, withdrawn)."
-    );
-    describe_histogram!(
-        HANDOFF_DARK,
-        Unit::Seconds,
-        "How long no turn could be admitted during a handoff."
-    );
-    describe_counter!(
-        TURNS,
-        Unit::Count,
-        "Turns, by outcome (completed, broken_redelivered, broken_recorded, broken_dead_lettered, fenced, stopped, parked, panicked)."
-    );
-    describe_histogram!(TURN_DURATION, Unit::Seconds, "How long turns ran.");
-    describe_histogram!(TURN_ROUNDS, Unit::Count, "Rounds per turn.");
-    describe_counter!(
-        TOOL_CALLS,
-        Unit::Count,
-        "Tool calls the engine executed for turns, by tool and outcome."
-    );
-    describe_counter!(
-        TOKENS,
-        Unit::Count,
-        "Tokens the model agents' completions spent."
-    );
-    describe_counter!(
-        TRIGGERS_SKIPPED,
-        Unit::Count,
-        "Triggers that will not run (again), by reason."
-    );
-    describe_counter!(DELIVERIES, Unit::Count, "Deliveries, by disposition.");
-    describe_gauge!(DEAD_LETTERS, Unit::Count, "Dead letters kept.");
-    describe_counter!(
-        HTTP_REQUESTS,
-        Unit::Count,
-        "HTTP requests, by route and status."
-    );
-    describe_histogram!(
-        HTTP_DURATION,
-        Unit::Seconds,
-        "How long HTTP requests took, by route."
-    );
-    describe_counter!(SIGN_INS, Unit::Count, "Sign-in attempts, by outcome.");
-    describe_gauge!(EVENT_STREAMS, Unit::Count, "Event streams open now.");
-    describe_counter!(
-        TOOL_SERVER_FAILURES,
-        Unit::Count,
-        "Tool servers that failed to start or exited."
-    );
+    use metrics::{describe_counter, describe_gauge, describe_histogram};
+    for &(kind, name, unit, help) in FAMILIES {
+        match kind {
+            Kind::Counter => describe_counter!(name, unit, help),
+            Kind::Gauge => describe_gauge!(name, unit, help),
+            Kind::Histogram => describe_histogram!(name, unit, help),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -442,38 +442,8 @@ impl MailboxSweep {
                 return Retirement::NotNow;
             }
         };
-        // The seat's detached runs end first, under the seat lease this
-        // retirement holds: once the control subscription is gone nothing
-        // could ever reach them again. A run that cannot be ended within
-        // the budget unmarks the retirement like one that cannot be ended
-        // at all; the next tick retries with the runs already ended gone.
-        let ended = match tokio::time::timeout_at(deadline, self.end_runs(h, epoch)).await {
-            Ok(r) => r,
-            Err(_) => Err(format!("the seat's runs were not ended within {budget:?}")),
-        };
-        if let Err(e) = ended {
-            tracing::warn!(seat = h, error = %e, "a retirement could not end the seat's runs; unmarking, next tick retries");
-            let _ = self
-                .store
-                .update(StateBucket::Mailboxes, h, encode(&unmarked), mark_rev)
-                .await;
-            return Retirement::NotNow;
-        }
-        let deletes = async {
-            for name in [inbox_group(h), control_group(h), reflect_group(h)] {
-                self.queue
-                    .delete_subscription(&name)
-                    .await
-                    .map_err(|e| format!("{name}: {e}"))?;
-            }
-            Ok::<(), String>(())
-        };
-        let done = match tokio::time::timeout_at(deadline, deletes).await {
-            Ok(r) => r,
-            Err(_) => Err(format!("the deletes took longer than {budget:?}")),
-        };
-        if let Err(e) = done {
-            tracing::warn!(seat = h, error = %e, "a retirement could not delete the mailbox; unmarking, next tick retries");
+        if let Err((step, e)) = self.clear_out(h, epoch, deadline, budget).await {
+            tracing::warn!(seat = h, error = %e, "a retirement could not {step}; unmarking, next tick retries");
             let _ = self
                 .store
                 .update(StateBucket::Mailboxes, h, encode(&unmarked), mark_rev)
@@ -496,6 +466,45 @@ impl MailboxSweep {
                 }
                 Retirement::NotNow
             }
+        }
+    }
+
+    /// A marked retirement's work, within its deadline: the seat's
+    /// detached runs end first, under the seat lease this retirement holds
+    /// (once the control subscription is gone nothing could ever reach them
+    /// again), then its three subscriptions are deleted. What could not be
+    /// done, and the step, otherwise: the caller unmarks and the next tick
+    /// retries, with the runs already ended gone.
+    async fn clear_out(
+        &self,
+        h: &str,
+        epoch: u64,
+        deadline: tokio::time::Instant,
+        budget: Duration,
+    ) -> Result<(), (&'static str, String)> {
+        match tokio::time::timeout_at(deadline, self.end_runs(h, epoch)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(("end the seat's runs", e)),
+            Err(_) => {
+                let e = format!("the seat's runs were not ended within {budget:?}");
+                return Err(("end the seat's runs", e));
+            }
+        }
+        let deletes = async {
+            for name in [inbox_group(h), control_group(h), reflect_group(h)] {
+                self.queue
+                    .delete_subscription(&name)
+                    .await
+                    .map_err(|e| format!("{name}: {e}"))?;
+            }
+            Ok::<(), String>(())
+        };
+        match tokio::time::timeout_at(deadline, deletes).await {
+            Ok(r) => r.map_err(|e| ("delete the mailbox", e)),
+            Err(_) => Err((
+                "delete the mailbox",
+                format!("the deletes took longer than {budget:?}"),
+            )),
         }
     }
 }

@@ -124,28 +124,7 @@ pub async fn router(setup: WebSetup<'_>) -> Result<Router, WebError> {
         trends,
     } = setup;
 
-    let store = SqliteStore::new(pool.clone())
-        .with_table_name("sessions")
-        .map_err(|e| WebError::Sessions(sqlx::Error::Configuration(e.into())))?;
-    store.migrate().await?;
-    {
-        let store = store.clone();
-        tasks.spawn("session-expiry", async move {
-            if let Err(e) = store
-                .continuously_delete_expired(Duration::from_secs(600))
-                .await
-            {
-                tracing::warn!(error = %e, "expired-session cleanup stopped");
-            }
-        });
-    }
-    // Kept under the hash of the cookie's id: the database holds no cookie.
-    let sessions = SessionManagerLayer::new(sessions::HashedIds::new(store))
-        .with_name(SESSION_COOKIE)
-        .with_http_only(true)
-        .with_same_site(SameSite::Strict)
-        .with_secure(config.auth.secure_cookies(&config.node))
-        .with_expiry(Expiry::OnInactivity(time::Duration::hours(12)));
+    let sessions = session_layer(config, &pool, &tasks).await?;
 
     let auth = Arc::new(auth::Auth::new(pool.clone(), &config.auth));
     if let Some(password) = auth.bootstrap_admin().await? {
@@ -192,9 +171,77 @@ pub async fn router(setup: WebSetup<'_>) -> Result<Router, WebError> {
         .site_pkg_dir("pkg")
         .site_addr(addr)
         .build();
-    let routes = generate_route_list(App);
+    let pages = generate_route_list(App);
     let ctx_console = console.clone();
-    let app = Router::new()
+    let app = api_routes()
+        .leptos_routes_with_context(
+            &leptos_options,
+            pages,
+            {
+                let name = app::NodeName(info.node_id.clone());
+                move || {
+                    provide_context(ctx_console.clone());
+                    provide_context(name.clone());
+                }
+            },
+            {
+                let o = leptos_options.clone();
+                move || shell(o.clone())
+            },
+        )
+        .fallback(leptos_axum::file_and_error_handler(shell))
+        .layer(axum::middleware::from_fn(auth::gate))
+        .layer(sessions)
+        .layer(axum::middleware::from_fn(headers::secure))
+        .layer(DefaultBodyLimit::max(SMALL_BODY * 8))
+        .layer(Extension(auth))
+        .layer(Extension(info))
+        .layer(Extension(engine))
+        .layer(Extension(turns))
+        .layer(Extension(console))
+        .layer(Extension(streams))
+        // Every request counted and timed by its route (every layer of a
+        // router runs once it has routed: the matched route is known).
+        .layer(axum::middleware::from_fn(observe_http))
+        .with_state(leptos_options);
+    Ok(app)
+}
+
+/// The session store (expired sessions deleted every ten minutes) and its
+/// cookie: strict, HTTP-only, secure where the node says, twelve hours
+/// of inactivity. Kept under the hash of the cookie's id: the database
+/// holds no cookie.
+async fn session_layer(
+    config: &Config,
+    pool: &SqlitePool,
+    tasks: &Tasks,
+) -> Result<SessionManagerLayer<sessions::HashedIds<SqliteStore>>, WebError> {
+    let store = SqliteStore::new(pool.clone())
+        .with_table_name("sessions")
+        .map_err(|e| WebError::Sessions(sqlx::Error::Configuration(e.into())))?;
+    store.migrate().await?;
+    {
+        let store = store.clone();
+        tasks.spawn("session-expiry", async move {
+            if let Err(e) = store
+                .continuously_delete_expired(Duration::from_secs(600))
+                .await
+            {
+                tracing::warn!(error = %e, "expired-session cleanup stopped");
+            }
+        });
+    }
+    Ok(SessionManagerLayer::new(sessions::HashedIds::new(store))
+        .with_name(SESSION_COOKIE)
+        .with_http_only(true)
+        .with_same_site(SameSite::Strict)
+        .with_secure(config.auth.secure_cookies(&config.node))
+        .with_expiry(Expiry::OnInactivity(time::Duration::hours(12))))
+}
+
+/// Every route but the dashboard's pages, with its body limit.
+fn api_routes() -> Router<LeptosOptions> {
+    Router::new()
         .route("/", get(|| async { Redirect::to(auth::HOME) }))
         .route(
             "/login",
@@ -261,37 +308,6 @@ pub async fn router(setup: WebSetup<'_>) -> Result<Router, WebError> {
             post(approvals::answer).layer(DefaultBodyLimit::max(SMALL_BODY)),
         )
         .route("/api/memory", get(memory_overview))
-        .leptos_routes_with_context(
-            &leptos_options,
-            routes,
-            {
-                let name = app::NodeName(info.node_id.clone());
-                move || {
-                    provide_context(ctx_console.clone());
-                    provide_context(name.clone());
-                }
-            },
-            {
-                let o = leptos_options.clone();
-                move || shell(o.clone())
-            },
-        )
-        .fallback(leptos_axum::file_and_error_handler(shell))
-        .layer(axum::middleware::from_fn(auth::gate))
-        .layer(sessions)
-        .layer(axum::middleware::from_fn(headers::secure))
-        .layer(DefaultBodyLimit::max(SMALL_BODY * 8))
-        .layer(Extension(auth))
-        .layer(Extension(info))
-        .layer(Extension(engine))
-        .layer(Extension(turns))
-        .layer(Extension(console))
-        .layer(Extension(streams))
-        // Every request counted and timed by its route (every layer of a
-        // router runs once it has routed: the matched route is known).
-        .layer(axum::middleware::from_fn(observe_http))
-        .with_state(leptos_options);
-    Ok(app)
 }
 
 /// Count and time one HTTP request by its route (the route's pattern, not

@@ -149,13 +149,7 @@ impl<B: Backend> Coordinator<B> {
                         }
                         Found::Held => {
                             guard.armed = false;
-                            return match current {
-                                Some(l) => Ok(Claim::HeldBy(l)),
-                                None => Err(StoreError::ClaimFailed {
-                                    key: key.into(),
-                                    reason: "held by nobody".into(),
-                                }),
-                            };
+                            return held_by(current, key);
                         }
                         Found::Free => self.be().create(b, key, body.clone()).await,
                         Found::Lapsed(rev) => self.be().update(b, key, body.clone(), rev).await,
@@ -180,9 +174,32 @@ impl<B: Backend> Coordinator<B> {
             }));
         };
 
-        // The record found the key free (or lapsed) and now reads claiming:
-        // only now is the protocol gate judged. A refusal gives back the
-        // claiming record (a peer reads it held only until then).
+        self.gate_and_commit(
+            req,
+            guard,
+            (b, key),
+            &first,
+            r1,
+            (counter.ok(), key_counter),
+        )
+        .await
+    }
+
+    /// Write 2 on: the record found the key free (or lapsed) and now reads
+    /// claiming at `r1`: only now is the protocol gate judged, then the
+    /// epoch is minted and the record written held. A refusal or a failure
+    /// gives back the claiming record (a peer reads it held only until
+    /// then); an unanswered give-back is retried in the background by the
+    /// guard.
+    async fn gate_and_commit(
+        &self,
+        req: &ClaimRequest,
+        guard: &mut ClaimGuard<B>,
+        (b, key): (BucketId, &str),
+        first: &LeaseRecord,
+        r1: Revision,
+        counters: (Option<Option<RawEntry>>, Option<Option<RawEntry>>),
+    ) -> Result<Claim, StoreError> {
         match self.gate_floor(req).await {
             Ok(None) => {}
             Ok(Some(floor)) => {
@@ -195,17 +212,7 @@ impl<B: Backend> Coordinator<B> {
             }
         }
 
-        match self
-            .commit(
-                b,
-                key,
-                &first,
-                r1,
-                &guard.claim,
-                (counter.ok(), key_counter),
-            )
-            .await
-        {
+        match self.commit(b, key, first, r1, &guard.claim, counters).await {
             Ok(lease) => {
                 guard.armed = false;
                 Ok(Claim::Won(lease))
@@ -433,5 +440,17 @@ impl<B: Backend> Drop for ClaimGuard<B> {
             .spawn("coord_claim_give_back", async move {
                 coord.give_back_by_claim(b, &key, &claim, ttl).await;
             });
+    }
+}
+
+/// The answer to a claim that found the key held (pure): by whom, or a
+/// failure when no record names a holder.
+fn held_by(current: Option<Lease>, key: &str) -> Result<Claim, StoreError> {
+    match current {
+        Some(l) => Ok(Claim::HeldBy(l)),
+        None => Err(StoreError::ClaimFailed {
+            key: key.into(),
+            reason: "held by nobody".into(),
+        }),
     }
 }

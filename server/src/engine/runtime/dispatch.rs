@@ -11,7 +11,7 @@ use crate::engine::approvals::APPROVAL_ANSWERED;
 use crate::engine::envelope::Envelope;
 use crate::engine::ledger::{self, SkipReason};
 use crate::engine::partition::{
-    Closing, Entry, closing, disposition_name, plan_partition, retry_delay,
+    Closing, Entry, PartitionPlan, closing, disposition_name, plan_partition, retry_delay,
 };
 use crate::engine::pause::{self, ControlMessage, PAUSE_HOLD};
 use crate::engine::turn::{self, Ending, TurnGuard};
@@ -229,22 +229,7 @@ impl TurnEngine {
                 return;
             }
         }
-        let envelopes: Vec<Envelope> = partition.iter().map(|(_, e, _)| e.clone()).collect();
-        let (done, answered, _read) = ledger::read(&*self.store, &handle, &envelopes).await;
-        let screened = ledger::screen(&envelopes, &done, &answered);
-        for (t, reason) in &screened.skipped {
-            self.events.emit(Event::TurnTriggerSkipped {
-                seat: handle.clone(),
-                trigger_id: t.id.clone(),
-                reason: match reason {
-                    SkipReason::AlreadyDone => "already_done",
-                    SkipReason::AnsweredInThread => "answered_in_thread",
-                }
-                .into(),
-                turn_id: None,
-            });
-        }
-        let plan = plan_partition(&partition, &screened);
+        let plan = self.screen(&handle, &partition).await;
         for i in &plan.acks {
             out[*i] = Some(Disposition::Ack);
         }
@@ -285,6 +270,49 @@ impl TurnEngine {
             false,
             retry_delay(turn.delivered, self.retry),
         );
+        self.close_turn(rt, &turn, &record, &c).await;
+        for i in plan.runs {
+            out[i] = Some(c.disposition.clone());
+        }
+        // The turn's completions may have reached a cap: the next turn waits.
+        if let Some(ex) = self.budget_reached(&handle).await {
+            self.hold_for_budget(&handle, &ex);
+        }
+    }
+
+    /// The partition screened against the completion ledger (mail already
+    /// finished or answered in its thread is skipped, and said so): what to
+    /// ack and what to run.
+    async fn screen(&self, handle: &str, partition: &[Entry]) -> PartitionPlan {
+        let envelopes: Vec<Envelope> = partition.iter().map(|(_, e, _)| e.clone()).collect();
+        let (done, answered, _read) = ledger::read(&*self.store, handle, &envelopes).await;
+        let screened = ledger::screen(&envelopes, &done, &answered);
+        for (t, reason) in &screened.skipped {
+            self.events.emit(Event::TurnTriggerSkipped {
+                seat: handle.to_string(),
+                trigger_id: t.id.clone(),
+                reason: match reason {
+                    SkipReason::AlreadyDone => "already_done",
+                    SkipReason::AnsweredInThread => "answered_in_thread",
+                }
+                .into(),
+                turn_id: None,
+            });
+        }
+        plan_partition(partition, &screened)
+    }
+
+    /// A turn's close, as `c` says: the completion record right behind the
+    /// effects, the work after the turn, the agent told of the end, the
+    /// closing announced (and, injected for a test, a turn that never acks).
+    async fn close_turn(
+        &self,
+        rt: &Arc<SeatRuntime>,
+        turn: &TurnInput,
+        record: &turn::TurnRecord,
+        c: &Closing,
+    ) {
+        let handle = &turn.seat;
         // The record first, right behind the effects: it is what keeps a
         // redelivery (the ack can be lost too) from running them again.
         if c.record {
@@ -297,7 +325,7 @@ impl TurnEngine {
             let within = record_budget(self.ack_wait);
             ledger::record_within(
                 &*self.store,
-                &handle,
+                handle,
                 &turn.triggers,
                 &answered_ids,
                 &turn.turn_id,
@@ -306,24 +334,17 @@ impl TurnEngine {
             .await;
         }
         if c.after_turn {
-            self.after_turn(&turn).await;
+            self.after_turn(turn).await;
         }
         if c.abort {
             // The agent is told the turn is over (`parked` included): no
             // results come for its last round.
             rt.agent.abort(&turn.turn_id, record.ending.name()).await;
         }
-        self.announce_closing(rt, &turn, &record, &c);
+        self.announce_closing(rt, turn, record, c);
         if c.record && self.faults.stall_before_ack.load(Ordering::SeqCst) {
             tracing::warn!(seat = %handle, turn_id = %turn.turn_id, "fault injection: the turn's effects shipped and are recorded; never acking");
             std::future::pending::<()>().await;
-        }
-        for i in plan.runs {
-            out[i] = Some(c.disposition.clone());
-        }
-        // The turn's completions may have reached a cap: the next turn waits.
-        if let Some(ex) = self.budget_reached(&handle).await {
-            self.hold_for_budget(&handle, &ex);
         }
     }
 

@@ -196,33 +196,10 @@ impl SeatHost {
             return Err(Unoffered::Resumed("the seat's lock was not had".into()));
         };
         if self.is_draining() && reason != DetachReason::Drain {
-            // A drain began during the wait: the drain hands the seat on;
-            // until then it admits again.
-            if let Some(e) = lock(&self.inner.seats).get_mut(handle)
-                && e.phase == Phase::Attached
-                && e.offered
-            {
-                e.offered = false;
-                if let Some(a) = &e.inbox {
-                    a.resume();
-                }
-            }
+            self.admit_again(handle);
             return Err(Unoffered::Resumed("this node is draining".into()));
         }
-        let (lease, inbox, reflect) = {
-            let mut seats = lock(&self.inner.seats);
-            match seats.get_mut(handle) {
-                // Still as phase 0 left it: attached, and offered by it.
-                Some(e) if e.phase == Phase::Attached && !e.fenced && e.offered => {
-                    e.last_flush = true;
-                    (e.lease.clone(), e.inbox.take(), e.reflect.take())
-                }
-                Some(_) => {
-                    return Err(Unoffered::Resumed("the seat is not attached here".into()));
-                }
-                None => return Err(Unoffered::Resumed("the seat is not held here".into())),
-            }
-        };
+        let (lease, inbox, reflect) = self.take_for_offer(handle)?;
         let ctx = SeatContext::of(handle, &lease);
         let quiesced_at = self.inner.store.now().await.ok();
         if let Some(a) = reflect {
@@ -294,6 +271,38 @@ impl SeatHost {
             reason,
         });
         Ok(offer)
+    }
+
+    /// A drain began while an offer waited for the seat's lock: the drain
+    /// hands the seat on; until then it admits again.
+    fn admit_again(&self, handle: &str) {
+        if let Some(e) = lock(&self.inner.seats).get_mut(handle)
+            && e.phase == Phase::Attached
+            && e.offered
+        {
+            e.offered = false;
+            if let Some(a) = &e.inbox {
+                a.resume();
+            }
+        }
+    }
+
+    /// The seat as phase 0 left it (attached, and offered by it): its
+    /// lease, and its inbox and reflect subscriptions taken out for the
+    /// offer; its last flush is marked.
+    fn take_for_offer(
+        &self,
+        handle: &str,
+    ) -> Result<(Lease, Option<Attachment>, Option<Attachment>), Unoffered> {
+        let mut seats = lock(&self.inner.seats);
+        match seats.get_mut(handle) {
+            Some(e) if e.phase == Phase::Attached && !e.fenced && e.offered => {
+                e.last_flush = true;
+                Ok((e.lease.clone(), e.inbox.take(), e.reflect.take()))
+            }
+            Some(_) => Err(Unoffered::Resumed("the seat is not attached here".into())),
+            None => Err(Unoffered::Resumed("the seat is not held here".into())),
+        }
     }
 
     /// Put the inbox back, re-attach reflect and admit turns again.
@@ -487,6 +496,52 @@ impl SeatHost {
         }
     }
 
+    /// Take the lease offered under `offer_id` (counted as a claim): the
+    /// lease, or what stands instead, the preparation undone.
+    async fn take_offered(
+        &self,
+        resource: &str,
+        offer_id: &str,
+        provisional: &SeatContext,
+        progress: &Progress<'_>,
+    ) -> Result<Result<Lease, Acquired>, crate::coord::StoreError> {
+        let taken = self
+            .inner
+            .store
+            .take(
+                resource,
+                offer_id,
+                &self.inner.cfg.owner,
+                &self.inner.cfg.node_id,
+                crate::config::protocol(),
+            )
+            .await;
+        progress();
+        // A take is a claim (of an offered seat): counted the same way.
+        if let Some(outcome) = crate::coord::claim_outcome(&taken) {
+            crate::metrics::apply(&crate::metrics::Update::count(
+                crate::metrics::CLAIMS,
+                "outcome",
+                outcome,
+            ));
+        }
+        match taken {
+            Ok(Claim::Won(l)) => Ok(Ok(l)),
+            Ok(Claim::HeldBy(l)) => {
+                let _ = self.inner.hooks.unprepare(provisional).await;
+                Ok(Err(Acquired::HeldBy(Box::new(l))))
+            }
+            Ok(Claim::Gated { floor }) => {
+                let _ = self.inner.hooks.unprepare(provisional).await;
+                Ok(Err(Acquired::Gated { floor }))
+            }
+            Err(e) => {
+                let _ = self.inner.hooks.unprepare(provisional).await;
+                Err(e)
+            }
+        }
+    }
+
     /// The successor's side: prepare `handle` while its giver still holds
     /// it, take the lease offered under `offer_id`, then attach. Anything
     /// short of a take undoes the preparation; the giver withdraws at its
@@ -529,40 +584,12 @@ impl SeatHost {
             return Ok(Acquired::HeldBy(Box::new(current)));
         }
         let sent = Instant::now();
-        let taken = self
-            .inner
-            .store
-            .take(
-                &resource,
-                offer_id,
-                &self.inner.cfg.owner,
-                &self.inner.cfg.node_id,
-                crate::config::protocol(),
-            )
-            .await;
-        progress();
-        // A take is a claim (of an offered seat): counted the same way.
-        if let Some(outcome) = crate::coord::claim_outcome(&taken) {
-            crate::metrics::apply(&crate::metrics::Update::count(
-                crate::metrics::CLAIMS,
-                "outcome",
-                outcome,
-            ));
-        }
-        let lease = match taken {
-            Ok(Claim::Won(l)) => l,
-            Ok(Claim::HeldBy(l)) => {
-                let _ = self.inner.hooks.unprepare(&provisional).await;
-                return Ok(Acquired::HeldBy(Box::new(l)));
-            }
-            Ok(Claim::Gated { floor }) => {
-                let _ = self.inner.hooks.unprepare(&provisional).await;
-                return Ok(Acquired::Gated { floor });
-            }
-            Err(e) => {
-                let _ = self.inner.hooks.unprepare(&provisional).await;
-                return Err(e);
-            }
+        let lease = match self
+            .take_offered(&resource, offer_id, &provisional, progress)
+            .await?
+        {
+            Ok(l) => l,
+            Err(not) => return Ok(not),
         };
         let epoch = lease.epoch;
         self.inner.events.emit(Event::SeatClaimed {

@@ -2,9 +2,10 @@
 //! pause, turns, runs, approvals, spend, tool servers), and a seat's
 //! timeline, outbox, activity and inbox depth over the last hour.
 
-use app::api::{EffectView, EventQuery, SeatDetail, SeatList, SeatQuery};
+use app::api::{EffectView, EventQuery, SeatDetail, SeatList, SeatQuery, SeatRow};
 use app::console::{Console, ConsoleError};
 
+use crate::company::Company;
 use crate::web::seats::{SeatFacts, page_of, pause_record, seat_rows};
 use crate::web::unavailable::unavailable;
 
@@ -18,6 +19,31 @@ pub(super) async fn page(
     only: Option<&str>,
 ) -> Result<SeatList, ConsoleError> {
     let company = c.engine.company();
+    let rows = all_rows(c, &company).await?;
+    let total = rows.len();
+    let rows = match only {
+        Some(h) => rows.into_iter().filter(|r| r.handle == h).collect(),
+        None => rows,
+    };
+    let mut paged = page_of(rows, &query);
+    fill_rows(c, &company, &mut paged.rows).await;
+    Ok(SeatList {
+        answered_by: c.info.node_id.clone(),
+        company: company.name.clone(),
+        revision: company.revision,
+        total,
+        matching: paged.matching,
+        page: paged.page,
+        pages: paged.pages,
+        page_size: app::api::SEAT_PAGE_SIZE,
+        counts: paged.counts,
+        rows: paged.rows,
+    })
+}
+
+/// Every seat's row, from the leases and pauses read once and what this
+/// node knows of the seats it holds.
+async fn all_rows(c: &NodeConsole, company: &Company) -> Result<Vec<SeatRow>, ConsoleError> {
     let store = c.engine.store();
     let (leases, pauses) = futures::join!(
         store.view("seat:"),
@@ -43,7 +69,7 @@ pub(super) async fn page(
         .filter_map(|s| s.running_turn.map(|t| (s.handle, t)))
         .collect();
     let notes = c.notes.snapshot();
-    let rows = seat_rows(&SeatFacts {
+    Ok(seat_rows(&SeatFacts {
         roles: &company.roles,
         leases: &leases,
         pauses: &pauses,
@@ -52,16 +78,16 @@ pub(super) async fn page(
         local_errors: &local_errors,
         local_running: &local_running,
         notes: &notes,
-    });
-    let total = rows.len();
-    let rows = match only {
-        Some(h) => rows.into_iter().filter(|r| r.handle == h).collect(),
-        None => rows,
-    };
-    let mut paged = page_of(rows, &query);
+    }))
+}
+
+/// The page's rows filled in: inbox depth, detached runs, pending
+/// approvals, spend, where Move… may go and the tool servers, each read
+/// all at once for the page's seats only.
+async fn fill_rows(c: &NodeConsole, company: &Company, rows: &mut [SeatRow]) {
     // Inbox depth for the page's seats only, asked all at once.
     let queue = c.engine.queue();
-    let depths = futures::future::join_all(paged.rows.iter().map(|r| {
+    let depths = futures::future::join_all(rows.iter().map(|r| {
         let group = crate::queue::inbox_group(&r.handle);
         async move { queue.pending(&group).await.ok() }
     }))
@@ -70,19 +96,18 @@ pub(super) async fn page(
     // seat whose runs cannot be read shows none.
     let runs = c.turns.runs();
     let records = futures::future::join_all(
-        paged
-            .rows
-            .iter()
+        rows.iter()
             .map(|r| async move { runs.list(&r.handle).await.ok() }),
     )
     .await;
-    let handles: Vec<String> = paged.rows.iter().map(|r| r.handle.clone()).collect();
+    let handles: Vec<String> = rows.iter().map(|r| r.handle.clone()).collect();
     let approvals = crate::web::approvals::pending_of(c.turns.approvals(), &handles).await;
-    let spends =
-        futures::future::join_all(paged.rows.iter().map(|r| c.turns.spend(&r.handle))).await;
+    let spends = futures::future::join_all(rows.iter().map(|r| c.turns.spend(&r.handle))).await;
     // Whether Move… has anywhere to go: the live nodes, read once.
-    let live = crate::seat::moves::live_targets(&**store).await.ok();
-    for (row, spend) in paged.rows.iter_mut().zip(spends) {
+    let live = crate::seat::moves::live_targets(&**c.engine.store())
+        .await
+        .ok();
+    for (row, spend) in rows.iter_mut().zip(spends) {
         row.spend = spend.map(|(windows, held)| app::api::SeatSpendView { windows, held });
         let role = company.roles.iter().find(|r| r.handle == row.handle);
         if let (Some(role), Some(live)) = (role, live.as_deref()) {
@@ -100,12 +125,8 @@ pub(super) async fn page(
             row.holder.as_ref().map(|h| h.node_id.as_str()),
         );
     }
-    for (((row, depth), records), approvals) in paged
-        .rows
-        .iter_mut()
-        .zip(depths)
-        .zip(records)
-        .zip(approvals)
+    for (((row, depth), records), approvals) in
+        rows.iter_mut().zip(depths).zip(records).zip(approvals)
     {
         row.approvals = approvals;
         row.pending = depth;
@@ -117,18 +138,6 @@ pub(super) async fn page(
                 .collect(),
         );
     }
-    Ok(SeatList {
-        answered_by: c.info.node_id.clone(),
-        company: company.name.clone(),
-        revision: company.revision,
-        total,
-        matching: paged.matching,
-        page: paged.page,
-        pages: paged.pages,
-        page_size: app::api::SEAT_PAGE_SIZE,
-        counts: paged.counts,
-        rows: paged.rows,
-    })
 }
 
 /// A seat's inbox depth over `hour`, from the node that holds it

@@ -177,6 +177,11 @@ impl Pulse {
         self.0.live.store(false, Ordering::SeqCst);
     }
 
+    /// How long since the loop last turned.
+    pub fn silent_for(&self) -> Duration {
+        self.read().at.elapsed()
+    }
+
     pub fn is_live(&self) -> bool {
         self.0.live.load(Ordering::SeqCst)
     }

@@ -14,11 +14,13 @@ use leptos_router::components::Form;
 use leptos_router::hooks::use_query_map;
 
 use crate::api::{
-    HolderCoverage, MEMORY_ROWS_SHOWN, MemoryAnswer, MemoryCounts, MemoryOverviewPage,
-    SeatMemoryCounts, SeatMemoryRead, SeatMemoryRows,
+    ConversationRow, CounterpartyRow, DiaryRow, EpisodeRow, HolderCoverage, MEMORY_ROWS_SHOWN,
+    MarkerRow, MemoryAnswer, MemoryCounts, MemoryOverviewPage, SeatMemoryCounts, SeatMemoryRead,
+    SeatMemoryRows, SkillRow, SkillVersionRow,
 };
 use crate::components::notice::ErrorNotice;
 use crate::components::pager::Pager;
+use crate::error::AppError;
 use crate::fns::{memory_overview, seat_memory};
 use crate::live::{LiveBadge, MEMORY_EVENTS, refetch_on};
 
@@ -68,14 +70,6 @@ pub fn MemoryPage() -> impl IntoView {
         },
     );
 
-    let rows = move || {
-        overview
-            .get()
-            .and_then(|r| r.ok())
-            .map(|o| o.seats)
-            .unwrap_or_default()
-    };
-
     view! {
         <section class="page memory">
             <div class="page-head">
@@ -112,70 +106,104 @@ pub fn MemoryPage() -> impl IntoView {
                 }}
             </Transition>
 
-            <h2 id="overview-title">"Every seat"</h2>
-            <Form method="get" action="/memory" attr:class="filters">
-                <input type="hidden" name="seat" value=seat />
-                <label for="memory-q">"Search"</label>
-                <input
-                    id="memory-q"
-                    type="search"
-                    name="q"
-                    placeholder="handle"
-                    maxlength="200"
-                    value=text
-                />
-                <button type="submit">"Filter"</button>
-            </Form>
-            <Transition fallback=|| view! { <p class="muted">"Asking every holder…"</p> }>
-                {move || {
-                    overview
-                        .get()
-                        .map(|r| match r {
-                            Ok(o) => view! { <OverviewSummary overview=o /> }.into_any(),
-                            Err(e) => view! { <ErrorNotice error=e /> }.into_any(),
-                        })
-                }}
-                // Rows are keyed by their content: a refresh replaces only the
-                // rows that changed, so the others keep their place and focus.
-                <div class="table-wrap" hidden=move || rows().is_empty()>
-                    <table class="memory-overview stack-table" aria-labelledby="overview-title">
-                        <thead>
-                            <tr>
-                                <th scope="col">"Seat"</th>
-                                <th scope="col">"Answered by"</th>
-                                {MemoryCounts::default()
-                                    .named()
-                                    .into_iter()
-                                    .map(|(name, _)| view! { <th scope="col" class="num">{name}</th> })
-                                    .collect_view()}
-                            </tr>
-                        </thead>
-                        <tbody>
-                            <For each=rows key=|r| format!("{r:?}") let:r>
-                                <OverviewRow row=r selected=Signal::derive(seat) query=Signal::derive(text) />
-                            </For>
-                        </tbody>
-                    </table>
-                </div>
-                {move || {
-                    overview
-                        .get()
-                        .and_then(|r| r.ok())
-                        .map(|o| {
-                            let (seat, query) = (seat(), text());
-                            view! {
-                                <Pager
-                                    label="Overview pages"
-                                    page=o.page
-                                    pages=o.pages
-                                    matching=o.matching
-                                    href=move |p| memory_href(&seat, &query, p)
-                                />
-                            }
-                        })
-                }}
-            </Transition>
+            <OverviewSection overview seat=Signal::derive(seat) text=Signal::derive(text) />
         </section>
+    }
+}
+
+/// Every seat's rows per table, searchable and paged, and which holders
+/// answered.
+#[component]
+fn OverviewSection(
+    overview: Resource<Result<MemoryOverviewPage, AppError>>,
+    seat: Signal<String>,
+    text: Signal<String>,
+) -> impl IntoView {
+    view! {
+        <h2 id="overview-title">"Every seat"</h2>
+        <Form method="get" action="/memory" attr:class="filters">
+            <input type="hidden" name="seat" value=seat />
+            <label for="memory-q">"Search"</label>
+            <input
+                id="memory-q"
+                type="search"
+                name="q"
+                placeholder="handle"
+                maxlength="200"
+                value=text
+            />
+            <button type="submit">"Filter"</button>
+        </Form>
+        <Transition fallback=|| view! { <p class="muted">"Asking every holder…"</p> }>
+            {move || {
+                overview
+                    .get()
+                    .map(|r| match r {
+                        Ok(o) => view! { <OverviewSummary overview=o /> }.into_any(),
+                        Err(e) => view! { <ErrorNotice error=e /> }.into_any(),
+                    })
+            }}
+            <OverviewTable overview seat text />
+            {move || {
+                overview
+                    .get()
+                    .and_then(|r| r.ok())
+                    .map(|o| {
+                        let (seat, query) = (seat.get(), text.get());
+                        view! {
+                            <Pager
+                                label="Overview pages"
+                                page=o.page
+                                pages=o.pages
+                                matching=o.matching
+                                href=move |p| memory_href(&seat, &query, p)
+                            />
+                        }
+                    })
+            }}
+        </Transition>
+    }
+}
+
+/// The overview's table: a row per seat, its rows per table and who
+/// answered.
+#[component]
+fn OverviewTable(
+    overview: Resource<Result<MemoryOverviewPage, AppError>>,
+    seat: Signal<String>,
+    text: Signal<String>,
+) -> impl IntoView {
+    let rows = move || {
+        overview
+            .get()
+            .and_then(|r| r.ok())
+            .map(|o| o.seats)
+            .unwrap_or_default()
+    };
+
+    view! {
+        // Rows are keyed by their content: a refresh replaces only the
+        // rows that changed, so the others keep their place and focus.
+        <div class="table-wrap" hidden=move || rows().is_empty()>
+            <table class="memory-overview stack-table" aria-labelledby="overview-title">
+                <thead>
+                    <tr>
+                        <th scope="col">"Seat"</th>
+                        <th scope="col">"Answered by"</th>
+                        {MemoryCounts::default()
+                            .named()
+                            .into_iter()
+                            .map(|(name, _)| view! { <th scope="col" class="num">{name}</th> })
+                            .collect_view()}
+                    </tr>
+                </thead>
+                <tbody>
+                    <For each=rows key=|r| format!("{r:?}") let:r>
+                        <OverviewRow row=r selected=seat query=text />
+                    </For>
+                </tbody>
+            </table>
+        </div>
     }
 }
 
@@ -250,123 +278,144 @@ fn opt(s: &Option<String>) -> String {
 
 fn tables(m: SeatMemoryRows) -> Vec<Table> {
     vec![
-        Table {
-            title: "Diary",
-            slug: "diary",
-            headers: &["Written", "Note", "Work key", "Expires"],
-            rows: m
-                .diary
-                .into_iter()
-                .map(|r| {
-                    let expires = r.expires_at.as_deref().map(when);
-                    (
-                        r.id,
-                        vec![
-                            when(&r.created_at),
-                            r.content,
-                            opt(&r.work_key),
-                            opt(&expires),
-                        ],
-                    )
-                })
-                .collect(),
-        },
-        Table {
-            title: "Episodes",
-            slug: "episodes",
-            headers: &["When", "Summary", "Work key", "Turn"],
-            rows: m
-                .episodes
-                .into_iter()
-                .map(|r| {
-                    (
-                        r.id,
-                        vec![when(&r.created_at), r.summary, opt(&r.work_key), r.turn_id],
-                    )
-                })
-                .collect(),
-        },
-        Table {
-            title: "Counterparty profiles",
-            slug: "counterparty_profiles",
-            headers: &["Counterparty", "Interactions", "Last work key", "Updated"],
-            rows: m
-                .counterparty_profiles
-                .into_iter()
-                .map(|r| {
-                    (
-                        r.id,
-                        vec![
-                            r.counterparty,
-                            r.interaction_count.to_string(),
-                            opt(&r.last_work_key),
-                            when(&r.updated_at),
-                        ],
-                    )
-                })
-                .collect(),
-        },
-        Table {
-            title: "Skills",
-            slug: "skills",
-            headers: &["Skill", "State", "Uses", "Updated"],
-            rows: m
-                .skills
-                .into_iter()
-                .map(|r| {
-                    (
-                        r.id,
-                        vec![
-                            r.name,
-                            r.state,
-                            r.use_count.to_string(),
-                            when(&r.updated_at),
-                        ],
-                    )
-                })
-                .collect(),
-        },
-        Table {
-            title: "Skill versions",
-            slug: "skill_versions",
-            headers: &["Skill", "Version", "Body", "Written"],
-            rows: m
-                .skill_versions
-                .into_iter()
-                .map(|r| {
-                    (
-                        r.id,
-                        vec![
-                            r.skill_name,
-                            r.version.to_string(),
-                            r.body,
-                            when(&r.created_at),
-                        ],
-                    )
-                })
-                .collect(),
-        },
-        Table {
-            title: "Onboarding markers",
-            slug: "onboarding_markers",
-            headers: &["Marker", "Value", "Updated"],
-            rows: m
-                .onboarding_markers
-                .into_iter()
-                .map(|r| (r.id, vec![r.marker, r.value, when(&r.updated_at)]))
-                .collect(),
-        },
-        Table {
-            title: "Conversations",
-            slug: "conversations",
-            headers: &["When", "Thread", "Author", "Text"],
-            rows: m
-                .conversations
-                .into_iter()
-                .map(|r| (r.id, vec![when(&r.at), r.thread, r.author, r.text]))
-                .collect(),
-        },
+        diary_table(m.diary),
+        episodes_table(m.episodes),
+        counterparty_profiles_table(m.counterparty_profiles),
+        skills_table(m.skills),
+        skill_versions_table(m.skill_versions),
+        onboarding_markers_table(m.onboarding_markers),
+        conversations_table(m.conversations),
     ]
+}
+
+fn diary_table(rows: Vec<DiaryRow>) -> Table {
+    Table {
+        title: "Diary",
+        slug: "diary",
+        headers: &["Written", "Note", "Work key", "Expires"],
+        rows: rows
+            .into_iter()
+            .map(|r| {
+                let expires = r.expires_at.as_deref().map(when);
+                (
+                    r.id,
+                    vec![
+                        when(&r.created_at),
+                        r.content,
+                        opt(&r.work_key),
+                        opt(&expires),
+                    ],
+                )
+            })
+            .collect(),
+    }
+}
+
+fn episodes_table(rows: Vec<EpisodeRow>) -> Table {
+    Table {
+        title: "Episodes",
+        slug: "episodes",
+        headers: &["When", "Summary", "Work key", "Turn"],
+        rows: rows
+            .into_iter()
+            .map(|r| {
+                (
+                    r.id,
+                    vec![when(&r.created_at), r.summary, opt(&r.work_key), r.turn_id],
+                )
+            })
+            .collect(),
+    }
+}
+
+fn counterparty_profiles_table(rows: Vec<CounterpartyRow>) -> Table {
+    Table {
+        title: "Counterparty profiles",
+        slug: "counterparty_profiles",
+        headers: &["Counterparty", "Interactions", "Last work key", "Updated"],
+        rows: rows
+            .into_iter()
+            .map(|r| {
+                (
+                    r.id,
+                    vec![
+                        r.counterparty,
+                        r.interaction_count.to_string(),
+                        opt(&r.last_work_key),
+                        when(&r.updated_at),
+                    ],
+                )
+            })
+            .collect(),
+    }
+}
+
+fn skills_table(rows: Vec<SkillRow>) -> Table {
+    Table {
+        title: "Skills",
+        slug: "skills",
+        headers: &["Skill", "State", "Uses", "Updated"],
+        rows: rows
+            .into_iter()
+            .map(|r| {
+                (
+                    r.id,
+                    vec![
+                        r.name,
+                        r.state,
+                        r.use_count.to_string(),
+                        when(&r.updated_at),
+                    ],
+                )
+            })
+            .collect(),
+    }
+}
+
+fn skill_versions_table(rows: Vec<SkillVersionRow>) -> Table {
+    Table {
+        title: "Skill versions",
+        slug: "skill_versions",
+        headers: &["Skill", "Version", "Body", "Written"],
+        rows: rows
+            .into_iter()
+            .map(|r| {
+                (
+                    r.id,
+                    vec![
+                        r.skill_name,
+                        r.version.to_string(),
+                        r.body,
+                        when(&r.created_at),
+                    ],
+                )
+            })
+            .collect(),
+    }
+}
+
+fn onboarding_markers_table(rows: Vec<MarkerRow>) -> Table {
+    Table {
+        title: "Onboarding markers",
+        slug: "onboarding_markers",
+        headers: &["Marker", "Value", "Updated"],
+        rows: rows
+            .into_iter()
+            .map(|r| (r.id, vec![r.marker, r.value, when(&r.updated_at)]))
+            .collect(),
+    }
+}
+
+fn conversations_table(rows: Vec<ConversationRow>) -> Table {
+    Table {
+        title: "Conversations",
+        slug: "conversations",
+        headers: &["When", "Thread", "Author", "Text"],
+        rows: rows
+            .into_iter()
+            .map(|r| (r.id, vec![when(&r.at), r.thread, r.author, r.text]))
+            .collect(),
+    }
 }
 
 #[component]

@@ -63,7 +63,39 @@ pub fn NodesPage() -> impl IntoView {
             }
         },
     );
-    // While the roster cannot be read, read it again a while later.
+    follow_unreadable(data, floor_shown);
+    let ticks = presence_clock(data);
+
+    // Which nodes' seat lists are open, kept across refreshes.
+    let open = RwSignal::new(BTreeSet::<String>::new());
+    view! {
+        <section class="page">
+            <div class="page-head">
+                <leptos_meta::Title text="Nodes" />
+                <h1>"Settings › Nodes"</h1>
+                <LiveBadge state=live />
+            </div>
+            <Transition fallback=|| view! { <p class="muted">"Reading the fleet…"</p> }>
+                {move || {
+                    data.get()
+                        .map(|r| match r {
+                            Ok(f) => view! { <FleetHead fleet=shown(f, live.get()) ticks=ticks /> }.into_any(),
+                            Err(e) => view! { <ErrorNotice error=e /> }.into_any(),
+                        })
+                }}
+                <NodesTable data live open ticks />
+                <PriorityOrder order=order operator=operator />
+            </Transition>
+            <Handoffs list=handoffs />
+            <crate::pages::node_trends::NodeStrips />
+        </section>
+    }
+}
+
+/// While the roster cannot be read, read it again a while later; and note
+/// whether the page shows a protocol floor (its reports then change
+/// nothing).
+fn follow_unreadable(data: Resource<Result<FleetView, AppError>>, floor_shown: StoredValue<bool>) {
     Effect::new(move |_| {
         let unreadable = data.with(|d| match d {
             Some(Ok(f)) => f.stale.is_some(),
@@ -82,7 +114,12 @@ pub fn NodesPage() -> impl IntoView {
             on_cleanup(move || h.clear());
         }
     });
-    // Seconds since the fleet shown was read, so durations keep counting.
+}
+
+/// Seconds since the fleet shown was read, counting every second so
+/// durations keep counting; a presence countdown at zero reads the roster
+/// once more (once a read).
+fn presence_clock(data: Resource<Result<FleetView, AppError>>) -> RwSignal<u64> {
     let ticks = RwSignal::new(0u64);
     // Whether this read's presence countdowns already asked for a new read.
     let expiry_asked = StoredValue::new(false);
@@ -114,31 +151,7 @@ pub fn NodesPage() -> impl IntoView {
             on_cleanup(move || h.clear());
         }
     });
-
-    // Which nodes' seat lists are open, kept across refreshes.
-    let open = RwSignal::new(BTreeSet::<String>::new());
-    view! {
-        <section class="page">
-            <div class="page-head">
-                <leptos_meta::Title text="Nodes" />
-                <h1>"Settings › Nodes"</h1>
-                <LiveBadge state=live />
-            </div>
-            <Transition fallback=|| view! { <p class="muted">"Reading the fleet…"</p> }>
-                {move || {
-                    data.get()
-                        .map(|r| match r {
-                            Ok(f) => view! { <FleetHead fleet=shown(f, live.get()) ticks=ticks /> }.into_any(),
-                            Err(e) => view! { <ErrorNotice error=e /> }.into_any(),
-                        })
-                }}
-                <NodesTable data live open ticks />
-                <PriorityOrder order=order operator=operator />
-            </Transition>
-            <Handoffs list=handoffs />
-            <crate::pages::node_trends::NodeStrips />
-        </section>
-    }
+    ticks
 }
 
 /// What the page shows of `f`: the fleet read, marked unknown while the
@@ -380,6 +393,34 @@ pub fn HeldSeatItem(s: crate::api::HeldSeatView) -> impl IntoView {
     }
 }
 
+/// A node's presence: the time left on its lease, counting down from the
+/// roster read, and when it expires; or that it holds none.
+#[component]
+fn NodePresence(
+    node: Memo<NodeView>,
+    read_at: Signal<String>,
+    ticks: RwSignal<u64>,
+) -> impl IntoView {
+    move || match node.with(|n| n.presence_expires_at.clone()) {
+        Some(at) => {
+            let left = move || match presence_left(&node.get(), &read_at.get(), ticks.get()) {
+                Some(0) => "renewal due".to_string(),
+                Some(s) => format!("{} left", duration_words(s)),
+                None => String::new(),
+            };
+            view! {
+                <span class="presence-left" data-presence-left="">{left}</span>
+                <div class="muted small">
+                    "expires "
+                    <crate::components::time::When at=at.clone() />
+                </div>
+            }
+            .into_any()
+        }
+        None => view! { "no lease" }.into_any(),
+    }
+}
+
 #[component]
 fn NodeRow(
     /// The node as the page reads it now: the row stays while the node is
@@ -438,24 +479,6 @@ fn NodeRow(
         let n = node.with(|n| n.seats.len());
         format!("{n} seat{}", if n == 1 { "" } else { "s" })
     };
-    let presence = move || match node.with(|n| n.presence_expires_at.clone()) {
-        Some(at) => {
-            let left = move || match presence_left(&node.get(), &read_at.get(), ticks.get()) {
-                Some(0) => "renewal due".to_string(),
-                Some(s) => format!("{} left", duration_words(s)),
-                None => String::new(),
-            };
-            view! {
-                <span class="presence-left" data-presence-left="">{left}</span>
-                <div class="muted small">
-                    "expires "
-                    <crate::components::time::When at=at.clone() />
-                </div>
-            }
-            .into_any()
-        }
-        None => view! { "no lease" }.into_any(),
-    };
     view! {
         <tr
             data-node=move || node.with(|n| n.node_id.clone())
@@ -485,7 +508,7 @@ fn NodeRow(
             <td data-label="Roles"><span>{move || node.with(|n| list(&n.roles))}</span></td>
             <td data-label="Labels"><span>{move || node.with(|n| list(&n.labels))}</span></td>
             <td data-label="Protocol"><span>{move || node.with(|n| n.protocol)}</span></td>
-            <td data-label="Presence"><div>{presence}</div></td>
+            <td data-label="Presence"><div><NodePresence node read_at ticks /></div></td>
             <td data-label="Seats">
                 <details class="seats" prop:open=is_open on:toggle=on_toggle>
                     <summary>{seat_count}</summary>

@@ -19,7 +19,7 @@ use chrono_tz::Tz;
 use serde::{Deserialize, Serialize};
 
 use crate::config::BudgetConfig;
-use crate::coord::{KvError, StateBucket, Store};
+use crate::coord::{KvError, StateBucket, Store, StoreError};
 
 /// The named hold a seat over a cap is under.
 pub const BUDGET_HOLD: &str = "budget";
@@ -172,6 +172,17 @@ struct Counter {
 }
 
 /// The seats' counters in the coordination store.
+/// Why a seat's token counters could not be read or charged.
+#[derive(Debug, thiserror::Error)]
+pub enum BudgetError {
+    #[error("the token counters cannot be read: {0}")]
+    Read(#[from] StoreError),
+    #[error("the token counter {key} cannot be written: {source}")]
+    Write { key: String, source: KvError },
+    #[error("{key}: the counter kept changing under the write")]
+    Contended { key: String },
+}
+
 #[derive(Clone)]
 pub struct Budgets {
     store: Arc<dyn Store>,
@@ -183,15 +194,10 @@ impl Budgets {
     }
 
     /// What `seat` spent in each current window.
-    pub async fn spent(&self, seat: &str, windows: &[Window; 3]) -> Result<[u64; 3], String> {
+    pub async fn spent(&self, seat: &str, windows: &[Window; 3]) -> Result<[u64; 3], BudgetError> {
         let mut out = [0; 3];
         for (i, w) in windows.iter().enumerate() {
-            out[i] = match self
-                .store
-                .get(StateBucket::Budgets, &key(seat, w))
-                .await
-                .map_err(|e| e.to_string())?
-            {
+            out[i] = match self.store.get(StateBucket::Budgets, &key(seat, w)).await? {
                 Some(e) => serde_json::from_slice::<Counter>(&e.value)
                     .map(|c| c.tokens)
                     .unwrap_or(0),
@@ -209,7 +215,7 @@ impl Budgets {
         seat: &str,
         windows: &[Window; 3],
         tokens: u64,
-    ) -> Result<[u64; 3], String> {
+    ) -> Result<[u64; 3], BudgetError> {
         let mut out = [0; 3];
         for (i, w) in windows.iter().enumerate() {
             out[i] = self.add(&key(seat, w), tokens).await?;
@@ -217,13 +223,9 @@ impl Budgets {
         Ok(out)
     }
 
-    async fn add(&self, k: &str, tokens: u64) -> Result<u64, String> {
+    async fn add(&self, k: &str, tokens: u64) -> Result<u64, BudgetError> {
         for _ in 0..64 {
-            let current = self
-                .store
-                .get(StateBucket::Budgets, k)
-                .await
-                .map_err(|e| e.to_string())?;
+            let current = self.store.get(StateBucket::Budgets, k).await?;
             let was = current
                 .as_ref()
                 .and_then(|e| serde_json::from_slice::<Counter>(&e.value).ok())
@@ -242,10 +244,15 @@ impl Budgets {
             match wrote {
                 Ok(_) => return Ok(now),
                 Err(KvError::WrongRevision | KvError::AlreadyExists) => continue,
-                Err(e) => return Err(e.to_string()),
+                Err(source) => {
+                    return Err(BudgetError::Write {
+                        key: k.to_string(),
+                        source,
+                    });
+                }
             }
         }
-        Err(format!("{k}: the counter kept changing under the write"))
+        Err(BudgetError::Contended { key: k.to_string() })
     }
 }
 

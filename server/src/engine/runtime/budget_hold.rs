@@ -32,7 +32,7 @@ impl TurnEngine {
     pub(super) async fn budget_read(
         &self,
         handle: &str,
-    ) -> Result<Option<crate::engine::budget::Exhausted>, String> {
+    ) -> Result<Option<crate::engine::budget::Exhausted>, crate::engine::budget::BudgetError> {
         let Some((caps, tz)) = self.caps_of(handle) else {
             return Ok(None);
         };

@@ -30,7 +30,8 @@ fn agent_policy(config: &Config) -> Result<crate::config::AgentPolicy, NodeError
     let mut policy = crate::config::AgentPolicy::of(config);
     if let Some(name) = &config.node.agent_user {
         use std::os::unix::fs::PermissionsExt;
-        let user = crate::engine::children::find_user(name).map_err(NodeError::AgentUser)?;
+        let user = crate::engine::children::find_user(name)
+            .map_err(|e| NodeError::AgentUser(e.to_string()))?;
         std::fs::set_permissions(
             &config.node.data_dir,
             std::fs::Permissions::from_mode(0o711),
@@ -449,12 +450,13 @@ fn start_memory_flush(
         let (mut wait, mut retry) = (every, None);
         loop {
             tokio::time::sleep(wait).await;
+            let began = tokio::time::Instant::now();
             let held = engine.host().held();
             let r = turns.flush_memory_report(&held).await;
             if r.rows > 0 {
                 tracing::debug!(rows = r.rows, seats = held.len(), "memory changelog cycle");
             }
-            wait = next_flush_in(every, r.failed > 0, retry);
+            wait = next_flush_in(every, r.failed > 0, retry, began.elapsed());
             retry = (r.failed > 0).then_some(wait);
         }
     });

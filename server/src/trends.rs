@@ -405,7 +405,7 @@ impl Trends {
             .map(|(node_id, got)| {
                 let (minutes, error) = match read_reply(got) {
                     Ok(r) => (r.minutes, None),
-                    Err(why) => (Vec::new(), Some(why)),
+                    Err(why) => (Vec::new(), Some(why.to_string())),
                 };
                 NodeTrend {
                     node_id,
@@ -427,7 +427,7 @@ impl Trends {
         seat: &str,
         holder: &str,
         hour: &[String],
-    ) -> Result<Vec<InboxMinute>, String> {
+    ) -> Result<Vec<InboxMinute>, NoReply> {
         let kept = if holder == self.incarnation {
             self.window().inbox(seat)
         } else {
@@ -447,14 +447,28 @@ impl Trends {
     }
 }
 
-/// Pure: a peer's answer, or why there is none, in words.
-fn read_reply(got: Result<Bytes, ScatterError>) -> Result<Reply, String> {
+/// Why a peer's trends are not had: each reads as a sentence about the
+/// peer ("it …"), as the pages show it.
+#[derive(Debug, thiserror::Error)]
+pub enum NoReply {
+    /// It did not answer (the scatter's words for its silence).
+    #[error("{0}")]
+    Silent(String),
+    /// It answered that it could not read its own trends.
+    #[error("{0}")]
+    Refused(String),
+    #[error("its answer cannot be read: {0}")]
+    Unreadable(serde_json::Error),
+}
+
+/// Pure: a peer's answer, or why there is none.
+fn read_reply(got: Result<Bytes, ScatterError>) -> Result<Reply, NoReply> {
     match got {
-        Err(e) => Err(crate::scatter::silence(&e)),
+        Err(e) => Err(NoReply::Silent(crate::scatter::silence(&e))),
         Ok(body) => match serde_json::from_slice::<Reply>(&body) {
-            Ok(Reply { error: Some(e), .. }) => Err(e),
+            Ok(Reply { error: Some(e), .. }) => Err(NoReply::Refused(e)),
             Ok(r) => Ok(r),
-            Err(e) => Err(format!("its answer cannot be read: {e}")),
+            Err(e) => Err(NoReply::Unreadable(e)),
         },
     }
 }
@@ -616,9 +630,17 @@ mod tests {
             serde_json::from_str::<Want>(r#"{"want":"node"}"#).ok(),
             Some(Want::Node)
         );
-        let silent = read_reply(Err(ScatterError::TimedOut(Duration::from_secs(2))));
-        assert_eq!(silent.err().as_deref(), Some("it did not answer within 2s"));
-        let garbled = read_reply(Ok(Bytes::from_static(b"nope")));
-        assert!(garbled.is_err_and(|e| e.starts_with("its answer cannot be read")));
+        let silent = read_reply(Err(ScatterError::TimedOut(Duration::from_secs(2)))).err();
+        assert!(matches!(silent, Some(NoReply::Silent(_))), "{silent:?}");
+        assert_eq!(
+            silent.map(|e| e.to_string()).as_deref(),
+            Some("it did not answer within 2s")
+        );
+        let garbled = read_reply(Ok(Bytes::from_static(b"nope"))).err();
+        assert!(
+            matches!(garbled, Some(NoReply::Unreadable(_))),
+            "{garbled:?}"
+        );
+        assert!(garbled.is_some_and(|e| e.to_string().starts_with("its answer cannot be read")));
     }
 }

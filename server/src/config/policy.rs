@@ -174,14 +174,11 @@ impl AgentPolicy {
     /// Pure: `file` as a path under the instructions directory, judged by
     /// its words alone: a relative path without `..`, or an absolute one
     /// inside the directory.
-    pub fn instructions_lexical(&self, file: &Path) -> Result<PathBuf, String> {
+    pub fn instructions_lexical(&self, file: &Path) -> Result<PathBuf, InstructionsError> {
         let dir = &self.instructions_dir;
-        let refuse = || {
-            format!(
-                "{:?} is outside this node's instructions directory {:?}; a company file may have only files there read (name a file relative to it, and put the file there on each node; [node] instructions_dir moves the directory)",
-                file.display().to_string(),
-                dir.display().to_string()
-            )
+        let refuse = || InstructionsError::Outside {
+            file: shown(file),
+            dir: shown(dir),
         };
         let rel = if file.is_absolute() {
             file.strip_prefix(dir).map_err(|_| refuse())?
@@ -200,31 +197,59 @@ impl AgentPolicy {
 
     /// `file` as the node reads it: [`Self::instructions_lexical`], then
     /// [`confined`]. The edge: it reads the file system.
-    pub fn instructions_path(&self, file: &Path) -> Result<PathBuf, String> {
+    pub fn instructions_path(&self, file: &Path) -> Result<PathBuf, InstructionsError> {
         confined(&self.instructions_dir, &self.instructions_lexical(file)?)
     }
+}
+
+/// Why a file a company named as a role's instructions is not read. Each
+/// names the path as written (quoted) and what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum InstructionsError {
+    #[error(
+        "{file} is outside this node's instructions directory {dir}; a company file may have only files there read (name a file relative to it, and put the file there on each node; [node] instructions_dir moves the directory)"
+    )]
+    Outside { file: String, dir: String },
+    #[error("the instructions directory {dir} cannot be read: {source}")]
+    DirUnreadable { dir: String, source: std::io::Error },
+    #[error("cannot read the instructions file {path}: {source}")]
+    FileUnreadable {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error(
+        "{path} leads outside this node's instructions directory {root} (to {real}); it is not read"
+    )]
+    LeadsOutside {
+        path: String,
+        root: String,
+        real: String,
+    },
+}
+
+/// A path as an error shows it: quoted, so spaces and odd bytes are seen.
+fn shown(p: &Path) -> String {
+    format!("{:?}", p.display().to_string())
 }
 
 /// `path` canonical (links followed) and still inside the canonical `dir`:
 /// what the node reads of a file a company named. The edge: it reads the
 /// file system.
-pub fn confined(dir: &Path, path: &Path) -> Result<PathBuf, String> {
-    let shown = |p: &Path| format!("{:?}", p.display().to_string());
-    let root = std::fs::canonicalize(dir).map_err(|e| {
-        format!(
-            "the instructions directory {} cannot be read: {e}",
-            shown(dir)
-        )
+pub fn confined(dir: &Path, path: &Path) -> Result<PathBuf, InstructionsError> {
+    let root = std::fs::canonicalize(dir).map_err(|source| InstructionsError::DirUnreadable {
+        dir: shown(dir),
+        source,
     })?;
-    let real = std::fs::canonicalize(path)
-        .map_err(|e| format!("cannot read the instructions file {}: {e}", shown(path)))?;
+    let real = std::fs::canonicalize(path).map_err(|source| InstructionsError::FileUnreadable {
+        path: shown(path),
+        source,
+    })?;
     if !real.starts_with(&root) {
-        return Err(format!(
-            "{} leads outside this node's instructions directory {} (to {}); it is not read",
-            shown(path),
-            shown(&root),
-            shown(&real)
-        ));
+        return Err(InstructionsError::LeadsOutside {
+            path: shown(path),
+            root: shown(&root),
+            real: shown(&real),
+        });
     }
     Ok(real)
 }
@@ -346,8 +371,10 @@ mod tests {
             "",
         ] {
             let e = p.instructions_lexical(Path::new(bad)).unwrap_err();
+            assert!(matches!(e, InstructionsError::Outside { .. }), "{bad}: {e}");
             assert!(
-                e.contains("outside this node's instructions directory"),
+                e.to_string()
+                    .contains("outside this node's instructions directory"),
                 "{bad}: {e}"
             );
         }
@@ -368,7 +395,8 @@ mod tests {
         let ok = p.instructions_path(Path::new("ok.md")).unwrap();
         assert_eq!(std::fs::read_to_string(ok).unwrap(), "be kind");
         let e = p.instructions_path(Path::new("leak.md")).unwrap_err();
-        assert!(e.contains("leads outside"), "{e}");
+        assert!(matches!(e, InstructionsError::LeadsOutside { .. }), "{e}");
+        assert!(e.to_string().contains("leads outside"), "{e}");
     }
 
     #[test]

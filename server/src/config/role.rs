@@ -394,7 +394,6 @@ pub struct PlacementConfig {
     pub labels: Vec<String>,
 }
 
-
 /// Whether a node with `node_id` and `labels` may run a seat placed by `p`:
 /// every listed node id names it (when any are listed) and it carries every
 /// listed label.

@@ -484,7 +484,7 @@ impl MailboxSweep {
     ) -> Result<(), (&'static str, String)> {
         match tokio::time::timeout_at(deadline, self.end_runs(h, epoch)).await {
             Ok(Ok(())) => {}
-            Ok(Err(e)) => return Err(("end the seat's runs", e)),
+            Ok(Err(e)) => return Err(("end the seat's runs", e.to_string())),
             Err(_) => {
                 let e = format!("the seat's runs were not ended within {budget:?}");
                 return Err(("end the seat's runs", e));
@@ -513,26 +513,23 @@ impl MailboxSweep {
     /// End every run of a removed seat (announced as `sandbox_run_failed`,
     /// reason `seat_removed`) and delete its records. The launcher's
     /// supervisor kills a child whose record was ended.
-    async fn end_runs(&self, h: &str, epoch: u64) -> Result<(), String> {
+    async fn end_runs(&self, h: &str, epoch: u64) -> Result<(), crate::engine::runs::RunError> {
         let runs = crate::engine::runs::Runs::new(self.store.clone());
-        for (r, _) in runs.list(h).await.map_err(|e| e.to_string())? {
+        for (r, _) in runs.list(h).await? {
             if r.state.is_live() {
                 runs.mutate(h, &r.run_id, epoch, |x| {
                     x.state = crate::engine::runs::RunState::Ended;
                     x.owner_epoch = epoch;
                     true
                 })
-                .await
-                .map_err(|e| e.to_string())?;
+                .await?;
                 self.events.emit(Event::SandboxRunFailed {
                     seat: h.to_string(),
                     run_id: r.run_id.clone(),
                     reason: "seat_removed".into(),
                 });
             }
-            runs.delete(h, &r.run_id, epoch)
-                .await
-                .map_err(|e| e.to_string())?;
+            runs.delete(h, &r.run_id, epoch).await?;
         }
         Ok(())
     }

@@ -145,9 +145,8 @@ impl Duty for Maintenance {
         self.every
     }
 
-    async fn tick(&self) -> Result<(), String> {
+    async fn tick(&self) {
         self.pass().await;
-        Ok(())
     }
 }
 

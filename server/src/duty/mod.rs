@@ -42,9 +42,9 @@ pub trait Duty: Send + Sync + 'static {
     fn name(&self) -> &'static str;
     /// How often it ticks.
     fn every(&self) -> Duration;
-    /// One tick, run only by the duty's holder. An error is logged; the
-    /// next tick tries again.
-    async fn tick(&self) -> Result<(), String>;
+    /// One tick, run only by the duty's holder. It logs what failed (and
+    /// emits what a person must see); the next tick tries again.
+    async fn tick(&self);
 }
 
 /// What every duty loop of a node shares.
@@ -145,7 +145,7 @@ pub fn turned() {
 
 /// Run one tick of `duty`, beating its loop (if watched) while the tick is
 /// turning ([`turned`] within [`step_bound`]) and within its lease.
-async fn tick_turning(duty: &dyn Duty, every: Duration, beat: Option<&Beat>) -> Result<(), String> {
+async fn tick_turning(duty: &dyn Duty, every: Duration, beat: Option<&Beat>) {
     let Some((guard, stamp, threshold)) = beat else {
         return duty.tick().await;
     };
@@ -238,10 +238,7 @@ async fn run(
             // the last) and its lease holds (three ticks); past either the
             // beat stops, so a tick blocked on something that never
             // returns is seen.
-            let ran = tick_turning(&*duty, every, beat.as_ref()).await;
-            if let Err(e) = ran {
-                tracing::warn!(duty = name, error = %e, "the duty's tick failed; trying again next tick");
-            }
+            tick_turning(&*duty, every, beat.as_ref()).await;
         }
         if let Some((b, _, _)) = &beat {
             b.beat();

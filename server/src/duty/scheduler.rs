@@ -59,11 +59,8 @@ pub fn due_times(
     after: DateTime<Utc>,
     until: DateTime<Utc>,
     limit: usize,
-) -> Result<Vec<DateTime<Utc>>, String> {
-    let c = croner::Cron::new(cron)
-        .with_seconds_optional()
-        .parse()
-        .map_err(|e| e.to_string())?;
+) -> Result<Vec<DateTime<Utc>>, croner::errors::CronError> {
+    let c = croner::Cron::new(cron).with_seconds_optional().parse()?;
     Ok(c.iter_after(after)
         .take_while(|t| *t <= until)
         .take(limit)
@@ -159,9 +156,8 @@ impl Duty for Scheduler {
         self.every
     }
 
-    async fn tick(&self) -> Result<(), String> {
+    async fn tick(&self) {
         self.evaluate(Utc::now()).await;
-        Ok(())
     }
 }
 

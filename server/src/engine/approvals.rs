@@ -34,7 +34,7 @@ use sha2::{Digest, Sha256};
 use super::agent::Annotations;
 use super::runs::ControlMessage;
 use crate::config::RoleConfig;
-use crate::coord::{KvError, StateBucket, Store};
+use crate::coord::{KvError, StateBucket, Store, StoreError};
 use crate::events::{Event, EventBus};
 use crate::queue::{Queue, control_subject};
 use crate::tasks::Tasks;
@@ -226,6 +226,25 @@ pub fn approval_id(work: &str, seat: &str, call_id: &str) -> String {
     format!("approval-{}", &hex::encode(h.finalize())[..24])
 }
 
+/// Why the approvals of a seat could not be read, asked or pruned.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ApprovalsError {
+    #[error(
+        "seat {seat:?} already has {waiting} approvals waiting for a person (at most {PENDING_LIMIT}); answer them first"
+    )]
+    TooManyWaiting { seat: String, waiting: usize },
+    #[error("approval {0} vanished")]
+    Vanished(String),
+    #[error("{0}")]
+    Store(#[from] KvError),
+}
+
+impl From<StoreError> for ApprovalsError {
+    fn from(e: StoreError) -> ApprovalsError {
+        ApprovalsError::Store(e.into())
+    }
+}
+
 /// Why an answer was not taken.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum AnswerRefused {
@@ -369,7 +388,7 @@ impl Approvals {
     /// Ask for `r`: its record is written unless the same work asked
     /// before (then that record is the answer, and nothing is asked
     /// again). A fresh ask is announced and its timer armed.
-    pub async fn ask(&self, r: ApprovalRecord) -> Result<ApprovalRecord, String> {
+    pub async fn ask(&self, r: ApprovalRecord) -> Result<ApprovalRecord, ApprovalsError> {
         if let Some(asked) = self.get(&r.seat, &r.approval_id).await? {
             return Ok(asked);
         }
@@ -380,10 +399,10 @@ impl Approvals {
             .filter(|a| a.state == ApprovalState::Pending)
             .count();
         if waiting >= PENDING_LIMIT {
-            return Err(format!(
-                "seat {:?} already has {waiting} approvals waiting for a person (at most {PENDING_LIMIT}); answer them first",
-                r.seat
-            ));
+            return Err(ApprovalsError::TooManyWaiting {
+                seat: r.seat.clone(),
+                waiting,
+            });
         }
         let v = Bytes::from(serde_json::to_vec(&r).unwrap_or_default());
         match self
@@ -405,27 +424,26 @@ impl Approvals {
             Err(KvError::AlreadyExists) => self
                 .get(&r.seat, &r.approval_id)
                 .await?
-                .ok_or_else(|| format!("approval {} vanished", r.approval_id)),
-            Err(e) => Err(e.to_string()),
+                .ok_or_else(|| ApprovalsError::Vanished(r.approval_id.clone())),
+            Err(e) => Err(e.into()),
         }
     }
 
-    pub async fn get(&self, seat: &str, id: &str) -> Result<Option<ApprovalRecord>, String> {
-        let e = self
-            .store
-            .get(StateBucket::Runs, &key(seat, id))
-            .await
-            .map_err(|e| e.to_string())?;
+    pub async fn get(
+        &self,
+        seat: &str,
+        id: &str,
+    ) -> Result<Option<ApprovalRecord>, ApprovalsError> {
+        let e = self.store.get(StateBucket::Runs, &key(seat, id)).await?;
         Ok(e.and_then(|e| decoded(&e.key, &e.value)))
     }
 
     /// Every approval of `seat`, the newest first.
-    pub async fn list(&self, seat: &str) -> Result<Vec<ApprovalRecord>, String> {
+    pub async fn list(&self, seat: &str) -> Result<Vec<ApprovalRecord>, ApprovalsError> {
         let es = self
             .store
             .entries(StateBucket::Runs, &format!("approval:{seat}:"))
-            .await
-            .map_err(|e| e.to_string())?;
+            .await?;
         let mut v: Vec<ApprovalRecord> = es
             .iter()
             .filter_map(|e| decoded(&e.key, &e.value))
@@ -541,13 +559,12 @@ impl Approvals {
     /// Remove `seat`'s approvals resumed more than `kept` ago ([`RAN_KEPT`]
     /// as the holder calls it); how many went. A record changed meanwhile
     /// stays (its revision moved); one still waiting is never removed.
-    pub async fn prune(&self, seat: &str, kept: Duration) -> Result<usize, String> {
+    pub async fn prune(&self, seat: &str, kept: Duration) -> Result<usize, ApprovalsError> {
         let cutoff = time::OffsetDateTime::now_utc() - kept;
         let es = self
             .store
             .entries(StateBucket::Runs, &format!("approval:{seat}:"))
-            .await
-            .map_err(|e| e.to_string())?;
+            .await?;
         let mut gone = 0;
         for e in es {
             let Some(r) = decoded(&e.key, &e.value) else {
@@ -566,7 +583,7 @@ impl Approvals {
                 {
                     Ok(()) => gone += 1,
                     Err(KvError::WrongRevision) => {}
-                    Err(err) => return Err(err.to_string()),
+                    Err(err) => return Err(err.into()),
                 }
             }
         }

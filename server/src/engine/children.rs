@@ -337,9 +337,20 @@ pub fn seat_dir(
     Ok(dir)
 }
 
+/// Why `[node] agent_user` names no user the node can run children as.
+#[derive(Debug, thiserror::Error)]
+pub enum UserError {
+    #[error("{0:?} is not a user name")]
+    NotAName(String),
+    #[error(
+        "node.agent_user: there is no user {0:?} on this machine (create it, e.g. `useradd --system --no-create-home {0}`, or remove the key)"
+    )]
+    NoSuchUser(String),
+}
+
 /// The machine's user `name` (`[node] agent_user`), or why not.
-pub fn find_user(name: &str) -> Result<crate::config::AgentUser, String> {
-    let c = std::ffi::CString::new(name).map_err(|_| format!("{name:?} is not a user name"))?;
+pub fn find_user(name: &str) -> Result<crate::config::AgentUser, UserError> {
+    let c = std::ffi::CString::new(name).map_err(|_| UserError::NotAName(name.to_string()))?;
     let mut pwd: libc::passwd = unsafe { std::mem::zeroed() };
     let mut buf = vec![0 as libc::c_char; 16 * 1024];
     let mut found: *mut libc::passwd = std::ptr::null_mut();
@@ -354,9 +365,7 @@ pub fn find_user(name: &str) -> Result<crate::config::AgentUser, String> {
         )
     };
     if rc != 0 || found.is_null() {
-        return Err(format!(
-            "node.agent_user: there is no user {name:?} on this machine (create it, e.g. `useradd --system --no-create-home {name}`, or remove the key)"
-        ));
+        return Err(UserError::NoSuchUser(name.to_string()));
     }
     Ok(crate::config::AgentUser {
         name: name.to_string(),

@@ -43,12 +43,9 @@ pub const TOOL_LISTING_LIMIT: usize = 16 * 1024;
 
 /// Pure: is a server's listing within bounds? `Err` names the tool or the
 /// count past the bound.
-pub fn listing_bounded(tools: &[Tool]) -> Result<(), String> {
+pub fn listing_bounded(tools: &[Tool]) -> Result<(), ServerError> {
     if tools.len() > MAX_TOOLS {
-        return Err(format!(
-            "it lists {} tools, more than the {MAX_TOOLS} a server may",
-            tools.len()
-        ));
+        return Err(ServerError::TooManyTools(tools.len()));
     }
     for t in tools {
         let size = serde_json::to_string(t)
@@ -56,9 +53,7 @@ pub fn listing_bounded(tools: &[Tool]) -> Result<(), String> {
             .unwrap_or(usize::MAX);
         if size > TOOL_LISTING_LIMIT {
             let name: String = t.name.chars().take(64).collect();
-            return Err(format!(
-                "its tool {name:?} is {size} bytes as listed, more than the {TOOL_LISTING_LIMIT} a tool may be"
-            ));
+            return Err(ServerError::ToolTooLarge { name, size });
         }
     }
     Ok(())
@@ -69,8 +64,61 @@ pub fn listing_bounded(tools: &[Tool]) -> Result<(), String> {
 #[error("tool server {server:?}: {error}")]
 pub struct StartError {
     pub server: String,
-    pub error: String,
+    pub error: ServerError,
 }
+
+/// What went wrong with one tool server: starting it, listing its tools,
+/// or stopping its child. Each says what the node saw, in a sentence about
+/// the server ("it …").
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("it lists {0} tools, more than the {MAX_TOOLS} a server may")]
+    TooManyTools(usize),
+    #[error(
+        "its tool {name:?} is {size} bytes as listed, more than the {TOOL_LISTING_LIMIT} a tool may be"
+    )]
+    ToolTooLarge { name: String, size: usize },
+    #[error("cannot list its tools: {0}")]
+    Listing(String),
+    #[error("did not start, initialise and list its tools within {0}s")]
+    StartTimedOut(u64),
+    #[error("did not start again within {0}s")]
+    RestartTimedOut(u64),
+    #[error("it has no program to run (command is empty)")]
+    NoProgram,
+    #[error("cannot make the seat's working directory: {0}")]
+    WorkDir(std::io::Error),
+    #[error("cannot start `{program}`: {source}")]
+    Spawn {
+        program: String,
+        source: std::io::Error,
+    },
+    #[error("cannot start `{0}`: its stdio was not piped")]
+    NotPiped(String),
+    #[error("`{program}` did not initialise: {error}{status}")]
+    ChildNotInitialised {
+        program: String,
+        error: String,
+        /// ` (it exited: …)` when it had, else empty.
+        status: String,
+    },
+    #[error("{url} did not initialise: {error}")]
+    UrlNotInitialised { url: String, error: String },
+    #[error("header {name}: the node has no variable {var}")]
+    HeaderVariable { name: String, var: String },
+    #[error("header {name}: {error}")]
+    Header { name: String, error: String },
+    #[error("cannot wait for it: {0}")]
+    Wait(std::io::Error),
+    #[error("it did not exit within {wait_ms}ms of SIGTERM nor {kill_ms}ms of SIGKILL")]
+    StillRunning { wait_ms: u128, kill_ms: u128 },
+}
+
+/// The servers of a seat whose children did not exit when stopped (each
+/// is kept, and the next stop tries again).
+#[derive(Debug, thiserror::Error)]
+#[error("{}", .0.iter().map(|(name, e)| format!("tool server {name:?}: {e}")).collect::<Vec<_>>().join("; "))]
+pub struct StopError(pub Vec<(String, ServerError)>);
 
 /// Why a call did not return a result.
 #[derive(Debug, thiserror::Error)]
@@ -180,10 +228,7 @@ impl SeatMcp {
             let starting = start_one(seat, node, cfg, &me.confinement);
             let up = match tokio::time::timeout(bound, starting).await {
                 Ok(r) => r,
-                Err(_) => Err(format!(
-                    "did not start, initialise and list its tools within {}s",
-                    cfg.start_timeout_seconds
-                )),
+                Err(_) => Err(ServerError::StartTimedOut(cfg.start_timeout_seconds)),
             };
             match up {
                 Ok(server) => {
@@ -332,7 +377,7 @@ impl SeatMcp {
     /// Stop every server: sessions closed, children sent SIGTERM and
     /// waited for `stop_wait_ms`. `Err` names a child that did not exit
     /// (it is kept, and the next stop tries again).
-    pub async fn stop(&self) -> Result<(), String> {
+    pub async fn stop(&self) -> Result<(), StopError> {
         let mut stuck = Vec::new();
         for s in &self.servers {
             if let Some(session) = s.session.lock().await.take() {
@@ -342,14 +387,14 @@ impl SeatMcp {
             if let Some(c) = child.as_mut() {
                 match stop_child(c, Duration::from_millis(s.cfg.stop_wait_ms)).await {
                     Ok(()) => *child = None,
-                    Err(e) => stuck.push(format!("tool server {:?}: {e}", s.name)),
+                    Err(e) => stuck.push((s.name.clone(), e)),
                 }
             }
         }
         if stuck.is_empty() {
             Ok(())
         } else {
-            Err(stuck.join("; "))
+            Err(StopError(stuck))
         }
     }
 
@@ -379,11 +424,10 @@ impl SeatMcp {
                     *child = Some(new_child);
                     None
                 }
-                Ok(Err(e)) => Some(e),
-                Err(_) => Some(format!(
-                    "did not start again within {}s",
-                    s.cfg.start_timeout_seconds
-                )),
+                Ok(Err(e)) => Some(e.to_string()),
+                Err(_) => {
+                    Some(ServerError::RestartTimedOut(s.cfg.start_timeout_seconds).to_string())
+                }
             };
             if error.is_some() {
                 *session = None;
@@ -405,7 +449,7 @@ async fn start_one(
     node: &str,
     cfg: &McpServerConfig,
     confinement: &crate::config::Confinement,
-) -> Result<Server, String> {
+) -> Result<Server, ServerError> {
     let (session, child) = match &cfg.url {
         Some(url) => (connect_http(url, cfg).await?, None),
         None => {
@@ -417,7 +461,7 @@ async fn start_one(
         Ok(t) => t,
         Err(e) => {
             let _ = session.cancel().await;
-            return Err(format!("cannot list its tools: {e}"));
+            return Err(ServerError::Listing(e.to_string()));
         }
     };
     if let Err(e) = listing_bounded(&tools) {
@@ -440,22 +484,24 @@ async fn spawn_stdio(
     node: &str,
     cfg: &McpServerConfig,
     confinement: &crate::config::Confinement,
-) -> Result<(Session, Child), String> {
+) -> Result<(Session, Child), ServerError> {
     let Some((program, args)) = cfg.command.split_first() else {
-        return Err("it has no program to run (command is empty)".into());
+        return Err(ServerError::NoProgram);
     };
     let env = cfg.child_env(seat, node, &|k| std::env::var(k).ok());
     let mut command = super::children::clean_command(program, args, env);
-    super::children::confine(&mut command, confinement, seat)
-        .map_err(|e| format!("cannot make the seat's working directory: {e}"))?;
+    super::children::confine(&mut command, confinement, seat).map_err(ServerError::WorkDir)?;
     let mut child = command
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
-        .map_err(|e| format!("cannot start `{program}`: {e}"))?;
+        .map_err(|source| ServerError::Spawn {
+            program: program.clone(),
+            source,
+        })?;
     let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
-        return Err(format!("cannot start `{program}`: its stdio was not piped"));
+        return Err(ServerError::NotPiped(program.clone()));
     };
     match ().serve((stdout, stdin)).await {
         Ok(session) => Ok((session, child)),
@@ -465,23 +511,34 @@ async fn spawn_stdio(
                 _ => String::new(),
             };
             let _ = child.start_kill();
-            Err(format!("`{program}` did not initialise: {e}{status}"))
+            Err(ServerError::ChildNotInitialised {
+                program: program.clone(),
+                error: e.to_string(),
+                status,
+            })
         }
     }
 }
 
 /// A session with a shared server over streamable HTTP, its headers read
 /// from the node's environment.
-async fn connect_http(url: &str, cfg: &McpServerConfig) -> Result<Session, String> {
+async fn connect_http(url: &str, cfg: &McpServerConfig) -> Result<Session, ServerError> {
     super::ensure_tls_provider();
     let mut headers = std::collections::HashMap::new();
     for (name, var) in &cfg.headers_from {
-        let value = std::env::var(var)
-            .map_err(|_| format!("header {name}: the node has no variable {var}"))?;
-        let name = http::HeaderName::try_from(name.as_str())
-            .map_err(|e| format!("header {name:?}: {e}"))?;
-        let value = http::HeaderValue::try_from(value.as_str())
-            .map_err(|e| format!("header {name}: {e}"))?;
+        let value = std::env::var(var).map_err(|_| ServerError::HeaderVariable {
+            name: name.clone(),
+            var: var.clone(),
+        })?;
+        let name = http::HeaderName::try_from(name.as_str()).map_err(|e| ServerError::Header {
+            name: format!("{name:?}"),
+            error: e.to_string(),
+        })?;
+        let value =
+            http::HeaderValue::try_from(value.as_str()).map_err(|e| ServerError::Header {
+                name: name.to_string(),
+                error: e.to_string(),
+            })?;
         headers.insert(name, value);
     }
     let config =
@@ -489,20 +546,22 @@ async fn connect_http(url: &str, cfg: &McpServerConfig) -> Result<Session, Strin
     let transport = StreamableHttpClientTransport::from_config(config);
     ().serve(transport)
         .await
-        .map_err(|e| format!("{url} did not initialise: {e}"))
+        .map_err(|e| ServerError::UrlNotInitialised {
+            url: url.to_string(),
+            error: e.to_string(),
+        })
 }
 
 /// SIGTERM to the child's group, up to `wait` to exit, then SIGKILL.
-async fn stop_child(c: &mut Child, wait: Duration) -> Result<(), String> {
+async fn stop_child(c: &mut Child, wait: Duration) -> Result<(), ServerError> {
     use super::children::{KILL_WAIT, NotStopped, terminate};
     match terminate(c, wait).await {
         Ok(_) => Ok(()),
-        Err(NotStopped::Wait(e)) => Err(format!("cannot wait for it: {e}")),
-        Err(NotStopped::StillRunning) => Err(format!(
-            "it did not exit within {}ms of SIGTERM nor {}ms of SIGKILL",
-            wait.as_millis(),
-            KILL_WAIT.as_millis()
-        )),
+        Err(NotStopped::Wait(e)) => Err(ServerError::Wait(e)),
+        Err(NotStopped::StillRunning) => Err(ServerError::StillRunning {
+            wait_ms: wait.as_millis(),
+            kill_ms: KILL_WAIT.as_millis(),
+        }),
     }
 }
 

@@ -355,7 +355,8 @@ impl ModelAgent {
         match &self.cfg.instructions_file {
             Some(f) if self.instructions_dir.is_some() => {
                 let dir = self.instructions_dir.as_deref().unwrap_or(f);
-                let real = crate::config::confined(dir, f).map_err(AgentError::new)?;
+                let real =
+                    crate::config::confined(dir, f).map_err(|e| AgentError::new(e.to_string()))?;
                 std::fs::read_to_string(&real).map_err(|e| {
                     AgentError::new(format!(
                         "cannot read the instructions file {}: {e}",

@@ -151,6 +151,21 @@ pub enum RunError {
     Store(String),
 }
 
+/// Why a detached run's command did not start (its record is failed with
+/// this, and the call answers it).
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    #[error("run_detached: `argv` is empty")]
+    EmptyArgv,
+    #[error("run_detached: cannot make the seat's working directory: {0}")]
+    WorkDir(std::io::Error),
+    #[error("run_detached: cannot start {program:?}: {source}")]
+    Spawn {
+        program: String,
+        source: std::io::Error,
+    },
+}
+
 /// What the launcher's record of its run's answer came to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Answer {
@@ -528,22 +543,22 @@ impl Supervisor {
     /// run's record and then its completion is published on the seat's
     /// control subject, each retried until it lands (see [`deliver`]); a
     /// record that is ended or deleted meanwhile kills it.
-    pub fn launch(&self, r: &RunRecord, timeout: Duration) -> Result<(), String> {
-        let (program, args) = r
-            .argv
-            .split_first()
-            .ok_or_else(|| "run_detached: `argv` is empty".to_string())?;
+    pub fn launch(&self, r: &RunRecord, timeout: Duration) -> Result<(), LaunchError> {
+        let (program, args) = r.argv.split_first().ok_or(LaunchError::EmptyArgv)?;
         let env =
             crate::config::base_child_env(&r.seat, &r.launcher_node, &|k| std::env::var(k).ok());
         let mut command = super::children::clean_command(program, args, env);
         super::children::confine(&mut command, &self.confinement, &r.seat)
-            .map_err(|e| format!("run_detached: cannot make the seat's working directory: {e}"))?;
+            .map_err(LaunchError::WorkDir)?;
         let mut child = command
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .map_err(|e| format!("run_detached: cannot start {program:?}: {e}"))?;
+            .map_err(|source| LaunchError::Spawn {
+                program: program.clone(),
+                source,
+            })?;
         let kill = self.tasks.token().child_token();
         self.children
             .lock()

@@ -155,22 +155,23 @@ pub fn a2a_verdict(
     from: &str,
     to: &str,
     triggers: &[Envelope],
-) -> Result<u64, String> {
+) -> Result<u64, A2aRefused> {
     if to == from {
-        return Err(format!("seat {from:?} may not mail itself"));
+        return Err(A2aRefused::ItsOwnSeat(from.to_string()));
     }
     let Some(role) = role else {
-        return Err(format!("seat {from:?} has no role in the active company"));
+        return Err(A2aRefused::NoRole(from.to_string()));
     };
     if !role.a2a_to.iter().any(|p| p == "*" || p == to) {
-        return Err(format!(
-            "seat {from:?} may not mail seat {to:?}: its role's a2a_to lists {} (the company file decides whom a seat may mail)",
-            if role.a2a_to.is_empty() {
+        return Err(A2aRefused::NotListed {
+            from: from.to_string(),
+            to: to.to_string(),
+            listed: if role.a2a_to.is_empty() {
                 "no seat".to_string()
             } else {
                 role.a2a_to.join(", ")
-            }
-        ));
+            },
+        });
     }
     let came = triggers
         .iter()
@@ -179,11 +180,30 @@ pub fn a2a_verdict(
         .max()
         .unwrap_or(0);
     if came >= A2A_HOP_LIMIT {
-        return Err(format!(
-            "this mail has passed through {came} seats already (at most {A2A_HOP_LIMIT}): the chain is stopped here"
-        ));
+        return Err(A2aRefused::ChainStopped(came));
     }
     Ok(came + 1)
+}
+
+/// Why a seat may not send `a2a_message` where it asked.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum A2aRefused {
+    #[error("seat {0:?} may not mail itself")]
+    ItsOwnSeat(String),
+    #[error("seat {0:?} has no role in the active company")]
+    NoRole(String),
+    #[error(
+        "seat {from:?} may not mail seat {to:?}: its role's a2a_to lists {listed} (the company file decides whom a seat may mail)"
+    )]
+    NotListed {
+        from: String,
+        to: String,
+        listed: String,
+    },
+    #[error(
+        "this mail has passed through {0} seats already (at most {A2A_HOP_LIMIT}): the chain is stopped here"
+    )]
+    ChainStopped(u64),
 }
 
 /// The refusal of a call whose seat has no role: nothing says whether a
@@ -467,13 +487,13 @@ impl Tools {
                     .mutate(&turn.seat, &run_id, turn.epoch, |r| {
                         r.state = super::runs::RunState::Failed;
                         r.result = Some(super::runs::RunResult {
-                            error: Some(e.clone()),
+                            error: Some(e.to_string()),
                             ..Default::default()
                         });
                         true
                     })
                     .await;
-                return Err(ToolError::Failed(e));
+                return Err(ToolError::Failed(e.to_string()));
             }
             self.events.emit(crate::events::Event::RunStarted {
                 seat: turn.seat.clone(),
@@ -784,16 +804,21 @@ mod tests {
         assert_eq!(a2a_verdict(Some(&role), "desk", "billing", &task), Ok(1));
         // A mail that asks the seat to reach a privileged one.
         let e = a2a_verdict(Some(&role), "desk", "admin-agent", &task).unwrap_err();
-        assert!(e.contains("a2a_to lists billing"), "{e}");
+        assert!(matches!(e, A2aRefused::NotListed { .. }), "{e}");
+        assert!(e.to_string().contains("a2a_to lists billing"), "{e}");
         let e = a2a_verdict(Some(&role), "desk", "desk", &task).unwrap_err();
-        assert!(e.contains("may not mail itself"), "{e}");
+        assert_eq!(e, A2aRefused::ItsOwnSeat("desk".into()));
+        assert!(e.to_string().contains("may not mail itself"), "{e}");
         let none = RoleConfig {
             handle: "desk".into(),
             ..RoleConfig::default()
         };
         let e = a2a_verdict(Some(&none), "desk", "billing", &task).unwrap_err();
-        assert!(e.contains("lists no seat"), "{e}");
-        assert!(a2a_verdict(None, "desk", "billing", &task).is_err());
+        assert!(e.to_string().contains("lists no seat"), "{e}");
+        assert_eq!(
+            a2a_verdict(None, "desk", "billing", &task),
+            Err(A2aRefused::NoRole("desk".into()))
+        );
         let any = RoleConfig {
             a2a_to: vec!["*".into()],
             ..none
@@ -820,7 +845,8 @@ mod tests {
             &[mail("a2a_message", Some(A2A_HOP_LIMIT))],
         )
         .unwrap_err();
-        assert!(e.contains("chain is stopped"), "{e}");
+        assert_eq!(e, A2aRefused::ChainStopped(A2A_HOP_LIMIT));
+        assert!(e.to_string().contains("chain is stopped"), "{e}");
     }
 
     fn labels(u: Update) -> Vec<(&'static str, String)> {

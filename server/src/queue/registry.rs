@@ -40,12 +40,8 @@ pub(crate) fn encode(r: &MailboxRecord) -> Bytes {
     Bytes::from(serde_json::to_vec(r).unwrap_or_default())
 }
 
-pub(crate) async fn now_ms(store: &dyn Store) -> Result<i64, String> {
-    store
-        .now()
-        .await
-        .map(|t| t.unix_nanos() / 1_000_000)
-        .map_err(|e| e.to_string())
+pub(crate) async fn now_ms(store: &dyn Store) -> Result<i64, crate::coord::StoreError> {
+    store.now().await.map(|t| t.unix_nanos() / 1_000_000)
 }
 
 /// Record `handles` in the registry before their subscriptions are
@@ -90,7 +86,7 @@ pub(crate) async fn register_one(store: &dyn Store, handle: &str, events: &Event
         Err(e) => {
             events.emit(Event::SeatMailboxUnregistered {
                 seat: handle.to_string(),
-                error: e,
+                error: e.to_string(),
             });
             return;
         }

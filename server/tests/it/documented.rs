@@ -291,7 +291,7 @@ const SERVER_FUNCTIONS_ROW: &str = "POST /api/{fn}";
 
 #[test]
 fn every_route_the_node_serves_has_one_row_in_the_docs_and_every_row_a_route() {
-    let auth = read("server/src/web/auth.rs");
+    let auth = read("server/src/web/auth/gate.rs");
     let password_page = auth
         .split("pub const PASSWORD_PAGE: &str = \"")
         .nth(1)

@@ -937,9 +937,8 @@ impl Duty for Counter {
     fn every(&self) -> Duration {
         Duration::from_millis(300)
     }
-    async fn tick(&self) -> Result<(), String> {
+    async fn tick(&self) {
         self.ticks.fetch_add(1, Ordering::SeqCst);
-        Ok(())
     }
 }
 

@@ -785,9 +785,8 @@ impl crewlet::duty::Duty for StuckDuty {
     fn every(&self) -> Duration {
         Duration::from_millis(100)
     }
-    async fn tick(&self) -> Result<(), String> {
+    async fn tick(&self) {
         std::future::pending::<()>().await;
-        Ok(())
     }
 }
 
@@ -803,13 +802,12 @@ impl crewlet::duty::Duty for StepsThenStuck {
     fn every(&self) -> Duration {
         Duration::from_secs(3600)
     }
-    async fn tick(&self) -> Result<(), String> {
+    async fn tick(&self) {
         for _ in 0..3 {
             crewlet::duty::turned();
             tokio::task::yield_now().await;
         }
         std::future::pending::<()>().await;
-        Ok(())
     }
 }
 
@@ -829,14 +827,13 @@ impl crewlet::duty::Duty for LongTurning {
     fn every(&self) -> Duration {
         Duration::from_secs(3600)
     }
-    async fn tick(&self) -> Result<(), String> {
+    async fn tick(&self) {
         use std::sync::atomic::Ordering::SeqCst;
         while !self.end.load(SeqCst) {
             crewlet::duty::turned();
             self.steps.notified().await;
         }
         self.ended.store(true, SeqCst);
-        Ok(())
     }
 }
 
@@ -957,9 +954,7 @@ impl crewlet::duty::Duty for TickingDuty {
     fn every(&self) -> Duration {
         Duration::from_millis(100)
     }
-    async fn tick(&self) -> Result<(), String> {
-        Ok(())
-    }
+    async fn tick(&self) {}
 }
 
 /// The duty loops are watched as `duty:{name}`: one whose tick blocks on

@@ -1,6 +1,6 @@
-//! The seat list's dialogs: the confirmation a pause, resume, stop or
-//! return asks for (naming the seat and what its holder will do), and the
-//! move dialog that picks the node a seat goes to.
+//! The seat list's dialogs: the confirmation a pause, resume or stop asks
+//! for (naming the seat and what its holder will do), and the move dialog
+//! that picks the node a seat goes to.
 
 use leptos::prelude::*;
 
@@ -128,20 +128,20 @@ fn ConfirmFields(ask: Ask, reason: RwSignal<String>, stop_too: RwSignal<bool>) -
 /// opens), the node and reason picked, and what the node answered. A
 /// refusal stays in the dialog; a recorded request closes it.
 #[derive(Clone, Copy)]
-struct Moving {
+pub(super) struct Moving {
     dialog: NodeRef<leptos::html::Dialog>,
     moving: RwSignal<Option<MoveAsk>>,
     to: RwSignal<String>,
     reason: RwSignal<String>,
     error: RwSignal<Option<AppError>>,
-    moved: RwSignal<Option<MoveRequestView>>,
+    pub(super) moved: RwSignal<Option<MoveRequestView>>,
     live_nodes: Action<(), Result<FleetView, AppError>>,
     act: Action<MoveRequest, Result<MoveRequestView, AppError>>,
 }
 
 impl Moving {
     /// A move dialog whose recorded move reads `list` again.
-    fn new(list: Listed) -> Moving {
+    pub(super) fn new(list: Listed) -> Moving {
         let m = Moving {
             dialog: NodeRef::new(),
             moving: RwSignal::new(None),
@@ -190,7 +190,7 @@ impl Moving {
         m
     }
 
-    fn open(self, a: MoveAsk) {
+    pub(super) fn open(self, a: MoveAsk) {
         self.to.set(String::new());
         self.reason.set(String::new());
         self.error.set(None);

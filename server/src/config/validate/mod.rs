@@ -13,9 +13,9 @@ use super::*;
 mod roles;
 mod trust;
 
-use trust::loopback_url;
 use roles::check_roles;
 use trust::check_trust;
+use trust::loopback_url;
 
 /// One thing wrong with the company file.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -367,7 +367,6 @@ fn check_company(c: &Config, p: &mut Report<'_>) {
         );
     }
 }
-
 
 /// `[[auth.users]]` and `[[auth.tokens]]`.
 fn check_auth(c: &Config, p: &mut Report<'_>) {

@@ -203,7 +203,7 @@ fn check_node_policy(c: &Config) -> Vec<Problem> {
             out.push(Problem::new(
                 &format!("roles[{i}].agent.instructions_file"),
                 q(&f.display().to_string()),
-                e,
+                e.to_string(),
                 "name a file inside the node's instructions directory",
             ));
         }

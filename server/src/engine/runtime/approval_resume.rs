@@ -201,7 +201,10 @@ impl TurnEngine {
     /// subscription): a pending approval's timer is armed here; an answer
     /// never resumed, or a call an earlier holder began, is told to this
     /// holder again; records resumed a week ago are removed.
-    pub(super) async fn recover_approvals(&self, seat: &SeatContext) -> Result<(), String> {
+    pub(super) async fn recover_approvals(
+        &self,
+        seat: &SeatContext,
+    ) -> Result<(), crate::engine::approvals::ApprovalsError> {
         match self
             .tools
             .approvals

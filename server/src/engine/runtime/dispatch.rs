@@ -109,11 +109,8 @@ impl TurnEngine {
 
     /// Apply the seat's pause record to its inbox. `Err` when the record
     /// cannot be read.
-    pub(super) async fn apply_pause(&self, handle: &str) -> Result<bool, String> {
-        let paused = pause::read(&*self.store, handle)
-            .await
-            .map_err(|e| e.to_string())?
-            .is_some();
+    pub(super) async fn apply_pause(&self, handle: &str) -> Result<bool, crate::coord::StoreError> {
+        let paused = pause::read(&*self.store, handle).await?.is_some();
         if let Some(fence) = self.runtime(handle).and_then(|r| lock(&r.fence).clone()) {
             fence.hold(PAUSE_HOLD, paused);
         }

@@ -78,7 +78,7 @@ impl TurnEngine {
                     let inside = self
                         .policy
                         .instructions_lexical(f)
-                        .map_err(|e| HookError::new("children", e))?;
+                        .map_err(|e| HookError::new("children", e.to_string()))?;
                     c.instructions_file = Some(inside);
                 }
                 Arc::new(
@@ -165,10 +165,10 @@ impl SeatHooks for TurnEngine {
     async fn attach_control(&self, seat: &SeatContext) -> Result<Option<Attachment>, HookError> {
         self.recover_runs(seat)
             .await
-            .map_err(|e| HookError::new("run recovery", e))?;
+            .map_err(|e| HookError::new("run recovery", e.to_string()))?;
         self.recover_approvals(seat)
             .await
-            .map_err(|e| HookError::new("approval recovery", e))?;
+            .map_err(|e| HookError::new("approval recovery", e.to_string()))?;
         let handler = Arc::new(ControlHandler {
             engine: self.me.clone(),
             handle: seat.handle.clone(),

@@ -400,21 +400,15 @@ impl TurnEngine {
     /// publishes the completion, so a launcher that died before the resume
     /// loses nothing), and a resume claimed at an earlier epoch that never
     /// settled (its holder died mid-resume).
-    pub(super) async fn recover_runs(&self, seat: &SeatContext) -> Result<(), String> {
+    pub(super) async fn recover_runs(&self, seat: &SeatContext) -> Result<(), RecoveryError> {
         let me = self.tools.incarnation.clone();
-        for (r, _) in self
-            .runs
-            .list(&seat.handle)
-            .await
-            .map_err(|e| e.to_string())?
-        {
+        for (r, _) in self.runs.list(&seat.handle).await? {
             let r = match r.state {
                 RunState::Running | RunState::Parked => {
                     let alive = self
                         .store
                         .lease(&format!("node:{}", r.launcher_node))
-                        .await
-                        .map_err(|e| e.to_string())?
+                        .await?
                         .is_some_and(|l| l.owner == r.launcher);
                     if alive {
                         let x = self
@@ -424,8 +418,7 @@ impl TurnEngine {
                                 x.owner_epoch = seat.epoch;
                                 true
                             })
-                            .await
-                            .map_err(|e| e.to_string())?;
+                            .await?;
                         self.events.emit(Event::RunAdopted {
                             seat: seat.handle.clone(),
                             run_id: r.run_id.clone(),
@@ -452,8 +445,7 @@ impl TurnEngine {
                                 }
                                 live
                             })
-                            .await
-                            .map_err(|e| e.to_string())?;
+                            .await?;
                         if failed.load(Ordering::SeqCst) {
                             self.events.emit(Event::SandboxRunFailed {
                                 seat: seat.handle.clone(),
@@ -485,10 +477,21 @@ impl TurnEngine {
                         Some(&format!("run-redo-{}-{}", r.run_id, seat.epoch)),
                         bytes::Bytes::from(serde_json::to_vec(&msg).unwrap_or_default()),
                     )
-                    .await
-                    .map_err(|e| e.to_string())?;
+                    .await?;
             }
         }
         Ok(())
     }
+}
+
+/// Why a seat's interrupted runs could not be recovered when it was
+/// established (the acquire hook fails, and the seat is handed back).
+#[derive(Debug, thiserror::Error)]
+pub enum RecoveryError {
+    #[error(transparent)]
+    Runs(#[from] crate::engine::runs::RunError),
+    #[error(transparent)]
+    Store(#[from] crate::coord::StoreError),
+    #[error(transparent)]
+    Queue(#[from] crate::queue::QueueError),
 }

@@ -53,7 +53,7 @@ impl TurnEngine {
                 self.events.emit(Event::McpServerFailed {
                     seat: handle.to_string(),
                     server: e.server.clone(),
-                    error: e.error.clone(),
+                    error: e.error.to_string(),
                 });
                 Err(HookError::new("tool servers", e.to_string()))
             }
@@ -99,7 +99,7 @@ impl TurnEngine {
         };
         m.stop()
             .await
-            .map_err(|e| HookError::new("tool servers", e))?;
+            .map_err(|e| HookError::new("tool servers", e.to_string()))?;
         self.tools.mcp.remove(handle);
         for server in m.server_names() {
             self.events.emit(Event::McpServerExited {

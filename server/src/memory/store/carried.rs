@@ -3,8 +3,8 @@
 //! rules (a mutable row replaces, an append-only one is kept once, a
 //! vector is taken only when this node holds none).
 
-use serde_json::{Map, Value};
-use sqlx::{Row, SqlitePool, sqlite::SqliteRow};
+use serde_json::Value;
+use sqlx::Row;
 
 use super::*;
 

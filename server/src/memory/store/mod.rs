@@ -20,7 +20,7 @@ use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 use sqlx::{Row, SqlitePool, sqlite::SqliteRow};
 
-mod changelog;
+mod carried;
 
 /// The tables a seat's memory lives in, as the changelog names them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -757,7 +757,6 @@ impl MemoryStore {
         Ok((expired, over))
     }
 }
-
 
 #[cfg(test)]
 mod tests {

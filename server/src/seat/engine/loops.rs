@@ -4,9 +4,16 @@
 //! makes a new seat's mailboxes before anything claims it.
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use super::sweep::*;
-use super::*;
+use tokio::time::Instant;
+
+use super::SeatEngine;
+use crate::company::wants_early_sweep;
+use crate::events::Event;
+use crate::queue::boot_walk;
+use crate::seat::placement;
+use crate::watchdog::stamp_interval;
 
 impl SeatEngine {
     pub(super) async fn sweep_loop(self: Arc<Self>) {

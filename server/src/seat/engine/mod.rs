@@ -16,6 +16,7 @@
 //! engine, its settings and what the loops share.
 
 mod drain;
+mod loops;
 mod offers;
 mod presence;
 mod sweep;

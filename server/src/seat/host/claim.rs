@@ -3,7 +3,6 @@
 //! attached) and keep the dispatch loops watched.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio::time::Instant;
 
@@ -112,7 +111,11 @@ impl SeatHost {
     /// as they are made, so a failure part way detaches what was attached.
     /// The acquire hook's first steps, which need no epoch: what a
     /// successor does while the giver still holds the seat.
-    pub(super) async fn prepare(&self, ctx: &SeatContext, progress: &Progress<'_>) -> Result<(), HookError> {
+    pub(super) async fn prepare(
+        &self,
+        ctx: &SeatContext,
+        progress: &Progress<'_>,
+    ) -> Result<(), HookError> {
         let hooks = self.inner.hooks.clone();
         let guarded = async {
             hook_step(progress, "children", hooks.start_children(ctx)).await?;

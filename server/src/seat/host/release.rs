@@ -1,9 +1,7 @@
-//! Letting a seat go on the seat host: detach in order (inbox, control,
-//! reflect), run the release hooks, and give the lease back only after a
-//! proven teardown; an unproven one leaves the seat undead.
-
-use std::sync::Arc;
-use std::time::Duration;
+//! Letting a seat go on the seat host: detach its subscriptions (a fenced
+//! release at once, any other after the turn in flight, bounded), run the
+//! release hook, and give the lease back only after a proven teardown; an
+//! unproven one keeps the lease and leaves the seat undead.
 
 use tokio::time::Instant;
 
@@ -25,7 +23,12 @@ impl SeatHost {
         self.release_locked(handle, reason, progress).await;
     }
 
-    pub(super) async fn release_locked(&self, handle: &str, reason: DetachReason, progress: &Progress<'_>) {
+    pub(super) async fn release_locked(
+        &self,
+        handle: &str,
+        reason: DetachReason,
+        progress: &Progress<'_>,
+    ) {
         let taken = {
             let mut seats = lock(&self.inner.seats);
             match seats.get_mut(handle) {
@@ -93,33 +96,41 @@ impl SeatHost {
                     progress();
                 }
             }
-            Err(e) => {
-                if reason == DetachReason::Lost {
-                    // Nothing left to keep renewing: the tenure is over.
-                    tracing::error!(seat = handle, error = %e, "teardown failed on a lost seat");
-                    lock(&self.inner.seats).remove(handle);
-                    return;
-                }
-                self.inner.events.emit(Event::SeatReleaseUnproven {
-                    seat: handle.to_string(),
-                    epoch: lease.epoch,
-                    error: e.to_string(),
-                });
-                if let Some(entry) = lock(&self.inner.seats).get_mut(handle) {
-                    // Unproven: the lease is kept, so a turn still in flight
-                    // races nobody and finishes (spec § Fencing); the
-                    // teardown's retry flushes what it wrote.
-                    entry.last_flush = false;
-                    entry.phase = Phase::Undead;
-                    entry.undead_since = Some(Instant::now());
-                    entry.attempts = 1;
-                    entry.last_error = e.to_string();
-                }
-            }
+            Err(e) => self.teardown_failed(handle, &lease, reason, &e),
         }
     }
 
-    pub(super) async fn teardown(&self, ctx: &SeatContext, progress: &Progress<'_>) -> Result<(), HookError> {
+    /// A teardown that failed: a lost seat is forgotten (nothing is left to
+    /// renew, the tenure is over); any other keeps its lease and is undead
+    /// until a retry proves the teardown.
+    fn teardown_failed(&self, handle: &str, lease: &Lease, reason: DetachReason, e: &HookError) {
+        if reason == DetachReason::Lost {
+            tracing::error!(seat = handle, error = %e, "teardown failed on a lost seat");
+            lock(&self.inner.seats).remove(handle);
+            return;
+        }
+        self.inner.events.emit(Event::SeatReleaseUnproven {
+            seat: handle.to_string(),
+            epoch: lease.epoch,
+            error: e.to_string(),
+        });
+        if let Some(entry) = lock(&self.inner.seats).get_mut(handle) {
+            // Unproven: the lease is kept, so a turn still in flight
+            // races nobody and finishes (spec § Fencing); the
+            // teardown's retry flushes what it wrote.
+            entry.last_flush = false;
+            entry.phase = Phase::Undead;
+            entry.undead_since = Some(Instant::now());
+            entry.attempts = 1;
+            entry.last_error = e.to_string();
+        }
+    }
+
+    pub(super) async fn teardown(
+        &self,
+        ctx: &SeatContext,
+        progress: &Progress<'_>,
+    ) -> Result<(), HookError> {
         let run = async {
             match AssertUnwindSafe(self.inner.hooks.release(ctx))
                 .catch_unwind()

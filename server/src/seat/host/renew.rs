@@ -2,7 +2,6 @@
 //! concurrency, the seat's lock respected), a lost lease fenced at once, an
 //! undead seat's teardown tried again, and the draining mark carried.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;

@@ -6,7 +6,6 @@
 use crate::watchdog::Progress;
 
 use super::*;
-use crate::coord::{Offer, StateBucket};
 
 impl SeatHost {
     /// Take the lease offered under `offer_id` (counted as a claim): the

@@ -100,7 +100,7 @@ fn unauthorized_at(path: &str, msg: &str) -> Response {
         .into_response()
 }
 
-fn unauthorized(msg: &str) -> Response {
+pub(super) fn unauthorized(msg: &str) -> Response {
     (
         StatusCode::UNAUTHORIZED,
         [(header::WWW_AUTHENTICATE, "Bearer")],

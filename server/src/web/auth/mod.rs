@@ -18,19 +18,13 @@ mod password;
 #[cfg(test)]
 mod tests;
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use argon2::Argon2;
-use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
-use axum::extract::{ConnectInfo, Extension, Form, Request};
-use axum::http::{HeaderMap, Method, StatusCode, header};
-use axum::middleware::Next;
-use axum::response::{Html, IntoResponse, Redirect, Response};
-use rand::Rng;
-use serde::Deserialize;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
 use sha2::{Digest, Sha256};
 use sqlx::SqlitePool;
 use tokio::sync::{Semaphore, broadcast};
@@ -43,6 +37,7 @@ use crate::config::{AuthRole, AuthSection, Network};
 use limiter::{Admission, Limiter, Rule};
 
 pub use forms::{LoginForm, PasswordForm, change_password, login, logout};
+use gate::unauthorized;
 pub use gate::{PASSWORD_PAGE, cross_site, gate};
 use password::{hash_blocking, verify_blocking};
 pub use password::{hash_password, random_password, return_password_memory};

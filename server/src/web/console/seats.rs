@@ -146,21 +146,30 @@ async fn inbox_hour(
     c: &NodeConsole,
     handle: &str,
     hour: &[String],
-) -> Result<Vec<app::api::InboxMinute>, String> {
+) -> Result<Vec<app::api::InboxMinute>, InboxHourError> {
     let lease = c
         .engine
         .store()
         .lease(&format!("seat:{handle}"))
         .await
-        .map_err(|e| format!("the seat's holder cannot be read: {e}"))?;
+        .map_err(InboxHourError::Holder)?;
     match lease {
         None => Ok(Vec::new()),
         Some(l) => c
             .trends
             .seat_inbox(handle, &l.owner, hour)
             .await
-            .map_err(|why| format!("its holder's samples cannot be had: {why}")),
+            .map_err(InboxHourError::Samples),
     }
+}
+
+/// Why a seat's inbox hour is not shown (the page says so in its place).
+#[derive(Debug, thiserror::Error)]
+enum InboxHourError {
+    #[error("the seat's holder cannot be read: {0}")]
+    Holder(crate::coord::StoreError),
+    #[error("its holder's samples cannot be had: {0}")]
+    Samples(crate::trends::NoReply),
 }
 
 pub(super) async fn detail(
@@ -190,7 +199,7 @@ pub(super) async fn detail(
         futures::join!(timeline, actions, outbox, activity, inbox);
     let (inbox, inbox_error) = match inbox {
         Ok(v) => (v, None),
-        Err(e) => (Vec::new(), Some(e)),
+        Err(e) => (Vec::new(), Some(e.to_string())),
     };
     let (outbox, outbox_error) = match outbox {
         Ok(v) => (v, None),

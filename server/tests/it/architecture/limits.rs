@@ -35,12 +35,12 @@ const LONG_FUNCTIONS: &[(&str, &str, usize)] = &[
     ("app/src/view/timeline.rs", "timeline", 76),
     ("server/src/config/schema.rs", "apply_env", 87),
     ("server/src/config/schema.rs", "exemplar", 84),
-    ("server/src/config/validate.rs", "check_child_env", 88),
-    ("server/src/config/validate.rs", "check_coordination", 78),
-    ("server/src/config/validate.rs", "check_mcp", 80),
-    ("server/src/config/validate.rs", "check_model", 82),
-    ("server/src/config/validate.rs", "check_roles", 100),
-    ("server/src/config/validate.rs", "check_stream", 95),
+    ("server/src/config/validate/mod.rs", "check_coordination", 78),
+    ("server/src/config/validate/mod.rs", "check_stream", 95),
+    ("server/src/config/validate/roles.rs", "check_mcp", 80),
+    ("server/src/config/validate/roles.rs", "check_model", 82),
+    ("server/src/config/validate/roles.rs", "check_roles", 100),
+    ("server/src/config/validate/trust.rs", "check_child_env", 88),
     ("server/src/coord/protocol/claim.rs", "claim_atomic", 100),
     ("server/src/coord/protocol/claim.rs", "claim_inner", 95),
     ("server/src/coord/protocol/tenure.rs", "take_inner", 81),
@@ -65,16 +65,16 @@ const LONG_FUNCTIONS: &[(&str, &str, usize)] = &[
     ("server/src/queue/attach.rs", "handle_batch", 78),
     ("server/src/seat/engine/sweep.rs", "execute", 89),
     ("server/src/seat/engine/sweep.rs", "sweep_pass", 98),
-    ("server/src/seat/host.rs", "claim_with", 88),
-    ("server/src/seat/host.rs", "release_locked", 93),
-    ("server/src/seat/host.rs", "renew_one", 89),
+    ("server/src/seat/host/claim.rs", "claim_with", 88),
     ("server/src/seat/host/handoff.rs", "offer_seat", 88),
-    ("server/src/seat/host/handoff.rs", "take_offer", 90),
     ("server/src/seat/host/handoff.rs", "withdraw", 73),
+    ("server/src/seat/host/release.rs", "release_locked", 93),
+    ("server/src/seat/host/renew.rs", "renew_one", 89),
+    ("server/src/seat/host/take.rs", "take_offer", 90),
     ("server/src/seat/placement.rs", "group_claims", 98),
-    ("server/src/web/auth.rs", "change_password", 81),
-    ("server/src/web/auth.rs", "gate", 91),
-    ("server/src/web/auth.rs", "login", 94),
+    ("server/src/web/auth/forms.rs", "change_password", 81),
+    ("server/src/web/auth/forms.rs", "login", 94),
+    ("server/src/web/auth/gate.rs", "gate", 91),
     ("server/src/web/console/approvals.rs", "answer", 72),
     ("server/src/web/console/seat_actions.rs", "send_to_inbox", 93),
     ("server/src/web/mod.rs", "router", 97),
@@ -84,14 +84,7 @@ const LONG_FUNCTIONS: &[(&str, &str, usize)] = &[
 ];
 
 /// Files over `FILE_LIMIT` today: (file, lines).
-const LONG_FILES: &[(&str, usize)] = &[
-    ("app/src/pages/seats.rs", 860),
-    ("server/src/config/mod.rs", 1130),
-    ("server/src/config/validate.rs", 1167),
-    ("server/src/memory/store.rs", 1068),
-    ("server/src/seat/host.rs", 1113),
-    ("server/src/web/auth.rs", 1286),
-];
+const LONG_FILES: &[(&str, usize)] = &[];
 
 /// The line with string and char literals and its comment taken out.
 fn strip(line: &str) -> String {
@@ -355,25 +348,9 @@ fn anyhow_is_used_only_at_the_binarys_edge() {
 /// listed file may only shrink; no file joins the list.
 #[rustfmt::skip]
 const STRING_ERRORS: &[(&str, usize)] = &[
-    ("server/src/config/policy.rs", 3),
     ("server/src/config/programs.rs", 1),
-    ("server/src/duty/mailboxes.rs", 1),
-    ("server/src/duty/maintenance.rs", 1),
-    ("server/src/duty/mod.rs", 1),
-    ("server/src/duty/scheduler.rs", 2),
-    ("server/src/engine/approvals.rs", 4),
-    ("server/src/engine/children.rs", 1),
-    ("server/src/engine/mcp.rs", 6),
-    ("server/src/engine/runs.rs", 1),
-    ("server/src/engine/runtime/approval_resume.rs", 1),
-    ("server/src/engine/runtime/dispatch.rs", 1),
-    ("server/src/engine/runtime/resume.rs", 1),
-    ("server/src/engine/tools.rs", 1),
     ("server/src/main.rs", 1),
-    ("server/src/queue/registry.rs", 1),
     ("server/src/seat/host/handoff.rs", 1),
-    ("server/src/trends.rs", 2),
-    ("server/src/web/console/seats.rs", 1),
 ];
 
 /// How many functions in `src` answer `Result<_, String>` (the signature's

@@ -387,6 +387,7 @@ both!(
     a_draining_node_that_still_holds_seats_reads_as_draining_and_its_successor_as_serving,
     pinned_seats_and_label_groups_the_satellite_example,
     drain_moves_everything_and_nothing_is_claimed_back,
+    a_drain_whose_offers_go_untaken_stops_offering_at_its_bound_and_releases_the_rest,
     a_lower_protocol_peer_blocks_claims_until_its_leases_lapse_but_its_duty_leases_do_not,
     a_moved_seats_offer_is_not_taken_while_a_lower_protocol_presence_is_live,
     a_failed_teardown_keeps_the_lease_renewed_until_a_retry_succeeds,
@@ -654,6 +655,63 @@ async fn pinned_seats_and_label_groups_the_satellite_example(f: Fleet) {
     for n in [&sat, &b, &c] {
         n.engine.drain().await;
     }
+}
+
+/// A drain whose offers go untaken (its successor never finishes
+/// preparing) offers seats for twice the hand-off's bound only and
+/// releases the rest: its length does not grow with the seats it holds
+/// (chaos seed 5004 under load: a draining node of 20 seats was still
+/// offering 30 s after its SIGTERM).
+async fn a_drain_whose_offers_go_untaken_stops_offering_at_its_bound_and_releases_the_rest(
+    f: Fleet,
+) {
+    let company = roles("s", 20);
+    let mut a = f.node("a", &[], &company).await;
+    let hooks_b = Arc::new(TestHooks::default());
+    let b = f.node_with("b", &[], &company, hooks_b.clone(), 4).await;
+    f.until("a 10/10 split", Duration::from_secs(30), || {
+        a.count() == 10 && b.count() == 10
+    })
+    .await;
+    // b's prepares do not finish from now on: no offer of a's is taken.
+    hooks_b
+        .stuck_hydration
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let before = a.detached().len();
+    a.engine.drain().await;
+    assert_eq!(a.count(), 0, "every seat left the draining node");
+    let offered_in_drain = a
+        .events()
+        .iter()
+        .filter(|e| {
+            matches!(
+                e.event,
+                Event::SeatOffered {
+                    reason: DetachReason::Drain,
+                    ..
+                }
+            )
+        })
+        .count();
+    // Four at a time, each offer standing its whole bound before it is
+    // withdrawn: two rounds fit in twice the bound, the rest is released.
+    assert!(
+        (1..=8).contains(&offered_in_drain),
+        "{offered_in_drain} of 10 seats offered in the drain: the offering should stop after two rounds"
+    );
+    let drained = a.detached()[before..]
+        .iter()
+        .filter(|(_, r)| *r == DetachReason::Drain)
+        .count();
+    assert_eq!(drained, 10, "every seat detached as drained");
+    hooks_b
+        .stuck_hydration
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    f.until("b to hold every seat", Duration::from_secs(30), || {
+        b.count() == 20
+    })
+    .await;
+    b.engine.drain().await;
 }
 
 async fn drain_moves_everything_and_nothing_is_claimed_back(f: Fleet) {

@@ -3,6 +3,9 @@
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use futures::StreamExt;
 
@@ -11,6 +14,16 @@ use crate::seat::placement::{Presence, Snapshot};
 use crate::seat::ranking;
 
 use super::{DRAIN_HANDOFFS, SeatEngine, presence_of, seat_specs};
+
+/// Pure: how long a drain offers its seats to successors. A seat not yet
+/// offered by then is released (flushed, then given up; a peer claims it
+/// on its next sweep), so a drain's length does not grow with the seats
+/// held times the hand-off's bound when offers go untaken: a slow or
+/// refusing successor (a loaded fleet, a protocol gate) once kept a
+/// draining node of 20 seats past 30 s (chaos seed 5004 under load).
+pub fn drain_offers_for(handoff_timeout: Duration) -> Duration {
+    handoff_timeout * 2
+}
 
 impl SeatEngine {
     /// Graceful shutdown is a drain: presence given up first, every seat
@@ -26,19 +39,21 @@ impl SeatEngine {
             let _ = self.store.release(&p, &self.cfg.owner).await;
         }
         // Every seat is offered to a successor first (a drain is a
-        // voluntary move), a few at a time; released when none is eligible.
+        // voluntary move), a few at a time, for a bounded time; released
+        // when none is eligible, and once the offering time is over.
         let snap = self.drain_snapshot().await;
         let offered = Mutex::new(BTreeMap::new());
         let snap = &snap;
         let offered = &offered;
+        let offers_until = Instant::now() + drain_offers_for(self.cfg.handoff.timeout);
         futures::stream::iter(self.host.held())
             .for_each_concurrent(DRAIN_HANDOFFS, |handle| async move {
                 match snap {
-                    Some(snap) => {
+                    Some(snap) if Instant::now() < offers_until => {
                         self.give_back(snap, &handle, DetachReason::Drain, offered, &|| {})
                             .await;
                     }
-                    None => self.host.release(&handle, DetachReason::Drain).await,
+                    _ => self.host.release(&handle, DetachReason::Drain).await,
                 }
             })
             .await;

@@ -197,11 +197,11 @@ fn post(
     token: &str,
     content_type: &str,
     body: String,
-) -> Result<(reqwest::StatusCode, serde_json::Value), String> {
+) -> anyhow::Result<(reqwest::StatusCode, serde_json::Value)> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|e| format!("cannot start the runtime: {e}"))?;
+        .map_err(|e| anyhow::anyhow!("cannot start the runtime: {e}"))?;
     rt.block_on(async {
         let r = reqwest::Client::new()
             .post(url)
@@ -211,7 +211,9 @@ fn post(
             .send()
             .await
             .map_err(|e| {
-                format!("cannot reach the node at {url}: {e}. Is it running? Pass --node URL.")
+                anyhow::anyhow!(
+                    "cannot reach the node at {url}: {e}. Is it running? Pass --node URL."
+                )
             })?;
         let status = r.status();
         let json: serde_json::Value = r.json().await.unwrap_or_default();

@@ -24,7 +24,7 @@ pub use policy::{
     AgentPolicy, AgentUser, Confinement, INSTRUCTIONS_SUBDIR, InstructionsError, SEATS_SUBDIR,
     confined,
 };
-pub use programs::{ProgramRule, ProgramUse, Programs};
+pub use programs::{ProgramRefused, ProgramRule, ProgramUse, Programs};
 pub use role::{
     AgentConfig, BudgetConfig, CHILD_BASICS, CommandConfig, DEFAULT_APPROVAL_TIMEOUT_SECONDS,
     EchoConfig, EchoFailure, McpServerConfig, ModelConfig, PlacementConfig, RoleConfig,

@@ -151,12 +151,9 @@ impl Programs {
         use_: ProgramUse,
         argv: &[String],
         find: &dyn Fn(&str) -> Option<PathBuf>,
-    ) -> Result<(), String> {
+    ) -> Result<(), ProgramRefused> {
         let Some((program, args)) = argv.split_first() else {
-            return Err(format!(
-                "the {} names no program (it is empty)",
-                use_.what()
-            ));
+            return Err(ProgramRefused::Empty(use_.what()));
         };
         if use_ == ProgramUse::Run && self.runs_allow.iter().any(|a| a == program) {
             return Ok(());
@@ -168,15 +165,18 @@ impl Programs {
         };
         let shown = shown_argv(argv);
         let Some(found) = find(program) else {
-            return Err(format!(
-                "the {} {shown} is not allowed on this node: {program:?} is not a program here, so no [[node.programs]] rule can allow it (give its absolute path, or install it)",
-                use_.what()
-            ));
+            return Err(ProgramRefused::NotHere {
+                what: use_.what(),
+                shown,
+                program: program.clone(),
+            });
         };
         if rules.iter().any(|r| r.admits(use_, &found, args, find)) {
             return Ok(());
         }
-        Err(self.refusal(use_, rules, &shown, &found, find))
+        Err(ProgramRefused::NoRule(
+            self.refusal(use_, rules, &shown, &found, find),
+        ))
     }
 
     /// Pure: why `rules` let none of them start the program found at
@@ -232,6 +232,26 @@ impl Programs {
             use_.what()
         )
     }
+}
+
+/// Why a program a company names may not start on this node, as a person
+/// reads it: the program, and the key of the node's own file that would
+/// allow it.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ProgramRefused {
+    #[error("the {0} names no program (it is empty)")]
+    Empty(&'static str),
+    #[error(
+        "the {what} {shown} is not allowed on this node: {program:?} is not a program here, so no [[node.programs]] rule can allow it (give its absolute path, or install it)"
+    )]
+    NotHere {
+        what: &'static str,
+        shown: String,
+        program: String,
+    },
+    /// No rule admits it: which rule came closest and why not.
+    #[error("{0}")]
+    NoRule(String),
 }
 
 fn use_name(u: ProgramUse) -> &'static str {
@@ -361,7 +381,7 @@ mod tests {
         let e = p
             .judge(ProgramUse::Run, &argv(&["/usr/bin/git", "status"]), &find)
             .unwrap_err();
-        assert!(e.contains("[[node.programs]]"), "{e}");
+        assert!(e.to_string().contains("[[node.programs]]"), "{e}");
     }
 
     #[test]
@@ -371,8 +391,8 @@ mod tests {
             let e = p
                 .judge(u, &argv(&["python3", "-m", "x"]), &find)
                 .unwrap_err();
-            assert!(e.contains("not allowed on this node"), "{e}");
-            assert!(e.contains(u.what()), "{e}");
+            assert!(e.to_string().contains("not allowed on this node"), "{e}");
+            assert!(e.to_string().contains(u.what()), "{e}");
         }
     }
 
@@ -389,11 +409,12 @@ mod tests {
         let e = p
             .judge(ProgramUse::Mcp, &argv(&["git", "status"]), &find)
             .unwrap_err();
-        assert!(e.contains("no rule for /usr/bin/git"), "{e}");
+        assert!(e.to_string().contains("no rule for /usr/bin/git"), "{e}");
         let e = p
             .judge(ProgramUse::Mcp, &argv(&["/proc/self/exe"]), &find)
             .unwrap_err();
-        assert!(e.contains("is not a program here"), "{e}");
+        assert!(matches!(e, ProgramRefused::NotHere { .. }), "{e}");
+        assert!(e.to_string().contains("is not a program here"), "{e}");
     }
 
     #[test]
@@ -418,11 +439,11 @@ mod tests {
                 &find,
             )
             .unwrap_err();
-        assert!(e.contains("match none of the patterns"), "{e}");
+        assert!(e.to_string().contains("match none of the patterns"), "{e}");
         let e = p
             .judge(ProgramUse::Command, &argv(&["git", "status"]), &find)
             .unwrap_err();
-        assert!(e.contains("does not list \"command\""), "{e}");
+        assert!(e.to_string().contains("does not list \"command\""), "{e}");
     }
 
     #[test]

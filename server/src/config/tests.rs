@@ -503,13 +503,13 @@ fn detached_runs_allow_only_absolute_paths_from_the_nodes_own_file() {
     let refused = programs
         .judge(ProgramUse::Run, &argv(&["/bin/sh"]), &find)
         .unwrap_err();
-    assert!(refused.contains("detached run"), "{refused}");
+    assert!(refused.to_string().contains("detached run"), "{refused}");
     let none = crate::config::AgentPolicy::of(&parse("").unwrap())
         .programs
         .judge(ProgramUse::Run, &argv(&["/bin/sh"]), &find)
         .unwrap_err();
     assert!(
-        none.contains("[[node.programs]]") && none.contains("detached run"),
+        none.to_string().contains("[[node.programs]]") && none.to_string().contains("detached run"),
         "{none}"
     );
 }

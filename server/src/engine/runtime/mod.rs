@@ -22,6 +22,7 @@ mod budget_hold;
 mod dispatch;
 mod hooks;
 mod resume;
+mod run_recovery;
 mod tool_servers;
 
 use std::collections::HashMap;

@@ -19,6 +19,7 @@ mod drain;
 mod loops;
 mod offers;
 mod presence;
+mod snapshot;
 mod sweep;
 
 use std::collections::{BTreeMap, BTreeSet};

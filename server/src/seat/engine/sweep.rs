@@ -7,16 +7,15 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 
 use crate::company::Company;
-use crate::coord::Lease;
 use crate::events::{DetachReason, Event};
 use crate::seat::host::watched;
 use crate::seat::host::{Acquired, HandOff};
 use crate::seat::placement::matches_placement;
-use crate::seat::placement::{self, Presence, Snapshot, Withheld};
-use crate::seat::{moves, pass, ranking};
+use crate::seat::placement::{self, Snapshot, Withheld};
+use crate::seat::{moves, pass};
 use crate::watchdog::{beat_while, stamp_interval};
 
-use super::{CLAIMS_AT_ONCE, Done, SeatEngine, presence_of, seat_specs};
+use super::{CLAIMS_AT_ONCE, Done, SeatEngine};
 
 impl SeatEngine {
     /// One placement pass, calling `progress` as each store call and each
@@ -185,90 +184,6 @@ impl SeatEngine {
         Some((snap, plan, standing))
     }
 
-    /// This pass's snapshot from the presence rows it read: this node as
-    /// it is now, what it holds, the counts and hints it keeps between
-    /// passes, and the fleet's priority order over the nodes present.
-    pub(super) async fn snapshot(
-        &self,
-        presence_leases: &[Lease],
-        progress: &Progress<'_>,
-    ) -> Snapshot {
-        let company = self.company();
-        let fading = self.fading(presence_leases).await;
-        progress();
-        let mut presence: Vec<Presence> = presence_leases.iter().filter_map(presence_of).collect();
-        // This node as it is now, whatever its row said a heartbeat ago.
-        presence.retain(|p| p.node_id != self.cfg.node_id);
-        let withdrawn = self.withdrawn.load(std::sync::atomic::Ordering::SeqCst);
-        if !self.host.is_draining() {
-            presence.push(Presence {
-                node_id: self.cfg.node_id.clone(),
-                labels: self.cfg.labels.clone(),
-                withdrawn,
-                seats_held: Some(self.seats_held_count(&company) as u32),
-            });
-        }
-        let mut snap = Snapshot {
-            node_id: self.cfg.node_id.clone(),
-            labels: self.cfg.labels.clone(),
-            seats: seat_specs(&company),
-            presence,
-            held: self.host.held().into_iter().collect(),
-            undead: self.host.undead().into_iter().collect(),
-            held_elsewhere: BTreeSet::new(),
-            draining: self.host.is_draining(),
-            behind: self.behind.load(std::sync::atomic::Ordering::SeqCst),
-            unserviceable: withdrawn,
-            claim_limit: self.cfg.claim_limit,
-            release_limit: self.cfg.release_limit,
-            ranking: Vec::new(),
-            deferred: self
-                .deferred
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .clone(),
-            moves: BTreeMap::new(),
-            handed_back: self.spend_handed_back_pass(),
-            leased_to: BTreeMap::new(),
-            fading,
-            rechecked: self
-                .rechecked
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .clone(),
-        };
-        snap.ranking = self.ranking(presence_leases, progress).await;
-        progress();
-        snap
-    }
-
-    /// The fleet's one priority order (never a private one), applied to
-    /// the nodes present; an unreadable order ranks nobody. Each read may
-    /// wait out the store's bound: the pass beats while it waits (a sweep
-    /// reading when the nodes were first seen and then their order, each
-    /// unanswered for 2 s, was shot as wedged: soak seed 12062).
-    async fn ranking(&self, presence_leases: &[Lease], progress: &Progress<'_>) -> Vec<String> {
-        let every = stamp_interval(self.watchdog.threshold());
-        let mut present =
-            beat_while(progress, every, None, self.first_seen_kept(presence_leases)).await;
-        if !present.iter().any(|(id, _)| *id == self.cfg.node_id) && !self.host.is_draining() {
-            present.push((
-                self.cfg.node_id.clone(),
-                crate::coord::StoreTime::from_unix_nanos(i64::MAX),
-            ));
-        }
-        match beat_while(progress, every, None, ranking::read(&*self.store)).await {
-            Ok(order) => {
-                let saved = order.map(|(o, _)| o.nodes).unwrap_or_default();
-                ranking::effective_order(&saved, &present)
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "the node order cannot be read; ranking nobody this pass");
-                Vec::new()
-            }
-        }
-    }
-
     /// Keep what the plan says for the next passes: the unplaceable seats
     /// (announced when they change), each deferred seat's count, and the
     /// seats left for a recheck.
@@ -400,36 +315,6 @@ impl SeatEngine {
             }
         }
         Done::Nothing
-    }
-
-    /// The nodes whose presence is fading (see [`Snapshot::fading`]): rows
-    /// not renewed for two heartbeats, and rows the last pass read that
-    /// are gone now. Remembers this roster for the next pass.
-    pub(super) async fn fading(&self, presence: &[Lease]) -> BTreeSet<String> {
-        let roster: BTreeSet<String> = presence
-            .iter()
-            .filter_map(|l| l.resource.strip_prefix("node:").map(str::to_string))
-            .filter(|id| *id != self.cfg.node_id)
-            .collect();
-        let mut fading: BTreeSet<String> = {
-            let mut seen = self.roster_seen.lock().unwrap_or_else(|e| e.into_inner());
-            let gone = seen.difference(&roster).cloned().collect();
-            *seen = roster;
-            gone
-        };
-        if let Ok(now) = self.store.now().await {
-            let stale = self.cfg.heartbeat * 2;
-            for l in presence {
-                let left = l.expires_at.since(now);
-                let Some(id) = l.resource.strip_prefix("node:") else {
-                    continue;
-                };
-                if id != self.cfg.node_id && l.ttl.saturating_sub(left) > stale {
-                    fading.insert(id.to_string());
-                }
-            }
-        }
-        fading
     }
 
     pub(super) fn roles_i_may_run(&self, company: &Company) -> Vec<String> {

@@ -39,6 +39,19 @@ pub enum HandOff {
     Lost,
 }
 
+/// Why phase 0 did not stop admitting (nothing was offered).
+#[derive(Debug, thiserror::Error)]
+enum NotStopped {
+    #[error("the seat's lock was not had")]
+    LockNotHad,
+    #[error("this node is draining")]
+    Draining,
+    #[error("the seat is not attached here")]
+    NotAttached,
+    #[error("the seat is not held here")]
+    NotHeld,
+}
+
 /// Why phase 1 offered nothing.
 enum Unoffered {
     /// The seat was resumed here.
@@ -107,7 +120,7 @@ impl SeatHost {
                 progress();
             }
             Ok(None) => {}
-            Err(why) => return HandOff::NotOffered(why),
+            Err(why) => return HandOff::NotOffered(why.to_string()),
         }
         let offer = match self.offer_seat(handle, to, reason, progress).await {
             Ok(o) => o,
@@ -159,13 +172,13 @@ impl SeatHost {
         handle: &str,
         reason: DetachReason,
         progress: &Progress<'_>,
-    ) -> Result<Option<crate::queue::attach::Idle>, String> {
+    ) -> Result<Option<crate::queue::attach::Idle>, NotStopped> {
         let seat_lock = self.seat_lock(handle);
         let Some(_g) = watched(progress, None, seat_lock.lock()).await else {
-            return Err("the seat's lock was not had".into());
+            return Err(NotStopped::LockNotHad);
         };
         if self.is_draining() && reason != DetachReason::Drain {
-            return Err("this node is draining".into());
+            return Err(NotStopped::Draining);
         }
         let mut seats = lock(&self.inner.seats);
         match seats.get_mut(handle) {
@@ -176,8 +189,8 @@ impl SeatHost {
                     a.idle()
                 }))
             }
-            Some(_) => Err("the seat is not attached here".into()),
-            None => Err("the seat is not held here".into()),
+            Some(_) => Err(NotStopped::NotAttached),
+            None => Err(NotStopped::NotHeld),
         }
     }
 

@@ -15,8 +15,6 @@ mod forms;
 mod gate;
 pub mod limiter;
 mod password;
-#[cfg(test)]
-mod tests;
 
 use std::net::IpAddr;
 use std::sync::Mutex;
@@ -688,3 +686,6 @@ async fn audit_or_log(pool: &SqlitePool, actor: &str, action: &str, reason: &str
         tracing::error!(error = %e, "cannot write the audit log");
     }
 }
+
+#[cfg(test)]
+mod tests;

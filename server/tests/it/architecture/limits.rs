@@ -55,7 +55,7 @@ const LONG_FUNCTIONS: &[(&str, &str, usize)] = &[
     ("server/src/engine/runtime/approval_resume.rs", "approval_outcome", 95),
     ("server/src/engine/runtime/approval_resume.rs", "resume_approval", 75),
     ("server/src/engine/runtime/resume.rs", "claim_resume", 85),
-    ("server/src/engine/runtime/resume.rs", "recover_runs", 91),
+    ("server/src/engine/runtime/run_recovery.rs", "recover_runs", 82),
     ("server/src/engine/tools.rs", "ask_approval", 73),
     ("server/src/engine/tools.rs", "run_detached", 86),
     ("server/src/engine/turn.rs", "run", 85),
@@ -85,6 +85,36 @@ const LONG_FUNCTIONS: &[(&str, &str, usize)] = &[
 
 /// Files over `FILE_LIMIT` today: (file, lines).
 const LONG_FILES: &[(&str, usize)] = &[];
+
+/// The longest impl block: one type's methods in one file.
+const IMPL_LIMIT: usize = 400;
+
+/// Impl blocks over `IMPL_LIMIT` today: (file, the block's first line,
+/// lines). Split them along their seams; take one out once it is under.
+#[rustfmt::skip]
+const LONG_IMPLS: &[(&str, &str, usize)] = &[
+    ("server/src/duty/mailboxes.rs", "impl MailboxSweep {", 403),
+    ("server/src/engine/runtime/dispatch.rs", "impl TurnEngine {", 408),
+    ("server/src/memory/store/mod.rs", "impl MemoryStore {", 419),
+    ("server/src/seat/host/handoff.rs", "impl SeatHost {", 426),
+    ("server/src/web/auth/mod.rs", "impl Auth {", 425),
+];
+
+/// Each top-level impl block of `src`: (its first line, lines from it to
+/// its closing brace at the start of a line).
+fn impl_blocks(src: &str) -> Vec<(String, usize)> {
+    let lines: Vec<&str> = src.lines().collect();
+    let mut out = Vec::new();
+    for (i, l) in lines.iter().enumerate() {
+        if (l.starts_with("impl ") || l.starts_with("impl<"))
+            && l.ends_with('{')
+            && let Some(end) = lines[i + 1..].iter().position(|x| *x == "}")
+        {
+            out.push((l.to_string(), end + 2));
+        }
+    }
+    out
+}
 
 /// The line with string and char literals and its comment taken out.
 fn strip(line: &str) -> String {
@@ -282,6 +312,41 @@ fn no_file_grows_past_its_length_and_none_new_goes_over_eight_hundred_lines() {
 }
 
 #[test]
+fn no_impl_block_grows_past_its_length_and_none_new_goes_over_four_hundred_lines() {
+    let mut measured = BTreeMap::new();
+    for (file, src) in product_files(&repo()) {
+        for (head, lines) in impl_blocks(&src) {
+            if lines > IMPL_LIMIT {
+                let longest = measured.entry(format!("{file} {head}")).or_insert(0);
+                *longest = lines.max(*longest);
+            }
+        }
+    }
+    let listed = LONG_IMPLS
+        .iter()
+        .map(|(f, h, l)| (format!("{f} {h}"), *l))
+        .collect();
+    let wrong = ratchet(&measured, &listed, IMPL_LIMIT);
+    assert!(
+        wrong.is_empty(),
+        "impl blocks over {IMPL_LIMIT} lines (split the type's methods along their seams, one file each; a listed one may only shrink):\n{}",
+        wrong.join("\n")
+    );
+}
+
+#[test]
+fn the_impl_check_counts_a_block_from_its_first_line_to_its_closing_brace() {
+    let src = "impl A {\n    fn a() {\n    }\n}\n\nimpl<T: X> Y for Z<T> {\n}\nfn f() {}\n";
+    assert_eq!(
+        impl_blocks(src),
+        [
+            ("impl A {".to_string(), 4),
+            ("impl<T: X> Y for Z<T> {".to_string(), 2)
+        ]
+    );
+}
+
+#[test]
 fn the_length_check_counts_from_signature_to_closing_brace_and_ignores_braces_in_literals() {
     let src = "pub(crate) async fn a(x: u8) -> u8 {\n    let s = \"{{ }\";\n    let c = '{';\n    // {\n    x\n}\nfn decl();\nconst fn b() {}\n";
     assert_eq!(functions(src), [("a".to_string(), 6), ("b".to_string(), 1)]);
@@ -344,14 +409,10 @@ fn anyhow_is_used_only_at_the_binarys_edge() {
 }
 
 /// Files whose functions answer `Result<_, String>` today, and how many:
-/// errors at the engine's edges still to be given a `thiserror` type. A
-/// listed file may only shrink; no file joins the list.
+/// none (the library's errors are `thiserror` types, the binary's edge
+/// answers `anyhow`). A listed file may only shrink; no file joins the list.
 #[rustfmt::skip]
-const STRING_ERRORS: &[(&str, usize)] = &[
-    ("server/src/config/programs.rs", 1),
-    ("server/src/main.rs", 1),
-    ("server/src/seat/host/handoff.rs", 1),
-];
+const STRING_ERRORS: &[(&str, usize)] = &[];
 
 /// How many functions in `src` answer `Result<_, String>` (the signature's
 /// return read on one line, as rustfmt writes it).

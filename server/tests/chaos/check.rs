@@ -473,6 +473,29 @@ pub fn crash_handoffs(
     out
 }
 
+/// Whether tenure `x` was offered before `stop` and its offer taken: a
+/// two-phase handoff whose giver was frozen between its offer and its
+/// successor's take. An offered seat admits nothing (its last turn was
+/// fenced at the offer's flush), so the giver detaching on resume — phase
+/// 2, under the handoff's reason — held nothing a peer ran (soak seed
+/// 12311: a giver stopped 5.4 s just after offering, detached 0.17 s after
+/// it resumed).
+pub fn handed_over_before(h: &History, x: &Tenure, stop: Ts) -> bool {
+    let offered = h.events.iter().any(|e| {
+        e.name == "seat_offered"
+            && e.proc == x.proc
+            && e.str("seat") == x.seat
+            && e.u64("epoch") == x.epoch
+            && e.at < stop
+    });
+    offered
+        && h.events.iter().any(|e| {
+            e.name == "seat_offer_taken"
+                && e.str("seat") == x.seat
+                && e.u64("from_epoch") == x.epoch
+        })
+}
+
 /// When a graceful tenure's last memory flush was: a hand-off flushes in
 /// its quiesce, just before it offers the seat (`seat_offered`) — a turn
 /// still in flight past the hand-off's wait is fenced at that flush and
@@ -1030,7 +1053,11 @@ pub fn check(h: &History) -> Findings {
                 if !taken {
                     continue;
                 }
-                if !(x.reason == "lost" || x.reason == "grace_expired" || x.ended <= *r) {
+                if !(x.reason == "lost"
+                    || x.reason == "grace_expired"
+                    || x.ended <= *r
+                    || handed_over_before(h, x, *s))
+                {
                     fenced = false;
                     f.violations.push(format!(
                         "stop: {} resumed after {} stopped and held seat {} (epoch {}) until {} ({}) after a peer claimed it",
@@ -1785,6 +1812,55 @@ mod tests {
         p.stops.clear();
         h.procs = vec![p];
         assert!(check(&h).violations.iter().any(|v| v.contains("watchdog")));
+    }
+
+    #[test]
+    fn a_giver_stopped_between_its_offer_and_the_take_detaches_on_resume_without_a_violation() {
+        let (a, b) = (proc("a", 0), proc("b", 0));
+        let mut h = base();
+        let mut pa = running(&a);
+        pa.stops = vec![(10 * SECOND, 16 * SECOND)];
+        h.procs = vec![pa, running(&b)];
+        let taken = vec![
+            ev(0, &a, "seat_attached", json!({"seat": "s", "epoch": 1})),
+            ev(11, &b, "seat_claimed", json!({"seat": "s", "epoch": 2})),
+            ev(11, &b, "seat_attached", json!({"seat": "s", "epoch": 2})),
+            ev(
+                11,
+                &b,
+                "seat_offer_taken",
+                json!({"seat": "s", "epoch": 2, "from_epoch": 1, "from": "a"}),
+            ),
+            ev(
+                17,
+                &a,
+                "seat_detached",
+                json!({"seat": "s", "epoch": 1, "reason": "rebalance"}),
+            ),
+        ];
+        let stop_violations = |h: &History| {
+            check(h)
+                .violations
+                .into_iter()
+                .filter(|v| v.starts_with("stop:"))
+                .collect::<Vec<_>>()
+        };
+        // Offered before the stop: the take is the handoff.
+        let mut offered = taken.clone();
+        offered.insert(
+            1,
+            ev(
+                9,
+                &a,
+                "seat_offered",
+                json!({"seat": "s", "epoch": 1, "to": "b", "reason": "rebalance"}),
+            ),
+        );
+        h.events = offered;
+        assert!(stop_violations(&h).is_empty(), "{:?}", stop_violations(&h));
+        // Never offered: a peer claimed a seat the stopped node held on.
+        h.events = taken;
+        assert_eq!(stop_violations(&h).len(), 1, "{:?}", check(&h).violations);
     }
 
     #[test]

@@ -366,7 +366,11 @@ async fn stop_ends_the_running_turn_at_the_next_round_and_the_trigger_does_not_c
     let t = &a.turns_of("L")[0];
     assert_eq!((t.0.as_str(), t.1.as_str(), t.2), ("stopped", "ack", true));
     assert!(t.4 < 6, "it stopped before its last round (ran {})", t.4);
-    assert_eq!(a.skipped("L"), vec!["stopped_by_person"]);
+    // Announced right after `turn_completed`: read once it is there.
+    f.until("the trigger is given up as stopped", WAIT, || {
+        a.skipped("L") == ["stopped_by_person"]
+    })
+    .await;
     assert!(
         a.effects_of("L").await.is_empty(),
         "its outbound effect never went"
@@ -421,7 +425,11 @@ async fn a_pause_that_stops_the_running_turn_ends_it_and_the_trigger_does_not_co
         _ => None,
     });
     assert_eq!(errors, vec!["stopped by ann".to_string()]);
-    assert_eq!(a.skipped("L"), vec!["stopped_by_person"]);
+    // Announced right after `turn_completed`: read once it is there.
+    f.until("the trigger is given up as stopped", WAIT, || {
+        a.skipped("L") == ["stopped_by_person"]
+    })
+    .await;
     assert!(
         a.effects_of("L").await.is_empty(),
         "its outbound effect never went"

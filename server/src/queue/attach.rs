@@ -823,11 +823,25 @@ mod tests {
         );
     }
 
-    /// A broker that answers every fetch, each slower than a beat (within
-    /// its own bound): `left` deliveries, then nothing.
+    /// A broker slow to answer, each call within its own bound: every
+    /// fetch takes `fetch`, every acknowledgement `ack` (counted in
+    /// `acked`); `left` deliveries, then nothing.
     struct SlowBroker {
         left: std::sync::atomic::AtomicU64,
-        each: Duration,
+        fetch: Duration,
+        ack: Duration,
+        acked: Arc<std::sync::atomic::AtomicU64>,
+    }
+
+    impl SlowBroker {
+        fn new(left: u64, fetch: Duration, ack: Duration) -> SlowBroker {
+            SlowBroker {
+                left: std::sync::atomic::AtomicU64::new(left),
+                fetch,
+                ack,
+                acked: Arc::new(std::sync::atomic::AtomicU64::new(0)),
+            }
+        }
     }
 
     #[async_trait::async_trait]
@@ -839,7 +853,7 @@ mod tests {
                 tokio::time::sleep(wait).await;
                 return Ok(None);
             }
-            tokio::time::sleep(self.each).await;
+            tokio::time::sleep(self.fetch).await;
             self.left.store(seq - 1, SeqCst);
             Ok(Some(Fetched {
                 delivery: Delivery {
@@ -850,7 +864,10 @@ mod tests {
                     msg_id: None,
                     seq,
                 },
-                settle: Box::new(Settled(Arc::new(Mutex::new(None)))),
+                settle: Box::new(SlowAck {
+                    each: self.ack,
+                    acked: self.acked.clone(),
+                }),
             }))
         }
         async fn take_stranded(
@@ -881,10 +898,7 @@ mod tests {
     #[tokio::test]
     async fn a_loop_coalescing_a_batch_from_a_slow_broker_keeps_beating() {
         let each = PULSE_EVERY + PULSE_EVERY / 2;
-        let source = Arc::new(SlowBroker {
-            left: std::sync::atomic::AtomicU64::new(5),
-            each,
-        });
+        let source = Arc::new(SlowBroker::new(5, each, Duration::ZERO));
         let a = Attachment::start(
             "agent-s".into(),
             25,
@@ -939,48 +953,6 @@ mod tests {
         }
     }
 
-    /// `left` deliveries waiting at once (fetched without delay), each
-    /// acknowledged slowly; then nothing.
-    struct SlowAcks {
-        left: std::sync::atomic::AtomicU64,
-        each: Duration,
-        acked: Arc<std::sync::atomic::AtomicU64>,
-    }
-
-    #[async_trait::async_trait]
-    impl Source for SlowAcks {
-        async fn next(&self, wait: Duration) -> Result<Option<Fetched>, QueueError> {
-            use std::sync::atomic::Ordering::SeqCst;
-            let seq = self.left.load(SeqCst);
-            if seq == 0 {
-                tokio::time::sleep(wait).await;
-                return Ok(None);
-            }
-            self.left.store(seq - 1, SeqCst);
-            Ok(Some(Fetched {
-                delivery: Delivery {
-                    subscription: "agent-s".into(),
-                    subject: "crewlet.agent.s.inbox".into(),
-                    payload: bytes::Bytes::from_static(b"x"),
-                    delivered: 1,
-                    msg_id: None,
-                    seq,
-                },
-                settle: Box::new(SlowAck {
-                    each: self.each,
-                    acked: self.acked.clone(),
-                }),
-            }))
-        }
-        async fn take_stranded(
-            &self,
-            _judge: &dyn Handler,
-            _idle: Duration,
-        ) -> Result<Option<Vec<Fetched>>, QueueError> {
-            Ok(None)
-        }
-    }
-
     /// The loop settling a batch on a broker slow to answer each
     /// acknowledgement (each within its bound, together far past the
     /// lease TTL) beats all along: a healthy node is never taken for
@@ -989,12 +961,8 @@ mod tests {
     async fn a_loop_settling_a_batch_on_a_slow_broker_keeps_beating() {
         use std::sync::atomic::Ordering::SeqCst;
         let each = PULSE_EVERY + PULSE_EVERY / 2;
-        let acked = Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let source = Arc::new(SlowAcks {
-            left: std::sync::atomic::AtomicU64::new(5),
-            each,
-            acked: acked.clone(),
-        });
+        let source = Arc::new(SlowBroker::new(5, Duration::ZERO, each));
+        let acked = source.acked.clone();
         let a = Attachment::start(
             "agent-s".into(),
             25,

@@ -38,6 +38,22 @@ use crate::config::{CoordinationSection, StreamSection};
 
 mod connect;
 
+/// Find the stream `config` names, or create it. Nodes started together
+/// race to create the same stream; a create that loses answers an error
+/// (nats-server 2.9.10: "subjects overlap with an existing stream") while
+/// the winner's stream stands, so a failed create is followed by one look
+/// for the stream by name before the error is given (three nodes started
+/// at once: one failed to start on the outbox stream).
+pub async fn get_or_create_stream(
+    js: &jetstream::Context,
+    config: stream::Config,
+) -> Result<stream::Stream, jetstream::context::CreateStreamError> {
+    match js.get_or_create_stream(config.clone()).await {
+        Ok(s) => Ok(s),
+        Err(e) => js.get_stream(&config.name).await.map_err(|_| e),
+    }
+}
+
 /// How the NATS store is reached and set up.
 #[derive(Clone, Debug)]
 pub struct NatsOptions {

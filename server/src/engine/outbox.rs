@@ -152,16 +152,19 @@ impl NatsOutbox {
         js.set_timeout(timeout);
         let stream = tokio::time::timeout(
             timeout,
-            js.get_or_create_stream(stream::Config {
-                name: OUTBOX_STREAM.into(),
-                subjects: vec!["crewlet.outbox.>".into()],
-                retention: stream::RetentionPolicy::Limits,
-                storage: stream::StorageType::File,
-                max_age: OUTBOX_AGE,
-                duplicate_window: DEDUPE_WINDOW,
-                num_replicas: replicas,
-                ..Default::default()
-            }),
+            crate::coord::nats::get_or_create_stream(
+                &js,
+                stream::Config {
+                    name: OUTBOX_STREAM.into(),
+                    subjects: vec!["crewlet.outbox.>".into()],
+                    retention: stream::RetentionPolicy::Limits,
+                    storage: stream::StorageType::File,
+                    max_age: OUTBOX_AGE,
+                    duplicate_window: DEDUPE_WINDOW,
+                    num_replicas: replicas,
+                    ..Default::default()
+                },
+            ),
         )
         .await
         .map_err(|_| OutboxError::Stream(format!("no answer within {timeout:?}")))?

@@ -134,15 +134,18 @@ impl NatsChangelog {
         js.set_timeout(timeout);
         let stream = tokio::time::timeout(
             timeout,
-            js.get_or_create_stream(stream::Config {
-                name: MEMORY_STREAM.into(),
-                subjects: vec!["crewlet.memory.>".into()],
-                retention: stream::RetentionPolicy::Limits,
-                storage: stream::StorageType::File,
-                max_messages_per_subject: 1,
-                num_replicas: replicas,
-                ..Default::default()
-            }),
+            crate::coord::nats::get_or_create_stream(
+                &js,
+                stream::Config {
+                    name: MEMORY_STREAM.into(),
+                    subjects: vec!["crewlet.memory.>".into()],
+                    retention: stream::RetentionPolicy::Limits,
+                    storage: stream::StorageType::File,
+                    max_messages_per_subject: 1,
+                    num_replicas: replicas,
+                    ..Default::default()
+                },
+            ),
         )
         .await
         .map_err(|_| ChangelogError::Stream(format!("no answer within {timeout:?}")))?

@@ -101,15 +101,18 @@ impl JetStreamQueue {
         js.set_timeout(settings.timeout);
         let agents = bounded(
             settings.timeout,
-            js.get_or_create_stream(stream::Config {
-                name: AGENTS_STREAM.into(),
-                subjects: vec!["crewlet.agent.>".into()],
-                retention: RetentionPolicy::Interest,
-                storage: StorageType::File,
-                duplicate_window: DEDUPE_WINDOW,
-                num_replicas: settings.replicas,
-                ..Default::default()
-            }),
+            crate::coord::nats::get_or_create_stream(
+                &js,
+                stream::Config {
+                    name: AGENTS_STREAM.into(),
+                    subjects: vec!["crewlet.agent.>".into()],
+                    retention: RetentionPolicy::Interest,
+                    storage: StorageType::File,
+                    duplicate_window: DEDUPE_WINDOW,
+                    num_replicas: settings.replicas,
+                    ..Default::default()
+                },
+            ),
         )
         .await?
         .map_err(|e| QueueError::Stream {
@@ -118,15 +121,18 @@ impl JetStreamQueue {
         })?;
         bounded(
             settings.timeout,
-            js.get_or_create_stream(stream::Config {
-                name: DEAD_STREAM.into(),
-                subjects: vec!["crewlet.dead.>".into()],
-                retention: RetentionPolicy::Limits,
-                storage: StorageType::File,
-                max_age: DEAD_LETTER_AGE,
-                num_replicas: settings.replicas,
-                ..Default::default()
-            }),
+            crate::coord::nats::get_or_create_stream(
+                &js,
+                stream::Config {
+                    name: DEAD_STREAM.into(),
+                    subjects: vec!["crewlet.dead.>".into()],
+                    retention: RetentionPolicy::Limits,
+                    storage: StorageType::File,
+                    max_age: DEAD_LETTER_AGE,
+                    num_replicas: settings.replicas,
+                    ..Default::default()
+                },
+            ),
         )
         .await?
         .map_err(|e| QueueError::Stream {

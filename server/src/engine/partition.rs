@@ -1,5 +1,7 @@
 //! What a seat's deliveries come to, decided by pure functions the turn
-//! dispatcher (`engine::runtime`) executes: which deliveries of a
+//! dispatcher (`engine::runtime`) executes: what each delivery of a batch
+//! is ([`sort_batch`]: a trigger, a run's completion, an approval's
+//! answer, mail that runs no turn, poison), which deliveries of a
 //! partition run as one turn and which the ledger already covers
 //! ([`plan_partition`]), what a resume's claim on its run answered
 //! ([`after_resume_claim`]), and what is done once a turn has ended
@@ -10,15 +12,49 @@
 
 use std::time::Duration;
 
-use super::envelope::Envelope;
+use super::envelope::{ENGINE_TYPES, Envelope};
 use super::ledger::Screened;
 use super::runs::{RunError, RunRecord, RunState};
 use super::turn::{Ending, Verdict, settle};
-use crate::queue::Disposition;
+use crate::queue::{Delivery, Disposition};
 
 /// One delivery of a partition: its position in the batch, its envelope
 /// and its delivery count.
 pub type Entry = (usize, Envelope, u64);
+
+/// What each delivery of a batch is, by its envelope.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Batch {
+    /// The triggers a turn may run (screened by the ledger next).
+    pub triggers: Vec<Entry>,
+    /// Completions of detached runs: each resumes its run's turn.
+    pub resumes: Vec<Entry>,
+    /// A person's answers to approvals: each resumes the waiting call.
+    pub answers: Vec<Entry>,
+    /// Mail the ledger does not keep: acked, no turn runs
+    /// (`turn_trigger_ignored`).
+    pub ignored: Vec<(usize, Envelope)>,
+    /// What does not decode as an envelope: poison, and why.
+    pub poison: Vec<(usize, String)>,
+}
+
+/// Pure: what each of `ds` is. The engine's own two kinds
+/// ([`ENGINE_TYPES`]: a run's completion, an approval's answer) resume
+/// what waits for them; every other ledgered kind is a trigger.
+pub fn sort_batch(ds: &[Delivery]) -> Batch {
+    let [run_completed, approval_answered] = ENGINE_TYPES;
+    let mut b = Batch::default();
+    for (i, d) in ds.iter().enumerate() {
+        match Envelope::decode(&d.payload) {
+            Err(e) => b.poison.push((i, e.to_string())),
+            Ok(env) if env.kind == run_completed => b.resumes.push((i, env, d.delivered)),
+            Ok(env) if env.kind == approval_answered => b.answers.push((i, env, d.delivered)),
+            Ok(env) if !env.is_ledgered() => b.ignored.push((i, env)),
+            Ok(env) => b.triggers.push((i, env, d.delivered)),
+        }
+    }
+    b
+}
 
 /// The plan for one partition once the ledger has screened it.
 #[derive(Clone, Debug, PartialEq)]
@@ -193,6 +229,50 @@ mod tests {
                 .as_bytes(),
         )
         .expect("an envelope")
+    }
+
+    fn delivery(payload: serde_json::Value, delivered: u64) -> Delivery {
+        Delivery {
+            subscription: "inbox".into(),
+            subject: "crewlet.inbox.s".into(),
+            payload: bytes::Bytes::from(payload.to_string()),
+            delivered,
+            msg_id: None,
+            seq: 1,
+        }
+    }
+
+    #[test]
+    fn a_batch_sorts_each_delivery_by_its_envelope_and_keeps_its_position() {
+        let mail = |id: &str, kind: &str| serde_json::json!({"id": id, "type": kind, "body": {}});
+        let ds = vec![
+            delivery(mail("t1", "task_assigned"), 2),
+            delivery(serde_json::json!({"type": "task_assigned"}), 1),
+            delivery(mail("r1", "run_completed"), 1),
+            delivery(mail("n1", "status_note"), 1),
+            delivery(mail("a1", "tool_approval_answered"), 3),
+            delivery(mail("t2", "a2a_message"), 1),
+        ];
+        let b = sort_batch(&ds);
+        let ids = |v: &[Entry]| -> Vec<(usize, String, u64)> {
+            v.iter().map(|(i, e, d)| (*i, e.id.clone(), *d)).collect()
+        };
+        assert_eq!(
+            ids(&b.triggers),
+            [(0, "t1".to_string(), 2), (5, "t2".to_string(), 1)]
+        );
+        assert_eq!(ids(&b.resumes), [(2, "r1".to_string(), 1)]);
+        assert_eq!(ids(&b.answers), [(4, "a1".to_string(), 3)]);
+        assert_eq!(
+            b.ignored
+                .iter()
+                .map(|(i, e)| (*i, e.id.as_str()))
+                .collect::<Vec<_>>(),
+            [(3, "n1")],
+            "mail the ledger does not keep runs no turn"
+        );
+        assert_eq!(b.poison.len(), 1);
+        assert_eq!(b.poison[0].0, 1, "an envelope with no id is poison");
     }
 
     #[test]

@@ -31,6 +31,7 @@ use crate::queue::{Attachment, Handler, Queue, inbox_group};
 
 mod claim;
 mod handoff;
+mod offer_end;
 mod release;
 mod renew;
 mod take;

@@ -141,6 +141,9 @@ struct TestNode {
     hooks: Arc<TestHooks>,
     events: broadcast::Receiver<FleetEvent>,
     seen: Vec<FleetEvent>,
+    /// Events the receiver fell too far behind to see (the bus is
+    /// bounded): a test counting events says so when it missed some.
+    missed: u64,
     store: Arc<dyn Store>,
     queue: Arc<dyn Queue>,
 }
@@ -291,6 +294,7 @@ impl Fleet {
             hooks,
             events: rx,
             seen: Vec::new(),
+            missed: 0,
             store,
             queue,
         }
@@ -354,8 +358,12 @@ impl TestNode {
 
     /// Every event seen so far (drains the receiver).
     fn events(&mut self) -> &[FleetEvent] {
-        while let Ok(e) = self.events.try_recv() {
-            self.seen.push(e);
+        loop {
+            match self.events.try_recv() {
+                Ok(e) => self.seen.push(e),
+                Err(broadcast::error::TryRecvError::Lagged(n)) => self.missed += n,
+                Err(_) => break,
+            }
         }
         &self.seen
     }
@@ -699,11 +707,12 @@ async fn a_drain_whose_offers_go_untaken_stops_offering_at_its_bound_and_release
         (1..=8).contains(&offered_in_drain),
         "{offered_in_drain} of 10 seats offered in the drain: the offering should stop after two rounds"
     );
-    let drained = a.detached()[before..]
-        .iter()
-        .filter(|(_, r)| *r == DetachReason::Drain)
-        .count();
-    assert_eq!(drained, 10, "every seat detached as drained");
+    let detached = a.detached()[before..].to_vec();
+    assert!(
+        detached.len() == 10 && detached.iter().all(|(_, r)| *r == DetachReason::Drain),
+        "every seat detached once, as drained: {detached:?} ({} events missed)",
+        a.missed
+    );
     hooks_b
         .stuck_hydration
         .store(false, std::sync::atomic::Ordering::SeqCst);
@@ -875,8 +884,30 @@ async fn a_failed_teardown_keeps_the_lease_renewed_until_a_retry_succeeds(f: Fle
             .iter()
             .any(|e| matches!(e.event, Event::SeatReleaseUnproven { .. }))
     );
-    // Still renewed: after several TTLs the lease is still ours.
-    tokio::time::sleep(TTL * 2).await;
+    // Still renewed: once it has been undead for two TTLs, the lease is
+    // still ours and the seat still undead (not lost, not claimed afresh).
+    f.until(
+        "the seat undead for two TTLs, or no longer undead",
+        TTL * 2 + Duration::from_secs(10),
+        || {
+            let host = a.engine.host();
+            host.undead().is_empty()
+                || host
+                    .status()
+                    .iter()
+                    .any(|s| s.unproven_for.is_some_and(|d| d >= TTL * 2))
+        },
+    )
+    .await;
+    assert_eq!(
+        a.engine.host().undead(),
+        vec!["s0".to_string()],
+        "the undead seat is kept and renewed (a lapse ends it as seat_undead_lost): {:?}",
+        a.events()
+            .iter()
+            .filter(|e| matches!(e.event, Event::SeatUndeadLost { .. }))
+            .collect::<Vec<_>>()
+    );
     let lease = a
         .store
         .lease("seat:s0")

@@ -7,106 +7,21 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 
 use crate::engine::agent::TurnInput;
-use crate::engine::approvals::APPROVAL_ANSWERED;
 use crate::engine::envelope::Envelope;
 use crate::engine::ledger::{self, SkipReason};
 use crate::engine::partition::{
     Closing, Entry, PartitionPlan, closing, disposition_name, plan_partition, retry_delay,
+    sort_batch,
 };
 use crate::engine::pause::{self, ControlMessage, PAUSE_HOLD};
 use crate::engine::turn::{self, Ending, TurnGuard};
 use crate::events::Event;
-use crate::queue::{Delivery, Disposition, Handler, reflect_subject};
+use crate::queue::{Delivery, Disposition, Handler};
 use crate::seat::host::Fence;
 
-use super::{PARTITION_LIMIT, RUN_COMPLETED, SeatRuntime, TurnEngine, lock, record_budget};
+use super::{PARTITION_LIMIT, SeatRuntime, TurnEngine, lock, record_budget};
 
 impl TurnEngine {
-    pub(super) async fn reflect(&self, handle: &str, d: Delivery) -> Disposition {
-        let wake: serde_json::Value = match serde_json::from_slice(&d.payload) {
-            Ok(v) => v,
-            Err(e) => return Disposition::Poison(format!("not a reflection wake: {e}")),
-        };
-        let Some(rt) = self.runtime(handle) else {
-            return Disposition::Nak;
-        };
-        let work_key = wake
-            .get("work_key")
-            .and_then(|v| v.as_str())
-            .map(str::to_string);
-        match rt.agent.reflect(&wake).await {
-            Ok(Some(note)) => match self
-                .tools
-                .memory
-                .diary_write(handle, &note, work_key.as_deref())
-                .await
-            {
-                Ok(_) => Disposition::Ack,
-                Err(e) => {
-                    tracing::warn!(seat = handle, error = %e, "cannot write the reflection; trying again");
-                    Disposition::Nak
-                }
-            },
-            Ok(None) => Disposition::Ack,
-            Err(e) => {
-                tracing::warn!(seat = handle, error = %e, "reflection failed; dropped");
-                Disposition::Ack
-            }
-        }
-    }
-
-    /// After a finished turn: the conversation ledger and counterparty
-    /// profiles (both keyed so a re-run writes nothing twice), and a
-    /// reflection wake on the seat's own reflect subject.
-    pub(super) async fn after_turn(&self, turn: &TurnInput) {
-        let memory = &self.tools.memory;
-        for t in &turn.triggers {
-            if let Some(thread) = &t.thread {
-                let text = match &t.body {
-                    serde_json::Value::String(s) => s.clone(),
-                    other => other.to_string(),
-                };
-                let key = crate::engine::envelope::conversation_key(t.from.as_deref(), thread);
-                if let Err(e) = memory
-                    .conversation_add(
-                        &turn.seat,
-                        &key,
-                        t.message_id.as_deref(),
-                        t.from.as_deref().unwrap_or("unknown"),
-                        &text,
-                    )
-                    .await
-                {
-                    tracing::warn!(seat = %turn.seat, error = %e, "cannot write the conversation ledger");
-                }
-            }
-            if let Some(from) = &t.from
-                && let Err(e) = memory
-                    .counterparty_seen(&turn.seat, from, turn.work_key.as_deref())
-                    .await
-            {
-                tracing::warn!(seat = %turn.seat, error = %e, "cannot count the interaction");
-            }
-        }
-        let wake = serde_json::json!({
-            "type": "reflection_due",
-            "turn_id": turn.turn_id,
-            "work_key": turn.work_key,
-            "trigger_ids": turn.triggers.iter().map(|t| t.id.clone()).collect::<Vec<_>>(),
-        });
-        if let Err(e) = self
-            .queue
-            .publish(
-                &reflect_subject(&turn.seat),
-                Some(&format!("reflect-{}", turn.turn_id)),
-                bytes::Bytes::from(wake.to_string()),
-            )
-            .await
-        {
-            tracing::warn!(seat = %turn.seat, error = %e, "cannot wake the seat's reflection");
-        }
-    }
-
     /// Apply the seat's pause record to its inbox. `Err` when the record
     /// cannot be read.
     pub(super) async fn apply_pause(&self, handle: &str) -> Result<bool, crate::coord::StoreError> {
@@ -168,37 +83,29 @@ impl TurnEngine {
         let received = std::time::Instant::now();
         let handle = rt.handle.clone();
         let mut out: Vec<Option<Disposition>> = vec![None; ds.len()];
-        // (index, envelope, delivered) of the triggers that run a turn.
-        let mut partition: Vec<Entry> = Vec::new();
-        let mut resumes: Vec<Entry> = Vec::new();
-        let mut answers: Vec<Entry> = Vec::new();
-        for (i, d) in ds.iter().enumerate() {
-            match Envelope::decode(&d.payload) {
-                Err(e) => out[i] = Some(Disposition::Poison(e.to_string())),
-                Ok(env) if env.kind == RUN_COMPLETED => resumes.push((i, env, d.delivered)),
-                Ok(env) if env.kind == APPROVAL_ANSWERED => answers.push((i, env, d.delivered)),
-                Ok(env) if !env.is_ledgered() => {
-                    self.events.emit(Event::TurnTriggerIgnored {
-                        seat: handle.clone(),
-                        trigger_id: env.id.clone(),
-                        kind: env.kind.clone(),
-                    });
-                    out[i] = Some(Disposition::Ack);
-                }
-                Ok(env) => partition.push((i, env, d.delivered)),
-            }
+        let batch = sort_batch(&ds);
+        for (i, why) in batch.poison {
+            out[i] = Some(Disposition::Poison(why));
         }
-        for (i, env, delivered) in resumes {
+        for (i, env) in batch.ignored {
+            self.events.emit(Event::TurnTriggerIgnored {
+                seat: handle.clone(),
+                trigger_id: env.id,
+                kind: env.kind,
+            });
+            out[i] = Some(Disposition::Ack);
+        }
+        for (i, env, delivered) in batch.resumes {
             out[i] = Some(self.resume_run(rt, fence, &env, delivered, received).await);
         }
-        for (i, env, delivered) in answers {
+        for (i, env, delivered) in batch.answers {
             out[i] = Some(
                 self.resume_approval(rt, fence, &env, delivered, received)
                     .await,
             );
         }
-        if !partition.is_empty() {
-            self.run_partition(rt, fence, partition, received, &mut out)
+        if !batch.triggers.is_empty() {
+            self.run_partition(rt, fence, batch.triggers, received, &mut out)
                 .await;
         }
         out.into_iter()

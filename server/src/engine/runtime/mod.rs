@@ -21,6 +21,7 @@ mod approval_resume;
 mod budget_hold;
 mod dispatch;
 mod hooks;
+mod reflect;
 mod resume;
 mod run_recovery;
 mod tool_servers;

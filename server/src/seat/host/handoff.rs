@@ -319,7 +319,7 @@ impl SeatHost {
     }
 
     /// Put the inbox back, re-attach reflect and admit turns again.
-    async fn resume_here(
+    pub(super) async fn resume_here(
         &self,
         handle: &str,
         inbox: Option<Attachment>,
@@ -350,122 +350,6 @@ impl SeatHost {
         }
     }
 
-    /// The offer was not taken in time: withdraw it and resume. A
-    /// withdrawal that finds the lease taken completes the handoff instead.
-    async fn withdraw(
-        &self,
-        handle: &str,
-        offer: &Offer,
-        reason: DetachReason,
-        progress: &Progress<'_>,
-    ) -> HandOff {
-        let seat_lock = self.seat_lock(handle);
-        let Some(_g) = watched(progress, None, seat_lock.lock()).await else {
-            return HandOff::Lost;
-        };
-        self.clear_notice(&offer.to, handle, progress).await;
-        let Some(lease) = lock(&self.inner.seats).get(handle).map(|e| e.lease.clone()) else {
-            return HandOff::Lost;
-        };
-        // Unknown is not ownership either way: the offer may still stand,
-        // so the seat stays quiesced while the withdrawal is tried again,
-        // for at most a TTL — then it is fenced as a renewal would.
-        let give_up = Instant::now() + self.inner.store.lease_ttl();
-        loop {
-            let withdrawal = watched(
-                progress,
-                None,
-                self.inner.store.offer(&lease, &self.inner.cfg.owner, None),
-            )
-            .await;
-            let Some(withdrawal) = withdrawal else {
-                continue;
-            };
-            match withdrawal {
-                Renewal::Renewed(l) => {
-                    let inbox = lock(&self.inner.seats).get_mut(handle).and_then(|e| {
-                        e.lease = l.clone();
-                        e.last_renewed = Instant::now();
-                        e.inbox.take()
-                    });
-                    let ctx = SeatContext::of(handle, &l);
-                    self.resume_here(handle, inbox, &ctx, progress).await;
-                    self.inner.events.emit(Event::SeatOfferWithdrawn {
-                        seat: handle.to_string(),
-                        epoch: l.epoch,
-                        to: offer.to.clone(),
-                        why: "timeout".into(),
-                    });
-                    return HandOff::Withdrawn;
-                }
-                Renewal::Lost => {
-                    let resource = format!("seat:{handle}");
-                    return match watched(progress, None, self.inner.store.lease(&resource)).await {
-                        Some(Ok(Some(l))) if l.owner != self.inner.cfg.owner => {
-                            self.detach_taken_locked(handle, reason, progress).await;
-                            HandOff::Taken { epoch: l.epoch }
-                        }
-                        _ => {
-                            self.release_locked(handle, DetachReason::Lost, progress)
-                                .await;
-                            HandOff::Lost
-                        }
-                    };
-                }
-                Renewal::Unknown(e) => {
-                    progress();
-                    if Instant::now() >= give_up {
-                        tracing::warn!(seat = handle, error = %e, "the offer could not be withdrawn for a TTL; fencing the seat");
-                        self.release_locked(handle, DetachReason::GraceExpired, progress)
-                            .await;
-                        return HandOff::Lost;
-                    }
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
-            }
-        }
-    }
-
-    /// Phase 2: the successor holds the seat; detach and forget it here.
-    async fn detach_taken(&self, handle: &str, reason: DetachReason, progress: &Progress<'_>) {
-        let seat_lock = self.seat_lock(handle);
-        let Some(_g) = watched(progress, None, seat_lock.lock()).await else {
-            return;
-        };
-        self.detach_taken_locked(handle, reason, progress).await;
-    }
-
-    async fn detach_taken_locked(
-        &self,
-        handle: &str,
-        reason: DetachReason,
-        progress: &Progress<'_>,
-    ) {
-        let Some((lease, attachments)) = lock(&self.inner.seats).get_mut(handle).map(|e| {
-            (
-                e.lease.clone(),
-                [e.inbox.take(), e.control.take(), e.reflect.take()],
-            )
-        }) else {
-            return;
-        };
-        for a in attachments.into_iter().flatten() {
-            a.detach().await;
-        }
-        self.inner.events.emit(Event::SeatDetached {
-            seat: handle.to_string(),
-            epoch: lease.epoch,
-            reason,
-        });
-        progress();
-        let ctx = SeatContext::of(handle, &lease);
-        if let Err(e) = self.teardown(&ctx, progress).await {
-            // Not this node's lease any more: nothing to keep renewing.
-            tracing::error!(seat = handle, error = %e, "teardown failed after a handoff");
-        }
-        lock(&self.inner.seats).remove(handle);
-    }
-
     async fn put_notice(&self, to: &str, notice: &OfferNotice) {
         let key = notice_key(to, &notice.seat);
         let body = bytes::Bytes::from(serde_json::to_vec(notice).unwrap_or_default());
@@ -489,7 +373,7 @@ impl SeatHost {
     /// Each store call is bounded, and waited on beating: a sweep that
     /// cleared a notice against a silent store (read, then delete, then a
     /// lease read — three bounds in a row) was shot as wedged.
-    async fn clear_notice(&self, to: &str, seat: &str, progress: &Progress<'_>) {
+    pub(super) async fn clear_notice(&self, to: &str, seat: &str, progress: &Progress<'_>) {
         let key = notice_key(to, seat);
         let read = watched(
             progress,

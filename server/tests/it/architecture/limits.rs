@@ -44,9 +44,8 @@ const LONG_FUNCTIONS: &[(&str, &str, usize)] = &[
     ("server/src/coord/protocol/claim.rs", "claim_atomic", 100),
     ("server/src/coord/protocol/claim.rs", "claim_inner", 95),
     ("server/src/coord/protocol/tenure.rs", "take_inner", 81),
-    ("server/src/duty/mailboxes.rs", "retire", 74),
-    ("server/src/duty/mailboxes.rs", "retire_under", 73),
-    ("server/src/duty/mailboxes.rs", "tick", 96),
+    ("server/src/duty/mailboxes/retire.rs", "retire_under", 73),
+    ("server/src/duty/mailboxes/mod.rs", "tick", 96),
     ("server/src/duty/scheduler.rs", "evaluate", 75),
     ("server/src/engine/echo.rs", "round", 92),
     ("server/src/engine/model.rs", "complete", 95),
@@ -67,7 +66,7 @@ const LONG_FUNCTIONS: &[(&str, &str, usize)] = &[
     ("server/src/seat/engine/sweep.rs", "sweep_pass", 98),
     ("server/src/seat/host/claim.rs", "claim_with", 88),
     ("server/src/seat/host/handoff.rs", "offer_seat", 88),
-    ("server/src/seat/host/handoff.rs", "withdraw", 73),
+    ("server/src/seat/host/offer_end.rs", "withdraw", 73),
     ("server/src/seat/host/release.rs", "release_locked", 93),
     ("server/src/seat/host/renew.rs", "renew_one", 89),
     ("server/src/seat/host/take.rs", "take_offer", 90),
@@ -92,13 +91,7 @@ const IMPL_LIMIT: usize = 400;
 /// Impl blocks over `IMPL_LIMIT` today: (file, the block's first line,
 /// lines). Split them along their seams; take one out once it is under.
 #[rustfmt::skip]
-const LONG_IMPLS: &[(&str, &str, usize)] = &[
-    ("server/src/duty/mailboxes.rs", "impl MailboxSweep {", 403),
-    ("server/src/engine/runtime/dispatch.rs", "impl TurnEngine {", 408),
-    ("server/src/memory/store/mod.rs", "impl MemoryStore {", 419),
-    ("server/src/seat/host/handoff.rs", "impl SeatHost {", 426),
-    ("server/src/web/auth/mod.rs", "impl Auth {", 425),
-];
+const LONG_IMPLS: &[(&str, &str, usize)] = &[];
 
 /// Each top-level impl block of `src`: (its first line, lines from it to
 /// its closing brace at the start of a line).

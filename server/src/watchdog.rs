@@ -15,7 +15,7 @@
 //! started it has the watchdog [`Watchdog::follow`] it.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -145,12 +145,23 @@ pub fn wedged_line(
 
 /// A loop's beat that the loop carries itself. It is live until
 /// [`Pulse::end`] (the loop's own end) and beats as the loop turns.
+///
+/// A loop waiting on something allowed to take as long as it takes (a
+/// closed gate, a fetch bounded by construction, the turn it dispatched)
+/// says so with [`Pulse::waiting`] instead of beating on a timer while it
+/// waits: the watcher reads a waiting loop as turning. A thousand idle
+/// seats' loops then cost the process no wake-up at all between fetches
+/// (they cost two a second each when each waiting loop beat every half
+/// second); the node's own loops (the heartbeat, the sweep) still beat on
+/// their timers, so a runtime that stops running tasks is still seen.
 #[derive(Clone)]
 pub struct Pulse(Arc<PulseState>);
 
 struct PulseState {
     at: Mutex<Instant>,
     live: AtomicBool,
+    /// Waits under way ([`Pulse::waiting`]); the loop turns while any is.
+    waits: AtomicUsize,
 }
 
 impl Default for Pulse {
@@ -164,7 +175,16 @@ impl Pulse {
         Pulse(Arc::new(PulseState {
             at: Mutex::new(Instant::now()),
             live: AtomicBool::new(true),
+            waits: AtomicUsize::new(0),
         }))
+    }
+
+    /// Await `fut`, a wait the loop may make for as long as it takes: the
+    /// loop reads as turning until it ends (or is dropped), then beats.
+    pub async fn waiting<F: std::future::Future>(&self, fut: F) -> F::Output {
+        self.0.waits.fetch_add(1, Ordering::SeqCst);
+        let _done = WaitEnd(self);
+        fut.await
     }
 
     /// The loop turned.
@@ -193,10 +213,26 @@ impl Pulse {
     }
 
     fn read(&self) -> Beat {
+        let waiting = self.0.waits.load(Ordering::SeqCst) > 0;
         Beat {
-            at: *self.0.at.lock().unwrap_or_else(|e| e.into_inner()),
+            at: if waiting {
+                Instant::now()
+            } else {
+                *self.0.at.lock().unwrap_or_else(|e| e.into_inner())
+            },
             live: self.is_live(),
         }
+    }
+}
+
+/// Ends one wait of a [`Pulse`] when dropped (the wait finished, or the
+/// future awaiting it was dropped), and beats.
+struct WaitEnd<'a>(&'a Pulse);
+
+impl Drop for WaitEnd<'_> {
+    fn drop(&mut self) {
+        self.0.beat();
+        self.0.0.waits.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -384,6 +420,47 @@ impl Drop for BeatGuard {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Wait, under a deadline, until `pulse` has `n` waits under way.
+    async fn until_waits(pulse: &Pulse, n: usize) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while pulse.0.waits.load(Ordering::SeqCst) != n {
+            assert!(Instant::now() < deadline, "never {n} waits under way");
+            tokio::task::yield_now().await;
+        }
+    }
+
+    /// A loop waiting (a fetch, a closed gate, its turn) reads as turning
+    /// however long the wait, with no timer beating for it; it beats as the
+    /// wait ends, and a wait whose future is dropped (the loop cancelled)
+    /// ends too — after which silence counts again.
+    #[tokio::test]
+    async fn a_waiting_loop_reads_as_turning_and_beats_when_the_wait_ends() {
+        let quiet = Duration::from_millis(60);
+        let pulse = Pulse::new();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let p = pulse.clone();
+        let wait = tokio::spawn(async move { p.waiting(rx).await });
+        until_waits(&pulse, 1).await;
+        std::thread::sleep(quiet);
+        assert!(pulse.silent_for() < quiet, "a waiting loop is turning");
+        tx.send(()).expect("the wait listens");
+        wait.await
+            .expect("the wait ends")
+            .expect("it got its answer");
+        until_waits(&pulse, 0).await;
+        assert!(pulse.silent_for() < quiet, "the end of the wait is a beat");
+        std::thread::sleep(quiet);
+        assert!(
+            pulse.silent_for() >= quiet,
+            "once the wait is over, silence counts"
+        );
+        let p = pulse.clone();
+        let dropped = tokio::spawn(async move { p.waiting(std::future::pending::<()>()).await });
+        until_waits(&pulse, 1).await;
+        dropped.abort();
+        until_waits(&pulse, 0).await;
+    }
 
     fn beats(v: &[(&str, u64, bool)], now: Instant) -> BTreeMap<String, Beat> {
         v.iter()

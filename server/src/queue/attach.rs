@@ -85,6 +85,14 @@ pub trait Source: Send + Sync + 'static {
     fn stranded_every(&self) -> Duration {
         STRANDED_EVERY
     }
+
+    /// How long one fetch waits for a message before the loop looks again
+    /// ([`FETCH_WAIT`]). A source whose fetch wakes on every change of its
+    /// subscription (a message, a hand-back, a delay running out) can wait
+    /// longer: its quiet loops then cost nothing between changes.
+    fn fetch_wait(&self) -> Duration {
+        FETCH_WAIT
+    }
 }
 
 /// Settle one fetched message.
@@ -150,12 +158,13 @@ impl Idle {
     }
 }
 
-/// How often the dispatch loop beats while it waits on something that is
-/// allowed to take long: a closed gate (a paused or quiesced seat), a
-/// fetch (bounded by construction) and the turn it dispatched. A broker
-/// call that outlives its own bound (a settle, the stranded-mail look)
-/// stops the beat, and the watchdog sees the loop wedged.
-pub const PULSE_EVERY: Duration = Duration::from_millis(500);
+// The dispatch loop beats as it turns and marks as waiting
+// (`Pulse::waiting`) what is allowed to take long: a closed gate (a paused
+// or quiesced seat), a fetch (bounded by construction), a backoff and the
+// turn it dispatched — no timer per loop while it waits. A broker call
+// that outlives its own bound (a settle, an extension, the stranded-mail
+// look) is not a wait: the loop stops beating and the watchdog sees it
+// wedged.
 
 /// How long one fetch waits for a message before the loop looks again.
 pub const FETCH_WAIT: Duration = Duration::from_secs(5);
@@ -337,11 +346,6 @@ impl Drop for EndPulse {
     }
 }
 
-/// Await `fut`, beating `pulse` every [`PULSE_EVERY`] while it waits.
-async fn beating<F: std::future::Future>(pulse: &Pulse, fut: F) -> F::Output {
-    crate::watchdog::beat_while(&|| pulse.beat(), PULSE_EVERY, None, fut).await
-}
-
 async fn settle_or_log(what: &str, sub: &str, r: Result<(), QueueError>) {
     if let Err(e) = r {
         tracing::warn!(subscription = sub, error = %e, "cannot {what} a delivery");
@@ -425,7 +429,7 @@ async fn consume(l: Loop) {
         l.pulse.beat();
         tokio::select! {
             _ = l.cancel.cancelled() => return,
-            r = beating(&l.pulse, gate.wait_for(Gate::open)) => if r.is_err() { return },
+            r = l.pulse.waiting(gate.wait_for(Gate::open)) => if r.is_err() { return },
         }
         if recovered.is_empty() && tokio::time::Instant::now() >= stranded_due {
             let (found, due) = tokio::select! {
@@ -439,7 +443,7 @@ async fn consume(l: Loop) {
             Some(f) => Ok(Some(f)),
             None => tokio::select! {
                 _ = l.cancel.cancelled() => return,
-                r = beating(&l.pulse, l.source.next(FETCH_WAIT)) => {
+                r = l.pulse.waiting(l.source.next(l.source.fetch_wait())) => {
                     if let Ok(Some(f)) = &r {
                         trace("fetched", &l.subscription, &f.delivery, "fetch");
                     }
@@ -461,7 +465,7 @@ async fn consume(l: Loop) {
                 stranded_due = stranded_due.min(tokio::time::Instant::now() + STRANDED_AFTER_ERROR);
                 tokio::select! {
                     _ = l.cancel.cancelled() => return,
-                    _ = beating(&l.pulse, tokio::time::sleep(backoff)) => {}
+                    _ = l.pulse.waiting(tokio::time::sleep(backoff)) => {}
                 }
                 backoff = (backoff * 2).min(Duration::from_secs(5));
                 continue;
@@ -512,7 +516,7 @@ async fn coalesce(
         }
         // Each fetch is bounded, but a broker slow to answer makes the
         // batch's fetches add up: the loop beats while it waits on them.
-        match beating(&l.pulse, l.source.next(COALESCE_WAIT)).await {
+        match l.pulse.waiting(l.source.next(COALESCE_WAIT)).await {
             Ok(Some(f)) => {
                 trace("fetched", &l.subscription, &f.delivery, "fetch");
                 batch.push((f.delivery, f.settle))
@@ -537,6 +541,54 @@ async fn hand_back(l: &Loop, batch: Vec<(Delivery, Box<dyn Settle>)>, why: &str)
     }
 }
 
+/// Wait for the handler's `run` — a wait, however long the turn — while
+/// extending the ack window of `live` each time the owner says the seat is
+/// still its own; `None` when the loop was cancelled first. The deliveries
+/// are kept while the handler runs (queued behind the seat's turn lock, or
+/// in its turn), and only until the seat is detached. Each extension is a
+/// broker call of its own, beaten before it is made (one past its bound
+/// stops the beat).
+async fn await_handler<R>(
+    l: &Loop,
+    run: &mut JoinHandle<R>,
+    live: &[(Delivery, Box<dyn Settle>)],
+) -> Option<Result<R, tokio::task::JoinError>> {
+    let mut extensions = l.extensions.clone();
+    extensions.mark_unchanged();
+    loop {
+        let woke = l
+            .pulse
+            .waiting(async {
+                tokio::select! {
+                    _ = l.cancel.cancelled() => Woke::Cancelled,
+                    r = &mut *run => Woke::Ran(r),
+                    Ok(()) = extensions.changed() => Woke::Extend,
+                }
+            })
+            .await;
+        match woke {
+            Woke::Cancelled => return None,
+            Woke::Ran(r) => return Some(r),
+            Woke::Extend => {
+                for (d, settle) in live {
+                    l.pulse.beat();
+                    if let Err(e) = settle.progress().await {
+                        tracing::debug!(subscription = %l.subscription, seq = d.seq, error = %e, "cannot extend a delivery's ack window");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// What ended a wait on the handler's run.
+enum Woke<R> {
+    Cancelled,
+    Ran(R),
+    /// The owner renewed the seat: extend the deliveries' ack window.
+    Extend,
+}
+
 /// Run the handler on `live` and settle each delivery by its answer,
 /// beating and extending the deliveries' ack window while it runs: how
 /// long until the last delivery it handed back with a delay is due again
@@ -558,27 +610,7 @@ async fn handle_batch(l: &Loop, live: Vec<(Delivery, Box<dyn Settle>)>) -> Optio
         .catch_unwind()
         .await
     });
-    // The deliveries are kept while the handler runs (queued behind
-    // the seat's turn lock, or in its turn), each time the owner says
-    // the seat is still its own, and only until it is detached.
-    let mut extensions = l.extensions.clone();
-    extensions.mark_unchanged();
-    let mut every = tokio::time::interval(PULSE_EVERY);
-    let outcome = loop {
-        tokio::select! {
-            _ = l.cancel.cancelled() => break None,
-            r = &mut run => break Some(r),
-            _ = every.tick() => l.pulse.beat(),
-            Ok(()) = extensions.changed() => {
-                for (d, settle) in &live {
-                    if let Err(e) = settle.progress().await {
-                        tracing::debug!(subscription = %l.subscription, seq = d.seq, error = %e, "cannot extend a delivery's ack window");
-                    }
-                    l.pulse.beat();
-                }
-            }
-        }
-    };
+    let outcome = await_handler(l, &mut run, &live).await;
     let _ = l.busy.send(false);
     let dispositions = match outcome {
         None if l.drop_in_flight.load(std::sync::atomic::Ordering::SeqCst) => {
@@ -897,7 +929,7 @@ mod tests {
     /// along: a healthy node is never taken for wedged by its watchdog.
     #[tokio::test]
     async fn a_loop_coalescing_a_batch_from_a_slow_broker_keeps_beating() {
-        let each = PULSE_EVERY + PULSE_EVERY / 2;
+        let each = Duration::from_millis(750);
         let source = Arc::new(SlowBroker::new(5, each, Duration::ZERO));
         let a = Attachment::start(
             "agent-s".into(),
@@ -960,7 +992,7 @@ mod tests {
     #[tokio::test]
     async fn a_loop_settling_a_batch_on_a_slow_broker_keeps_beating() {
         use std::sync::atomic::Ordering::SeqCst;
-        let each = PULSE_EVERY + PULSE_EVERY / 2;
+        let each = Duration::from_millis(750);
         let source = Arc::new(SlowBroker::new(5, Duration::ZERO, each));
         let acked = source.acked.clone();
         let a = Attachment::start(

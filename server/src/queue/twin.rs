@@ -242,6 +242,9 @@ impl Queue for TwinQueue {
     }
 }
 
+/// How long a twin fetch waits before its loop looks again: a minute.
+const TWIN_FETCH_WAIT: Duration = Duration::from_secs(60);
+
 struct MemorySource {
     queue: TwinQueue,
     name: String,
@@ -250,6 +253,14 @@ struct MemorySource {
 
 #[async_trait::async_trait]
 impl Source for MemorySource {
+    /// A fetch here wakes on every change of its subscription (a
+    /// message, a hand-back, a delivery's window or delay running out):
+    /// its wait only bounds how long a quiet loop goes without looking
+    /// again, and nothing strands on the twin.
+    fn fetch_wait(&self) -> Duration {
+        TWIN_FETCH_WAIT
+    }
+
     async fn next(&self, wait: Duration) -> Result<Option<Fetched>, QueueError> {
         let give_up = Instant::now() + wait;
         loop {

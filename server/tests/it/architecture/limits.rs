@@ -61,7 +61,6 @@ const LONG_FUNCTIONS: &[(&str, &str, usize)] = &[
     ("server/src/events.rs", "metric_updates", 99),
     ("server/src/node/start.rs", "start", 88),
     ("server/src/queue/attach.rs", "consume", 85),
-    ("server/src/queue/attach.rs", "handle_batch", 78),
     ("server/src/seat/engine/sweep.rs", "execute", 89),
     ("server/src/seat/engine/sweep.rs", "sweep_pass", 98),
     ("server/src/seat/host/claim.rs", "claim_with", 88),

@@ -57,4 +57,11 @@ mod tests {
         assert_eq!(severity("delivery_deferred"), Severity::Warning);
         assert_eq!(severity("turn_completed"), Severity::Info);
     }
+
+    /// An undead seat whose lease was lost reads red on the timeline: its
+    /// teardown never succeeded and a peer may now claim it.
+    #[test]
+    fn an_undead_seat_whose_lease_was_lost_reads_red_on_the_timeline() {
+        assert_eq!(severity("seat_undead_lost"), Severity::Error);
+    }
 }

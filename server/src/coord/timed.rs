@@ -215,29 +215,7 @@ impl<B: Backend> Backend for Timed<B> {
 mod tests {
     use super::*;
 
-    /// What `f` logs at debug level, as text.
-    fn logged(f: impl FnOnce()) -> String {
-        #[derive(Clone, Default)]
-        struct Buf(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
-        impl std::io::Write for Buf {
-            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-                self.0.lock().unwrap().extend_from_slice(b);
-                Ok(b.len())
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                Ok(())
-            }
-        }
-        let buf = Buf::default();
-        let out = buf.clone();
-        let sub = tracing_subscriber::fmt()
-            .with_max_level(tracing::Level::DEBUG)
-            .with_ansi(false)
-            .with_writer(move || out.clone())
-            .finish();
-        tracing::subscriber::with_default(sub, f);
-        String::from_utf8(buf.0.lock().unwrap().clone()).unwrap()
-    }
+    use crate::logging::logged;
 
     #[test]
     fn a_call_given_up_unanswered_is_told_with_its_primitive_bucket_and_key_and_an_answered_one_is_not()

@@ -1441,6 +1441,52 @@ mod tests {
     }
 
     #[test]
+    fn a_message_that_ran_twice_is_told_with_both_turns_their_effects_and_the_claim_between() {
+        let mut h = one_trigger_two_turns((10, 0, 11), (13, 14));
+        let (a, b) = (proc("a", 0), proc("b", 0));
+        let fetched = |delivered: u64| json!({"step": "fetched", "msg_id": "m1", "seq": 3, "delivered": delivered, "what": "fetch"});
+        h.events.extend([
+            ev(9, &a, "trace.fetched", fetched(1)),
+            ev(11, &b, "seat_claimed", json!({"seat": "s", "epoch": 2})),
+            ev(12, &b, "trace.fetched", fetched(2)),
+        ]);
+        for e in &mut h.events {
+            if e.name == "turn_started" {
+                e.v["trigger_ids"] = json!(["m1"]);
+            }
+        }
+        h.events.sort_by_key(|e| e.at);
+        let f = check(&h);
+        assert_eq!(f.stats.duplicates, 1);
+        let told = f
+            .stories
+            .iter()
+            .find(|s| s.starts_with("ran twice m1"))
+            .expect("m1's story is told");
+        let steps: Vec<&str> = told.lines().skip(1).collect();
+        let at = |needle: &str| {
+            steps
+                .iter()
+                .position(|l| l.contains(needle))
+                .unwrap_or_else(|| panic!("no step with {needle:?} in:\n{told}"))
+        };
+        let order = [
+            at("published to seat s"),
+            at("a#0 trace.fetched"),
+            at("a#0 turn_started"),
+            at("effect stored: turn t1 on a at epoch 1"),
+            at("b#0 seat_claimed"),
+            at("b#0 trace.fetched"),
+            at("b#0 turn_started"),
+            at("effect stored: turn t2 on b at epoch 2"),
+        ];
+        assert!(
+            order.windows(2).all(|w| w[0] < w[1]),
+            "out of order: {order:?}\n{told}"
+        );
+    }
+
+    #[test]
     fn the_ack_window_runs_from_the_delivery_not_from_the_turn_start() {
         // The first turn began 3 s after its delivery reached it (a ledger
         // read that timed out) and its effect landed 8 s after it began:

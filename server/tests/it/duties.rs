@@ -1383,29 +1383,38 @@ mod single {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn removal_markers_are_purged_through_their_own_revision_and_a_key_written_since_is_untouched()
      {
+        markers_are_purged_in(StateBucket::Pauses).await;
+    }
+
+    /// The run and approval records' bucket has no age either: its
+    /// markers are purged the same way (the spec: every shared-state bucket
+    /// with no age).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn removal_markers_of_deleted_run_records_are_purged_too() {
+        markers_are_purged_in(StateBucket::Runs).await;
+    }
+
+    /// Two keys deleted in `bucket`, one written again after its marker
+    /// was listed; one maintenance pass purges the other's marker and
+    /// leaves the rewritten key alone.
+    async fn markers_are_purged_in(bucket: StateBucket) {
         let f = Fleet::new(Kind::Twin).await;
         let a = node(&f).await;
         let put = |k: &'static str| {
             let store = a.store.clone();
             async move {
                 store
-                    .create(StateBucket::Pauses, k, Bytes::from_static(b"{}"))
+                    .create(bucket, k, Bytes::from_static(b"{}"))
                     .await
                     .unwrap()
             }
         };
         let gone = put("gone").await;
-        a.store
-            .delete(StateBucket::Pauses, "gone", gone)
-            .await
-            .unwrap();
+        a.store.delete(bucket, "gone", gone).await.unwrap();
         let back = put("back").await;
-        a.store
-            .delete(StateBucket::Pauses, "back", back)
-            .await
-            .unwrap();
-        let markers = a.store.markers(StateBucket::Pauses, "").await.unwrap();
-        assert_eq!(markers.len(), 2, "{markers:?}");
+        a.store.delete(bucket, "back", back).await.unwrap();
+        let markers = a.store.markers(bucket, "").await.unwrap();
+        assert_eq!(markers.len(), 2, "{bucket:?}: {markers:?}");
         // "back" is written again after its marker was listed.
         put("back").await;
         let m = Maintenance {
@@ -1418,21 +1427,14 @@ mod single {
             sweep: sweep(&a),
         };
         let r = m.pass().await;
-        assert!(r.markers_purged >= 1, "{r:?}");
+        assert!(r.markers_purged >= 1, "{bucket:?}: {r:?}");
         assert!(
-            a.store
-                .markers(StateBucket::Pauses, "gone")
-                .await
-                .unwrap()
-                .is_empty()
+            a.store.markers(bucket, "gone").await.unwrap().is_empty(),
+            "{bucket:?}: the deleted key's marker is purged"
         );
         assert!(
-            a.store
-                .get(StateBucket::Pauses, "back")
-                .await
-                .unwrap()
-                .is_some(),
-            "a key written since is untouched"
+            a.store.get(bucket, "back").await.unwrap().is_some(),
+            "{bucket:?}: a key written since is untouched"
         );
     }
 }

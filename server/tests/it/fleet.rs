@@ -249,6 +249,20 @@ impl Fleet {
         hooks: Arc<TestHooks>,
         protocol: u32,
     ) -> TestNode {
+        self.node_claiming(id, node_labels, company, hooks, protocol, 4)
+            .await
+    }
+
+    /// A node as [`Fleet::node_with`] whose passes claim up to `claim_limit` seats.
+    async fn node_claiming(
+        &self,
+        id: &str,
+        node_labels: &[&str],
+        company: &[RoleConfig],
+        hooks: Arc<TestHooks>,
+        protocol: u32,
+        claim_limit: usize,
+    ) -> TestNode {
         let (store, queue) = self.backends(id).await;
         let owner = crewlet::node::Incarnation::mint(id).to_string();
         let events = EventBus::new(id, &owner);
@@ -271,7 +285,7 @@ impl Fleet {
             protocol,
             heartbeat: BEAT,
             sweep: SWEEP,
-            claim_limit: 4,
+            claim_limit,
             release_limit: 2,
             release_wait: BEAT,
             queue: QueueSettings::default(),
@@ -399,6 +413,7 @@ both!(
     a_lower_protocol_peer_blocks_claims_until_its_leases_lapse_but_its_duty_leases_do_not,
     a_moved_seats_offer_is_not_taken_while_a_lower_protocol_presence_is_live,
     a_failed_teardown_keeps_the_lease_renewed_until_a_retry_succeeds,
+    an_undead_seat_whose_lease_is_lost_is_announced_as_seat_undead_lost,
     a_stuck_seat_squeezes_the_unpinned_group_rather_than_the_pinned_one,
     a_paused_seat_is_attached_already_held,
     an_apply_that_adds_a_role_gets_the_seat_a_mailbox_and_a_holder,
@@ -1690,9 +1705,7 @@ async fn a_teardown_still_failing_re_raises_its_alarm_every_twenty_heartbeats() 
 /// An undead seat whose lease goes (here given back under it, as a peer's
 /// claim after a lapse would leave it) is no longer kept, and the bus says
 /// so: `seat_undead_lost`, with how long its teardown had failed.
-#[tokio::test(start_paused = true)]
-async fn an_undead_seat_whose_lease_is_lost_is_announced_as_seat_undead_lost() {
-    let f = Fleet::new(Kind::Twin).await;
+async fn an_undead_seat_whose_lease_is_lost_is_announced_as_seat_undead_lost(f: Fleet) {
     let hooks = Arc::new(TestHooks::default());
     hooks.failing_release.lock().unwrap().insert("s0".into());
     let mut a = f
@@ -1742,7 +1755,8 @@ async fn an_undead_seat_whose_lease_is_lost_is_announced_as_seat_undead_lost() {
 
 /// A restarted node's claims are established side by side: a pass's
 /// claims (`claim_limit` of them) do not wait for each other's acquire
-/// hooks — and never more than [`CLAIMS_AT_ONCE`] run at once.
+/// hooks — and never more than [`CLAIMS_AT_ONCE`] run at once, however
+/// many the pass claims.
 #[tokio::test(start_paused = true)]
 async fn a_passs_claims_are_established_side_by_side_a_bounded_number_at_once() {
     use crewlet::seat::engine::CLAIMS_AT_ONCE;
@@ -1750,14 +1764,16 @@ async fn a_passs_claims_are_established_side_by_side_a_bounded_number_at_once() 
     let hooks = Arc::new(TestHooks::default());
     let (open, gate) = tokio::sync::watch::channel(false);
     *hooks.hydration_gate.lock().unwrap() = Some(gate);
+    // One pass may claim every seat: more than may be established at once.
     let seats = CLAIMS_AT_ONCE + 4;
     let a = f
-        .node_with("a", &[], &roles("s", seats), hooks.clone(), 4)
+        .node_claiming("a", &[], &roles("s", seats), hooks.clone(), 4, seats)
         .await;
-    // The first pass's four claims all hydrate before any finishes.
-    f.until("four hydrations at once", Duration::from_secs(10), || {
-        hooks.hydrating.load(std::sync::atomic::Ordering::SeqCst) == 4
-    })
+    f.until(
+        "CLAIMS_AT_ONCE hydrations at once",
+        Duration::from_secs(10),
+        || hooks.hydrating.load(std::sync::atomic::Ordering::SeqCst) == CLAIMS_AT_ONCE,
+    )
     .await;
     open.send_replace(true);
     f.until("a holds every seat", Duration::from_secs(60), || {
@@ -1770,11 +1786,9 @@ async fn a_passs_claims_are_established_side_by_side_a_bounded_number_at_once() 
     let most = hooks
         .most_hydrating
         .load(std::sync::atomic::Ordering::SeqCst);
-    // This fleet's claim_limit is 4: each pass's four claims at once.
     assert_eq!(
-        most,
-        4.min(CLAIMS_AT_ONCE),
-        "a pass established its claims at once, never more than {CLAIMS_AT_ONCE}"
+        most, CLAIMS_AT_ONCE,
+        "a pass of {seats} claims established them side by side, never more than {CLAIMS_AT_ONCE} at once"
     );
     a.engine.drain().await;
 }

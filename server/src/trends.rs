@@ -268,6 +268,36 @@ pub fn inbox_updates(depths: &[(String, u64)], per_seat: bool, gone: &[String]) 
     out
 }
 
+/// The inbox depth of each held seat (`known`: each with what its
+/// dispatch loop knows, [`crate::seat::host::SeatHost::inbox_depths`]), the
+/// broker asked (`ask`, eight at a time) only for the seats whose loop does
+/// not know — one whose turn is running, paused or just claimed. An idle
+/// node asks nothing: cost that follows work, not seats × sweeps. A seat
+/// the broker gave no answer for is left out of this sample.
+pub async fn inbox_depths<F, Fut>(known: Vec<(String, Option<u64>)>, ask: F) -> Vec<(String, u64)>
+where
+    F: Fn(String) -> Fut,
+    Fut: std::future::Future<Output = Option<u64>>,
+{
+    use futures::StreamExt;
+    let (depths, unknown): (Vec<_>, Vec<_>) = known.into_iter().partition(|(_, d)| d.is_some());
+    let asked: Vec<(String, u64)> = futures::stream::iter(unknown)
+        .map(|(h, _)| {
+            let answer = ask(h.clone());
+            async move { answer.await.map(|d| (h, d)) }
+        })
+        .buffer_unordered(8)
+        .filter_map(std::future::ready)
+        .collect()
+        .await;
+    let mut out: Vec<(String, u64)> = depths
+        .into_iter()
+        .filter_map(|(h, d)| d.map(|d| (h, d)))
+        .collect();
+    out.extend(asked);
+    out
+}
+
 fn empty_node_minute(m: &str) -> NodeMinute {
     NodeMinute {
         minute: m.to_string(),
@@ -475,6 +505,40 @@ fn read_reply(got: Result<Bytes, ScatterError>) -> Result<Reply, NoReply> {
 
 #[cfg(test)]
 mod tests {
+
+    #[tokio::test]
+    async fn an_idle_seat_s_depth_comes_from_its_loop_and_only_seats_whose_loop_does_not_know_are_asked()
+     {
+        let asked = Mutex::new(Vec::new());
+        let known = vec![
+            ("idle".to_string(), Some(0)),
+            ("delayed".to_string(), Some(2)),
+            ("working".to_string(), None),
+            ("silent".to_string(), None),
+        ];
+        let mut depths = inbox_depths(known, |h| {
+            asked.lock().unwrap().push(h.clone());
+            async move { (h == "working").then_some(5) }
+        })
+        .await;
+        depths.sort();
+        let mut asked = asked.into_inner().unwrap();
+        asked.sort();
+        assert_eq!(
+            asked,
+            ["silent", "working"],
+            "the idle loops are never asked"
+        );
+        assert_eq!(
+            depths,
+            [
+                ("delayed".to_string(), 2),
+                ("idle".to_string(), 0),
+                ("working".to_string(), 5)
+            ],
+            "a seat the broker did not answer for is left out"
+        );
+    }
     use super::*;
 
     fn at(unix: i64) -> time::OffsetDateTime {

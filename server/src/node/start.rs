@@ -473,8 +473,7 @@ fn start_trends(
     events: &EventBus,
     trends: &Arc<crate::trends::Trends>,
 ) {
-    use crate::trends::{inbox_updates, seat_series};
-    use futures::StreamExt;
+    use crate::trends::{inbox_depths, inbox_updates, seat_series};
     let (engine, sampled) = (engine.clone(), trends.clone());
     let every = Duration::from_secs(config.coordination.sweep_seconds.max(1));
     let limit = config.metrics.seat_series_limit;
@@ -484,20 +483,14 @@ fn start_trends(
         let mut last: Vec<String> = Vec::new();
         loop {
             tick.tick().await;
-            let held = engine.host().held();
+            let known = engine.host().inbox_depths();
+            let held: Vec<String> = known.iter().map(|(h, _)| h.clone()).collect();
             let queue = engine.queue().clone();
-            let depths: Vec<(String, u64)> = futures::stream::iter(held.clone())
-                .map(|h| {
-                    let queue = queue.clone();
-                    async move {
-                        let d = queue.pending(&crate::queue::inbox_group(&h)).await.ok();
-                        d.map(|d| (h, d))
-                    }
-                })
-                .buffer_unordered(8)
-                .filter_map(std::future::ready)
-                .collect()
-                .await;
+            let depths = inbox_depths(known, |h| {
+                let queue = queue.clone();
+                async move { queue.pending(&crate::queue::inbox_group(&h)).await.ok() }
+            })
+            .await;
             let per_seat = seat_series(engine.company_watch().borrow().roles.len(), limit);
             let gone: Vec<String> = last.iter().filter(|h| !held.contains(h)).cloned().collect();
             for u in inbox_updates(&depths, per_seat, &gone) {

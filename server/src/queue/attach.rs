@@ -48,6 +48,9 @@ use tokio_util::sync::CancellationToken;
 use super::{DeadLetterReason, Delivery, Disposition, EventSink, Handler, QueueError, QueueEvent};
 use crate::watchdog::Pulse;
 
+mod depth;
+use depth::Depth;
+
 /// One fetched, unsettled message.
 pub struct Fetched {
     pub delivery: Delivery,
@@ -142,6 +145,8 @@ pub struct Attachment {
     task: Option<JoinHandle<()>>,
     /// The dispatch loop's beat (the watchdog follows it).
     pulse: Pulse,
+    /// What the loop knows of the subscription's depth.
+    depth: Depth,
 }
 
 /// A wait for an attachment's running handler to finish
@@ -196,10 +201,12 @@ impl Attachment {
         let cancel = CancellationToken::new();
         let drop_in_flight = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let pulse = Pulse::new();
+        let depth = Depth::default();
         let task = crate::tasks::spawn_held(
             "dispatch",
             consume(Loop {
                 pulse: pulse.clone(),
+                depth: depth.clone(),
                 subscription: subscription.clone(),
                 max_deliveries,
                 extensions: extend.subscribe(),
@@ -221,7 +228,18 @@ impl Attachment {
             drop_in_flight,
             task: Some(task),
             pulse,
+            depth,
         }
+    }
+
+    /// The messages waiting for the subscription — stored, not yet
+    /// settled — as the dispatch loop knows them without asking the
+    /// broker: known while it waits in its fetch with nothing in hand
+    /// (then only its own delayed hand-backs wait); `None` while a turn
+    /// runs, the gate is closed or the loop has not fetched yet — ask the
+    /// broker ([`Queue::pending`](super::Queue::pending)).
+    pub fn depth(&self) -> Option<u64> {
+        self.depth.read()
     }
 
     /// The dispatch loop's beat: live until the loop ends.
@@ -335,6 +353,7 @@ struct Loop {
     handler: Arc<dyn Handler>,
     events: EventSink,
     pulse: Pulse,
+    depth: Depth,
 }
 
 /// Ends the dispatch loop's pulse when the loop returns (or is dropped).
@@ -443,7 +462,7 @@ async fn consume(l: Loop) {
             Some(f) => Ok(Some(f)),
             None => tokio::select! {
                 _ = l.cancel.cancelled() => return,
-                r = l.pulse.waiting(l.source.next(l.source.fetch_wait())) => {
+                r = l.pulse.waiting(l.depth.idle_while(l.source.next(l.source.fetch_wait()))) => {
                     if let Ok(Some(f)) = &r {
                         trace("fetched", &l.subscription, &f.delivery, "fetch");
                     }
@@ -650,11 +669,13 @@ async fn handle_batch(l: &Loop, live: Vec<(Delivery, Box<dyn Settle>)>) -> Optio
         l.gate.send_modify(|g| g.quiesced = true);
     }
     let step = || l.pulse.beat();
-    Some(settle_all(&l.subscription, &l.events, live, dispositions, &step).await)
+    let delays = settle_all(&l.subscription, &l.events, live, dispositions, &step).await;
+    l.depth.handed_back_after(&delays);
+    Some(delays.into_iter().max().unwrap_or_default())
 }
 
 /// Settle each delivery as its handler answered (a missing answer hands
-/// it back): the longest delay one was handed back with (zero when none).
+/// it back): the delay of each one handed back with a delay.
 /// `settled_one` is called before each settle: the dispatch loop's beat, so
 /// a batch whose settles each answer within their bound keeps the loop
 /// alive however many there are (chaos ci profile under load: a seat loop
@@ -667,8 +688,8 @@ async fn settle_all(
     live: Vec<(Delivery, Box<dyn Settle>)>,
     dispositions: Vec<Disposition>,
     settled_one: &(dyn Fn() + Sync),
-) -> Duration {
-    let mut longest = Duration::ZERO;
+) -> Vec<Duration> {
+    let mut delays = Vec::new();
     for (i, (delivery, settle)) in live.into_iter().enumerate() {
         settled_one();
         let (subject, seq) = (delivery.subject.clone(), delivery.seq);
@@ -680,7 +701,7 @@ async fn settle_all(
                 settled("nak", subscription, d, settle.nak().await).await
             }
             Disposition::Retry(delay) => {
-                longest = longest.max(delay);
+                delays.push(delay);
                 let what = format!("retry {delay:?}");
                 settled(&what, subscription, d, settle.nak_after(delay).await).await;
             }
@@ -706,7 +727,7 @@ async fn settle_all(
             }
         }
     }
-    longest
+    delays
 }
 
 async fn dead_letter(l: &Loop, d: &Delivery, settle: Box<dyn Settle>, reason: DeadLetterReason) {
@@ -745,6 +766,60 @@ async fn dead_letter_in(
 mod tests {
     use super::*;
     use std::sync::Mutex;
+
+    /// The trace is what tells a message's story from the nodes' logs
+    /// (the chaos checker reads it): each step names the subscription, the
+    /// stream sequence, the delivery count and the message id.
+    #[test]
+    fn every_step_of_a_delivery_is_traced_with_its_subscription_sequence_count_and_id() {
+        use crate::queue::twin::TwinQueue;
+        use crate::queue::{Queue, QueueSettings, SubscriptionSpec, handler_fn};
+        let told = crate::logging::logged(|| {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime");
+            rt.block_on(async {
+                let q = TwinQueue::new(Arc::new(|_| {}));
+                let specs = SubscriptionSpec::seat("traced", QueueSettings::default());
+                for spec in &specs {
+                    q.ensure_subscription(spec).await.expect("a subscription");
+                }
+                let inbox = &specs[0];
+                q.publish(
+                    &inbox.subject,
+                    Some("m-traced"),
+                    bytes::Bytes::from_static(b"x"),
+                )
+                .await
+                .expect("published");
+                let ack = handler_fn(|_| async { Disposition::Ack });
+                let a = q.attach(&inbox.name, &[], ack).await.expect("attached");
+                let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+                while q.pending(&inbox.name).await.expect("pending") > 0 {
+                    assert!(tokio::time::Instant::now() < deadline, "never acknowledged");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                a.detach().await;
+            });
+        });
+        let steps: Vec<&str> = told
+            .lines()
+            .filter(|l| l.contains("crewlet::delivery") && l.contains("msg_id=\"m-traced\""))
+            .collect();
+        assert_eq!(steps.len(), 2, "fetched, then settled:\n{told}");
+        for (line, step, what) in [(steps[0], "fetched", "fetch"), (steps[1], "settled", "ack")] {
+            for field in [
+                format!("step=\"{step}\""),
+                "subscription=\"agent-traced\"".to_string(),
+                "seq=1".to_string(),
+                "delivered=1".to_string(),
+                format!("what=\"{what}\""),
+            ] {
+                assert!(line.contains(&field), "{field} missing from: {line}");
+            }
+        }
+    }
 
     /// One message, then nothing; every stranded-mail look is recorded
     /// with the idle time the loop gave it.

@@ -438,6 +438,18 @@ impl SeatHost {
             .collect()
     }
 
+    /// Every held seat (as [`SeatHost::held`]) with its inbox depth as its
+    /// dispatch loop knows it ([`Attachment::depth`]): `None` where the
+    /// loop does not know (a turn running, paused, establishing) — the
+    /// broker is asked for those only.
+    pub fn inbox_depths(&self) -> Vec<(String, Option<u64>)> {
+        lock(&self.inner.seats)
+            .iter()
+            .filter(|(_, e)| e.phase != Phase::Undead)
+            .map(|(h, e)| (h.clone(), e.inbox.as_ref().and_then(Attachment::depth)))
+            .collect()
+    }
+
     /// Seats whose teardown could not be proven.
     pub fn undead(&self) -> Vec<String> {
         lock(&self.inner.seats)

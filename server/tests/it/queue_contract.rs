@@ -90,6 +90,7 @@ contract!(
     detach_keeps_the_subscription_and_a_new_attach_gets_new_mail,
     nak_redelivers_and_keeps_consuming,
     a_retry_comes_back_no_sooner_than_its_delay_and_later_mail_goes_first,
+    an_idle_loop_knows_its_depth_without_asking_and_a_busy_or_held_one_says_it_does_not,
     the_delivery_after_the_budget_is_dead_lettered_visibly,
     a_poison_payload_is_dead_lettered_at_once,
     a_requeued_dead_letter_is_delivered_again_once_and_a_discarded_one_is_gone,
@@ -458,6 +459,70 @@ async fn a_retry_comes_back_no_sooner_than_its_delay_and_later_mail_goes_first(b
     );
     assert!(!a.is_quiesced(), "a Retry keeps consuming");
     pending_is(q, &spec.name, 0).await;
+    a.detach().await;
+}
+
+/// Wait until the attachment's own depth reads `want`.
+async fn depth_is(a: &crewlet::queue::Attachment, want: Option<u64>) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while a.depth() != want {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the loop's depth stayed {:?}, wanted {want:?}",
+            a.depth()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+async fn an_idle_loop_knows_its_depth_without_asking_and_a_busy_or_held_one_says_it_does_not(
+    b: Backend,
+) {
+    let q = &*b.queue;
+    let spec = ensure_seat(q, "deep").await;
+    // A subscription held from attach has not fetched: its depth is unknown.
+    let held = q
+        .attach(
+            &spec.name,
+            &["paused"],
+            handler_fn(|_| async { Disposition::Ack }),
+        )
+        .await
+        .unwrap();
+    assert_eq!(held.depth(), None, "a held loop never fetched");
+    held.detach().await;
+
+    let release = Arc::new(tokio::sync::Semaphore::new(0));
+    let (tx, mut started) = mpsc::unbounded_channel::<()>();
+    let h = {
+        let release = release.clone();
+        handler_fn(move |_d: Delivery| {
+            let (release, tx) = (release.clone(), tx.clone());
+            async move {
+                let _ = tx.send(());
+                let _permit = release.acquire().await;
+                Disposition::Retry(Duration::from_secs(60))
+            }
+        })
+    };
+    let a = q.attach(&spec.name, &[], h).await.unwrap();
+    depth_is(&a, Some(0)).await;
+    pending_is(q, &spec.name, 0).await;
+
+    publish(q, &spec.subject, "slow").await;
+    tokio::time::timeout(WAIT, started.recv())
+        .await
+        .expect("the turn starts")
+        .unwrap();
+    assert_eq!(
+        a.depth(),
+        None,
+        "a running turn: the loop cannot see mail arriving"
+    );
+    release.add_permits(1);
+    // Handed back for a minute: the loop counts it, and the broker agrees.
+    depth_is(&a, Some(1)).await;
+    pending_is(q, &spec.name, 1).await;
     a.detach().await;
 }
 

@@ -28,7 +28,10 @@ use super::{
     Attachment, DeadLetter, DeadLetterReason, Delivery, EventSink, Handler, Queue, QueueError,
     SubscriptionInfo, SubscriptionSpec,
 };
-pub use kept::{Covering, KEEP_ATTEMPTS, KEEP_BACKOFF, Kept, Published, judge_kept, kept_copy_id};
+pub use kept::{
+    Covering, KEEP_ATTEMPTS, KEEP_BACKOFF, KEEP_LOOKS, KeepStep, Kept, Published, judge_kept,
+    keep_step, kept_copy_id,
+};
 pub use stranded::{PENDING_WINDOWS, may_look_past_pending};
 
 /// The stream every seat mailbox lives on (interest retention).

@@ -1335,6 +1335,57 @@ mod broker {
         a.detach().await;
     }
 
+    /// Chaos seed 5004 lost a message acknowledged at its publish during a
+    /// NATS member's restart, with no fetch, no turn and no dead letter on
+    /// any node: a read-back that got no answer was taken for kept. It now
+    /// fails the publish, and the sender's second publish under the same
+    /// id is deduplicated, read back and kept once.
+    #[tokio::test]
+    async fn a_publish_whose_read_back_gets_no_answer_fails_and_is_kept_once_sent_again_under_its_id()
+     {
+        let Kept {
+            queue: q,
+            _server: mut server,
+            events,
+            stream,
+            ..
+        } = kept_queue().await;
+        let spec = ensure_seat(&q, "unread").await;
+        let body = Bytes::from_static(b"unread");
+        let first = q
+            .publish_kept(&spec.subject, Some("u-1"), body.clone())
+            .await
+            .unwrap();
+        server.kill();
+        let read = q
+            .keep(&spec.subject, Some("u-1"), body.clone(), first.seq)
+            .await;
+        assert!(
+            read.is_err(),
+            "a read-back nobody answered was taken for kept: {read:?}"
+        );
+        assert!(!republished(&events), "nothing was published blind");
+        server.restart().await;
+        let deadline = tokio::time::Instant::now() + WAIT * 3;
+        let again = loop {
+            match q
+                .publish_kept(&spec.subject, Some("u-1"), body.clone())
+                .await
+            {
+                Ok(p) => break p,
+                Err(e) => assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "the second publish never went through: {e}"
+                ),
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        assert!(again.duplicate, "the same id: deduplicated");
+        assert_eq!(again.seq, first.seq, "kept where the first was");
+        assert!(stream.get_raw_message(first.seq).await.is_ok());
+        assert!(!republished(&events), "kept: no copy");
+    }
+
     #[tokio::test]
     async fn answered_mail_gone_from_the_stream_is_never_published_again() {
         let Kept {

@@ -9,6 +9,13 @@
 //! message is copied only when it cannot have been answered: its
 //! subscription did not deliver that far, or passed over it with nothing
 //! acknowledged at or past it and nothing in hand.
+//!
+//! A read-back that gets no answer (the broker restarting a member, a
+//! leader election) says nothing: it is looked at again, and a publish
+//! whose read-back never answers fails, so its sender publishes again
+//! under the same message id (the broker's deduplication makes that safe)
+//! — an acknowledged publish is never taken for kept unread. What the next
+//! look does is a pure decision ([`keep_step`]).
 
 use std::time::Duration;
 
@@ -21,8 +28,12 @@ use crate::queue::{Queue, QueueError, QueueEvent};
 /// published again before the publish fails.
 pub const KEEP_ATTEMPTS: usize = 5;
 /// The wait before the second copy; it doubles for each later one (100,
-/// 200, 400, 800 ms).
+/// 200, 400, 800 ms). Looks again after one that could not tell wait the
+/// same.
 pub const KEEP_BACKOFF: Duration = Duration::from_millis(100);
+/// How many read-backs a publish may make that get no answer, or find the
+/// mail gone while deliveries are in hand, before it settles as it can.
+pub const KEEP_LOOKS: usize = 5;
 
 /// Where a kept publish landed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,9 +58,13 @@ pub enum Kept {
     /// nothing in hand. The broker dropped it; a copy cannot run anything
     /// twice.
     Dropped,
-    /// Gone while its subscription acknowledged at or past it, or has mail
-    /// in hand: answered and removed (a fast handler acknowledges within the
-    /// read-back), or dropped; a copy could run it twice, so none is made.
+    /// Gone while its subscription has deliveries in hand and nothing
+    /// acknowledged at or past it: it may be one of them. Looked at again
+    /// once they may have settled; never copied while they stand.
+    InHand,
+    /// Gone while its subscription acknowledged at or past it: answered and
+    /// removed (a fast handler acknowledges within the read-back), or
+    /// dropped; a copy could run it twice, so none is made.
     CannotTell,
 }
 
@@ -83,7 +98,42 @@ pub fn judge_kept(stored: bool, covering: Option<Covering>, seq: u64) -> Kept {
         (false, None) => Kept::Uncovered,
         (false, Some(c)) if c.delivered < seq => Kept::Dropped,
         (false, Some(c)) if c.ack_floor < seq && c.ack_pending == 0 => Kept::Dropped,
+        (false, Some(c)) if c.ack_floor < seq => Kept::InHand,
         (false, Some(_)) => Kept::CannotTell,
+    }
+}
+
+/// What the read-back of a publish does next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeepStep {
+    /// Kept (or discarded by the contract): the publish is done.
+    Done,
+    /// Dropped: publish a copy.
+    Copy,
+    /// Look again after this long.
+    LookAgain(Duration),
+    /// Every copy was dropped too: the publish fails (`NotKept`).
+    NotKept,
+    /// Still gone with deliveries in hand after every look: left as is (a
+    /// copy could run it twice), and said at WARN.
+    LeftInHand,
+    /// No look was answered: the publish fails, and its sender publishes
+    /// again under the same message id.
+    Unread,
+}
+
+/// Pure: the next step of a publish's read-back, from what the last look
+/// said (`None`: it got no answer), the looks made so far (the last one
+/// included) and the copies published.
+pub fn keep_step(look: Option<Kept>, looks: usize, copies: usize) -> KeepStep {
+    let again = || KeepStep::LookAgain(KEEP_BACKOFF * (1 << (looks - 1).min(4)));
+    match look {
+        Some(Kept::Stored | Kept::Uncovered | Kept::CannotTell) => KeepStep::Done,
+        Some(Kept::Dropped) if copies >= KEEP_ATTEMPTS => KeepStep::NotKept,
+        Some(Kept::Dropped) => KeepStep::Copy,
+        Some(Kept::InHand) if looks >= KEEP_LOOKS => KeepStep::LeftInHand,
+        None if looks >= KEEP_LOOKS => KeepStep::Unread,
+        Some(Kept::InHand) | None => again(),
     }
 }
 
@@ -138,9 +188,10 @@ impl JetStreamQueue {
     /// Make sure the message acknowledged at `seq` on `subject` is kept,
     /// publishing it again while it is not (see `publish_kept`); returns the
     /// sequence it is kept at. Mail no subscription covers is discarded at
-    /// the publish by contract and left so; a read that fails leaves the
-    /// acknowledgement standing (the publish succeeded as far as anyone can
-    /// tell).
+    /// the publish by contract and left so. A read-back that gets no answer
+    /// is made again ([`keep_step`]); one that never does fails the publish
+    /// with its error — the acknowledgement alone does not say the broker
+    /// kept it.
     pub async fn keep(
         &self,
         subject: &str,
@@ -148,47 +199,72 @@ impl JetStreamQueue {
         payload: Bytes,
         mut seq: u64,
     ) -> Result<u64, QueueError> {
-        for attempt in 0..KEEP_ATTEMPTS {
-            let stored =
-                match bounded(self.settings.timeout, self.agents.get_raw_message(seq)).await {
-                    Ok(Ok(_)) => true,
-                    Ok(Err(e)) if raw_not_found(&e) => false,
-                    Ok(Err(_)) | Err(_) => return Ok(seq),
-                };
-            if stored {
-                return Ok(seq);
-            }
-            let Ok(covering) = self.covering(subject).await else {
-                return Ok(seq);
-            };
-            match judge_kept(false, covering, seq) {
-                Kept::Stored | Kept::Uncovered => return Ok(seq),
-                Kept::CannotTell => {
-                    tracing::debug!(subject, seq, covering = ?covering, "an acknowledged publish is gone and its subscription may have answered it: not published again");
+        let (mut looks, mut copies) = (0, 0);
+        loop {
+            let look = self.look(subject, seq).await;
+            looks += 1;
+            match keep_step(look.as_ref().ok().copied(), looks, copies) {
+                KeepStep::Done => return Ok(seq),
+                KeepStep::LookAgain(wait) => tokio::time::sleep(wait).await,
+                KeepStep::NotKept => {
+                    return Err(QueueError::NotKept {
+                        subject: subject.to_string(),
+                        seq,
+                    });
+                }
+                KeepStep::LeftInHand => {
+                    tracing::warn!(
+                        subject,
+                        seq,
+                        "an acknowledged publish is gone while its subscription holds deliveries that may include it: not published again"
+                    );
                     return Ok(seq);
                 }
-                Kept::Dropped => {}
+                KeepStep::Unread => {
+                    let e = look
+                        .err()
+                        .unwrap_or(QueueError::Timeout(self.settings.timeout));
+                    tracing::warn!(subject, seq, error = %e, "cannot read back an acknowledged publish: the publish fails, to be sent again under the same id");
+                    return Err(e);
+                }
+                KeepStep::Copy => {
+                    // A leader that dropped one publish may drop the next
+                    // while it still does not know its consumers: later
+                    // copies wait longer.
+                    if copies > 0 {
+                        tokio::time::sleep(KEEP_BACKOFF * (1 << (copies - 1))).await;
+                    }
+                    copies += 1;
+                    let copy_id = kept_copy_id(msg_id, seq);
+                    let ack = self
+                        .publish_once(subject, &copy_id, payload.clone())
+                        .await?;
+                    (self.events)(QueueEvent::Republished {
+                        subject: subject.to_string(),
+                        seq,
+                        new_seq: ack.sequence,
+                    });
+                    seq = ack.sequence;
+                    looks = 0;
+                }
             }
-            // A leader that dropped one publish may drop the next while it
-            // still does not know its consumers: later copies wait longer.
-            if attempt > 0 {
-                tokio::time::sleep(KEEP_BACKOFF * (1 << (attempt - 1))).await;
-            }
-            let copy_id = kept_copy_id(msg_id, seq);
-            let ack = self
-                .publish_once(subject, &copy_id, payload.clone())
-                .await?;
-            (self.events)(QueueEvent::Republished {
-                subject: subject.to_string(),
-                seq,
-                new_seq: ack.sequence,
-            });
-            seq = ack.sequence;
         }
-        Err(QueueError::NotKept {
-            subject: subject.to_string(),
-            seq,
-        })
+    }
+
+    /// One read-back of the message at `seq`: whether the stream keeps it
+    /// and, when it does not, where the subscription covering `subject`
+    /// stands.
+    async fn look(&self, subject: &str, seq: u64) -> Result<Kept, QueueError> {
+        let stored = match bounded(self.settings.timeout, self.agents.get_raw_message(seq)).await? {
+            Ok(_) => true,
+            Err(e) if raw_not_found(&e) => false,
+            Err(e) => return Err(backend(e)),
+        };
+        if stored {
+            return Ok(Kept::Stored);
+        }
+        let covering = self.covering(subject).await?;
+        Ok(judge_kept(false, covering, seq))
     }
 
     /// Where the subscription covering `subject` stands (`None`: no
@@ -272,7 +348,58 @@ mod tests {
             ack_pending: 1,
         };
         assert_eq!(judge_kept(false, Some(acked_past), 5), Kept::CannotTell);
-        assert_eq!(judge_kept(false, Some(in_hand), 5), Kept::CannotTell);
+        assert_eq!(judge_kept(false, Some(in_hand), 5), Kept::InHand);
+        for looks in 1..=KEEP_LOOKS {
+            for kept in [Kept::CannotTell, Kept::InHand] {
+                assert_ne!(keep_step(Some(kept), looks, 0), KeepStep::Copy, "{kept:?}");
+            }
+        }
+    }
+
+    /// Chaos seed 5004 lost an acknowledged message with no fetch, no turn
+    /// and no dead letter, published during a NATS follower restart; a
+    /// read-back that failed was then taken for kept, silently.
+    #[test]
+    fn a_read_back_that_gets_no_answer_is_made_again_and_never_taken_for_kept() {
+        for looks in 1..KEEP_LOOKS {
+            assert!(
+                matches!(keep_step(None, looks, 0), KeepStep::LookAgain(_)),
+                "look {looks}"
+            );
+        }
+        assert_eq!(keep_step(None, KEEP_LOOKS, 0), KeepStep::Unread);
+        // An answer after unanswered looks decides as any answer does.
+        assert_eq!(keep_step(Some(Kept::Dropped), 3, 0), KeepStep::Copy);
+        assert_eq!(keep_step(Some(Kept::Stored), 3, 0), KeepStep::Done);
+    }
+
+    #[test]
+    fn mail_gone_with_deliveries_in_hand_is_looked_at_again_then_left_as_is() {
+        let waits: Vec<KeepStep> = (1..KEEP_LOOKS)
+            .map(|looks| keep_step(Some(Kept::InHand), looks, 0))
+            .collect();
+        assert_eq!(
+            waits,
+            [100, 200, 400, 800].map(|ms| KeepStep::LookAgain(Duration::from_millis(ms)))
+        );
+        assert_eq!(
+            keep_step(Some(Kept::InHand), KEEP_LOOKS, 0),
+            KeepStep::LeftInHand
+        );
+    }
+
+    #[test]
+    fn dropped_mail_is_copied_until_the_copies_run_out() {
+        assert_eq!(keep_step(Some(Kept::Dropped), 1, 0), KeepStep::Copy);
+        assert_eq!(
+            keep_step(Some(Kept::Dropped), 1, KEEP_ATTEMPTS - 1),
+            KeepStep::Copy
+        );
+        assert_eq!(
+            keep_step(Some(Kept::Dropped), 1, KEEP_ATTEMPTS),
+            KeepStep::NotKept
+        );
+        assert_eq!(keep_step(Some(Kept::Uncovered), 1, 2), KeepStep::Done);
     }
 
     #[test]

@@ -8,6 +8,17 @@ use tokio::time::Instant;
 
 use super::*;
 
+/// The hold an inbox is attached under while its seat is established:
+/// dropped once the lease is seen still provably held after the attach.
+const ESTABLISHING_HOLD: &str = "establishing";
+
+/// The acquire hook's last step: the lease still provably held when the
+/// inbox is attached. A seat whose lease lapsed while it was established
+/// (a store too slow to renew it within the TTL) is let go as
+/// `grace_expired`: a peer may hold it by then, and two attachments to one
+/// mailbox split its mail (spec § The problem).
+const LEASE_STEP: &str = "lease";
+
 impl SeatHost {
     /// Claim `seat:{handle}` and, when won, establish it.
     pub async fn claim(&self, handle: &str) -> Result<Acquired, crate::coord::StoreError> {
@@ -93,10 +104,10 @@ impl SeatHost {
                 tracing::warn!(seat = handle, epoch, error = %e, "the acquire hook failed; handing the seat back");
                 // A seat whose detached runs cannot be recovered is handed
                 // back voluntarily (`unprepared`); any other step is fenced.
-                let reason = if e.step == "run recovery" {
-                    DetachReason::Unprepared
-                } else {
-                    DetachReason::HookFailed
+                let reason = match e.step {
+                    "run recovery" => DetachReason::Unprepared,
+                    LEASE_STEP => DetachReason::GraceExpired,
+                    _ => DetachReason::HookFailed,
                 };
                 self.release_locked(handle, reason, progress).await;
                 Ok(Acquired::Won {
@@ -151,7 +162,13 @@ impl SeatHost {
             progress();
             let holds = hook_step(progress, "pause holds", hooks.pause_holds(ctx)).await?;
             progress();
-            let holds: Vec<&str> = holds.iter().map(String::as_str).collect();
+            // Attached under a hold of its own: nothing is fetched until the
+            // lease is seen still provably held once the attach is made.
+            let holds: Vec<&str> = holds
+                .iter()
+                .map(String::as_str)
+                .chain([ESTABLISHING_HOLD])
+                .collect();
             let fence = Fence {
                 host: Arc::downgrade(&self.inner),
                 handle: ctx.handle.clone(),
@@ -165,16 +182,38 @@ impl SeatHost {
                 .await
                 .map_err(|e| HookError::new("inbox attach", e.to_string()))?;
             self.watch_loop("dispatch", &ctx.handle, Some(&inbox));
+            let held = self.provably_held(&ctx.handle, ctx.epoch);
             self.put_attachment(&ctx.handle, |e| {
+                if held {
+                    e.phase = Phase::Attached;
+                    inbox.unhold(ESTABLISHING_HOLD);
+                }
                 e.inbox = Some(inbox);
-                e.phase = Phase::Attached;
             });
-            Ok(())
+            if held {
+                Ok(())
+            } else {
+                Err(HookError::new(
+                    LEASE_STEP,
+                    "the lease lapsed while the seat was being established (no renewal within its TTL): its inbox is not attached",
+                ))
+            }
         };
         match AssertUnwindSafe(guarded).catch_unwind().await {
             Ok(r) => r,
             Err(_) => Err(HookError::new("acquire hook", "panicked")),
         }
+    }
+
+    /// Whether this node provably holds `handle` at `epoch`: the claim or
+    /// its last successful renewal was sent within the lease's TTL, so no
+    /// peer can have claimed it since (the fence's rule, [`Fence::holds`],
+    /// before the seat is attached).
+    fn provably_held(&self, handle: &str, epoch: u64) -> bool {
+        let ttl = self.inner.store.lease_ttl();
+        lock(&self.inner.seats)
+            .get(handle)
+            .is_some_and(|e| e.lease.epoch == epoch && e.last_renewed.elapsed() < ttl)
     }
 
     /// Have the watchdog follow an attachment's dispatch loop

@@ -118,13 +118,17 @@ async fn a_partial_overlap_runs_only_the_new_trigger(f: Fleet) {
     a.publish("s0", &trigger("A", json!({}))).await;
     a.publish("s0", &trigger("B", json!({}))).await;
     assert!(hold(false));
-    f.until("A+B ran", WAIT, || !a.turns_of("A").is_empty())
-        .await;
-    // One turn for both (in either order: a fetch already waiting when
-    // the hold was taken hands A back, and B can come first after it).
-    let mut together = a.started_with("A")[0].0.clone();
-    together.sort();
-    assert_eq!(together, vec!["A", "B"]);
+    f.until("A and B ran", WAIT, || {
+        !a.turns_of("A").is_empty() && !a.turns_of("B").is_empty()
+    })
+    .await;
+    // Each ran once: usually in one turn, but not always — a fetch already
+    // waiting when the hold was taken returns A, and when the hold goes
+    // between the loop's look at the gate as it coalesces (closed: nothing
+    // more is fetched) and its look before the turn (open), A runs alone
+    // and B next (a loaded `./dev test` saw that order).
+    assert_eq!(a.started_with("A").len(), 1, "A ran once");
+    assert_eq!(a.started_with("B").len(), 1, "B ran once");
     // A+B+C arrives (A and B again, say a producer's retry).
     assert!(hold(true));
     for id in ["A", "B", "C"] {

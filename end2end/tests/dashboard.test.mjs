@@ -432,12 +432,13 @@ test('a viewer sees the seat actions disabled and is refused anyway', async () =
   await page.fill('input[name="person"]', 'victor');
   await Promise.all([page.waitForURL(/\/audit\?person=victor&refused=1/), page.getByRole('button', { name: 'Filter' }).click()]);
   const rows = page.locator('table.audit tbody tr');
-  await rows.first().waitFor();
-  assert.ok((await rows.count()) >= 1);
-  for (const r of await rows.all()) {
-    assert.equal(await r.getAttribute('data-refused'), 'true');
-    assert.match(await r.innerText(), /victor/);
-  }
+  // The filtered table replaces the unfiltered one: read every row in one look once it has.
+  const shown = await until('the audit table filtered to victor\'s refusals', async () => {
+    const all = await rows.evaluateAll((trs) =>
+      trs.map((tr) => ({ refused: tr.getAttribute('data-refused'), text: tr.innerText })));
+    return all.length >= 1 && all.every((r) => r.refused === 'true' && /victor/.test(r.text)) && all;
+  });
+  assert.ok(shown.length >= 1);
   assert.match(await rows.first().getAttribute('class'), /sev-error/);
   await rows.first().locator('td[data-label="What"] a.filter-link').click();
   await until('the action filter', () => /\/audit\?action=seat\.pause$/.test(page.url()));

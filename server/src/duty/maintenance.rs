@@ -74,12 +74,8 @@ impl Maintenance {
         super::turned();
         if self.audit_days > 0 {
             let cutoff = rfc3339(now - time::Duration::days(self.audit_days.min(36_500) as i64));
-            match sqlx::query("DELETE FROM audit WHERE at < ?")
-                .bind(cutoff)
-                .execute(&self.pool)
-                .await
-            {
-                Ok(d) => r.audit_deleted = d.rows_affected(),
+            match self.delete_audit_before(&cutoff).await {
+                Ok(n) => r.audit_deleted = n,
                 Err(e) => tracing::warn!(error = %e, "audit retention failed"),
             }
             super::turned();
@@ -97,6 +93,19 @@ impl Maintenance {
             "maintenance pass"
         );
         r
+    }
+
+    /// Audit entries older than `cutoff`, deleted in the memory writes'
+    /// lane (`db::WriteLane`): retention queues behind a seat's write
+    /// instead of spinning against it.
+    async fn delete_audit_before(&self, cutoff: &str) -> Result<u64, sqlx::Error> {
+        let mut tx = self.memory.lane().begin(&self.pool).await?;
+        let d = sqlx::query("DELETE FROM audit WHERE at < ?")
+            .bind(cutoff)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(d.rows_affected())
     }
 
     async fn purge_markers(&self) -> usize {

@@ -221,7 +221,8 @@ pub fn fill_minutes(
 }
 
 async fn write(pool: &SqlitePool, batch: &[Row]) -> Result<(), sqlx::Error> {
-    let mut tx = pool.begin().await?;
+    // The write lock is taken at the start (`db::WriteLane`).
+    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
     for (id, at, name, node, seat, turn, data) in batch {
         sqlx::query(
             "INSERT OR IGNORE INTO fleet_events (id, at, name, node, seat, turn_id, data) VALUES (?, ?, ?, ?, ?, ?, ?)",

@@ -111,7 +111,7 @@ impl MemoryStore {
     /// rules. A hydrated row is stamped 0: it is already on the changelog,
     /// so this node does not publish it again.
     pub async fn apply_carried(&self, handle: &str, c: &CarriedRow) -> Result<Applied, ApplyError> {
-        let mut tx = self.begin_carried().await?;
+        let mut tx = self.write().await?;
         let applied = Self::apply_one(&mut tx, handle, c, self.current_vector.as_ref()).await?;
         tx.commit().await?;
         Ok(applied)
@@ -129,7 +129,7 @@ impl MemoryStore {
     ) -> Result<Vec<Result<Applied, ApplyError>>, sqlx::Error> {
         let mut out = Vec::with_capacity(rows.len());
         for chunk in rows.chunks(CARRIED_PER_WRITE) {
-            let mut tx = self.begin_carried().await?;
+            let mut tx = self.write().await?;
             for c in chunk {
                 match Self::apply_one(&mut tx, handle, c, self.current_vector.as_ref()).await {
                     Err(ApplyError::Db(e)) => return Err(e),
@@ -139,17 +139,6 @@ impl MemoryStore {
             tx.commit().await?;
         }
         Ok(out)
-    }
-
-    /// A write transaction for carried rows, its write lock taken first: a
-    /// transaction that reads and then writes cannot upgrade once another
-    /// writer committed (WAL).
-    async fn begin_carried(&self) -> Result<sqlx::Transaction<'static, sqlx::Sqlite>, sqlx::Error> {
-        let mut tx = self.pool.begin().await?;
-        sqlx::query("UPDATE memory_change_seq SET value = value WHERE id = 1")
-            .execute(&mut *tx)
-            .await?;
-        Ok(tx)
     }
 
     /// One carried row, inside the caller's write transaction.

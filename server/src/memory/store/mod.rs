@@ -268,6 +268,8 @@ impl SeatMemory {
 #[derive(Clone)]
 pub struct MemoryStore {
     pool: SqlitePool,
+    /// Every memory write, one at a time (`db::WriteLane`).
+    lane: crate::db::WriteLane,
     diary_days: u64,
     current_vector: Option<VectorId>,
 }
@@ -343,6 +345,7 @@ impl MemoryStore {
     pub fn new(pool: SqlitePool) -> MemoryStore {
         MemoryStore {
             pool,
+            lane: crate::db::WriteLane::default(),
             diary_days: 0,
             current_vector: None,
         }
@@ -365,6 +368,19 @@ impl MemoryStore {
         &self.pool
     }
 
+    /// The lane every memory write waits in; other writers to the node's
+    /// database (the event history, retention) share it.
+    pub fn lane(&self) -> &crate::db::WriteLane {
+        &self.lane
+    }
+
+    /// A memory write transaction, begun in its turn with its write lock
+    /// taken first (a transaction that reads and then writes cannot upgrade
+    /// once another writer committed, WAL).
+    pub(super) async fn write(&self) -> Result<crate::db::Write, sqlx::Error> {
+        self.lane.begin(&self.pool).await
+    }
+
     /// Write a diary note. `false` when a byte-identical note was there.
     pub async fn diary_write(
         &self,
@@ -383,7 +399,7 @@ impl MemoryStore {
                 })
                 .unwrap_or_default()
         });
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.write().await?;
         let seq = next_seq(&mut tx).await?;
         let done = sqlx::query(
             "INSERT INTO agent_diary (id, agent_handle, content, content_hash, work_key, created_at, expires_at, change_seq) \
@@ -412,7 +428,7 @@ impl MemoryStore {
         summary: &str,
         turn_id: &str,
     ) -> Result<bool, sqlx::Error> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.write().await?;
         let seq = next_seq(&mut tx).await?;
         let done = sqlx::query(
             "INSERT INTO episodes (id, agent_handle, work_key, summary, turn_id, created_at, change_seq) \
@@ -445,7 +461,7 @@ impl MemoryStore {
         if !table.has_vector() {
             return Ok(false);
         }
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.write().await?;
         let seq = next_seq(&mut tx).await?;
         let done = sqlx::query(&format!(
             "UPDATE {} SET vector = ?, vector_model = ?, vector_dims = ?, change_seq = ? WHERE id = ?",
@@ -470,7 +486,7 @@ impl MemoryStore {
         counterparty: &str,
         work_key: Option<&str>,
     ) -> Result<i64, sqlx::Error> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.write().await?;
         let seq = next_seq(&mut tx).await?;
         sqlx::query(
             "INSERT INTO counterparty_profiles (id, agent_handle, counterparty, interaction_count, last_work_key, updated_at, change_seq) \
@@ -503,7 +519,7 @@ impl MemoryStore {
         name: &str,
         state: &str,
     ) -> Result<(), sqlx::Error> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.write().await?;
         let seq = next_seq(&mut tx).await?;
         sqlx::query(
             "INSERT INTO skills (id, agent_handle, name, state, use_count, updated_at, change_seq) VALUES (?, ?, ?, ?, 0, ?, ?) \
@@ -529,7 +545,7 @@ impl MemoryStore {
         version: i64,
         body: &str,
     ) -> Result<bool, sqlx::Error> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.write().await?;
         let seq = next_seq(&mut tx).await?;
         let done = sqlx::query(
             "INSERT INTO skill_versions (id, agent_handle, skill_name, version, body, created_at, change_seq) \
@@ -555,7 +571,7 @@ impl MemoryStore {
         marker: &str,
         value: &str,
     ) -> Result<(), sqlx::Error> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.write().await?;
         let seq = next_seq(&mut tx).await?;
         sqlx::query(
             "INSERT INTO agent_onboarding_markers (id, agent_handle, marker, value, updated_at, change_seq) VALUES (?, ?, ?, ?, ?, ?) \
@@ -583,7 +599,7 @@ impl MemoryStore {
         author: &str,
         text: &str,
     ) -> Result<bool, sqlx::Error> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.write().await?;
         let seq = next_seq(&mut tx).await?;
         let done = sqlx::query(
             "INSERT INTO conversations (id, agent_handle, thread, message_id, author, text, at, change_seq) \
@@ -613,10 +629,11 @@ impl MemoryStore {
         now_rfc3339: &str,
         cap: u64,
     ) -> Result<(u64, u64), sqlx::Error> {
+        let mut tx = self.write().await?;
         let expired =
             sqlx::query("DELETE FROM agent_diary WHERE expires_at IS NOT NULL AND expires_at <= ?")
                 .bind(now_rfc3339)
-                .execute(&self.pool)
+                .execute(&mut *tx)
                 .await?
                 .rows_affected();
         let over = if cap == 0 {
@@ -627,10 +644,11 @@ impl MemoryStore {
                  (PARTITION BY agent_handle ORDER BY created_at DESC, rowid DESC) AS n FROM agent_diary) WHERE n > ?)",
             )
             .bind(cap as i64)
-            .execute(&self.pool)
+            .execute(&mut *tx)
             .await?
             .rows_affected()
         };
+        tx.commit().await?;
         Ok((expired, over))
     }
 }

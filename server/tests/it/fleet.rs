@@ -249,35 +249,13 @@ impl Fleet {
         hooks: Arc<TestHooks>,
         protocol: u32,
     ) -> TestNode {
-        self.node_claiming(id, node_labels, company, hooks, protocol, 4)
+        self.node_built(id, node_labels, company, hooks, protocol, 4, |s| s)
             .await
     }
 
-    /// A node as [`Fleet::node_with`] whose passes claim up to `claim_limit` seats.
-    async fn node_claiming(
-        &self,
-        id: &str,
-        node_labels: &[&str],
-        company: &[RoleConfig],
-        hooks: Arc<TestHooks>,
-        protocol: u32,
-        claim_limit: usize,
-    ) -> TestNode {
-        let plain = |store| store;
-        self.node_built(
-            id,
-            node_labels,
-            company,
-            hooks,
-            protocol,
-            claim_limit,
-            plain,
-        )
-        .await
-    }
-
-    /// A node as [`Fleet::node_claiming`] whose store is `wrap`ped (a
-    /// fault-injecting store in front of the fleet's).
+    /// A node as [`Fleet::node_with`] whose passes claim up to
+    /// `claim_limit` seats and whose store is `wrap`ped (a fault-injecting
+    /// store in front of the fleet's).
     #[allow(clippy::too_many_arguments)]
     async fn node_built(
         &self,
@@ -1794,7 +1772,7 @@ async fn a_passs_claims_are_established_side_by_side_a_bounded_number_at_once() 
     // One pass may claim every seat: more than may be established at once.
     let seats = CLAIMS_AT_ONCE + 4;
     let a = f
-        .node_claiming("a", &[], &roles("s", seats), hooks.clone(), 4, seats)
+        .node_built("a", &[], &roles("s", seats), hooks.clone(), 4, seats, |s| s)
         .await;
     f.until(
         "CLAIMS_AT_ONCE hydrations at once",
@@ -1866,17 +1844,18 @@ async fn a_seat_whose_lease_lapses_while_it_is_established_is_never_attached_the
     unanswered.store(true, std::sync::atomic::Ordering::SeqCst);
     // A peer claims s0 as soon as a's lease lapses.
     let peer = ClaimRequest::new("seat:s0", "peer#1", "peer");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    let taken = loop {
-        if let Claim::Won(l) = a.store.claim(peer.clone()).await.unwrap() {
-            break l;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "a's lease never lapsed"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let taken = support::wait_for(
+        "a's lease to lapse and the peer's claim to win",
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || async {
+            match a.store.claim(peer.clone()).await.unwrap() {
+                Claim::Won(l) => Some(l),
+                _ => None,
+            }
+        },
+    )
+    .await;
     open.send_replace(true);
     f.until("a lets s0 go", Duration::from_secs(30), || {
         !a.detached().is_empty()

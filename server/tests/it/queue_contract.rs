@@ -464,15 +464,11 @@ async fn a_retry_comes_back_no_sooner_than_its_delay_and_later_mail_goes_first(b
 
 /// Wait until the attachment's own depth reads `want`.
 async fn depth_is(a: &crewlet::queue::Attachment, want: Option<u64>) {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while a.depth() != want {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the loop's depth stayed {:?}, wanted {want:?}",
-            a.depth()
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let what = format!("the loop's depth to be {want:?}");
+    support::wait_for(&what, WAIT, Duration::from_millis(10), || async {
+        (a.depth() == want).then_some(())
+    })
+    .await;
 }
 
 async fn an_idle_loop_knows_its_depth_without_asking_and_a_busy_or_held_one_says_it_does_not(
@@ -1292,20 +1288,12 @@ mod broker {
             .unwrap()
             .await
             .unwrap();
-        let deadline = tokio::time::Instant::now() + WAIT;
-        let info = loop {
+        let passed = format!("the subscription to pass {}", ack.sequence);
+        let info = support::wait_for(&passed, WAIT, Duration::from_millis(10), || async {
             let info = stream.clone().consumer_info(&spec.name).await.unwrap();
-            if info.delivered.stream_sequence >= ack.sequence {
-                break info;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the subscription never passed {}: {:?}",
-                ack.sequence,
-                info.delivered
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        };
+            (info.delivered.stream_sequence >= ack.sequence).then_some(info)
+        })
+        .await;
         assert!(
             info.ack_floor.stream_sequence < ack.sequence && info.num_ack_pending == 0,
             "passed over, nothing acknowledged, nothing in hand: {:?}",
@@ -1366,20 +1354,17 @@ mod broker {
         );
         assert!(!republished(&events), "nothing was published blind");
         server.restart().await;
-        let deadline = tokio::time::Instant::now() + WAIT * 3;
-        let again = loop {
-            match q
-                .publish_kept(&spec.subject, Some("u-1"), body.clone())
-                .await
-            {
-                Ok(p) => break p,
-                Err(e) => assert!(
-                    tokio::time::Instant::now() < deadline,
-                    "the second publish never went through: {e}"
-                ),
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        };
+        let again = support::wait_for(
+            "the second publish to go through",
+            WAIT * 3,
+            Duration::from_millis(100),
+            || async {
+                q.publish_kept(&spec.subject, Some("u-1"), body.clone())
+                    .await
+                    .ok()
+            },
+        )
+        .await;
         assert!(again.duplicate, "the same id: deduplicated");
         assert_eq!(again.seq, first.seq, "kept where the first was");
         assert!(stream.get_raw_message(first.seq).await.is_ok());

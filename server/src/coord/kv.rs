@@ -203,6 +203,18 @@ pub trait Backend: Send + Sync + 'static {
     ) -> Result<Written, WriteError> {
         self.update(b, key, value, expected).await
     }
+    /// A renewal's `update`: answered with the write's timestamp, or with
+    /// bounds on it, whichever the backend has without another request;
+    /// [`Backend::update_stamped`] where it has neither.
+    async fn update_renewal(
+        &self,
+        b: BucketId,
+        key: &str,
+        value: Bytes,
+        expected: Revision,
+    ) -> Result<Written, WriteError> {
+        self.update_stamped(b, key, value, expected).await
+    }
     /// Delete only if the key's last write is `expected`.
     async fn delete(&self, b: BucketId, key: &str, expected: Revision) -> Result<(), WriteError>;
     /// Whether [`Backend::batch`] is available: every write of a batch to one

@@ -290,6 +290,28 @@ impl NatsBackend {
         w
     }
 
+    /// The compare-and-set write to `subject`, sent: when (and the store's
+    /// clock then), and its acknowledgement on its way.
+    async fn send_update(
+        &self,
+        subject: &str,
+        value: Bytes,
+        expected: Revision,
+    ) -> Result<((Instant, StoreTime), jetstream::context::PublishAckFuture), WriteError> {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(
+            async_nats::header::NATS_EXPECTED_LAST_SUBJECT_SEQUENCE,
+            async_nats::HeaderValue::from(expected),
+        );
+        let sent = (Instant::now(), self.clock.now());
+        let ack = self
+            .js
+            .publish_with_headers(subject.to_string(), headers, value)
+            .await
+            .map_err(|e| self.publish_error(e))?;
+        Ok((sent, ack))
+    }
+
     pub fn client(&self) -> &async_nats::Client {
         &self.client
     }
@@ -553,23 +575,35 @@ impl Backend for NatsBackend {
     ) -> Result<Written, WriteError> {
         let store = self.store(b).map_err(WriteError::Unknown)?;
         let subject = subject_of(b, key);
-        let mut headers = async_nats::HeaderMap::new();
-        headers.insert(
-            async_nats::header::NATS_EXPECTED_LAST_SUBJECT_SEQUENCE,
-            async_nats::HeaderValue::from(expected),
-        );
-        let sent = (Instant::now(), self.clock.now());
-        let ack = self
-            .js
-            .publish_with_headers(subject.clone(), headers, value)
-            .await
-            .map_err(|e| self.publish_error(e))?;
+        let (sent, ack) = self.send_update(&subject, value, expected).await?;
         let (ack, last) = tokio::join!(
             ack.into_future(),
             store.stream.get_last_raw_message_by_subject(&subject)
         );
         let ack = ack.map_err(|e| self.publish_error(e))?;
         Ok(self.written(b, ack.sequence, sent, last.ok()).await)
+    }
+
+    /// While the clock's upper bound is calibrated, the write alone: its
+    /// answer's bounds stand for its stamp, and a renewal costs the broker
+    /// its write and nothing more. Once the calibration is stale, the
+    /// write with its pipelined read ([`Backend::update_stamped`]), which
+    /// calibrates it again — one read a node every `UPPER_FRESH`.
+    async fn update_renewal(
+        &self,
+        b: BucketId,
+        key: &str,
+        value: Bytes,
+        expected: Revision,
+    ) -> Result<Written, WriteError> {
+        if self.clock.upper_now().is_none() {
+            return self.update_stamped(b, key, value, expected).await;
+        }
+        let (sent, ack) = self
+            .send_update(&subject_of(b, key), value, expected)
+            .await?;
+        let ack = ack.await.map_err(|e| self.publish_error(e))?;
+        Ok(self.written(b, ack.sequence, sent, None).await)
     }
 
     fn atomic_claims(&self) -> bool {

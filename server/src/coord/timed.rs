@@ -171,6 +171,17 @@ impl<B: Backend> Backend for Timed<B> {
         t.observed(self.inner.update_stamped(b, key, value, expected).await)
     }
 
+    async fn update_renewal(
+        &self,
+        b: BucketId,
+        key: &str,
+        value: Bytes,
+        expected: Revision,
+    ) -> Result<Written, WriteError> {
+        let t = InFlight::new("update", b, key);
+        t.observed(self.inner.update_renewal(b, key, value, expected).await)
+    }
+
     async fn delete(&self, b: BucketId, key: &str, expected: Revision) -> Result<(), WriteError> {
         let t = InFlight::new("delete", b, key);
         t.observed(self.inner.delete(b, key, expected).await)

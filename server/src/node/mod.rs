@@ -227,34 +227,47 @@ pub async fn backends(
     let (store, client) = open_coordination(config, tasks).await?;
     let queue: Arc<dyn Queue> = match &client {
         None => Arc::new(TwinQueue::new(queue_sink(events))),
-        Some(c) => Arc::new(
-            JetStreamQueue::new(
-                c.clone(),
-                JetStreamSettings {
-                    // The same replica count the coordination buckets use.
-                    replicas: crate::coord::NatsOptions::from_config(
-                        &config.stream,
-                        &config.coordination,
-                        &config.node.id,
-                    )
-                    .replicas,
-                    timeout: Duration::from_millis(config.coordination.store_timeout_ms),
-                },
-                queue_sink(events),
-            )
-            .await
-            .map_err(NodeError::Queue)
-            .inspect(|q| {
-                tracing::info!(
-                    nats_server = %c.server_info().version,
-                    api_level = q.api_level(),
-                    stranded_look_every_s = crate::queue::jetstream::stranded_every(q.api_level()).as_secs(),
-                    "JetStream: newer features are gated on the server's API level"
-                )
-            })?,
-        ),
+        Some(c) => Arc::new(jetstream_queue(config, tasks, events, &*store, c).await?),
     };
     Ok((store, queue, client))
+}
+
+/// The queue on the fleet's NATS, following the store connection's
+/// reconnects so its pulls wait long (`queue::jetstream::wakes`).
+async fn jetstream_queue(
+    config: &Config,
+    tasks: &Tasks,
+    events: &EventBus,
+    store: &dyn Store,
+    c: &async_nats::Client,
+) -> Result<JetStreamQueue, NodeError> {
+    let q = JetStreamQueue::new(
+        c.clone(),
+        JetStreamSettings {
+            // The same replica count the coordination buckets use.
+            replicas: crate::coord::NatsOptions::from_config(
+                &config.stream,
+                &config.coordination,
+                &config.node.id,
+            )
+            .replicas,
+            timeout: Duration::from_millis(config.coordination.store_timeout_ms),
+        },
+        queue_sink(events),
+    )
+    .await
+    .map_err(NodeError::Queue)?;
+    if let Err(e) = q.follow(tasks, store.connection_changes()).await {
+        tracing::warn!(error = %e, "the broker's leader elections cannot be followed; pulls stay short");
+    }
+    tracing::info!(
+        nats_server = %c.server_info().version,
+        api_level = q.api_level(),
+        pull_wait_s = q.wakes().pull_wait().as_secs(),
+        stranded_look_every_s = q.wakes().stranded_every(q.api_level()).as_secs(),
+        "JetStream: newer features are gated on the server's API level"
+    );
+    Ok(q)
 }
 
 /// Hand the shared info to whoever needs it.

@@ -96,6 +96,13 @@ pub trait Source: Send + Sync + 'static {
     fn fetch_wait(&self) -> Duration {
         FETCH_WAIT
     }
+
+    /// How many reasons to look for stranded mail the source has seen (a
+    /// reconnect, a leader election: `jetstream::wakes`); each new one
+    /// makes the loop look soon. A source that knows none says 0.
+    fn reasons(&self) -> u64 {
+        0
+    }
 }
 
 /// Settle one fetched message.
@@ -432,24 +439,40 @@ async fn look_for_stranded(
     }
 }
 
+/// When the next look for stranded mail is due, given it was due at `due`
+/// and the source's reasons (a reconnect, an election) were `reasons`: a
+/// new one makes it due once acknowledgements on their way have landed.
+fn due_with_reasons(
+    source: &dyn Source,
+    reasons: &mut u64,
+    due: tokio::time::Instant,
+) -> tokio::time::Instant {
+    let seen = source.reasons();
+    if seen == *reasons {
+        return due;
+    }
+    *reasons = seen;
+    due.min(tokio::time::Instant::now() + STRANDED_AFTER_ERROR)
+}
+
 async fn consume(l: Loop) {
     let _end = EndPulse(l.pulse.clone());
     let mut gate = l.gate.subscribe();
     let mut backoff = Duration::from_millis(100);
-    // Due at once: mail stranded while nobody was attached is found at
-    // attach.
+    // Due at once: mail stranded while nobody was attached is found at attach.
     let mut stranded_due = tokio::time::Instant::now();
     // Stranded mail taken from the stream, handled before the next fetch.
     let mut recovered: std::collections::VecDeque<Fetched> = Default::default();
-    // Since when this loop has taken nothing and expects nothing of its
-    // own back (a delayed hand-back counts until it is due).
+    // Since when this loop took nothing and expects nothing back (a delayed hand-back's wait).
     let mut quiet_since = tokio::time::Instant::now();
+    let mut reasons = l.source.reasons();
     loop {
         l.pulse.beat();
         tokio::select! {
             _ = l.cancel.cancelled() => return,
             r = l.pulse.waiting(gate.wait_for(Gate::open)) => if r.is_err() { return },
         }
+        stranded_due = due_with_reasons(&*l.source, &mut reasons, stranded_due);
         if recovered.is_empty() && tokio::time::Instant::now() >= stranded_due {
             let (found, due) = tokio::select! {
                 _ = l.cancel.cancelled() => return,
@@ -766,6 +789,50 @@ async fn dead_letter_in(
 mod tests {
     use super::*;
     use std::sync::Mutex;
+
+    /// A source that fetches nothing and has seen `reasons`.
+    struct Reasons(std::sync::atomic::AtomicU64);
+
+    #[async_trait::async_trait]
+    impl Source for Reasons {
+        async fn next(&self, _wait: Duration) -> Result<Option<Fetched>, QueueError> {
+            Ok(None)
+        }
+        fn reasons(&self) -> u64 {
+            self.0.load(std::sync::atomic::Ordering::SeqCst)
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn each_new_reason_makes_a_stranded_look_due_once_acknowledgements_have_landed() {
+        let source = Reasons(Default::default());
+        let mut seen = source.reasons();
+        let now = tokio::time::Instant::now();
+        let later = now + Duration::from_secs(300);
+        assert_eq!(
+            due_with_reasons(&source, &mut seen, later),
+            later,
+            "no reason yet"
+        );
+        source.0.store(2, std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(
+            due_with_reasons(&source, &mut seen, later),
+            now + STRANDED_AFTER_ERROR
+        );
+        assert_eq!(seen, 2);
+        assert_eq!(
+            due_with_reasons(&source, &mut seen, later),
+            later,
+            "counted once"
+        );
+        let sooner = now + Duration::from_millis(1);
+        source.0.store(3, std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(
+            due_with_reasons(&source, &mut seen, sooner),
+            sooner,
+            "never later than due"
+        );
+    }
 
     /// The trace is what tells a message's story from the nodes' logs
     /// (the chaos checker reads it): each step names the subscription, the

@@ -16,22 +16,24 @@ use std::time::Duration;
 use async_nats::HeaderMap;
 use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, pull};
 use async_nats::jetstream::stream::{self, RetentionPolicy, StorageType};
-use async_nats::jetstream::{self as js, AckKind, ErrorCode};
+use async_nats::jetstream::{self as js, ErrorCode};
 use bytes::Bytes;
 use futures::StreamExt;
 
 mod kept;
+mod pulling;
 mod stranded;
+pub mod wakes;
 
-use super::attach::{Fetched, Settle, Source};
 use super::{
-    Attachment, DeadLetter, DeadLetterReason, Delivery, EventSink, Handler, Queue, QueueError,
+    Attachment, DeadLetter, DeadLetterReason, EventSink, Handler, Queue, QueueError,
     SubscriptionInfo, SubscriptionSpec,
 };
 pub use kept::{
     Covering, KEEP_ATTEMPTS, KEEP_BACKOFF, KEEP_LOOKS, KeepStep, Kept, Published, judge_kept,
     keep_step, kept_copy_id,
 };
+use pulling::PullSource;
 pub use stranded::{PENDING_WINDOWS, may_look_past_pending};
 
 /// The stream every seat mailbox lives on (interest retention).
@@ -72,6 +74,8 @@ pub struct JetStreamQueue {
     events: EventSink,
     /// The server's JetStream API level (`$JS.API.INFO`; 0 before 2.11).
     api_level: u32,
+    /// What ends a waiting pull early ([`wakes`]).
+    wakes: wakes::Wakes,
 }
 
 /// Pure: how often a quiet subscription looks for mail its consumer
@@ -149,7 +153,14 @@ impl JetStreamQueue {
             settings,
             events,
             api_level,
+            wakes: wakes::Wakes::default(),
         })
+    }
+
+    /// The queue's wakes (how many reasons it has seen, whether it follows
+    /// them).
+    pub fn wakes(&self) -> &wakes::Wakes {
+        &self.wakes
     }
 
     /// The server's JetStream API level, as read when the queue opened.
@@ -474,7 +485,8 @@ impl Queue for JetStreamQueue {
             js: self.js.clone(),
             name: name.to_string(),
             timeout: self.settings.timeout,
-            stranded_every: stranded_every(self.api_level),
+            level: self.api_level,
+            wakes: self.wakes.clone(),
         });
         Ok(Attachment::start(
             name.to_string(),
@@ -545,74 +557,6 @@ impl Queue for JetStreamQueue {
     }
 }
 
-struct PullSource {
-    consumer: js::consumer::Consumer<pull::Config>,
-    stream: stream::Stream,
-    js: js::Context,
-    name: String,
-    timeout: Duration,
-    stranded_every: Duration,
-}
-
-#[async_trait::async_trait]
-impl Source for PullSource {
-    async fn next(&self, wait: Duration) -> Result<Option<Fetched>, QueueError> {
-        let mut batch = bounded(
-            self.timeout,
-            self.consumer
-                .fetch()
-                .max_messages(1)
-                .expires(wait)
-                .messages(),
-        )
-        .await?
-        .map_err(backend)?;
-        let msg = match tokio::time::timeout(wait + self.timeout, batch.next()).await {
-            Err(_) | Ok(None) => return Ok(None),
-            Ok(Some(Err(e))) => return Err(backend(e)),
-            Ok(Some(Ok(m))) => m,
-        };
-        let (delivered, seq) = match msg.info() {
-            Ok(i) => (i.delivered.max(1) as u64, i.stream_sequence),
-            Err(e) => return Err(backend(e)),
-        };
-        let msg_id = msg
-            .headers
-            .as_ref()
-            .and_then(|h| h.get(async_nats::header::NATS_MESSAGE_ID))
-            .map(|v| v.to_string());
-        let delivery = Delivery {
-            subscription: self.name.clone(),
-            subject: msg.subject.to_string(),
-            payload: msg.payload.clone(),
-            delivered,
-            msg_id,
-            seq,
-        };
-        Ok(Some(Fetched {
-            delivery,
-            settle: Box::new(PullSettle {
-                msg,
-                js: self.js.clone(),
-                name: self.name.clone(),
-                timeout: self.timeout,
-            }),
-        }))
-    }
-
-    fn stranded_every(&self) -> Duration {
-        self.stranded_every
-    }
-
-    async fn take_stranded(
-        &self,
-        judge: &dyn Handler,
-        idle: Duration,
-    ) -> Result<Option<Vec<Fetched>>, QueueError> {
-        self.take_stranded_mail(judge, idle).await
-    }
-}
-
 /// The headers of a dead letter's copy in `CREWLET_DEAD`.
 fn dead_letter_headers(
     name: &str,
@@ -653,82 +597,6 @@ fn raw_not_found(e: &async_nats::jetstream::stream::RawMessageError) -> bool {
         e.kind(),
         async_nats::jetstream::stream::RawMessageErrorKind::NoMessageFound
     )
-}
-
-struct PullSettle {
-    msg: js::Message,
-    js: js::Context,
-    name: String,
-    timeout: Duration,
-}
-
-#[async_trait::async_trait]
-impl Settle for PullSettle {
-    async fn progress(&self) -> Result<(), QueueError> {
-        bounded(self.timeout, self.msg.ack_with(AckKind::Progress))
-            .await?
-            .map_err(backend)
-    }
-
-    async fn ack(self: Box<Self>) -> Result<(), QueueError> {
-        bounded(self.timeout, self.msg.double_ack())
-            .await?
-            .map_err(backend)
-    }
-
-    async fn nak(self: Box<Self>) -> Result<(), QueueError> {
-        bounded(self.timeout, self.msg.ack_with(AckKind::Nak(None)))
-            .await?
-            .map_err(backend)
-    }
-
-    async fn nak_after(self: Box<Self>, delay: Duration) -> Result<(), QueueError> {
-        bounded(self.timeout, self.msg.ack_with(AckKind::Nak(Some(delay))))
-            .await?
-            .map_err(backend)
-    }
-
-    async fn dead_letter(self: Box<Self>, reason: &DeadLetterReason) -> Result<(), QueueError> {
-        let info = self.msg.info().map_err(backend)?;
-        let msg_id = self
-            .msg
-            .headers
-            .as_ref()
-            .and_then(|h| h.get(async_nats::header::NATS_MESSAGE_ID))
-            .map(|v| v.to_string());
-        let headers = dead_letter_headers(
-            &self.name,
-            self.msg.subject.as_str(),
-            info.stream_sequence,
-            info.delivered as u64,
-            msg_id.as_deref(),
-            reason,
-        );
-        let copied = bounded(self.timeout, async {
-            self.js
-                .publish_with_headers(
-                    format!("crewlet.dead.{}", self.name),
-                    headers,
-                    self.msg.payload.clone(),
-                )
-                .await?
-                .await
-        })
-        .await;
-        match copied {
-            Ok(Ok(_)) => bounded(self.timeout, self.msg.double_ack_with(AckKind::Term))
-                .await?
-                .map_err(backend),
-            Ok(Err(e)) => {
-                let _ = self.msg.ack_with(AckKind::Nak(None)).await;
-                Err(backend(e))
-            }
-            Err(e) => {
-                let _ = self.msg.ack_with(AckKind::Nak(None)).await;
-                Err(e)
-            }
-        }
-    }
 }
 
 async fn dead_letters(

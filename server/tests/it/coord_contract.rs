@@ -1628,20 +1628,64 @@ async fn keys_outside_the_grammar_are_refused_with_a_typed_error<B: Backend>(fx:
 
 // ---- NATS only -------------------------------------------------------------
 
-/// A renewal costs one round trip: the store's clock keeps an upper bound,
-/// calibrated by the node's own writes, so a renewal that surely landed in
-/// time is counted from when it was sent instead of being read back (on
-/// newer servers the read pipelined behind the write is often answered
-/// before the write is stored). The holder's expiry is never later than
-/// the store's.
+/// The reads `client` sent since the last look: everything it sent before
+/// a mark it publishes now reaches the observer before the mark.
+async fn reads_before_mark(
+    client: &async_nats::Client,
+    marks: &mut async_nats::Subscriber,
+    reads: &mut (impl futures::Stream<Item = async_nats::Message> + Unpin),
+    mark: &'static str,
+) -> Vec<String> {
+    use futures::StreamExt;
+    client
+        .publish("crewlet.test.mark", mark.into())
+        .await
+        .unwrap();
+    let seen = tokio::time::timeout(Duration::from_secs(10), marks.next())
+        .await
+        .expect("the mark comes back")
+        .expect("subscribed");
+    assert_eq!(&seen.payload[..], mark.as_bytes());
+    let mut out = Vec::new();
+    while let Ok(Some(m)) = tokio::time::timeout(Duration::ZERO, reads.next()).await {
+        out.push(m.subject.to_string());
+    }
+    out
+}
+
+/// A renewal costs the broker its write alone: the store's clock keeps an
+/// upper bound, calibrated by the node's own writes, so a renewal that
+/// surely landed in time is counted from when it was sent instead of being
+/// read back — neither by its sequence nor by a read pipelined behind it
+/// (one a node every minute recalibrates the clock). The holder's expiry
+/// is never later than the store's.
 #[tokio::test]
-async fn a_renewal_is_one_round_trip_not_a_write_and_a_read() {
+async fn a_renewal_is_one_request_its_write_not_a_write_and_a_read() {
+    use futures::StreamExt;
     let fx = nats().await;
+    let url = fx._server.as_ref().expect("a server").url();
+    let observer = async_nats::connect(url).await.unwrap();
+    // Every JetStream API request; the reads are the `GET`s among them.
+    let mut reads = observer
+        .subscribe("$JS.API.>")
+        .await
+        .unwrap()
+        .filter(|m| std::future::ready(m.subject.contains(".GET.")));
+    let mut marks = observer.subscribe("crewlet.test.mark").await.unwrap();
+    observer.flush().await.unwrap();
     let mut l = won(&fx.store, req("seat:alice", A)).await;
     let before = fx.store.backend().stamp_reads();
+    let client = fx.store.backend().client().clone();
+    let before_renewals = reads_before_mark(&client, &mut marks, &mut reads, "claimed").await;
     for _ in 0..20 {
         l = renewed(&fx.store, &l, A).await;
     }
+    let during = reads_before_mark(&client, &mut marks, &mut reads, "renewed").await;
+    assert!(
+        !before_renewals.is_empty(),
+        "the claim read its stamp (the observer sees reads)"
+    );
+    assert_eq!(during, Vec::<String>::new(), "no renewal read anything");
     assert_eq!(
         fx.store.backend().stamp_reads(),
         before,

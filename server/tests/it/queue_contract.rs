@@ -1717,3 +1717,131 @@ async fn a_requeued_dead_letter_is_delivered_again_once_and_a_discarded_one_is_g
     pending_is(q, &spec.name, 0).await;
     a.detach().await;
 }
+
+/// A queue that follows its reasons (`queue::jetstream::wakes`): its pulls
+/// wait long, and a reconnect or a leader election ends them.
+mod wakes {
+    use super::*;
+    use crewlet::coord::ConnectionState;
+    use crewlet::queue::jetstream::wakes::PULL_WAIT;
+    use crewlet::tasks::Tasks;
+
+    /// A queue on `urls` following its client's connection as the node
+    /// does (the connection's state from the client's own events).
+    async fn following(urls: Vec<String>, replicas: usize) -> (JetStreamQueue, Tasks) {
+        let (tx, rx) = tokio::sync::watch::channel(ConnectionState::Pending);
+        let tx = Arc::new(tx);
+        let addrs: Vec<async_nats::ServerAddr> = urls.iter().map(|u| u.parse().unwrap()).collect();
+        let client = async_nats::ConnectOptions::new()
+            .max_reconnects(None)
+            .event_callback(move |ev| {
+                let tx = tx.clone();
+                async move {
+                    match ev {
+                        async_nats::Event::Connected => {
+                            tx.send_replace(ConnectionState::Connected);
+                        }
+                        async_nats::Event::Disconnected => {
+                            tx.send_replace(ConnectionState::Disconnected);
+                        }
+                        _ => {}
+                    }
+                }
+            })
+            .connect(addrs)
+            .await
+            .unwrap();
+        let settings = JetStreamSettings {
+            replicas,
+            ..Default::default()
+        };
+        let q = JetStreamQueue::new(client, settings, sink().0)
+            .await
+            .unwrap();
+        let tasks = Tasks::new();
+        q.follow(&tasks, rx)
+            .await
+            .expect("the elections are followed");
+        assert!(q.wakes().followed());
+        assert_eq!(
+            q.wakes().pull_wait(),
+            PULL_WAIT,
+            "a followed queue pulls long"
+        );
+        (q, tasks)
+    }
+
+    /// `q`'s seat `handle` waits in its long pull; `cause` happens; the
+    /// queue sees a reason; mail published then (`msg_id`) arrives well
+    /// before the forgotten pull would have expired (the deadline is half
+    /// of it).
+    async fn woken_and_delivered(
+        q: &JetStreamQueue,
+        handle: &str,
+        msg_id: &str,
+        cause: impl std::future::Future<Output = ()>,
+    ) {
+        let spec = ensure_seat(q, handle).await;
+        let (h, mut rx) = recorder(|_| Disposition::Ack);
+        let a = q.attach(&spec.name, &[], h).await.unwrap();
+        depth_is(&a, Some(0)).await;
+        let before = q.wakes().seen();
+        cause.await;
+        support::wait_for(
+            "the cause seen as a reason",
+            WAIT * 3,
+            Duration::from_millis(20),
+            || async { (q.wakes().seen() > before).then_some(()) },
+        )
+        .await;
+        let publish = || async {
+            q.publish(&spec.subject, Some(msg_id), Bytes::from_static(b"x"))
+                .await
+                .ok()
+        };
+        let kept = support::wait_for(
+            "a publish after it",
+            WAIT * 3,
+            Duration::from_millis(100),
+            publish,
+        )
+        .await;
+        assert!(kept, "published once");
+        let d = tokio::time::timeout(PULL_WAIT / 2, rx.recv())
+            .await
+            .expect("the mail waited for the forgotten pull to expire")
+            .expect("handler dropped");
+        assert_eq!(d.msg_id.as_deref(), Some(msg_id));
+        a.detach().await;
+    }
+
+    #[tokio::test]
+    async fn a_long_pull_a_restarted_server_forgot_is_sent_again_at_the_reconnect() {
+        let mut server = support::nats::NatsServer::start().await;
+        let (q, _tasks) = following(vec![server.url()], 1).await;
+        woken_and_delivered(&q, "woken", "after-restart", server.restart()).await;
+    }
+
+    #[tokio::test]
+    async fn a_consumer_leader_election_ends_the_waiting_pull_and_mail_after_it_arrives() {
+        let cluster = support::nats::NatsCluster::start(3).await;
+        let (q, _tasks) = following(cluster.urls(), 3).await;
+        let client = async_nats::connect(cluster.urls()).await.unwrap();
+        let name = SubscriptionSpec::seat("elected", settings())[0]
+            .name
+            .clone();
+        let stepdown = format!(
+            "$JS.API.CONSUMER.LEADER.STEPDOWN.{}.{name}",
+            crewlet::queue::jetstream::AGENTS_STREAM,
+        );
+        let step_down = async {
+            let answer = client.request(stepdown, Bytes::new()).await.unwrap();
+            let said = String::from_utf8_lossy(&answer.payload).to_string();
+            assert!(
+                said.contains("\"success\":true"),
+                "the consumer's leader stepped down: {said}"
+            );
+        };
+        woken_and_delivered(&q, "elected", "after-election", step_down).await;
+    }
+}

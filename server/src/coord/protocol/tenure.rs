@@ -133,7 +133,7 @@ impl<B: Backend> Coordinator<B> {
         for _ in 0..MAX_ATTEMPTS {
             match self
                 .be()
-                .update_stamped(b, key, body.clone(), expected)
+                .update_renewal(b, key, body.clone(), expected)
                 .await
             {
                 Ok(w) => {

@@ -11,7 +11,8 @@ use async_nats::jetstream::message::StreamMessage;
 use async_nats::jetstream::{self as js, ErrorCode, stream};
 use bytes::Bytes;
 
-use super::{PullSource, backend, bounded, dead_letter_headers, raw_not_found};
+use super::pulling::PullSource;
+use super::{backend, bounded, dead_letter_headers, raw_not_found};
 use crate::queue::attach::{Fetched, Settle};
 use crate::queue::{DeadLetterReason, Delivery, Handler, QueueError};
 

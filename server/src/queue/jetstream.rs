@@ -45,6 +45,14 @@ pub const DEAD_LETTER_AGE: Duration = Duration::from_secs(30 * 24 * 3600);
 /// The publish dedupe window.
 pub const DEDUPE_WINDOW: Duration = Duration::from_secs(120);
 
+/// How many consumers `CREWLET_AGENTS` may hold: every seat's three
+/// mailboxes for a company at the role limit, twice over (a company whose
+/// seats were all replaced keeps the removed ones' mailboxes through their
+/// grace). Set on the stream because nats-server 2.15 gives a stream that
+/// sets no limit a default of 1,000 consumers — 333 seats — and reads any
+/// value not above zero as "the default".
+pub const AGENTS_MAX_CONSUMERS: i32 = 2 * 3 * crate::config::MAX_ROLES as i32;
+
 const DESCRIPTION_PREFIX: &str = "crewlet mailbox; max_deliveries=";
 
 /// Settings of the JetStream queue.
@@ -92,6 +100,38 @@ pub fn stranded_every(level: u32) -> Duration {
     }
 }
 
+/// The agents stream as made by a node before its consumer limit was set
+/// (no limit: `max_consumers` not above zero), given the limit now: on
+/// nats-server 2.15 and later such a stream holds 1,000 consumers at most.
+/// A server that refuses the change (before 2.15 a stream's limit could not
+/// be changed, and no default applied) leaves the stream as it was.
+async fn consumers_unbounded(
+    js: &js::Context,
+    mut agents: stream::Stream,
+    timeout: Duration,
+) -> Result<stream::Stream, QueueError> {
+    let mut config = agents.cached_info().config.clone();
+    if config.max_consumers > 0 {
+        return Ok(agents);
+    }
+    config.max_consumers = AGENTS_MAX_CONSUMERS;
+    match bounded(timeout, js.update_stream(config)).await? {
+        Ok(_) => {
+            tracing::info!(
+                max_consumers = AGENTS_MAX_CONSUMERS,
+                "{AGENTS_STREAM}: consumer limit set"
+            );
+            agents = bounded(timeout, js.get_stream(AGENTS_STREAM))
+                .await?
+                .map_err(backend)?;
+        }
+        Err(e) => {
+            tracing::info!(error = %e, "{AGENTS_STREAM}: the server keeps its consumer limit as it is")
+        }
+    }
+    Ok(agents)
+}
+
 fn backend(e: impl std::fmt::Display) -> QueueError {
     QueueError::Backend(e.to_string())
 }
@@ -117,6 +157,7 @@ impl JetStreamQueue {
                     storage: StorageType::File,
                     duplicate_window: DEDUPE_WINDOW,
                     num_replicas: settings.replicas,
+                    max_consumers: AGENTS_MAX_CONSUMERS,
                     ..Default::default()
                 },
             ),
@@ -126,6 +167,7 @@ impl JetStreamQueue {
             stream: AGENTS_STREAM.into(),
             message: e.to_string(),
         })?;
+        let agents = consumers_unbounded(&js, agents, settings.timeout).await?;
         bounded(
             settings.timeout,
             crate::coord::nats::get_or_create_stream(

@@ -899,6 +899,66 @@ mod broker {
     }
 
     /// The mailboxes' stream, through a client of the test's own.
+    /// More seats than 1,000 consumers hold (three mailboxes a seat): the
+    /// default limit nats-server 2.15 gives a stream that sets none.
+    const PAST_THE_DEFAULT: usize = 340;
+
+    #[tokio::test]
+    async fn the_agents_stream_holds_the_mailboxes_of_more_seats_than_a_thousand_consumers() {
+        let server = support::nats::NatsServer::start().await;
+        let client = async_nats::connect(server.url()).await.unwrap();
+        let q = JetStreamQueue::new(client, JetStreamSettings::default(), sink().0)
+            .await
+            .unwrap();
+        let info = agents_stream(&server.url())
+            .await
+            .info()
+            .await
+            .unwrap()
+            .config
+            .clone();
+        assert_eq!(
+            info.max_consumers,
+            crewlet::queue::jetstream::AGENTS_MAX_CONSUMERS
+        );
+        every_mailbox_made(&q, &server.url(), "many").await;
+    }
+
+    /// Seats past the default's reach made, each with its three mailboxes.
+    async fn every_mailbox_made(q: &JetStreamQueue, url: &str, prefix: &str) {
+        for i in 0..PAST_THE_DEFAULT {
+            ensure_seat(q, &format!("{prefix}-{i}")).await;
+        }
+        let info = agents_stream(url).await.info().await.unwrap().clone();
+        assert_eq!(info.state.consumer_count, 3 * PAST_THE_DEFAULT);
+    }
+
+    /// A stream an older node made sets no consumer limit: opening the queue
+    /// sets it where the server allows (2.15 and later, where the default
+    /// would apply); where it does not, no default applies either.
+    #[tokio::test]
+    async fn a_stream_made_without_a_consumer_limit_holds_more_than_a_thousand_once_a_node_opens_it()
+     {
+        use async_nats::jetstream::stream;
+        let server = support::nats::NatsServer::start().await;
+        let client = async_nats::connect(server.url()).await.unwrap();
+        let js = async_nats::jetstream::new(client.clone());
+        js.create_stream(stream::Config {
+            name: crewlet::queue::jetstream::AGENTS_STREAM.into(),
+            subjects: vec!["crewlet.agent.>".into()],
+            retention: stream::RetentionPolicy::Interest,
+            storage: stream::StorageType::File,
+            duplicate_window: crewlet::queue::jetstream::DEDUPE_WINDOW,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        let q = JetStreamQueue::new(client, JetStreamSettings::default(), sink().0)
+            .await
+            .unwrap();
+        every_mailbox_made(&q, &server.url(), "older").await;
+    }
+
     async fn agents_stream(url: &str) -> async_nats::jetstream::stream::Stream {
         let client = async_nats::connect(url).await.unwrap();
         async_nats::jetstream::new(client)
@@ -1813,6 +1873,36 @@ mod wakes {
             .expect("handler dropped");
         assert_eq!(d.msg_id.as_deref(), Some(msg_id));
         a.detach().await;
+    }
+
+    /// A handoff: the seat's previous holder detached while its long pull
+    /// was waiting at the broker; mail published for the next holder is
+    /// its at once, not the forgotten pull's (which would leave it
+    /// awaiting an acknowledgement nobody sends for a whole ack window).
+    #[tokio::test]
+    async fn mail_after_a_holder_detached_mid_pull_goes_to_the_next_holder_at_once() {
+        let server = support::nats::NatsServer::start().await;
+        let (before, _t1) = following(vec![server.url()], 1).await;
+        let (after, _t2) = following(vec![server.url()], 1).await;
+        let spec = ensure_seat(&before, "handed").await;
+        let (h, _gone) = recorder(|_| Disposition::Ack);
+        let a = before.attach(&spec.name, &[], h).await.unwrap();
+        depth_is(&a, Some(0)).await;
+        a.detach().await;
+        let (h, mut rx) = recorder(|_| Disposition::Ack);
+        let b = after.attach(&spec.name, &[], h).await.unwrap();
+        depth_is(&b, Some(0)).await;
+        after
+            .publish(&spec.subject, Some("handed-1"), Bytes::from_static(b"x"))
+            .await
+            .unwrap();
+        let d = tokio::time::timeout(PULL_WAIT / 2, rx.recv())
+            .await
+            .expect("the mail went to the detached holder's forgotten pull")
+            .expect("handler dropped");
+        assert_eq!(d.msg_id.as_deref(), Some("handed-1"));
+        assert_eq!(d.delivered, 1, "delivered once, to the holder attached");
+        b.detach().await;
     }
 
     #[tokio::test]

@@ -11,7 +11,9 @@
 //! tick (`duty_released`), and a peer takes it on its next tick; a node
 //! that dies lets it lapse. On a single node the store always says yes.
 //!
-//! The watchdog follows each duty loop (`duty:{name}`). While a tick runs
+//! The watchdog follows each duty loop (`duty:{name}`). Its claim or
+//! renewal before a tick is a store call bounded by the store's timeout,
+//! beaten while it waits. While a tick runs
 //! the loop beats on its behalf only while the tick is turning: a duty
 //! calls [`turned`] after each step of its work (a store call, a seat
 //! judged, a fire published), and a tick whose last step is older than
@@ -231,7 +233,8 @@ async fn run(
             _ = stop.cancelled() => break,
             _ = beating(beat.as_ref(), tick.tick()) => {}
         }
-        if ours(&ctx, name, every, &mut held).await {
+        // A store call, bounded by the store's timeout: a wait, not a wedge.
+        if beating(beat.as_ref(), ours(&ctx, name, every, &mut held)).await {
             // The tick runs to its end even if a stop arrives meanwhile:
             // the duty is given back after its last tick, not during it.
             // It is turning while its steps are (within a step bound of

@@ -103,6 +103,12 @@ pub trait Source: Send + Sync + 'static {
     fn reasons(&self) -> u64 {
         0
     }
+
+    /// How much later than [`STRANDED_AFTER_ERROR`] this loop looks after a
+    /// reason, so that a node's loops do not all look at once.
+    fn look_offset(&self) -> Duration {
+        Duration::ZERO
+    }
 }
 
 /// Settle one fetched message.
@@ -441,7 +447,8 @@ async fn look_for_stranded(
 
 /// When the next look for stranded mail is due, given it was due at `due`
 /// and the source's reasons (a reconnect, an election) were `reasons`: a
-/// new one makes it due once acknowledgements on their way have landed.
+/// new one makes it due once acknowledgements on their way have landed,
+/// at the loop's own offset ([`Source::look_offset`]).
 fn due_with_reasons(
     source: &dyn Source,
     reasons: &mut u64,
@@ -452,7 +459,7 @@ fn due_with_reasons(
         return due;
     }
     *reasons = seen;
-    due.min(tokio::time::Instant::now() + STRANDED_AFTER_ERROR)
+    due.min(tokio::time::Instant::now() + STRANDED_AFTER_ERROR + source.look_offset())
 }
 
 async fn consume(l: Loop) {
@@ -801,10 +808,14 @@ mod tests {
         fn reasons(&self) -> u64 {
             self.0.load(std::sync::atomic::Ordering::SeqCst)
         }
+        fn look_offset(&self) -> Duration {
+            Duration::from_millis(700)
+        }
     }
 
     #[tokio::test(start_paused = true)]
-    async fn each_new_reason_makes_a_stranded_look_due_once_acknowledgements_have_landed() {
+    async fn each_new_reason_makes_a_stranded_look_due_once_acknowledgements_have_landed_at_the_loops_offset()
+     {
         let source = Reasons(Default::default());
         let mut seen = source.reasons();
         let now = tokio::time::Instant::now();
@@ -817,7 +828,8 @@ mod tests {
         source.0.store(2, std::sync::atomic::Ordering::SeqCst);
         assert_eq!(
             due_with_reasons(&source, &mut seen, later),
-            now + STRANDED_AFTER_ERROR
+            now + STRANDED_AFTER_ERROR + Duration::from_millis(700),
+            "after acknowledgements have landed, at the loop's own offset"
         );
         assert_eq!(seen, 2);
         assert_eq!(

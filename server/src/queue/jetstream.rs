@@ -529,6 +529,7 @@ impl Queue for JetStreamQueue {
             timeout: self.settings.timeout,
             level: self.api_level,
             wakes: self.wakes.clone(),
+            own: self.wakes.register(name),
         });
         Ok(Attachment::start(
             name.to_string(),

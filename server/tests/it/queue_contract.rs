@@ -1845,13 +1845,13 @@ mod wakes {
         let (h, mut rx) = recorder(|_| Disposition::Ack);
         let a = q.attach(&spec.name, &[], h).await.unwrap();
         depth_is(&a, Some(0)).await;
-        let before = q.wakes().seen();
+        let before = q.wakes().seen_by(&spec.name);
         cause.await;
         support::wait_for(
             "the cause seen as a reason",
             WAIT * 3,
             Duration::from_millis(20),
-            || async { (q.wakes().seen() > before).then_some(()) },
+            || async { (q.wakes().seen_by(&spec.name) > before).then_some(()) },
         )
         .await;
         let publish = || async {
@@ -1912,6 +1912,20 @@ mod wakes {
         woken_and_delivered(&q, "woken", "after-restart", server.restart()).await;
     }
 
+    /// Ask the cluster to elect a new leader for `consumer`.
+    async fn step_down(client: &async_nats::Client, consumer: &str) {
+        let stepdown = format!(
+            "$JS.API.CONSUMER.LEADER.STEPDOWN.{}.{consumer}",
+            crewlet::queue::jetstream::AGENTS_STREAM,
+        );
+        let answer = client.request(stepdown, Bytes::new()).await.unwrap();
+        let said = String::from_utf8_lossy(&answer.payload).to_string();
+        assert!(
+            said.contains("\"success\":true"),
+            "the consumer's leader stepped down: {said}"
+        );
+    }
+
     #[tokio::test]
     async fn a_consumer_leader_election_ends_the_waiting_pull_and_mail_after_it_arrives() {
         let cluster = support::nats::NatsCluster::start(3).await;
@@ -1920,18 +1934,47 @@ mod wakes {
         let name = SubscriptionSpec::seat("elected", settings())[0]
             .name
             .clone();
-        let stepdown = format!(
-            "$JS.API.CONSUMER.LEADER.STEPDOWN.{}.{name}",
-            crewlet::queue::jetstream::AGENTS_STREAM,
+        let cause = step_down(&client, &name);
+        woken_and_delivered(&q, "elected", "after-election", cause).await;
+    }
+
+    /// A cluster restarting elects a leader for every consumer: each
+    /// election ends its own consumer's pull, never every pull of the node.
+    #[tokio::test]
+    async fn a_consumers_election_ends_its_own_pull_and_no_other() {
+        let cluster = support::nats::NatsCluster::start(3).await;
+        let (q, _tasks) = following(cluster.urls(), 3).await;
+        let client = async_nats::connect(cluster.urls()).await.unwrap();
+        let mut attached = Vec::new();
+        let mut names = Vec::new();
+        for seat in ["stepping", "bystanding"] {
+            let spec = ensure_seat(&q, seat).await;
+            let (h, _rx) = recorder(|_| Disposition::Ack);
+            let a = q.attach(&spec.name, &[], h).await.unwrap();
+            depth_is(&a, Some(0)).await;
+            attached.push(a);
+            names.push(spec.name);
+        }
+        // Twice: the first election also lets the ones the mailboxes'
+        // creation caused reach the node before the bystander is counted.
+        let mut bystander = q.wakes().seen_by(&names[1]);
+        for _ in 0..2 {
+            bystander = q.wakes().seen_by(&names[1]);
+            let before = q.wakes().seen_by(&names[0]);
+            step_down(&client, &names[0]).await;
+            let what = "the election seen for its consumer";
+            support::wait_for(what, WAIT * 3, Duration::from_millis(20), || async {
+                (q.wakes().seen_by(&names[0]) > before).then_some(())
+            })
+            .await;
+        }
+        assert_eq!(
+            q.wakes().seen_by(&names[1]),
+            bystander,
+            "the other pull goes on"
         );
-        let step_down = async {
-            let answer = client.request(stepdown, Bytes::new()).await.unwrap();
-            let said = String::from_utf8_lossy(&answer.payload).to_string();
-            assert!(
-                said.contains("\"success\":true"),
-                "the consumer's leader stepped down: {said}"
-            );
-        };
-        woken_and_delivered(&q, "elected", "after-election", step_down).await;
+        for a in attached {
+            a.detach().await;
+        }
     }
 }

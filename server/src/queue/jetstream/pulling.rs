@@ -22,6 +22,8 @@ pub(super) struct PullSource {
     /// The server's JetStream API level.
     pub(super) level: u32,
     pub(super) wakes: wakes::Wakes,
+    /// This consumer's own reasons ([`wakes::Wakes::register`]).
+    pub(super) own: wakes::Own,
 }
 
 #[async_trait::async_trait]
@@ -29,8 +31,9 @@ impl Source for PullSource {
     async fn next(&self, wait: Duration) -> Result<Option<Fetched>, QueueError> {
         // Marked up to date before the request is sent: a reason that comes
         // after it (the request may be forgotten) ends the wait.
-        let mut woken = self.wakes.listen();
-        woken.borrow_and_update();
+        let (mut every, mut own) = self.wakes.listen(&self.own);
+        every.borrow_and_update();
+        own.borrow_and_update();
         let mut batch = bounded(
             self.timeout,
             self.consumer
@@ -47,7 +50,8 @@ impl Source for PullSource {
                 Ok(Some(Err(e))) => return Err(backend(e)),
                 Ok(Some(Ok(m))) => m,
             },
-            _ = woken.changed() => return Ok(None),
+            _ = every.changed() => return Ok(None),
+            _ = own.changed() => return Ok(None),
         };
         let (delivered, seq) = match msg.info() {
             Ok(i) => (i.delivered.max(1) as u64, i.stream_sequence),
@@ -86,7 +90,11 @@ impl Source for PullSource {
     }
 
     fn reasons(&self) -> u64 {
-        self.wakes.seen()
+        self.wakes.seen() + *self.own.borrow()
+    }
+
+    fn look_offset(&self) -> Duration {
+        self.wakes.look_offset(&self.name)
     }
 
     async fn take_stranded(

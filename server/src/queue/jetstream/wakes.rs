@@ -8,8 +8,10 @@
 //! connection it lost), or a leader is elected for the agents stream or
 //! one of its consumers (the new leader knows nothing of the old one's
 //! waiting requests; before 2.10.26 a consumer could also strand mail
-//! then). Each of those is a *reason*: every waiting pull ends and is sent
-//! again at once, and every loop looks for stranded mail soon after.
+//! then). Each of those is a *reason*: the waiting pulls it concerns end
+//! and are sent again at once, and their loops look for stranded mail soon
+//! after — every pull for a reconnect or the stream's election, one
+//! consumer's for that consumer's election ([`concerns`]).
 //!
 //! A queue follows them once the node hands it the store connection's
 //! state ([`super::JetStreamQueue::follow`]); the elections come from the
@@ -18,8 +20,9 @@
 //! [`FETCH_WAIT`](crate::queue::attach::FETCH_WAIT) and looks for
 //! stranded mail on the clock alone, as before.
 
-use std::sync::Arc;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -36,6 +39,26 @@ pub const PULL_WAIT: Duration = Duration::from_secs(60);
 /// soon, so this is the net under them.
 pub const STRANDED_EVERY_FOLLOWED: Duration = Duration::from_secs(300);
 
+/// How many looks for stranded mail a node starts a second, at most, after
+/// a reason that concerns every pull: the looks of all its subscriptions
+/// at once would flood the broker the moment it came back.
+pub const LOOKS_PER_SECOND: u64 = 50;
+
+/// Pure: how long after a reason `consumer`'s loop waits to look for
+/// stranded mail when the node pulls `n` subscriptions: a fixed point, by
+/// the name, of a window of `n / LOOKS_PER_SECOND` seconds.
+pub fn look_offset(consumer: &str, n: usize) -> Duration {
+    let window_ms = n as u64 * 1000 / LOOKS_PER_SECOND;
+    if window_ms == 0 {
+        return Duration::ZERO;
+    }
+    // FNV-1a: stable across processes and builds.
+    let h = consumer.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    Duration::from_millis(h % window_ms)
+}
+
 /// The advisory subjects of an election for the agents stream and for its
 /// consumers.
 pub fn election_subjects(stream: &str) -> [String; 2] {
@@ -51,17 +74,46 @@ pub fn is_reconnect(before: ConnectionState, now: ConnectionState) -> bool {
     now == ConnectionState::Connected && before != ConnectionState::Connected
 }
 
-/// The count of reasons seen, and whether anything is followed at all.
+/// What a reason concerns: every waiting pull (a reconnect, an election
+/// for the stream), or one consumer's (an election for that consumer).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Concerns {
+    Every,
+    Consumer(String),
+}
+
+/// Pure: what the election advisory on `subject` concerns, for `stream`.
+pub fn concerns(stream: &str, subject: &str) -> Option<Concerns> {
+    let [every, _] = election_subjects(stream);
+    if subject == every {
+        return Some(Concerns::Every);
+    }
+    let prefix = format!("$JS.EVENT.ADVISORY.CONSUMER.LEADER_ELECTED.{stream}.");
+    subject
+        .strip_prefix(&prefix)
+        .filter(|c| !c.is_empty() && !c.contains('.'))
+        .map(|c| Concerns::Consumer(c.to_string()))
+}
+
+/// The reasons seen — every pull's, and each consumer's own — and whether
+/// anything is followed at all. A consumer's election wakes its own pull
+/// only: a cluster restarting elects leaders for every consumer, and each
+/// must not end every pull of the node.
 #[derive(Clone)]
 pub struct Wakes {
-    reasons: Arc<watch::Sender<u64>>,
+    every: Arc<watch::Sender<u64>>,
+    own: Arc<Mutex<HashMap<String, Own>>>,
     followed: Arc<AtomicBool>,
 }
+
+/// One consumer's own reasons, shared by the map and each pull of it.
+pub type Own = Arc<watch::Sender<u64>>;
 
 impl Default for Wakes {
     fn default() -> Self {
         Wakes {
-            reasons: Arc::new(watch::Sender::new(0)),
+            every: Arc::new(watch::Sender::new(0)),
+            own: Arc::default(),
             followed: Arc::new(AtomicBool::new(false)),
         }
     }
@@ -95,23 +147,65 @@ impl Wakes {
         }
     }
 
-    /// How many reasons were seen so far.
+    /// How many reasons that concern every pull were seen so far.
     pub fn seen(&self) -> u64 {
-        *self.reasons.borrow()
+        *self.every.borrow()
     }
 
-    /// A receiver that wakes on the next reason.
-    pub fn listen(&self) -> watch::Receiver<u64> {
-        self.reasons.subscribe()
+    /// How many reasons that concern `consumer`'s pull were seen so far:
+    /// every pull's and its own (while it is pulled here).
+    pub fn seen_by(&self, consumer: &str) -> u64 {
+        let own = self.lock().get(consumer).map_or(0, |s| *s.borrow());
+        self.seen() + own
     }
 
-    /// One more reason: every waiting pull ends.
-    pub fn wake(&self, why: &str) {
-        tracing::debug!(reason = why, "waiting pulls end and are sent again");
-        self.reasons.send_modify(|n| *n += 1);
+    /// `consumer`'s own reasons, for a pull of it: kept while a pull holds
+    /// them, so a reason that comes between two requests is counted.
+    pub fn register(&self, consumer: &str) -> Own {
+        self.lock()
+            .entry(consumer.to_string())
+            .or_insert_with(|| Arc::new(watch::Sender::new(0)))
+            .clone()
     }
 
-    pub(super) fn set_followed(&self) {
+    /// Receivers that wake on the next reason concerning the pull that
+    /// holds `own`: every pull's, and its own.
+    pub fn listen(&self, own: &Own) -> (watch::Receiver<u64>, watch::Receiver<u64>) {
+        (self.every.subscribe(), own.subscribe())
+    }
+
+    /// How long after a reason `consumer`'s loop waits to look for stranded
+    /// mail ([`look_offset`] over the subscriptions this node pulls).
+    pub fn look_offset(&self, consumer: &str) -> Duration {
+        look_offset(consumer, self.lock().len())
+    }
+
+    /// A reason concerning `what`.
+    pub fn wake(&self, what: &Concerns, why: &str) {
+        match what {
+            Concerns::Every => {
+                tracing::debug!(reason = why, "every waiting pull ends and is sent again");
+                self.every.send_modify(|n| *n += 1);
+            }
+            Concerns::Consumer(c) => {
+                let mut own = self.lock();
+                // A consumer no pull here holds any more (its seat left):
+                // forgotten rather than counted.
+                if own.get(c).is_some_and(|s| Arc::strong_count(s) == 1) {
+                    own.remove(c);
+                } else if let Some(s) = own.get(c) {
+                    tracing::debug!(reason = why, consumer = %c, "its waiting pull ends and is sent again");
+                    s.send_modify(|n| *n += 1);
+                }
+            }
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Own>> {
+        self.own.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn set_followed(&self) {
         self.followed.store(true, Ordering::SeqCst);
     }
 }
@@ -164,11 +258,15 @@ pub(super) async fn follow(
                 }
                 let now = *connection.borrow_and_update();
                 if is_reconnect(before, now) {
-                    wakes.wake("the connection to the broker is back");
+                    wakes.wake(&Concerns::Every, "the connection to the broker is back");
                 }
                 before = now;
             }
-            Some(m) = elections.next() => wakes.wake(&m.subject),
+            Some(m) = elections.next() => {
+                if let Some(what) = concerns(super::AGENTS_STREAM, &m.subject) {
+                    wakes.wake(&what, &m.subject);
+                }
+            }
         }
     }
 }
@@ -198,15 +296,84 @@ mod tests {
         );
     }
 
+    #[test]
+    fn an_election_concerns_every_pull_for_the_stream_and_one_consumers_for_a_consumer() {
+        let s = "CREWLET_AGENTS";
+        let c = |x: &str| concerns(s, x);
+        assert_eq!(
+            c("$JS.EVENT.ADVISORY.STREAM.LEADER_ELECTED.CREWLET_AGENTS"),
+            Some(Concerns::Every)
+        );
+        assert_eq!(
+            c("$JS.EVENT.ADVISORY.CONSUMER.LEADER_ELECTED.CREWLET_AGENTS.agent-ann"),
+            Some(Concerns::Consumer("agent-ann".into()))
+        );
+        assert_eq!(
+            c("$JS.EVENT.ADVISORY.CONSUMER.LEADER_ELECTED.CREWLET_AGENTS."),
+            None
+        );
+        assert_eq!(
+            c("$JS.EVENT.ADVISORY.CONSUMER.LEADER_ELECTED.OTHER.agent-ann"),
+            None
+        );
+        assert_eq!(c("$JS.EVENT.ADVISORY.STREAM.LEADER_ELECTED.OTHER"), None);
+    }
+
     #[tokio::test]
-    async fn a_wake_is_seen_by_every_listener_and_counted() {
+    async fn a_consumers_election_wakes_its_own_pull_and_a_reconnect_wakes_every_pull() {
         let w = Wakes::default();
-        let mut a = w.listen();
-        let mut b = w.listen();
+        let (a, b) = (w.register("a"), w.register("b"));
+        let (mut a_every, mut a_own) = w.listen(&a);
+        let (mut b_every, b_own) = w.listen(&b);
         assert!(!w.followed());
-        w.wake("test");
-        a.changed().await.unwrap();
-        b.changed().await.unwrap();
-        assert_eq!(w.seen(), 1);
+        w.wake(&Concerns::Consumer("a".into()), "test");
+        a_own.changed().await.unwrap();
+        assert!(!b_own.has_changed().unwrap(), "b's pull goes on");
+        assert_eq!((w.seen_by("a"), w.seen_by("b"), w.seen()), (1, 0, 0));
+        w.wake(&Concerns::Every, "test");
+        a_every.changed().await.unwrap();
+        b_every.changed().await.unwrap();
+        assert_eq!((w.seen_by("a"), w.seen_by("b"), w.seen()), (2, 1, 1));
+    }
+
+    #[test]
+    fn the_looks_after_a_reason_are_spread_by_name_over_a_window_that_grows_with_the_subscriptions()
+    {
+        assert_eq!(look_offset("agent-a", 0), Duration::ZERO);
+        let window = |n: usize| Duration::from_millis(n as u64 * 1000 / LOOKS_PER_SECOND);
+        let offsets: Vec<Duration> = (0..150)
+            .map(|i| look_offset(&format!("agent-seat-{i}"), 150))
+            .collect();
+        assert!(offsets.iter().all(|o| *o < window(150)));
+        let first_half = offsets.iter().filter(|o| **o < window(150) / 2).count();
+        assert!(
+            (50..=100).contains(&first_half),
+            "spread, not bunched: {first_half} of 150 in the first half"
+        );
+        assert_eq!(
+            look_offset("agent-a", 150),
+            look_offset("agent-a", 150),
+            "the same place each time"
+        );
+    }
+
+    #[test]
+    fn an_election_for_a_consumer_nobody_pulls_is_forgotten_not_counted() {
+        let w = Wakes::default();
+        drop(w.register("gone"));
+        w.wake(&Concerns::Consumer("gone".into()), "test");
+        w.wake(&Concerns::Consumer("never".into()), "test");
+        assert!(w.lock().is_empty());
+        assert_eq!(w.seen_by("gone"), 0);
+    }
+
+    #[test]
+    fn an_election_between_two_requests_of_a_pull_is_counted() {
+        let w = Wakes::default();
+        let own = w.register("between");
+        // No request waits (no receiver): the pull still holds its reasons.
+        w.wake(&Concerns::Consumer("between".into()), "test");
+        assert_eq!(w.seen_by("between"), 1);
+        assert_eq!(*own.borrow(), 1);
     }
 }

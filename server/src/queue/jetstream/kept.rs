@@ -6,9 +6,16 @@
 //! interest-retained subject and then drop it for "no interest" (just
 //! after an election, and for long stretches after a leader restart in the
 //! chaos soak). A copy of mail that was answered would run it again, so a
-//! message is copied only when it cannot have been answered: its
+//! message is copied at once only when it cannot have been answered: its
 //! subscription did not deliver that far, or passed over it with nothing
-//! acknowledged at or past it and nothing in hand.
+//! acknowledged at or past it and nothing in hand. Mail gone while
+//! deliveries are in hand is looked at until they may have settled, then
+//! copied: a delivery in hand is still stored, so one that stays in hand
+//! is another message (chaos ci profile, 2.9.10: a delivery handed back
+//! with the gate closed stayed in hand, and three messages dropped behind
+//! it were left as possibly delivered — lost). A copy carries the same
+//! event id, so the completion ledger skips it if the original was in fact
+//! answered.
 //!
 //! A read-back that gets no answer (the broker restarting a member, a
 //! leader election) says nothing: it is looked at again, and a publish
@@ -59,8 +66,9 @@ pub enum Kept {
     /// twice.
     Dropped,
     /// Gone while its subscription has deliveries in hand and nothing
-    /// acknowledged at or past it: it may be one of them. Looked at again
-    /// once they may have settled; never copied while they stand.
+    /// acknowledged at or past it: it may have been answered while an
+    /// earlier delivery stays in hand. Looked at again once they may have
+    /// settled, then copied ([`KEEP_LOOKS`]).
     InHand,
     /// Gone while its subscription acknowledged at or past it: answered and
     /// removed (a fast handler acknowledges within the read-back), or
@@ -114,9 +122,6 @@ pub enum KeepStep {
     LookAgain(Duration),
     /// Every copy was dropped too: the publish fails (`NotKept`).
     NotKept,
-    /// Still gone with deliveries in hand after every look: left as is (a
-    /// copy could run it twice), and said at WARN.
-    LeftInHand,
     /// No look was answered: the publish fails, and its sender publishes
     /// again under the same message id.
     Unread,
@@ -131,7 +136,8 @@ pub fn keep_step(look: Option<Kept>, looks: usize, copies: usize) -> KeepStep {
         Some(Kept::Stored | Kept::Uncovered | Kept::CannotTell) => KeepStep::Done,
         Some(Kept::Dropped) if copies >= KEEP_ATTEMPTS => KeepStep::NotKept,
         Some(Kept::Dropped) => KeepStep::Copy,
-        Some(Kept::InHand) if looks >= KEEP_LOOKS => KeepStep::LeftInHand,
+        Some(Kept::InHand) if looks >= KEEP_LOOKS && copies >= KEEP_ATTEMPTS => KeepStep::NotKept,
+        Some(Kept::InHand) if looks >= KEEP_LOOKS => KeepStep::Copy,
         None if looks >= KEEP_LOOKS => KeepStep::Unread,
         Some(Kept::InHand) | None => again(),
     }
@@ -166,7 +172,8 @@ impl JetStreamQueue {
     /// read back from the leader; one that is not there while the
     /// subscription covering its subject has not delivered that far, or
     /// passed over it with nothing acknowledged and nothing in hand, is
-    /// published again (`keep`, `judge_kept`). The answer names
+    /// published again; one gone while deliveries are in hand, once every
+    /// look found them still standing (`keep`, `judge_kept`, `keep_step`). The answer names
     /// where the mail was kept, or `NotKept` once `KEEP_ATTEMPTS` copies
     /// were all dropped.
     pub async fn publish_kept(
@@ -211,14 +218,6 @@ impl JetStreamQueue {
                         subject: subject.to_string(),
                         seq,
                     });
-                }
-                KeepStep::LeftInHand => {
-                    tracing::warn!(
-                        subject,
-                        seq,
-                        "an acknowledged publish is gone while its subscription holds deliveries that may include it: not published again"
-                    );
-                    return Ok(seq);
                 }
                 KeepStep::Unread => {
                     let e = look
@@ -336,7 +335,8 @@ mod tests {
     }
 
     #[test]
-    fn gone_mail_acknowledged_past_or_with_mail_in_hand_is_never_copied() {
+    fn gone_mail_acknowledged_past_is_never_copied_nor_mail_gone_with_deliveries_in_hand_before_every_look()
+     {
         let acked_past = Covering {
             delivered: 9,
             ack_floor: 5,
@@ -350,9 +350,10 @@ mod tests {
         assert_eq!(judge_kept(false, Some(acked_past), 5), Kept::CannotTell);
         assert_eq!(judge_kept(false, Some(in_hand), 5), Kept::InHand);
         for looks in 1..=KEEP_LOOKS {
-            for kept in [Kept::CannotTell, Kept::InHand] {
-                assert_ne!(keep_step(Some(kept), looks, 0), KeepStep::Copy, "{kept:?}");
-            }
+            assert_eq!(keep_step(Some(Kept::CannotTell), looks, 0), KeepStep::Done);
+        }
+        for looks in 1..KEEP_LOOKS {
+            assert_ne!(keep_step(Some(Kept::InHand), looks, 0), KeepStep::Copy);
         }
     }
 
@@ -373,8 +374,12 @@ mod tests {
         assert_eq!(keep_step(Some(Kept::Stored), 3, 0), KeepStep::Done);
     }
 
+    /// Chaos ci profile, 2.9.10: seat-37's consumer kept a delivery in hand
+    /// (handed back while the gate was closed, never handed out again) and
+    /// three acknowledged messages the leader dropped behind it were left
+    /// as possibly delivered; none was ever answered.
     #[test]
-    fn mail_gone_with_deliveries_in_hand_is_looked_at_again_then_left_as_is() {
+    fn mail_gone_with_deliveries_in_hand_is_looked_at_again_then_copied_until_the_copies_run_out() {
         let waits: Vec<KeepStep> = (1..KEEP_LOOKS)
             .map(|looks| keep_step(Some(Kept::InHand), looks, 0))
             .collect();
@@ -382,9 +387,14 @@ mod tests {
             waits,
             [100, 200, 400, 800].map(|ms| KeepStep::LookAgain(Duration::from_millis(ms)))
         );
+        assert_eq!(keep_step(Some(Kept::InHand), KEEP_LOOKS, 0), KeepStep::Copy);
         assert_eq!(
-            keep_step(Some(Kept::InHand), KEEP_LOOKS, 0),
-            KeepStep::LeftInHand
+            keep_step(Some(Kept::InHand), KEEP_LOOKS, KEEP_ATTEMPTS - 1),
+            KeepStep::Copy
+        );
+        assert_eq!(
+            keep_step(Some(Kept::InHand), KEEP_LOOKS, KEEP_ATTEMPTS),
+            KeepStep::NotKept
         );
     }
 

@@ -1383,6 +1383,79 @@ mod broker {
         a.detach().await;
     }
 
+    /// The drop as the chaos ci profile met it on NATS 2.9.10: a delivery
+    /// handed back with the gate closed stayed in hand, and mail the leader
+    /// dropped behind it was left as possibly delivered — lost. A delivery
+    /// in hand is still stored, so mail gone while the same deliveries stay
+    /// in hand through every look is another message: it is copied, and
+    /// the copy is delivered once.
+    #[tokio::test]
+    async fn mail_the_broker_dropped_behind_deliveries_that_stay_in_hand_is_published_again_and_delivered_once()
+     {
+        let Kept {
+            queue: q,
+            _server,
+            events,
+            stream,
+            js,
+        } = kept_queue().await;
+        let spec = ensure_seat(&q, "behind").await;
+        let subject = spec.subject.clone();
+        publish(&q, &subject, "in hand").await;
+        let first = take_one_elsewhere(&stream, &spec.name).await;
+        let payload = Bytes::from_static(b"{\"id\":\"env-3\"}");
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(async_nats::header::NATS_MESSAGE_ID, "env-3");
+        let ack = js
+            .publish_with_headers(subject.clone(), headers, payload.clone())
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        stream.delete_message(ack.sequence).await.unwrap();
+        // Later mail of the subject, delivered and held too: the
+        // subscription has delivered past the dropped sequence.
+        publish(&q, &subject, "after").await;
+        let after = take_one_elsewhere(&stream, &spec.name).await;
+        let info = stream.consumer_info(&spec.name).await.unwrap();
+        assert!(
+            info.delivered.stream_sequence > ack.sequence
+                && info.ack_floor.stream_sequence < ack.sequence
+                && info.num_ack_pending == 2,
+            "delivered past it, nothing acknowledged, two in hand: {:?}",
+            (info.delivered, info.ack_floor, info.num_ack_pending)
+        );
+
+        let kept = q
+            .keep(&subject, Some("env-3"), payload.clone(), ack.sequence)
+            .await
+            .unwrap();
+        assert!(kept > ack.sequence, "kept as a later copy, at {kept}");
+        assert!(
+            events.lock().unwrap().contains(&QueueEvent::Republished {
+                subject: subject.clone(),
+                seq: ack.sequence,
+                new_seq: kept,
+            }),
+            "message_republished names the dropped and the kept sequence"
+        );
+        first.double_ack().await.unwrap();
+        after.double_ack().await.unwrap();
+        let (h, mut rx) = recorder(|_| Disposition::Ack);
+        let a = q.attach(&spec.name, &[], h).await.unwrap();
+        let d = recv(&mut rx, "the kept copy").await;
+        assert_eq!(
+            d.payload, payload,
+            "the same envelope, so the ledger knows it"
+        );
+        assert_eq!(
+            d.msg_id.as_deref(),
+            Some(format!("env-3~kept@{}", ack.sequence).as_str())
+        );
+        nothing_arrives(&mut rx).await;
+        a.detach().await;
+    }
+
     /// Chaos seed 5004 lost a message acknowledged at its publish during a
     /// NATS member's restart, with no fetch, no turn and no dead letter on
     /// any node: a read-back that got no answer was taken for kept. It now

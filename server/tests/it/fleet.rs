@@ -849,6 +849,18 @@ async fn presence_live(f: &Fleet, store: &Arc<dyn Store>, id: &str) {
     .await;
 }
 
+/// Ask for s0 to move to b while an older build's presence is live for
+/// the whole test: b, judging the protocol gate, never takes the offer.
+async fn move_s0_to_b_behind_an_older_presence(store: &Arc<dyn Store>) {
+    let old = ClaimRequest::new("node:old", "old:1", "old")
+        .with_protocol(3)
+        .with_ttl(Duration::from_secs(3600));
+    assert!(matches!(store.claim(old).await.unwrap(), Claim::Won(_)));
+    crewlet::seat::moves::request(&**store, "s0", "b", "op", "closer to its data")
+        .await
+        .expect("the move is accepted");
+}
+
 async fn a_moved_seats_offer_is_not_taken_while_a_lower_protocol_presence_is_live(f: Fleet) {
     let company = roles("s", 1);
     let mut a = f.node("a", &[], &company).await;
@@ -856,14 +868,7 @@ async fn a_moved_seats_offer_is_not_taken_while_a_lower_protocol_presence_is_liv
         .await;
     let mut b = f.node("b", &[], &company).await;
     presence_live(&f, &a.store, "b").await;
-    // An older build's presence, live for the whole test.
-    let old = ClaimRequest::new("node:old", "old:1", "old")
-        .with_protocol(3)
-        .with_ttl(Duration::from_secs(3600));
-    assert!(matches!(a.store.claim(old).await.unwrap(), Claim::Won(_)));
-    crewlet::seat::moves::request(&*a.store, "s0", "b", "op", "closer to its data")
-        .await
-        .expect("the move is accepted");
+    move_s0_to_b_behind_an_older_presence(&a.store).await;
     // The holder offers it; the target, judging the gate, does not take it,
     // and the offer lapses back to the holder.
     f.until("the offer to b to be withdrawn", Duration::from_secs(30), || {
@@ -1843,19 +1848,7 @@ async fn a_seat_whose_lease_lapses_while_it_is_established_is_never_attached_the
     .await;
     unanswered.store(true, std::sync::atomic::Ordering::SeqCst);
     // A peer claims s0 as soon as a's lease lapses.
-    let peer = ClaimRequest::new("seat:s0", "peer#1", "peer");
-    let taken = support::wait_for(
-        "a's lease to lapse and the peer's claim to win",
-        Duration::from_secs(60),
-        Duration::from_millis(100),
-        || async {
-            match a.store.claim(peer.clone()).await.unwrap() {
-                Claim::Won(l) => Some(l),
-                _ => None,
-            }
-        },
-    )
-    .await;
+    let taken = peer_claims_s0_once_it_lapses(&a.store).await;
     open.send_replace(true);
     f.until("a lets s0 go", Duration::from_secs(30), || {
         !a.detached().is_empty()
@@ -1885,6 +1878,118 @@ async fn a_seat_whose_lease_lapses_while_it_is_established_is_never_attached_the
         "the peer's tenure stands"
     );
     a.engine.drain().await;
+}
+
+/// A peer (`peer#1`) claims `seat:s0` as soon as the store lets it: once
+/// the holder's tenure lapsed.
+async fn peer_claims_s0_once_it_lapses(store: &Arc<dyn Store>) -> Lease {
+    let peer = ClaimRequest::new("seat:s0", "peer#1", "peer");
+    support::wait_for(
+        "the holder's lease to lapse and the peer's claim to win",
+        Duration::from_secs(60),
+        Duration::from_millis(50),
+        || async {
+            match store.claim(peer.clone()).await.unwrap() {
+                Claim::Won(l) => Some(l),
+                _ => None,
+            }
+        },
+    )
+    .await
+}
+
+/// The giver's second `Offer` call on `resource` (the first makes the
+/// offer, the second withdraws it) is answered `delay` after the store
+/// applied it, and from then on every renewal of `resource` goes
+/// unanswered.
+struct LateWithdrawal {
+    resource: &'static str,
+    delay: Duration,
+    offers: std::sync::atomic::AtomicUsize,
+    unanswered: std::sync::atomic::AtomicBool,
+}
+
+#[async_trait::async_trait]
+impl support::faulty::Faults for LateWithdrawal {
+    async fn before(&self, call: support::faulty::Call<'_>) -> Result<(), StoreError> {
+        let off = self.unanswered.load(std::sync::atomic::Ordering::SeqCst);
+        if off && call == support::faulty::Call::Renew(self.resource) {
+            return Err(StoreError::Timeout(Duration::from_secs(2)));
+        }
+        Ok(())
+    }
+
+    async fn after(&self, call: support::faulty::Call<'_>) {
+        if call != support::faulty::Call::Offer(self.resource) {
+            return;
+        }
+        let n = self
+            .offers
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+            + 1;
+        if n == 2 {
+            self.unanswered
+                .store(true, std::sync::atomic::Ordering::SeqCst);
+            tokio::time::sleep(self.delay).await;
+        }
+    }
+}
+
+/// A withdrawal renews the tenure from when it was sent: its write may
+/// land long before its answer comes back, and the store counts the
+/// tenure from the write. Counted from the answer instead, the giver went
+/// on admitting turns after its lease had lapsed and a peer had claimed
+/// the seat (chaos ci profile, 2.9.10: a turn started 4.9 s after a newer
+/// epoch was claimed).
+#[tokio::test(start_paused = true)]
+async fn a_withdrawn_offer_counts_the_seat_held_from_when_the_withdrawal_was_sent() {
+    let f = Fleet::new(Kind::Twin).await;
+    let faults = LateWithdrawal {
+        resource: "seat:s0",
+        delay: TTL - BEAT / 2,
+        offers: Default::default(),
+        unanswered: Default::default(),
+    };
+    let company = roles("s", 1);
+    let mut a = f
+        .node_built(
+            "a",
+            &[],
+            &company,
+            Arc::new(TestHooks::default()),
+            4,
+            4,
+            |store| support::faulty::Faulty::wrap(store, faults),
+        )
+        .await;
+    f.until("a holds s0", Duration::from_secs(10), || a.count() == 1)
+        .await;
+    let b = f.node("b", &[], &company).await;
+    presence_live(&f, &a.store, "b").await;
+    // b does not take the offer: it is withdrawn when its bound runs out.
+    move_s0_to_b_behind_an_older_presence(&a.store).await;
+    f.until(
+        "the offer to b to be withdrawn",
+        Duration::from_secs(60),
+        || {
+            a.events()
+                .iter()
+                .any(|e| matches!(&e.event, Event::SeatOfferWithdrawn { seat, .. } if seat == "s0"))
+        },
+    )
+    .await;
+    // The withdrawal's answer came TTL − half a beat after its write, and
+    // no renewal is answered since: a peer claims s0 once the store's
+    // tenure lapses.
+    let taken = peer_claims_s0_once_it_lapses(&a.store).await;
+    assert_eq!(
+        a.engine.host().may_start("s0"),
+        None,
+        "a admits turns on s0 after the peer claimed it at epoch {}",
+        taken.epoch
+    );
+    a.engine.drain().await;
+    drop(b);
 }
 
 /// An acquire hook slower than the lease TTL (a hydration held up, as

@@ -33,6 +33,11 @@ impl SeatHost {
         // for at most a TTL — then it is fenced as a renewal would.
         let give_up = Instant::now() + self.inner.store.lease_ttl();
         loop {
+            // The withdrawal renews the tenure from when it was sent, as a
+            // heartbeat's renewal does: its write may have landed long
+            // before its answer came, and the store counts the tenure from
+            // the write.
+            let sent = Instant::now();
             let withdrawal = watched(
                 progress,
                 None,
@@ -44,35 +49,11 @@ impl SeatHost {
             };
             match withdrawal {
                 Renewal::Renewed(l) => {
-                    let inbox = lock(&self.inner.seats).get_mut(handle).and_then(|e| {
-                        e.lease = l.clone();
-                        e.last_renewed = Instant::now();
-                        e.inbox.take()
-                    });
-                    let ctx = SeatContext::of(handle, &l);
-                    self.resume_here(handle, inbox, &ctx, progress).await;
-                    self.inner.events.emit(Event::SeatOfferWithdrawn {
-                        seat: handle.to_string(),
-                        epoch: l.epoch,
-                        to: offer.to.clone(),
-                        why: "timeout".into(),
-                    });
+                    self.resume_withdrawn(handle, &l, sent, &offer.to, progress)
+                        .await;
                     return HandOff::Withdrawn;
                 }
-                Renewal::Lost => {
-                    let resource = format!("seat:{handle}");
-                    return match watched(progress, None, self.inner.store.lease(&resource)).await {
-                        Some(Ok(Some(l))) if l.owner != self.inner.cfg.owner => {
-                            self.detach_taken_locked(handle, reason, progress).await;
-                            HandOff::Taken { epoch: l.epoch }
-                        }
-                        _ => {
-                            self.release_locked(handle, DetachReason::Lost, progress)
-                                .await;
-                            HandOff::Lost
-                        }
-                    };
-                }
+                Renewal::Lost => return self.withdrawal_lost(handle, reason, progress).await,
                 Renewal::Unknown(e) => {
                     progress();
                     if Instant::now() >= give_up {
@@ -83,6 +64,53 @@ impl SeatHost {
                     }
                     tokio::time::sleep(Duration::from_millis(200)).await;
                 }
+            }
+        }
+    }
+
+    /// The withdrawal sent at `sent` renewed the tenure as `l`: the seat
+    /// consumes here again.
+    async fn resume_withdrawn(
+        &self,
+        handle: &str,
+        l: &Lease,
+        sent: Instant,
+        to: &str,
+        progress: &Progress<'_>,
+    ) {
+        let inbox = lock(&self.inner.seats).get_mut(handle).and_then(|e| {
+            e.lease = l.clone();
+            e.last_renewed = sent;
+            e.inbox.take()
+        });
+        let ctx = SeatContext::of(handle, l);
+        self.resume_here(handle, inbox, &ctx, progress).await;
+        self.inner.events.emit(Event::SeatOfferWithdrawn {
+            seat: handle.to_string(),
+            epoch: l.epoch,
+            to: to.to_string(),
+            why: "timeout".into(),
+        });
+    }
+
+    /// The withdrawal found the tenure gone: taken by the successor (the
+    /// handoff completes) or lost.
+    async fn withdrawal_lost(
+        &self,
+        handle: &str,
+        reason: DetachReason,
+        progress: &Progress<'_>,
+    ) -> HandOff {
+        let resource = format!("seat:{handle}");
+        match watched(progress, None, self.inner.store.lease(&resource)).await {
+            Some(Ok(Some(l))) if l.owner != self.inner.cfg.owner => {
+                self.detach_taken_locked(handle, reason, progress).await;
+                HandOff::Taken { epoch: l.epoch }
+            }
+            _ => {
+                self.release_locked(handle, DetachReason::Lost, progress)
+                    .await;
+                HandOff::Lost
             }
         }
     }

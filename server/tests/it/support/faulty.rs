@@ -50,6 +50,11 @@ pub trait Faults: Send + Sync + 'static {
     /// holds the call in flight.
     async fn before(&self, call: Call<'_>) -> Result<(), StoreError>;
 
+    /// After `call` was answered by the store, before its answer reaches
+    /// the caller: waiting here plays an answer that comes late (offers
+    /// only).
+    async fn after(&self, _call: Call<'_>) {}
+
     /// The store released `lease` on request.
     fn released(&self, _lease: &Lease) {}
 }
@@ -114,7 +119,9 @@ impl<F: Faults> Store for Faulty<F> {
         if let Err(e) = self.faults.before(Call::Offer(&lease.resource)).await {
             return Renewal::Unknown(e);
         }
-        self.inner.offer(lease, owner, offer).await
+        let answer = self.inner.offer(lease, owner, offer).await;
+        self.faults.after(Call::Offer(&lease.resource)).await;
+        answer
     }
     async fn take(
         &self,

@@ -29,6 +29,7 @@ impl SeatHost {
         reason: DetachReason,
         progress: &Progress<'_>,
     ) {
+        let reason = self.reason_now(handle, reason);
         let taken = {
             let mut seats = lock(&self.inner.seats);
             match seats.get_mut(handle) {
@@ -100,6 +101,26 @@ impl SeatHost {
         }
     }
 
+    /// [`release_reason`] for `handle` now, said at WARN when a voluntary
+    /// release is fenced instead.
+    fn reason_now(&self, handle: &str, asked: DetachReason) -> DetachReason {
+        let ttl = self.inner.store.lease_ttl();
+        let since_renewal = lock(&self.inner.seats)
+            .get(handle)
+            .filter(|e| e.phase != Phase::Undead)
+            .map(|e| e.last_renewed.elapsed());
+        let reason = release_reason(asked, since_renewal, ttl);
+        if reason != asked {
+            tracing::warn!(
+                seat = handle,
+                asked = asked.as_str(),
+                since_renewal_ms = since_renewal.map_or(0, |d| d.as_millis() as u64),
+                "no renewal has proven the seat for a TTL: released as grace_expired, nothing handed over"
+            );
+        }
+        reason
+    }
+
     /// A teardown that failed: a lost seat is forgotten (nothing is left to
     /// renew, the tenure is over); any other keeps its lease and is undead
     /// until a retry proves the teardown.
@@ -153,5 +174,62 @@ impl SeatHost {
                 tracing::warn!(resource = %lease.resource, error = %e, "cannot release the lease; it lapses at its TTL")
             }
         }
+    }
+}
+
+/// Pure: the reason a release of a seat goes out under, from the reason
+/// asked for and how long ago its last renewal was sent (`None`: an undead
+/// seat, whose lease is kept, or one not held). A voluntary release of a
+/// seat no renewal has proven for a TTL — its process was stopped, or its
+/// store did not answer — is fenced as `grace_expired`: a peer may hold
+/// the seat, so nothing is flushed for a successor and nothing in flight
+/// is waited for, as the heartbeat would have fenced it (chaos soak seed
+/// 13536: a node resumed after 31 s stopped let a seat go for rebalance,
+/// flushing its memory, 28 s after a peer had claimed it).
+pub fn release_reason(
+    asked: DetachReason,
+    since_renewal: Option<std::time::Duration>,
+    ttl: std::time::Duration,
+) -> DetachReason {
+    match since_renewal {
+        Some(age) if !asked.is_fenced() && age >= ttl => DetachReason::GraceExpired,
+        _ => asked,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn a_voluntary_release_of_a_seat_no_renewal_proved_for_a_ttl_is_fenced_as_grace_expired() {
+        let ttl = Duration::from_secs(3);
+        for asked in [
+            DetachReason::Rebalance,
+            DetachReason::Drain,
+            DetachReason::RoleGone,
+        ] {
+            assert_eq!(
+                release_reason(asked, Some(Duration::from_secs(31)), ttl),
+                DetachReason::GraceExpired,
+                "{asked:?}"
+            );
+            assert_eq!(
+                release_reason(asked, Some(ttl), ttl),
+                DetachReason::GraceExpired
+            );
+            assert_eq!(
+                release_reason(asked, Some(ttl - Duration::from_millis(1)), ttl),
+                asked,
+                "proven within the TTL: {asked:?} as asked"
+            );
+            assert_eq!(release_reason(asked, None, ttl), asked, "undead: as asked");
+        }
+        assert_eq!(
+            release_reason(DetachReason::Lost, Some(Duration::from_secs(31)), ttl),
+            DetachReason::Lost,
+            "a fenced reason stays"
+        );
     }
 }

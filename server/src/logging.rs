@@ -135,6 +135,18 @@ pub(crate) fn logged(f: impl FnOnce()) -> String {
         .with_ansi(false)
         .with_writer(move || out.clone())
         .finish();
-    tracing::subscriber::with_default(sub, f);
+    // tracing keeps each callsite's interest process-wide, decided by the
+    // first thread to reach it; while one dispatcher is registered it asks
+    // that thread's own default, and a sibling test's thread has none — the
+    // callsite is then off everywhere and this capture comes back empty
+    // (the delivery-trace test, beside the loop tests that trace too). A
+    // second registered dispatcher, inert, makes every registration ask
+    // all live dispatchers, this one included; the rebuild mends a
+    // callsite reached before the capture began.
+    let anchor = tracing::Dispatch::new(tracing_subscriber::registry());
+    let capture = tracing::Dispatch::new(sub);
+    tracing::callsite::rebuild_interest_cache();
+    tracing::dispatcher::with_default(&capture, f);
+    drop(anchor);
     String::from_utf8(buf.0.lock().unwrap().clone()).unwrap()
 }

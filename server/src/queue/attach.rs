@@ -46,7 +46,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::{DeadLetterReason, Delivery, Disposition, EventSink, Handler, QueueError, QueueEvent};
-use crate::watchdog::Pulse;
+use crate::watchdog::{Progress, Pulse};
 
 mod depth;
 use depth::Depth;
@@ -75,11 +75,14 @@ pub trait Source: Send + Sync + 'static {
     /// (acknowledged: removed; handed back: left for the next look).
     /// `None`: not now (a delivery awaits its acknowledgement; ask again
     /// later). A backend whose deliveries cannot strand has nothing to
-    /// take.
+    /// take. `beat` is the loop's: called before each broker or store call
+    /// the look makes (each within its own bound), so a look of many calls
+    /// is not taken for a wedged loop, and one call past its bound is.
     async fn take_stranded(
         &self,
         _judge: &dyn Handler,
         _idle: Duration,
+        _beat: &Progress<'_>,
     ) -> Result<Option<Vec<Fetched>>, QueueError> {
         Ok(Some(Vec::new()))
     }
@@ -180,9 +183,9 @@ impl Idle {
 // (`Pulse::waiting`) what is allowed to take long: a closed gate (a paused
 // or quiesced seat), a fetch (bounded by construction), a backoff and the
 // turn it dispatched — no timer per loop while it waits. A broker call
-// that outlives its own bound (a settle, an extension, the stranded-mail
-// look) is not a wait: the loop stops beating and the watchdog sees it
-// wedged.
+// (a settle, an extension, each call of the stranded-mail look) is not a
+// wait: the loop beats before each, and one that outlives its own bound
+// stops the beat, so the watchdog sees it wedged.
 
 /// How long one fetch waits for a message before the loop looks again.
 pub const FETCH_WAIT: Duration = Duration::from_secs(5);
@@ -420,7 +423,8 @@ async fn look_for_stranded(
 ) -> (Vec<Fetched>, tokio::time::Instant) {
     let now = tokio::time::Instant::now();
     let idle = now.saturating_duration_since(quiet_since);
-    match l.source.take_stranded(&*l.handler, idle).await {
+    let beat = || l.pulse.beat();
+    match l.source.take_stranded(&*l.handler, idle, &beat).await {
         Ok(Some(found)) => {
             for f in &found {
                 trace("fetched", &l.subscription, &f.delivery, "stranded");
@@ -950,6 +954,7 @@ mod tests {
             &self,
             _judge: &dyn Handler,
             idle: Duration,
+            _beat: &Progress<'_>,
         ) -> Result<Option<Vec<Fetched>>, QueueError> {
             self.looks
                 .lock()
@@ -1060,6 +1065,7 @@ mod tests {
             &self,
             _judge: &dyn Handler,
             _idle: Duration,
+            _beat: &Progress<'_>,
         ) -> Result<Option<Vec<Fetched>>, QueueError> {
             Ok(None)
         }
@@ -1078,6 +1084,39 @@ mod tests {
         }
     }
 
+    /// Attach a batch handler to `source` and watch the loop's beat until
+    /// `done` (five slow calls of `each` and a margin at most, else the
+    /// test fails naming `what` it waited for): the longest the loop went
+    /// without a beat.
+    async fn longest_silence(
+        source: Arc<dyn Source>,
+        each: Duration,
+        what: &str,
+        done: impl Fn() -> bool,
+    ) -> Duration {
+        let a = Attachment::start(
+            "agent-s".into(),
+            25,
+            &[],
+            source,
+            Arc::new(Batches),
+            Arc::new(|_| {}),
+        );
+        let pulse = a.pulse();
+        let deadline = std::time::Instant::now() + each * 5 + Duration::from_secs(5);
+        let mut longest = Duration::ZERO;
+        while !done() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "timed out waiting for {what}"
+            );
+            longest = longest.max(pulse.silent_for());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        a.detach().await;
+        longest
+    }
+
     /// The loop coalescing a batch from a broker slow to answer each fetch
     /// (each within its bound, together far past the lease TTL) beats all
     /// along: a healthy node is never taken for wedged by its watchdog.
@@ -1085,29 +1124,70 @@ mod tests {
     async fn a_loop_coalescing_a_batch_from_a_slow_broker_keeps_beating() {
         let each = Duration::from_millis(750);
         let source = Arc::new(SlowBroker::new(5, each, Duration::ZERO));
-        let a = Attachment::start(
-            "agent-s".into(),
-            25,
-            &[],
-            source.clone(),
-            Arc::new(Batches),
-            Arc::new(|_| {}),
-        );
-        let pulse = a.pulse();
-        let deadline = std::time::Instant::now() + each * 5 + Duration::from_secs(5);
-        let mut longest = Duration::ZERO;
-        while source.left.load(std::sync::atomic::Ordering::SeqCst) > 0 {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the slow broker's deliveries were never all fetched"
-            );
-            longest = longest.max(pulse.silent_for());
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        a.detach().await;
+        let left = source.clone();
+        let longest = longest_silence(source, each, "the slow broker's deliveries fetched", || {
+            left.left.load(std::sync::atomic::Ordering::SeqCst) == 0
+        })
+        .await;
         assert!(
             longest < each * 2,
             "the loop went {longest:?} without a beat while it fetched (each fetch {each:?})"
+        );
+    }
+
+    /// A broker whose stranded-mail look makes `steps` calls, each
+    /// answered `each` later (within its bound), beating before each as a
+    /// look does; nothing ever arrives.
+    struct SlowLook {
+        steps: usize,
+        each: Duration,
+        looked: std::sync::atomic::AtomicBool,
+    }
+
+    #[async_trait::async_trait]
+    impl Source for SlowLook {
+        async fn next(&self, wait: Duration) -> Result<Option<Fetched>, QueueError> {
+            tokio::time::sleep(wait).await;
+            Ok(None)
+        }
+        async fn take_stranded(
+            &self,
+            _judge: &dyn Handler,
+            _idle: Duration,
+            beat: &Progress<'_>,
+        ) -> Result<Option<Vec<Fetched>>, QueueError> {
+            if !self.looked.load(std::sync::atomic::Ordering::SeqCst) {
+                for _ in 0..self.steps {
+                    beat();
+                    tokio::time::sleep(self.each).await;
+                }
+                self.looked.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+            Ok(Some(Vec::new()))
+        }
+    }
+
+    /// The look for stranded mail a loop makes when it attaches, on a broker
+    /// slow to answer each of its calls (each within its bound, together
+    /// past the lease TTL), beats all along (chaos ci profile under load:
+    /// a loop silent 3.2 s in its attach-time look, and its watchdog shot a
+    /// healthy node, exit 75).
+    #[tokio::test]
+    async fn a_loop_looking_for_stranded_mail_on_a_slow_broker_keeps_beating() {
+        let each = Duration::from_millis(750);
+        let source = Arc::new(SlowLook {
+            steps: 5,
+            each,
+            looked: Default::default(),
+        });
+        let look = source.clone();
+        let longest = longest_silence(source, each, "the look finished", || {
+            look.looked.load(std::sync::atomic::Ordering::SeqCst)
+        })
+        .await;
+        assert!(
+            longest < each * 2,
+            "the loop went {longest:?} without a beat while it looked (each call {each:?})"
         );
     }
 
@@ -1149,27 +1229,10 @@ mod tests {
         let each = Duration::from_millis(750);
         let source = Arc::new(SlowBroker::new(5, Duration::ZERO, each));
         let acked = source.acked.clone();
-        let a = Attachment::start(
-            "agent-s".into(),
-            25,
-            &[],
-            source,
-            Arc::new(Batches),
-            Arc::new(|_| {}),
-        );
-        let pulse = a.pulse();
-        let deadline = std::time::Instant::now() + each * 5 + Duration::from_secs(5);
-        let mut longest = Duration::ZERO;
-        while acked.load(SeqCst) < 5 {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the batch was never all acknowledged ({} of 5)",
-                acked.load(SeqCst)
-            );
-            longest = longest.max(pulse.silent_for());
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        a.detach().await;
+        let longest = longest_silence(source, each, "the batch all acknowledged", || {
+            acked.load(SeqCst) >= 5
+        })
+        .await;
         assert!(
             longest < each * 2,
             "the loop went {longest:?} without a beat while it settled (each ack {each:?})"

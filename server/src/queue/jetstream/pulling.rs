@@ -12,6 +12,7 @@ use futures::StreamExt;
 use super::{backend, bounded, dead_letter_headers, wakes};
 use crate::queue::attach::{Fetched, Settle, Source};
 use crate::queue::{DeadLetterReason, Delivery, Handler, QueueError};
+use crate::watchdog::Progress;
 
 pub(super) struct PullSource {
     pub(super) consumer: js::consumer::Consumer<pull::Config>,
@@ -101,8 +102,9 @@ impl Source for PullSource {
         &self,
         judge: &dyn Handler,
         idle: Duration,
+        beat: &Progress<'_>,
     ) -> Result<Option<Vec<Fetched>>, QueueError> {
-        self.take_stranded_mail(judge, idle).await
+        self.take_stranded_mail(judge, idle, beat).await
     }
 }
 

@@ -15,6 +15,7 @@ use super::pulling::PullSource;
 use super::{backend, bounded, dead_letter_headers, raw_not_found};
 use crate::queue::attach::{Fetched, Settle};
 use crate::queue::{DeadLetterReason, Delivery, Handler, QueueError};
+use crate::watchdog::Progress;
 
 impl PullSource {
     /// [`crate::queue::attach::Source::take_stranded`] on JetStream.
@@ -22,6 +23,7 @@ impl PullSource {
         &self,
         judge: &dyn Handler,
         idle: Duration,
+        beat: &Progress<'_>,
     ) -> Result<Option<Vec<Fetched>>, QueueError> {
         // A consumer leader that takes an acknowledgement for a delivery it
         // never heard of moves its pointer past it, and every message its
@@ -47,10 +49,10 @@ impl PullSource {
         // five messages on one seat unanswered to the end). Past
         // `PENDING_WINDOWS` ack windows with this loop idle, nothing real
         // is waiting on it.
-        let Some((_, top, subject)) = self.quiet_range(idle).await? else {
+        let Some((_, top, subject)) = self.quiet_range(idle, beat).await? else {
             return Ok(None);
         };
-        let found = self.stored_up_to(top, subject).await?;
+        let found = self.stored_up_to(top, subject, beat).await?;
         if found.is_empty() {
             return Ok(Some(Vec::new()));
         }
@@ -59,13 +61,14 @@ impl PullSource {
         // take only what is still stored while nothing awaits an
         // acknowledgement. (Mail that was in fact answered is skipped by the
         // completion ledger: one wasted delivery, no effect.)
+        beat();
         tokio::time::sleep(STRANDED_SETTLE).await;
-        let Some((floor, _, _)) = self.quiet_range(idle + STRANDED_SETTLE).await? else {
+        let Some((floor, _, _)) = self.quiet_range(idle + STRANDED_SETTLE, beat).await? else {
             return Ok(None);
         };
         let mut out = Vec::new();
         for m in found {
-            if let Some(f) = self.still_stranded(m, floor, judge).await? {
+            if let Some(f) = self.still_stranded(m, floor, judge, beat).await? {
                 out.push(f);
             }
         }
@@ -78,10 +81,12 @@ impl PullSource {
         &self,
         top: u64,
         subject: String,
+        beat: &Progress<'_>,
     ) -> Result<Vec<StreamMessage>, QueueError> {
         let mut found = Vec::new();
         let mut from = 1;
         while from <= top && found.len() < STRANDED_BATCH {
+            beat();
             let next = bounded(
                 self.timeout,
                 self.stream
@@ -112,7 +117,9 @@ impl PullSource {
         m: StreamMessage,
         floor: u64,
         judge: &dyn Handler,
+        beat: &Progress<'_>,
     ) -> Result<Option<Fetched>, QueueError> {
+        beat();
         match bounded(self.timeout, self.stream.get_raw_message(m.sequence)).await? {
             Ok(_) => {}
             Err(e) if raw_not_found(&e) => return Ok(None),
@@ -130,9 +137,11 @@ impl PullSource {
             seq: m.sequence,
         };
         if m.sequence <= floor {
+            beat();
             match judge.answered(&delivery).await {
                 // Answered mail the broker failed to remove: removed.
                 Some(true) => {
+                    beat();
                     match bounded(self.timeout, self.stream.delete_message(m.sequence)).await? {
                         Ok(_) => {
                             tracing::debug!(subscription = %self.name, seq = m.sequence, "answered mail the broker kept stored below the ack floor; removed")
@@ -168,7 +177,12 @@ const STRANDED_SETTLE: Duration = Duration::from_millis(500);
 impl PullSource {
     /// The consumer's (ack floor, delivered, filter subject) when no
     /// delivery awaits its acknowledgement; `None` otherwise.
-    async fn quiet_range(&self, idle: Duration) -> Result<Option<(u64, u64, String)>, QueueError> {
+    async fn quiet_range(
+        &self,
+        idle: Duration,
+        beat: &Progress<'_>,
+    ) -> Result<Option<(u64, u64, String)>, QueueError> {
+        beat();
         let info = bounded(self.timeout, self.consumer.get_info())
             .await?
             .map_err(backend)?;

@@ -174,12 +174,6 @@ pub(super) async fn pause(
                 .await);
         }
     };
-    engine.events().emit(Event::SeatPaused {
-        seat: handle.to_string(),
-        by: actor.name.clone(),
-        reason: reason.clone(),
-        stop_running_turn,
-    });
     let mut result = if fresh {
         "paused".to_string()
     } else {
@@ -188,8 +182,18 @@ pub(super) async fn pause(
     if stop_running_turn {
         result.push_str("; the running turn stops at its next round");
     }
-    c.audited_seat(actor, action, handle, reason.as_deref(), &result)
-        .await?;
+    // Audited before it is announced: a page that refetches the audit log
+    // on the event finds the row.
+    let audited = c
+        .audited_seat(actor, action, handle, reason.as_deref(), &result)
+        .await;
+    engine.events().emit(Event::SeatPaused {
+        seat: handle.to_string(),
+        by: actor.name.clone(),
+        reason: reason.clone(),
+        stop_running_turn,
+    });
+    audited?;
     Ok(SeatActionResult {
         seat: handle.to_string(),
         result,
@@ -211,15 +215,19 @@ pub(super) async fn resume(
         }
     };
     let result = if was_paused {
-        engine.events().emit(Event::SeatResumed {
-            seat: handle.to_string(),
-            by: actor.name.clone(),
-        });
         "resumed"
     } else {
         "was not paused"
     };
-    c.audited_seat(actor, action, handle, None, result).await?;
+    // Audited before it is announced (as a pause).
+    let audited = c.audited_seat(actor, action, handle, None, result).await;
+    if was_paused {
+        engine.events().emit(Event::SeatResumed {
+            seat: handle.to_string(),
+            by: actor.name.clone(),
+        });
+    }
+    audited?;
     Ok(SeatActionResult {
         seat: handle.to_string(),
         result: result.to_string(),
@@ -254,13 +262,16 @@ pub(super) async fn stop(
             .failed_seat_action(actor, action, handle, reason.as_deref(), e)
             .await);
     }
+    let result = "stop requested";
+    // Audited before it is announced (as a pause).
+    let audited = c
+        .audited_seat(actor, action, handle, reason.as_deref(), result)
+        .await;
     engine.events().emit(Event::TurnStopRequested {
         seat: handle.to_string(),
         by: actor.name.clone(),
     });
-    let result = "stop requested";
-    c.audited_seat(actor, action, handle, reason.as_deref(), result)
-        .await?;
+    audited?;
     Ok(SeatActionResult {
         seat: handle.to_string(),
         result: result.to_string(),

@@ -1228,6 +1228,53 @@ mod broker {
         }
     }
 
+    /// Publish `payload` to `subject` under message id `id` and remove it
+    /// from the stream: the broker acknowledged it and did not keep it.
+    async fn published_then_dropped(
+        js: &async_nats::jetstream::Context,
+        stream: &async_nats::jetstream::stream::Stream,
+        subject: &str,
+        id: &str,
+        payload: &Bytes,
+    ) -> async_nats::jetstream::publish::PublishAck {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(async_nats::header::NATS_MESSAGE_ID, id);
+        let ack = js
+            .publish_with_headers(subject.to_string(), headers, payload.clone())
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        stream.delete_message(ack.sequence).await.unwrap();
+        ack
+    }
+
+    /// The read-back of the publish acknowledged at `seq`: kept as a later
+    /// copy, and `message_republished` names both sequences.
+    async fn kept_as_a_copy(
+        q: &JetStreamQueue,
+        events: &Mutex<Vec<QueueEvent>>,
+        subject: &str,
+        id: &str,
+        payload: &Bytes,
+        seq: u64,
+    ) -> u64 {
+        let kept = q
+            .keep(subject, Some(id), payload.clone(), seq)
+            .await
+            .unwrap();
+        assert!(kept > seq, "kept as a later copy, at {kept}");
+        assert!(
+            events.lock().unwrap().contains(&QueueEvent::Republished {
+                subject: subject.to_string(),
+                seq,
+                new_seq: kept,
+            }),
+            "message_republished names the dropped and the kept sequence"
+        );
+        kept
+    }
+
     fn republished(events: &Mutex<Vec<QueueEvent>>) -> bool {
         events
             .lock()
@@ -1254,34 +1301,14 @@ mod broker {
         let spec = ensure_seat(&q, "dropped").await;
         let subject = spec.subject.clone();
         let payload = Bytes::from_static(b"{\"id\":\"env-1\"}");
-        let mut headers = async_nats::HeaderMap::new();
-        headers.insert(async_nats::header::NATS_MESSAGE_ID, "env-1");
-        let ack = js
-            .publish_with_headers(subject.clone(), headers, payload.clone())
-            .await
-            .unwrap()
-            .await
-            .unwrap();
-        stream.delete_message(ack.sequence).await.unwrap();
+        let ack = published_then_dropped(&js, &stream, &subject, "env-1", &payload).await;
         assert!(
             stream.get_raw_message(ack.sequence).await.is_err(),
             "acknowledged at {} and not kept",
             ack.sequence
         );
 
-        let kept = q
-            .keep(&subject, Some("env-1"), payload.clone(), ack.sequence)
-            .await
-            .unwrap();
-        assert!(kept > ack.sequence, "kept as a later copy, at {kept}");
-        assert!(
-            events.lock().unwrap().contains(&QueueEvent::Republished {
-                subject: subject.clone(),
-                seq: ack.sequence,
-                new_seq: kept,
-            }),
-            "message_republished names the dropped and the kept sequence"
-        );
+        let kept = kept_as_a_copy(&q, &events, &subject, "env-1", &payload, ack.sequence).await;
         // A second look at the same drop finds the copy and publishes nothing.
         assert_eq!(
             q.keep(&subject, Some("env-1"), payload.clone(), kept)
@@ -1331,15 +1358,7 @@ mod broker {
         let other = ensure_seat(&q, "other").await;
         let subject = spec.subject.clone();
         let payload = Bytes::from_static(b"{\"id\":\"env-2\"}");
-        let mut headers = async_nats::HeaderMap::new();
-        headers.insert(async_nats::header::NATS_MESSAGE_ID, "env-2");
-        let ack = js
-            .publish_with_headers(subject.clone(), headers, payload.clone())
-            .await
-            .unwrap()
-            .await
-            .unwrap();
-        stream.delete_message(ack.sequence).await.unwrap();
+        let ack = published_then_dropped(&js, &stream, &subject, "env-2", &payload).await;
         let (h, mut rx) = recorder(|_| Disposition::Ack);
         let a = q.attach(&spec.name, &[], h).await.unwrap();
         // Later mail for another seat: the waiting subscription passes the gap.
@@ -1360,19 +1379,7 @@ mod broker {
             (info.ack_floor, info.num_ack_pending)
         );
 
-        let kept = q
-            .keep(&subject, Some("env-2"), payload.clone(), ack.sequence)
-            .await
-            .unwrap();
-        assert!(kept > ack.sequence, "kept as a later copy, at {kept}");
-        assert!(
-            events.lock().unwrap().contains(&QueueEvent::Republished {
-                subject: subject.clone(),
-                seq: ack.sequence,
-                new_seq: kept,
-            }),
-            "message_republished names the dropped and the kept sequence"
-        );
+        kept_as_a_copy(&q, &events, &subject, "env-2", &payload, ack.sequence).await;
         let d = recv(&mut rx, "the kept copy").await;
         assert_eq!(d.payload, payload, "the same envelope");
         assert_eq!(
@@ -1404,15 +1411,7 @@ mod broker {
         publish(&q, &subject, "in hand").await;
         let first = take_one_elsewhere(&stream, &spec.name).await;
         let payload = Bytes::from_static(b"{\"id\":\"env-3\"}");
-        let mut headers = async_nats::HeaderMap::new();
-        headers.insert(async_nats::header::NATS_MESSAGE_ID, "env-3");
-        let ack = js
-            .publish_with_headers(subject.clone(), headers, payload.clone())
-            .await
-            .unwrap()
-            .await
-            .unwrap();
-        stream.delete_message(ack.sequence).await.unwrap();
+        let ack = published_then_dropped(&js, &stream, &subject, "env-3", &payload).await;
         // Later mail of the subject, delivered and held too: the
         // subscription has delivered past the dropped sequence.
         publish(&q, &subject, "after").await;
@@ -1426,19 +1425,7 @@ mod broker {
             (info.delivered, info.ack_floor, info.num_ack_pending)
         );
 
-        let kept = q
-            .keep(&subject, Some("env-3"), payload.clone(), ack.sequence)
-            .await
-            .unwrap();
-        assert!(kept > ack.sequence, "kept as a later copy, at {kept}");
-        assert!(
-            events.lock().unwrap().contains(&QueueEvent::Republished {
-                subject: subject.clone(),
-                seq: ack.sequence,
-                new_seq: kept,
-            }),
-            "message_republished names the dropped and the kept sequence"
-        );
+        kept_as_a_copy(&q, &events, &subject, "env-3", &payload, ack.sequence).await;
         first.double_ack().await.unwrap();
         after.double_ack().await.unwrap();
         let (h, mut rx) = recorder(|_| Disposition::Ack);

@@ -15,20 +15,64 @@ use app::console::SharedConsole;
 use super::{console_error, read_body};
 
 /// `POST /api/company`: the body is a company file (TOML); its company
-/// and roles become the next active revision. Operators only.
+/// and roles become the next active revision. Admins only: anyone else is
+/// refused (and audited) before a byte of the body is read, and an
+/// admin's file may be up to [`COMPANY_BODY`](super::COMPANY_BODY).
 pub(super) async fn apply_company(
     Extension(console): Extension<SharedConsole>,
     Extension(person): Extension<app::api::Person>,
-    body: Result<String, StringRejection>,
+    body: axum::body::Body,
 ) -> axum::response::Response {
-    let body = match read_body(body) {
-        Ok(b) => b,
-        Err(r) => return *r,
+    let body = if person.is_admin() {
+        match read_company_file(body).await {
+            Ok(b) => b,
+            Err(r) => return *r,
+        }
+    } else {
+        // The console refuses a person who is not an admin before it looks
+        // at the file.
+        String::new()
     };
     match console.apply_company(&person, &body).await {
         Ok(revision) => Json(serde_json::json!({ "revision": revision })).into_response(),
         Err(e) => console_error(e),
     }
+}
+
+/// An admin's company file, read within [`COMPANY_BODY`](super::COMPANY_BODY).
+async fn read_company_file(
+    body: axum::body::Body,
+) -> Result<String, Box<axum::response::Response>> {
+    use axum::http::StatusCode;
+    use http_body_util::BodyExt;
+    let refuse = |status: StatusCode, why: String| {
+        Box::new((status, Json(serde_json::json!({ "error": why }))).into_response())
+    };
+    let limited = http_body_util::Limited::new(body, super::COMPANY_BODY);
+    let bytes = match limited.collect().await {
+        Ok(c) => c.to_bytes(),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+            return Err(refuse(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!(
+                    "the company file is too large: at most {} MiB; split the company or shorten its roles",
+                    super::COMPANY_BODY / (1024 * 1024)
+                ),
+            ));
+        }
+        Err(e) => {
+            return Err(refuse(
+                StatusCode::BAD_REQUEST,
+                format!("the body cannot be read: {e}"),
+            ));
+        }
+    };
+    String::from_utf8(bytes.to_vec()).map_err(|_| {
+        refuse(
+            StatusCode::BAD_REQUEST,
+            "the company file is not UTF-8 text".into(),
+        )
+    })
 }
 
 /// `POST /api/seats/{handle}/inbox`: publish one envelope to the seat's

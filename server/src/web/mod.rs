@@ -56,8 +56,12 @@ pub const OUTPUT_NAME: &str = "crewlet";
 /// The session cookie's name.
 pub const SESSION_COOKIE: &str = "crewlet_session";
 
-/// The largest body of a company file or an inbox envelope.
+/// The largest body of an inbox envelope.
 pub const LARGE_BODY: usize = 256 * 1024;
+/// The largest company file an admin may apply (`POST /api/company`,
+/// `crewlet apply`): room for the 10,000 roles a company may have. Nobody
+/// else's body is read on that route.
+pub const COMPANY_BODY: usize = 8 * 1024 * 1024;
 /// The largest body of a sign-in, a password change or a seat action.
 pub const SMALL_BODY: usize = 8 * 1024;
 
@@ -261,7 +265,7 @@ fn api_routes() -> Router<LeptosOptions> {
         .route("/api/events", get(live::events))
         .route(
             "/api/company",
-            post(actions::apply_company).layer(DefaultBodyLimit::max(LARGE_BODY)),
+            post(actions::apply_company).layer(DefaultBodyLimit::disable()),
         )
         .route("/api/dead-letters", get(dead_letters))
         .route(
@@ -445,7 +449,7 @@ pub(crate) fn read_body(
             StatusCode::PAYLOAD_TOO_LARGE => (
                 StatusCode::PAYLOAD_TOO_LARGE,
                 format!(
-                    "the body is too large for this route (company files and envelopes at most {} KiB, sign-ins and seat actions at most {} KiB); send a smaller one",
+                    "the body is too large for this route (envelopes at most {} KiB, sign-ins and seat actions at most {} KiB); send a smaller one",
                     LARGE_BODY / 1024,
                     SMALL_BODY / 1024
                 ),

@@ -323,6 +323,8 @@ contract!(
     lease_ttl_in_force_is_exposed,
     state_buckets_are_compare_and_set,
     state_entries_and_watch_by_prefix,
+    a_company_too_large_for_one_message_is_applied_in_parts_and_a_peer_reads_it_whole,
+    a_company_revision_missing_a_part_is_unreadable_not_half_read,
     kv_trap_create_after_delete_has_exactly_one_winner,
     kv_trap_wrong_last_sequence_after_delete,
     kv_trap_create_after_expiry,
@@ -1377,6 +1379,98 @@ async fn state_buckets_are_compare_and_set<B: Backend>(fx: Fx<B>) {
         s.delete(b, k, r2).await.expect("delete");
         assert_eq!(s.get(b, k).await.expect("get"), None);
     }
+}
+
+/// 10,000 seats: the spec's scale and the company file's role limit.
+fn large_company() -> Vec<crewlet::config::RoleConfig> {
+    (0..crewlet::config::MAX_ROLES)
+        .map(|i| crate::support::turnfleet::echo_role(&format!("seat-{i:05}")))
+        .collect()
+}
+
+/// A company's revision is one value while it fits; a 10,000-seat one
+/// (about 2 MB, past NATS's default 1 MiB `max_payload`, which the NATS
+/// fixture's server keeps) is kept in parts and read back whole by a peer.
+async fn a_company_too_large_for_one_message_is_applied_in_parts_and_a_peer_reads_it_whole<
+    B: Backend,
+>(
+    fx: Fx<B>,
+) {
+    let roles = large_company();
+    let n = crewlet::company::apply(&fx.store, "Large", &roles)
+        .await
+        .expect("a 10,000-seat company applies");
+    let manifest = fx
+        .store
+        .get(StateBucket::Config, &crewlet::company::revision_key(n))
+        .await
+        .expect("get")
+        .expect("the revision is there");
+    assert!(
+        manifest.value.len() < crewlet::company::PART_BYTES,
+        "the revision key holds the manifest, {} bytes",
+        manifest.value.len()
+    );
+    let parts = fx
+        .store
+        .entries(StateBucket::Config, "revision-part:")
+        .await
+        .expect("entries");
+    let written: usize = parts.iter().map(|e| e.value.len()).sum();
+    assert!(
+        written > 1024 * 1024 && parts.len() >= 4,
+        "{} parts, {written} bytes",
+        parts.len()
+    );
+    assert!(
+        parts
+            .iter()
+            .all(|e| e.value.len() <= crewlet::company::PART_BYTES)
+    );
+    let peer = (fx.make)(options(fx.view_idle)).await;
+    let read = crewlet::company::active(&peer)
+        .await
+        .expect("a peer reads the revision")
+        .expect("active");
+    assert_eq!(read.revision, n);
+    assert_eq!(read.name, "Large");
+    assert_eq!(read.roles, roles);
+    // A small company after it is one value again, and the pointer moves.
+    let small = &roles[..3];
+    let m = crewlet::company::apply(&fx.store, "Small", small)
+        .await
+        .expect("apply");
+    assert_eq!(m, n + 1);
+    let read = crewlet::company::active(&peer).await.unwrap().unwrap();
+    assert_eq!((read.revision, read.roles.as_slice()), (m, small));
+}
+
+/// A revision in parts is read whole or not at all: with a part gone the
+/// read fails naming the part, and no node follows a company cut short.
+async fn a_company_revision_missing_a_part_is_unreadable_not_half_read<B: Backend>(fx: Fx<B>) {
+    let n = crewlet::company::apply(&fx.store, "Large", &large_company())
+        .await
+        .expect("apply");
+    let parts = fx
+        .store
+        .entries(StateBucket::Config, "revision-part:")
+        .await
+        .expect("entries");
+    let id = parts[0].key.split(':').nth(1).expect("an id").to_string();
+    let second = crewlet::company::part_key(&id, 1);
+    let gone = parts.iter().find(|e| e.key == second).expect("part 2");
+    fx.store
+        .delete(StateBucket::Config, &gone.key, gone.revision)
+        .await
+        .expect("delete");
+    let err = crewlet::company::active(&fx.store)
+        .await
+        .expect_err("a revision missing a part is not read");
+    let said = err.to_string();
+    assert!(
+        said.contains(&format!("revision {n}")) && said.contains("part 2 of"),
+        "{said}"
+    );
 }
 
 async fn state_entries_and_watch_by_prefix<B: Backend>(fx: Fx<B>) {

@@ -458,17 +458,13 @@ async fn a_stranger_guessing_from_one_address_does_not_lock_the_name_out_elsewhe
 
 // ---- 5. Bounded input ----
 
-#[tokio::test]
-async fn a_2_mib_company_file_is_refused_at_once_with_a_sentence_while_health_answers() {
-    let n = HttpNode::start().await;
-    let mut huge = String::from("[[roles]]\nhandle = \"alpha\"\n[node]\n");
-    while huge.len() < 2 * 1024 * 1024 {
-        huge.push_str(&format!("unknown_{} = 1\n", huge.len()));
-    }
+/// Post `file` to `/api/company` as the admin token while asking
+/// `/health`, which must answer 200; the apply's answer.
+async fn apply_while_health_answers(n: &HttpNode, file: String) -> reqwest::Response {
     let post = client()
         .post(n.url("/api/company"))
         .bearer_auth(DEPLOY_TOKEN)
-        .body(huge)
+        .body(file)
         .send();
     let health = async {
         client()
@@ -479,11 +475,41 @@ async fn a_2_mib_company_file_is_refused_at_once_with_a_sentence_while_health_an
             .status()
     };
     let (r, h) = tokio::join!(post, health);
-    assert_eq!(h, StatusCode::OK);
-    let r = r.unwrap();
+    assert_eq!(h, StatusCode::OK, "/health answers while a company is read");
+    r.unwrap()
+}
+
+#[tokio::test]
+async fn a_company_file_over_8_mib_is_refused_at_once_with_a_sentence_while_health_answers() {
+    let n = HttpNode::start().await;
+    let mut huge = String::from("[[roles]]\nhandle = \"alpha\"\n[node]\n");
+    while huge.len() < 9 * 1024 * 1024 {
+        huge.push_str(&format!("unknown_{} = 1\n", huge.len()));
+    }
+    let r = apply_while_health_answers(&n, huge.clone()).await;
     assert_eq!(r.status(), StatusCode::PAYLOAD_TOO_LARGE);
     let v: Value = r.json().await.unwrap();
-    assert!(v["error"].as_str().unwrap().contains("256 KiB"), "{v}");
+    assert!(v["error"].as_str().unwrap().contains("8 MiB"), "{v}");
+
+    // An operator's file is not read at all: refused for the role, not
+    // the size, and audited.
+    let r = client()
+        .post(n.url("/api/company"))
+        .bearer_auth(OPS_TOKEN)
+        .body(huge)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    assert!(
+        audit_rows(&n)
+            .await
+            .iter()
+            .any(|e| e["person"] == "token:ops"
+                && e["action"] == "company.apply"
+                && e["result"] == "refused: not an admin"),
+        "the operator's attempt is audited"
+    );
 
     // Just under the limit, all unknown keys: refused with a short answer
     // listing a bounded number of problems.
@@ -502,6 +528,45 @@ async fn a_2_mib_company_file_is_refused_at_once_with_a_sentence_while_health_an
     let body = r.text().await.unwrap();
     assert!(body.len() < 32 * 1024, "the answer is {} bytes", body.len());
     assert!(body.contains("more"), "{body}");
+    n.stop().await;
+}
+
+/// A company at the role limit (10,000 seats, a file past the envelope
+/// limit) is applied by an admin through the route `crewlet apply` uses,
+/// and the node answers `/health` meanwhile. Its seats ask for a label no
+/// node has, so nothing is started.
+#[tokio::test]
+async fn a_10000_seat_company_is_applied_by_an_admin_while_health_answers() {
+    let n = HttpNode::start().await;
+    let mut file = String::from("[company]\nname = \"Large\"\n");
+    for i in 0..crewlet::config::MAX_ROLES {
+        file.push_str(&format!(
+            "[[roles]]\nhandle = \"seat-{i:05}\"\nplacement = {{ labels = [\"elsewhere\"] }}\n"
+        ));
+    }
+    assert!(
+        file.len() > crewlet::web::LARGE_BODY,
+        "{} bytes",
+        file.len()
+    );
+    let r = apply_while_health_answers(&n, file).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["revision"], 2, "{v}");
+    let active = crewlet::company::active(&**n.running().engine.store())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(active.roles.len(), crewlet::config::MAX_ROLES);
+    assert!(
+        n.audit_log()
+            .await
+            .iter()
+            .any(|e| e["action"] == "company.apply"
+                && e["reason"] == "revision 2: 10000 seats"
+                && e["result"] == "ok"),
+        "the apply is audited"
+    );
     n.stop().await;
 }
 

@@ -1,6 +1,6 @@
 //! Applying a company (admins only): the file parsed off the async
-//! workers, every role judged against this node's policy, the result
-//! audited either way.
+//! workers, one file at a time, every role judged against this node's
+//! policy, the result audited either way.
 
 use app::api::Person;
 use app::console::ConsoleError;
@@ -16,6 +16,7 @@ pub(super) async fn apply(
 ) -> Result<u64, ConsoleError> {
     c.admit_admin(actor, "company.apply", "", "apply a company")
         .await?;
+    let _one_at_a_time = c.applying.lock().await;
     // Parsing a large file is CPU work: off the async workers, so the
     // node keeps answering meanwhile.
     let text = company_toml.to_string();

@@ -79,6 +79,9 @@ pub struct NodeConsole {
     roster: LastRoster,
     policy: crate::config::AgentPolicy,
     environment: crate::config::Environment,
+    /// Held while a company file is read and applied: one at a time, so
+    /// admins sending large files cannot take every blocking thread.
+    applying: tokio::sync::Mutex<()>,
 }
 
 impl NodeConsole {
@@ -111,6 +114,7 @@ impl NodeConsole {
             roster: LastRoster::default(),
             policy,
             environment,
+            applying: tokio::sync::Mutex::new(()),
         }
     }
 

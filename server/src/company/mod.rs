@@ -3,16 +3,22 @@
 //! node follows.
 //!
 //! Keys in the config bucket (`crewlet_config`): `revision:{n}` holds a
-//! revision, `active` names the one in force. Applying writes the next
-//! revision, then moves the pointer by compare-and-set; two applies racing
-//! each get their own number and the pointer ends on one of them, never on
-//! a half-written one. Nothing here decides placement.
+//! revision (whole, or the manifest of its parts: [`stored`]), `active`
+//! names the one in force. Applying writes the next revision, then moves
+//! the pointer by compare-and-set; two applies racing each get their own
+//! number and the pointer ends on one of them, never on a half-written
+//! one. Nothing here decides placement.
+
+mod stored;
+
+pub use stored::{PART_BYTES, part_key};
 
 use std::time::Duration;
 
 use bytes::Bytes;
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
+use stored::read;
 use tokio::sync::watch;
 
 use crate::config::{Config, RoleConfig};
@@ -85,14 +91,6 @@ pub async fn active(store: &dyn Store) -> Result<Option<Company>, CompanyError> 
     read(store, pointer.revision).await.map(Some)
 }
 
-async fn read(store: &dyn Store, n: u64) -> Result<Company, CompanyError> {
-    let e = store
-        .get(StateBucket::Config, &revision_key(n))
-        .await?
-        .ok_or_else(|| CompanyError::Corrupt(n, "missing".into()))?;
-    serde_json::from_slice(&e.value).map_err(|err| CompanyError::Corrupt(n, err.to_string()))
-}
-
 /// Write `name` + `roles` as the next revision and make it active.
 pub async fn apply(
     store: &dyn Store,
@@ -125,7 +123,14 @@ pub async fn apply_company(
     roles: &[RoleConfig],
     schedules: &[crate::config::ScheduleConfig],
 ) -> Result<u64, CompanyError> {
-    let name = head.name.as_str();
+    let company = Company {
+        revision: 0,
+        name: head.name.clone(),
+        timezone: head.timezone.clone(),
+        roles: roles.to_vec(),
+        schedules: schedules.to_vec(),
+    };
+    let parts = stored::write_parts(store, &company).await?;
     for _ in 0..16 {
         let current = store.get(StateBucket::Config, ACTIVE_KEY).await?;
         let at = match &current {
@@ -136,23 +141,10 @@ pub async fn apply_company(
             }
             None => 0,
         };
-        let mut n = at + 1;
-        let company = Company {
-            revision: n,
-            name: name.to_string(),
-            timezone: head.timezone.clone(),
-            roles: roles.to_vec(),
-            schedules: schedules.to_vec(),
-        };
         // Find a free number (a racing apply may have taken this one).
+        let mut n = at + 1;
         loop {
-            let body = Bytes::from(
-                serde_json::to_vec(&Company {
-                    revision: n,
-                    ..company.clone()
-                })
-                .unwrap_or_default(),
-            );
+            let body = stored::revision_value(&company, n, parts.as_ref());
             match store
                 .create(StateBucket::Config, &revision_key(n), body)
                 .await

@@ -43,6 +43,8 @@ struct TestHooks {
     most_hydrating: std::sync::atomic::AtomicUsize,
     log: Mutex<Vec<String>>,
     failing_release: Mutex<BTreeSet<String>>,
+    /// Each release hook takes 1.9 s (a teardown waiting on a slow store).
+    slow_release: std::sync::atomic::AtomicBool,
     holds: Mutex<Vec<String>>,
     delivered: Arc<Mutex<Vec<String>>>,
 }
@@ -113,6 +115,9 @@ impl SeatHooks for TestHooks {
     }
     async fn release(&self, s: &SeatContext) -> Result<(), HookError> {
         self.note(s, "release");
+        if self.slow_release.load(std::sync::atomic::Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(1900)).await;
+        }
         if self.failing_release.lock().unwrap().contains(&s.handle) {
             return Err(HookError::new("children", "the agent process will not die"));
         }
@@ -1878,6 +1883,52 @@ async fn a_seat_whose_lease_lapses_while_it_is_established_is_never_attached_the
         "the peer's tenure stands"
     );
     a.engine.drain().await;
+}
+
+/// A drain whose seats' teardowns are slow (each release hook — killing
+/// the agent's children, flushing its memory to a store at the edge of its
+/// timeout — takes 1.9 s) ends within its bound (the TTL, or the offering
+/// time and one hand-off when those are longer) whatever the seats held:
+/// what it could not let go by then is abandoned, and a peer holds every
+/// seat once those leases lapse — nothing held twice, nothing lost (three
+/// nodes of 1,000 seats stopped as their server went away: the last
+/// exited after 87 s, its seats let go four at a time).
+#[tokio::test(start_paused = true)]
+async fn a_drain_of_slow_teardowns_ends_within_its_bound_whatever_the_seats_held() {
+    let f = Fleet::new(Kind::Twin).await;
+    let company = roles("s", 60);
+    let hooks = Arc::new(TestHooks::default());
+    let a = f
+        .node_built("a", &[], &company, hooks.clone(), 4, 60, |store| store)
+        .await;
+    f.until("a to hold all 60", Duration::from_secs(60), || {
+        a.count() == 60
+    })
+    .await;
+    hooks
+        .slow_release
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let began = tokio::time::Instant::now();
+    a.engine.drain().await;
+    let took = began.elapsed();
+    // The offering time (twice the hand-off's bound) and one hand-off,
+    // longer here than the suite's 3 s TTL.
+    let handoff = crewlet::seat::engine::HandoffSettings::default().timeout;
+    let bound = TTL.max(handoff * 3);
+    assert_eq!(crewlet::seat::engine::drain_bound(TTL, handoff), bound);
+    // Letting 60 seats go four at a time, each teardown 1.9 s: a drain
+    // without its bound takes half a minute here.
+    assert!(
+        took <= bound + Duration::from_secs(1),
+        "the drain took {took:?}, its bound is {bound:?}"
+    );
+    assert_eq!(a.count(), 0, "the drained node runs no seat");
+    let b = f.node("b", &[], &company).await;
+    f.until("b to hold every seat", Duration::from_secs(120), || {
+        b.count() == 60
+    })
+    .await;
+    b.engine.drain().await;
 }
 
 /// A peer (`peer#1`) claims `seat:s0` as soon as the store lets it: once

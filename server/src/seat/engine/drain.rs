@@ -1,5 +1,7 @@
 //! A drain: every held seat handed to a peer (a few at a time) or, if
-//! none takes it, released, before the node stops.
+//! none takes it, released, before the node stops — within a bound that
+//! does not grow with the seats held; what is left then is abandoned and
+//! lapses at its TTL, as a dead owner's leases do.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -25,13 +27,47 @@ pub fn drain_offers_for(handoff_timeout: Duration) -> Duration {
     handoff_timeout * 2
 }
 
+/// Pure: how long a whole drain may take before the seats it has not
+/// handed over or released are abandoned. The TTL: by then the leases the
+/// drain's first renewal extended have lapsed, so going on gains a peer
+/// nothing — and a stop ends within the TTL whatever the seats held and
+/// whether or not the store answers (1,000 seats a node, the server gone
+/// as the stop began: 87 s, past systemd's 90 s default, growing with the
+/// seats). Never shorter than the offering time and one hand-off after it.
+pub fn drain_bound(ttl: Duration, handoff_timeout: Duration) -> Duration {
+    ttl.max(drain_offers_for(handoff_timeout) + handoff_timeout)
+}
+
 impl SeatEngine {
     /// Graceful shutdown is a drain: presence given up first, every seat
-    /// released voluntarily, then the loops stop. No peer waits a TTL.
+    /// released voluntarily, then the loops stop. No peer waits a TTL —
+    /// unless the drain reaches [`drain_bound`]: what it has not let go by
+    /// then is abandoned (its leases lapse at their TTL).
     pub async fn drain(&self) {
         self.watchdog.disarm();
         self.host.begin_drain();
         self.events.emit(Event::NodeDraining {});
+        let bound = drain_bound(self.store.lease_ttl(), self.cfg.handoff.timeout);
+        if tokio::time::timeout(bound, self.let_every_seat_go())
+            .await
+            .is_err()
+        {
+            let left = self.host.held().len() + self.host.undead().len();
+            tracing::warn!(
+                seats = left,
+                bound_ms = bound.as_millis() as u64,
+                "the drain reached its bound: the seats not handed over or released are abandoned; their leases lapse at the TTL and a peer claims them then"
+            );
+            self.tasks.shutdown().await;
+            self.host.abandon().await;
+            return;
+        }
+        self.tasks.shutdown().await;
+    }
+
+    /// The drain's work: give up presence, then offer or release every
+    /// seat.
+    async fn let_every_seat_go(&self) {
         // One renewal of every seat first, carrying the draining mark, so
         // the seats read as a draining node's once the presence is gone.
         self.host.heartbeat(self.store.lease_ttl()).await;
@@ -57,7 +93,6 @@ impl SeatEngine {
                 }
             })
             .await;
-        self.tasks.shutdown().await;
     }
 
     /// What a draining node knows for choosing successors: the live

@@ -16,6 +16,7 @@
 //! engine, its settings and what the loops share.
 
 mod drain;
+pub use drain::drain_bound;
 mod loops;
 mod offers;
 mod presence;

@@ -21,6 +21,7 @@ use bytes::Bytes;
 use futures::StreamExt;
 
 mod kept;
+mod listing;
 mod pulling;
 mod stranded;
 pub mod wakes;
@@ -38,6 +39,8 @@ pub use stranded::{PENDING_WINDOWS, may_look_past_pending};
 
 /// The stream every seat mailbox lives on (interest retention).
 pub const AGENTS_STREAM: &str = "CREWLET_AGENTS";
+/// The subjects the agents stream stores: every mailbox's.
+const AGENTS_SUBJECTS: &str = "crewlet.agent.>";
 /// Where dead letters are copied for a person to inspect.
 pub const DEAD_STREAM: &str = "CREWLET_DEAD";
 /// How long a dead letter is kept.
@@ -84,6 +87,8 @@ pub struct JetStreamQueue {
     api_level: u32,
     /// What ends a waiting pull early ([`wakes`]).
     wakes: wakes::Wakes,
+    /// The subjects holding stored mail, for the stranded-mail looks.
+    stored: Arc<listing::StoredSubjects>,
 }
 
 /// Pure: how often a quiet subscription looks for mail its consumer
@@ -152,7 +157,7 @@ impl JetStreamQueue {
                 &js,
                 stream::Config {
                     name: AGENTS_STREAM.into(),
-                    subjects: vec!["crewlet.agent.>".into()],
+                    subjects: vec![AGENTS_SUBJECTS.into()],
                     retention: RetentionPolicy::Interest,
                     storage: StorageType::File,
                     duplicate_window: DEDUPE_WINDOW,
@@ -189,6 +194,11 @@ impl JetStreamQueue {
             message: e.to_string(),
         })?;
         let api_level = crate::jetstream_api::api_level(&js.client(), settings.timeout).await;
+        let stored = Arc::new(listing::StoredSubjects::new(
+            agents.clone(),
+            AGENTS_SUBJECTS,
+            settings.timeout,
+        ));
         Ok(JetStreamQueue {
             js,
             agents,
@@ -196,6 +206,7 @@ impl JetStreamQueue {
             events,
             api_level,
             wakes: wakes::Wakes::default(),
+            stored,
         })
     }
 
@@ -530,6 +541,8 @@ impl Queue for JetStreamQueue {
             level: self.api_level,
             wakes: self.wakes.clone(),
             own: self.wakes.register(name),
+            stored: self.stored.clone(),
+            looked_at: std::sync::atomic::AtomicU64::new(u64::MAX),
         });
         Ok(Attachment::start(
             name.to_string(),

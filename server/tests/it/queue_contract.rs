@@ -999,6 +999,72 @@ mod broker {
         )
     }
 
+    /// The API requests the node's queue sends, in their order, as a
+    /// subscriber on `$JS.API.>` sees them.
+    async fn api_requests(url: &str) -> Arc<Mutex<Vec<(String, Bytes)>>> {
+        use futures::StreamExt;
+        let client = async_nats::connect(url).await.unwrap();
+        let mut sub = client.subscribe("$JS.API.>").await.unwrap();
+        client.flush().await.unwrap();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let into = seen.clone();
+        tokio::spawn(async move {
+            let _client = client;
+            while let Some(m) = sub.next().await {
+                into.lock()
+                    .unwrap()
+                    .push((m.subject.to_string(), m.payload));
+            }
+        });
+        seen
+    }
+
+    #[tokio::test]
+    async fn a_look_for_stranded_mail_where_nothing_is_stored_asks_the_streams_listing_not_the_consumer()
+     {
+        let b = jetstream().await;
+        let url = b._server.as_ref().unwrap().url();
+        let q = &*b.queue;
+        let spec = ensure_seat(q, "listed").await;
+        let seen = api_requests(&url).await;
+        let (h, _rx) = recorder(|_| Disposition::Ack);
+        let _a = q.attach(&spec.name, &[], h).await.unwrap();
+        // A loop's first look comes before its first pull, so the first
+        // pull on the wire marks the look's end.
+        use crewlet::queue::jetstream::AGENTS_STREAM as AGENTS;
+        let info = format!("$JS.API.CONSUMER.INFO.{}.{}", AGENTS, spec.name);
+        let pull = format!("$JS.API.CONSUMER.MSG.NEXT.{}.{}", AGENTS, spec.name);
+        let listing = format!("$JS.API.STREAM.INFO.{AGENTS}");
+        let requests = support::wait_for(
+            "the subscription's first pull",
+            WAIT,
+            Duration::from_millis(10),
+            || async {
+                let seen = seen.lock().unwrap().clone();
+                seen.iter().any(|(s, _)| *s == pull).then_some(seen)
+            },
+        )
+        .await;
+        let first_pull = requests.iter().position(|(s, _)| *s == pull).unwrap();
+        let before: Vec<&(String, Bytes)> = requests[..first_pull].iter().collect();
+        let asked = before
+            .iter()
+            .rposition(|(s, p)| {
+                *s == listing && String::from_utf8_lossy(p).contains("subjects_filter")
+            })
+            .unwrap_or_else(|| {
+                panic!(
+                    "the look asks the stream which subjects hold mail; before the first pull: {:?}",
+                    before.iter().map(|(s, _)| s).collect::<Vec<_>>()
+                )
+            });
+        let after: Vec<&String> = before[asked..].iter().map(|(s, _)| s).collect();
+        assert!(
+            !after.contains(&&info),
+            "a subject holding nothing is not looked at through its consumer: {after:?}"
+        );
+    }
+
     #[tokio::test]
     async fn mail_the_broker_stranded_behind_its_consumer_is_taken_from_the_stream_and_delivered_once()
      {

@@ -9,7 +9,7 @@ use async_nats::jetstream::consumer::pull;
 use async_nats::jetstream::{self as js, AckKind, stream};
 use futures::StreamExt;
 
-use super::{backend, bounded, dead_letter_headers, wakes};
+use super::{backend, bounded, dead_letter_headers, listing, wakes};
 use crate::queue::attach::{Fetched, Settle, Source};
 use crate::queue::{DeadLetterReason, Delivery, Handler, QueueError};
 use crate::watchdog::Progress;
@@ -25,6 +25,11 @@ pub(super) struct PullSource {
     pub(super) wakes: wakes::Wakes,
     /// This consumer's own reasons ([`wakes::Wakes::register`]).
     pub(super) own: wakes::Own,
+    /// The queue's listing of the subjects holding stored mail.
+    pub(super) stored: std::sync::Arc<listing::StoredSubjects>,
+    /// The reasons seen at this source's last stranded-mail look (`u64::MAX`
+    /// before its first).
+    pub(super) looked_at: std::sync::atomic::AtomicU64,
 }
 
 #[async_trait::async_trait]

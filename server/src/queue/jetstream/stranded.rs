@@ -49,6 +49,13 @@ impl PullSource {
         // five messages on one seat unanswered to the end). Past
         // `PENDING_WINDOWS` ack windows with this loop idle, nothing real
         // is waiting on it.
+        //
+        // Mail is taken only from where it is stored: a subscription whose
+        // subject holds nothing by the queue's listing has nothing to look
+        // for ([`super::listing`]).
+        if !self.may_hold_stored_mail(beat).await {
+            return Ok(Some(Vec::new()));
+        }
         let Some((_, top, subject)) = self.quiet_range(idle, beat).await? else {
             return Ok(None);
         };
@@ -175,6 +182,24 @@ const STRANDED_BATCH: usize = 4096;
 const STRANDED_SETTLE: Duration = Duration::from_millis(500);
 
 impl PullSource {
+    /// May this subscription's subject hold stored mail? A look after a
+    /// new reason (its first, a reconnect, a leader change) asks for a
+    /// listing made after it began; any other accepts one up to half its
+    /// look interval old.
+    async fn may_hold_stored_mail(&self, beat: &Progress<'_>) -> bool {
+        use std::sync::atomic::Ordering::SeqCst;
+        let reasons = crate::queue::attach::Source::reasons(self);
+        let now = tokio::time::Instant::now();
+        let not_before = if self.looked_at.swap(reasons, SeqCst) != reasons {
+            now
+        } else {
+            let half = crate::queue::attach::Source::stranded_every(self) / 2;
+            now.checked_sub(half).unwrap_or(now)
+        };
+        let subject = &self.consumer.cached_info().config.filter_subject;
+        self.stored.may_hold(subject, not_before, beat).await
+    }
+
     /// The consumer's (ack floor, delivered, filter subject) when no
     /// delivery awaits its acknowledgement; `None` otherwise.
     async fn quiet_range(

@@ -90,7 +90,7 @@ fn summary(outcomes: &[Outcome]) -> String {
             st.effects,
             st.duplicates,
             st.bounded_duplicates,
-            st.lost,
+            lost_cell(st.lost, st.unanswered),
             st.dead_lettered,
             dur(st.max_dark_us),
             dur(st.p99_dark_us),
@@ -116,7 +116,10 @@ fn summary(outcomes: &[Outcome]) -> String {
             sum(&|o| o.findings.stats.effects),
             sum(&|o| o.findings.stats.duplicates),
             sum(&|o| o.findings.stats.bounded_duplicates),
-            sum(&|o| o.findings.stats.lost),
+            lost_cell(
+                sum(&|o| o.findings.stats.lost),
+                sum(&|o| o.findings.stats.unanswered)
+            ),
             sum(&|o| o.findings.stats.dead_lettered),
             dur(dark.last().copied().unwrap_or(0)),
             dur(percentile(&dark, 0.99)),
@@ -240,7 +243,10 @@ fn a_lower_protocol_holder_draining_during_a_nats_follower_restart_loses_nothing
     println!("{}", summary(&outcomes));
     let failed: Vec<String> = outcomes
         .iter()
-        .filter(|o| !o.findings.violations.is_empty() || o.findings.stats.lost > 0)
+        .filter(|o| {
+            let st = &o.findings.stats;
+            !o.findings.violations.is_empty() || st.lost > 0 || st.unanswered > 0
+        })
         .map(|o| {
             format!(
                 "CHAOS_SEED={}: {}",
@@ -295,4 +301,13 @@ fn soak() {
         })
         .collect();
     assert!(failed.is_empty(), "{}", failed.join("\n"));
+}
+
+/// The summary's "lost" cell: the lost, and those still stored unanswered
+/// at the end when there are any.
+fn lost_cell(lost: usize, unanswered: usize) -> String {
+    match unanswered {
+        0 => lost.to_string(),
+        u => format!("{lost} (+{u} unanswered)"),
+    }
 }

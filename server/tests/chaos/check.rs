@@ -15,7 +15,10 @@
 //! - admission: no turn starts at an epoch once a newer epoch of the seat
 //!   was claimed (beyond the store timeout a turn's ledger read may take);
 //! - lost: every acknowledged publish has an outbox effect naming it, or is
-//!   dead-lettered;
+//!   dead-lettered; one with neither is *lost* when its inbox no longer
+//!   stores it at the end, and *unanswered* when it still does (never run:
+//!   a recovery that did not finish in the run, nothing lost; still a
+//!   violation);
 //! - duplicates: no trigger has effects from two turns, unless one of the
 //!   turns' nodes stopped extending its delivery for a whole ack window
 //!   (the documented bound: it held the delivery past the window), which
@@ -207,6 +210,10 @@ pub struct History {
     /// answering at the end, an apply refused, a fleet that did not
     /// recover).
     pub harness: Vec<String>,
+    /// The ids of the messages the inbox stream still stored after every
+    /// node stopped (`None`: it could not be read, and every message with
+    /// no effect and no dead letter counts as lost).
+    pub stored_at_end: Option<BTreeSet<String>>,
 }
 
 /// A seat's tenure on one process.
@@ -231,6 +238,9 @@ pub struct Stats {
     pub duplicates: usize,
     pub bounded_duplicates: usize,
     pub lost: usize,
+    /// Acknowledged, no effect, no dead letter, and still stored in its
+    /// inbox at the end: never run, not lost.
+    pub unanswered: usize,
     pub dead_lettered: usize,
     /// Effects posted at an epoch after a newer epoch of the seat was
     /// claimed (a zombie's last call: bounded by the in-turn fence).
@@ -1004,10 +1014,21 @@ pub fn check(h: &History) -> Findings {
             None => {}
         }
     }
+    let (unanswered, lost): (Vec<&Published>, Vec<&Published>) = lost
+        .into_iter()
+        .partition(|p| h.stored_at_end.as_ref().is_some_and(|s| s.contains(&p.id)));
     f.stats.lost = lost.len();
+    f.stats.unanswered = unanswered.len();
     for p in lost.iter().take(STORIES) {
         f.stories
             .push(format!("lost {}:\n{}", p.id, story(h, &p.id)));
+    }
+    for p in unanswered.iter().take(STORIES) {
+        f.stories.push(format!(
+            "unanswered {} (still stored in its inbox):\n{}",
+            p.id,
+            story(h, &p.id)
+        ));
     }
     for id in twice.iter().take(STORIES) {
         f.stories.push(format!("ran twice {id}:\n{}", story(h, id)));
@@ -1019,10 +1040,23 @@ pub fn check(h: &History) -> Findings {
             .map(|p| format!("{} (seat {})", p.id, p.seat))
             .collect();
         f.violations.push(format!(
-            "lost: {} acknowledged messages have no effect and were not dead-lettered: {}{}",
+            "lost: {} acknowledged messages have no effect, were not dead-lettered and are gone from their inbox: {}{}",
             lost.len(),
             sample.join(", "),
             if lost.len() > 10 { ", …" } else { "" }
+        ));
+    }
+    if !unanswered.is_empty() {
+        let sample: Vec<String> = unanswered
+            .iter()
+            .take(10)
+            .map(|p| format!("{} (seat {})", p.id, p.seat))
+            .collect();
+        f.violations.push(format!(
+            "unanswered: {} acknowledged messages have no effect and are still stored in their inbox at the end (never run; nothing lost): {}{}",
+            unanswered.len(),
+            sample.join(", "),
+            if unanswered.len() > 10 { ", …" } else { "" }
         ));
     }
 
@@ -1203,6 +1237,7 @@ mod tests {
             polls: vec![],
             panics: vec![],
             harness: vec![],
+            stored_at_end: Some(BTreeSet::new()),
         }
     }
 
@@ -1391,6 +1426,32 @@ mod tests {
         let f = check(&h);
         assert_eq!(f.stats.lost, 1);
         assert!(f.violations[0].contains("m3"), "{:?}", f.violations);
+    }
+
+    #[test]
+    fn a_message_with_no_effect_still_stored_in_its_inbox_is_unanswered_not_lost() {
+        let mut h = base();
+        h.published = vec![published("m1"), published("m2")];
+        h.stored_at_end = Some(BTreeSet::from(["m2".to_string()]));
+        let f = check(&h);
+        assert_eq!((f.stats.lost, f.stats.unanswered), (1, 1));
+        assert!(
+            f.violations
+                .iter()
+                .any(|v| v.starts_with("lost: 1") && v.contains("m1")),
+            "{:?}",
+            f.violations
+        );
+        assert!(
+            f.violations
+                .iter()
+                .any(|v| v.starts_with("unanswered: 1") && v.contains("m2")),
+            "{:?}",
+            f.violations
+        );
+        // An inbox that could not be read at the end proves nothing stored.
+        h.stored_at_end = None;
+        assert_eq!(check(&h).stats.lost, 2);
     }
 
     /// Trigger m1 run by two turns of seat s: t1 on a (epoch 1) started

@@ -1682,6 +1682,22 @@ pub async fn run(sched: Schedule, dir: PathBuf) -> Outcome {
             dead.push(DeadRec { id });
         }
     }
+    // What the inboxes still store: mail with no effect and no dead letter
+    // is lost only if it is gone from them too.
+    let stored_at_end = match read_stream(&js, "CREWLET_AGENTS").await {
+        Ok(v) => Some(
+            v.iter()
+                .filter_map(|(p, _, _)| {
+                    let e = serde_json::from_slice::<serde_json::Value>(p).ok()?;
+                    e["id"].as_str().map(str::to_string)
+                })
+                .collect(),
+        ),
+        Err(e) => {
+            c.say(format!("the inbox stream cannot be read at the end ({e}): mail with no effect counts as lost"));
+            None
+        }
+    };
     let mut events = Vec::new();
     let mut panics = Vec::new();
     for (proc, path) in &c.logs {
@@ -1708,6 +1724,7 @@ pub async fn run(sched: Schedule, dir: PathBuf) -> Outcome {
         polls: lock(&shared.polls).clone(),
         panics,
         harness: c.harness.clone(),
+        stored_at_end,
     };
     let dirs: BTreeMap<String, PathBuf> = c
         .nodes

@@ -1389,8 +1389,18 @@ async fn bare_host(
     f: &Fleet,
     hooks: Arc<dyn SeatHooks>,
 ) -> (Arc<crewlet::seat::host::SeatHost>, Arc<dyn Queue>) {
+    bare_host_with(f, hooks, |store| store).await
+}
+
+/// [`bare_host`] on the store `wrap` puts in front of the fleet's.
+async fn bare_host_with(
+    f: &Fleet,
+    hooks: Arc<dyn SeatHooks>,
+    wrap: impl FnOnce(Arc<dyn Store>) -> Arc<dyn Store>,
+) -> (Arc<crewlet::seat::host::SeatHost>, Arc<dyn Queue>) {
     use crewlet::seat::host::{HostConfig, SeatHost};
     let (store, queue) = f.backends("a").await;
+    let store = wrap(store);
     crewlet::queue::ensure_seat_mailboxes(&*queue, "s0", QueueSettings::default())
         .await
         .unwrap();
@@ -1445,6 +1455,69 @@ async fn no_turn_is_admitted_while_an_offer_stands_and_admission_returns_when_it
         Some(epoch),
         "admitting again, same tenure"
     );
+}
+
+/// From the first offer of `resource` on, the store answers nothing about
+/// it: renewals, lease reads and the offer's withdrawal all time out (a
+/// giver cut off from the store right after offering).
+struct CutOffAfterOffer {
+    resource: &'static str,
+    offered: std::sync::atomic::AtomicBool,
+}
+
+#[async_trait::async_trait]
+impl support::faulty::Faults for CutOffAfterOffer {
+    async fn before(&self, call: support::faulty::Call<'_>) -> Result<(), StoreError> {
+        use support::faulty::Call;
+        let cut = self.offered.load(std::sync::atomic::Ordering::SeqCst);
+        match call {
+            Call::Offer(r) | Call::Renew(r) | Call::Lease(r) if cut && r == self.resource => {
+                Err(StoreError::Timeout(Duration::from_secs(2)))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    async fn after(&self, call: support::faulty::Call<'_>) {
+        if call == support::faulty::Call::Offer(self.resource) {
+            self.offered
+                .store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+}
+
+/// An offer whose withdrawal the store does not answer is given up, and
+/// its seat fenced, a TTL after the seat was last proven held — as the
+/// heartbeat fences any seat, which it cannot do here since the
+/// withdrawal holds the seat's lock. Given up a TTL after the withdrawal
+/// began instead, a giver cut off from the store stayed attached 7.4 s
+/// after its successor attached (chaos soak seed 13637, a blackhole; the
+/// bound is 6 s).
+#[tokio::test(start_paused = true)]
+async fn an_offer_whose_withdrawal_goes_unanswered_is_fenced_a_ttl_after_the_seat_was_last_renewed()
+{
+    use crewlet::seat::host::HandOff;
+    let f = Fleet::new(Kind::Twin).await;
+    let faults = CutOffAfterOffer {
+        resource: "seat:s0",
+        offered: Default::default(),
+    };
+    let (host, _) = bare_host_with(&f, Arc::new(TestHooks::default()), |store| {
+        support::faulty::Faulty::wrap(store, faults) as Arc<dyn Store>
+    })
+    .await;
+    host.claim("s0").await.unwrap();
+    let renewed = tokio::time::Instant::now();
+    host.heartbeat(TTL).await;
+    assert!(host.may_start("s0").is_some(), "admitting once renewed");
+    // Offered to a node that never takes it, with a bound under a TTL: the
+    // withdrawal begins TTL / 2 after the last renewal.
+    let offer = host.hand_off("s0", "nobody", DetachReason::Rebalance, TTL / 2, &|| {});
+    let ended = tokio::time::timeout_at(renewed + TTL + BEAT / 10, offer)
+        .await
+        .expect("the seat is fenced within a TTL of its last renewal");
+    assert!(matches!(ended, HandOff::Lost), "fenced, not withdrawn");
+    assert!(host.held().is_empty(), "s0 is no longer held here");
 }
 
 /// Hooks for a hand-off with a turn in flight: the turn runs for `turn`,

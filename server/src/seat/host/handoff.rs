@@ -234,40 +234,8 @@ impl SeatHost {
             id: uuid::Uuid::new_v4().to_string(),
             quiesced_at,
         };
-        let written = self
-            .inner
-            .store
-            .offer(&lease, &self.inner.cfg.owner, Some(offer.clone()))
-            .await;
-        progress();
-        match written {
-            Renewal::Renewed(l) => {
-                if let Some(e) = lock(&self.inner.seats).get_mut(handle) {
-                    e.lease = l;
-                    e.inbox = inbox;
-                }
-            }
-            Renewal::Lost => {
-                // The tenure is over: what was quiesced is detached fenced.
-                if let Some(e) = lock(&self.inner.seats).get_mut(handle) {
-                    e.inbox = inbox;
-                }
-                self.release_locked(handle, DetachReason::Lost, progress)
-                    .await;
-                return Err(Unoffered::Resumed(
-                    "the lease was lost before the offer".into(),
-                ));
-            }
-            Renewal::Unknown(e) => {
-                // Whether the offer landed is unknown: withdraw it (tried
-                // again for up to a TTL) before resuming.
-                if let Some(e) = lock(&self.inner.seats).get_mut(handle) {
-                    e.inbox = inbox;
-                }
-                tracing::warn!(seat = handle, error = %e, "the store could not answer the offer; withdrawing it");
-                return Err(Unoffered::Unknown(offer));
-            }
-        }
+        self.write_offer(handle, &lease, &offer, inbox, progress)
+            .await?;
         let notice = OfferNotice {
             seat: handle.to_string(),
             epoch: lease.epoch,
@@ -284,6 +252,59 @@ impl SeatHost {
             reason,
         });
         Ok(offer)
+    }
+
+    /// Write the offer on the seat's lease, putting the quiesced inbox
+    /// back: `Ok` when it stands (a lost lease detaches the seat fenced; an
+    /// unknown answer is for the caller to withdraw).
+    async fn write_offer(
+        &self,
+        handle: &str,
+        lease: &Lease,
+        offer: &Offer,
+        inbox: Option<Attachment>,
+        progress: &Progress<'_>,
+    ) -> Result<(), Unoffered> {
+        let sent = Instant::now();
+        let written = self
+            .inner
+            .store
+            .offer(lease, &self.inner.cfg.owner, Some(offer.clone()))
+            .await;
+        progress();
+        match written {
+            // The offer renews the tenure from when it was sent, as any
+            // renewal does (the store counts it from the write).
+            Renewal::Renewed(l) => {
+                if let Some(e) = lock(&self.inner.seats).get_mut(handle) {
+                    e.lease = l;
+                    e.inbox = inbox;
+                    e.last_renewed = e.last_renewed.max(sent);
+                }
+            }
+            Renewal::Lost => {
+                // The tenure is over: what was quiesced is detached fenced.
+                if let Some(e) = lock(&self.inner.seats).get_mut(handle) {
+                    e.inbox = inbox;
+                }
+                self.release_locked(handle, DetachReason::Lost, progress)
+                    .await;
+                return Err(Unoffered::Resumed(
+                    "the lease was lost before the offer".into(),
+                ));
+            }
+            Renewal::Unknown(e) => {
+                // Whether the offer landed is unknown: withdraw it (tried
+                // again until a TTL after the seat's last renewal) before
+                // resuming.
+                if let Some(e) = lock(&self.inner.seats).get_mut(handle) {
+                    e.inbox = inbox;
+                }
+                tracing::warn!(seat = handle, error = %e, "the store could not answer the offer; withdrawing it");
+                return Err(Unoffered::Unknown(offer.clone()));
+            }
+        }
+        Ok(())
     }
 
     /// A drain began while an offer waited for the seat's lock: the drain

@@ -25,14 +25,30 @@ impl SeatHost {
             return HandOff::Lost;
         };
         self.clear_notice(&offer.to, handle, progress).await;
-        let Some(lease) = lock(&self.inner.seats).get(handle).map(|e| e.lease.clone()) else {
+        let Some((lease, last_renewed)) = lock(&self.inner.seats)
+            .get(handle)
+            .map(|e| (e.lease.clone(), e.last_renewed))
+        else {
             return HandOff::Lost;
         };
         // Unknown is not ownership either way: the offer may still stand,
-        // so the seat stays quiesced while the withdrawal is tried again,
-        // for at most a TTL — then it is fenced as a renewal would.
-        let give_up = Instant::now() + self.inner.store.lease_ttl();
+        // so the seat stays quiesced while the withdrawal is tried again —
+        // until a TTL after the seat was last proven held, then it is
+        // fenced as the heartbeat would have (it cannot while this holds
+        // the seat's lock). Counted from the withdrawal's start instead, a
+        // giver cut off from the store stayed attached 7.4 s after its
+        // successor attached (soak seed 13637, a blackhole: bound 6 s).
+        let give_up = last_renewed + self.inner.store.lease_ttl();
         loop {
+            if Instant::now() >= give_up {
+                tracing::warn!(
+                    seat = handle,
+                    "the offer could not be withdrawn within a TTL of the seat's last renewal; fencing the seat"
+                );
+                self.release_locked(handle, DetachReason::GraceExpired, progress)
+                    .await;
+                return HandOff::Lost;
+            }
             // The withdrawal renews the tenure from when it was sent, as a
             // heartbeat's renewal does: its write may have landed long
             // before its answer came, and the store counts the tenure from
@@ -56,13 +72,9 @@ impl SeatHost {
                 Renewal::Lost => return self.withdrawal_lost(handle, reason, progress).await,
                 Renewal::Unknown(e) => {
                     progress();
-                    if Instant::now() >= give_up {
-                        tracing::warn!(seat = handle, error = %e, "the offer could not be withdrawn for a TTL; fencing the seat");
-                        self.release_locked(handle, DetachReason::GraceExpired, progress)
-                            .await;
-                        return HandOff::Lost;
-                    }
-                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    tracing::debug!(seat = handle, error = %e, "the offer's withdrawal was not answered; trying again");
+                    let retry = Instant::now() + Duration::from_millis(200);
+                    tokio::time::sleep_until(retry.min(give_up)).await;
                 }
             }
         }

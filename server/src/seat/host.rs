@@ -537,6 +537,27 @@ impl SeatHost {
         }
     }
 
+    /// Let go of every seat still held when a drain reaches its bound:
+    /// nothing new is admitted, the turns in flight get up to `grace` to
+    /// finish and settle their mail, then the seats are dropped without
+    /// releasing anything (their leases lapse at the TTL). A turn cut
+    /// between its effect and its completion record would run again at the
+    /// successor (chaos ci profile under load: a rolling restart's drain
+    /// reached its bound 0.1 s after a turn posted its effect; the mail ran
+    /// twice); one that outlives `grace` is cut as a crash would cut it.
+    pub async fn let_go_at_bound(&self, grace: Duration) {
+        let in_flight: Vec<crate::queue::attach::Idle> = lock(&self.inner.seats)
+            .values()
+            .filter_map(|e| e.inbox.as_ref())
+            .map(|a| {
+                a.quiesce();
+                a.idle()
+            })
+            .collect();
+        futures::future::join_all(in_flight.into_iter().map(|i| i.within(grace))).await;
+        self.abandon().await;
+    }
+
     /// Drop every seat without releasing anything (what a crash leaves:
     /// leases lapse at their TTL). Tests use it to play a dead node.
     pub async fn abandon(&self) {

@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -41,33 +42,44 @@ pub fn drain_bound(ttl: Duration, handoff_timeout: Duration) -> Duration {
 impl SeatEngine {
     /// Graceful shutdown is a drain: presence given up first, every seat
     /// released voluntarily, then the loops stop. No peer waits a TTL —
-    /// unless the drain reaches [`drain_bound`]: what it has not let go by
-    /// then is abandoned (its leases lapse at their TTL).
+    /// unless the drain reaches [`drain_bound`]: then no further seat is
+    /// begun, those under way get one hand-off's time to end, and what is
+    /// left is abandoned (its leases lapse at their TTL) once its turn in
+    /// flight, if any, has finished — for up to one more hand-off's time
+    /// ([`crate::seat::host::SeatHost::let_go_at_bound`]).
     pub async fn drain(&self) {
         self.watchdog.disarm();
         self.host.begin_drain();
         self.events.emit(Event::NodeDraining {});
-        let bound = drain_bound(self.store.lease_ttl(), self.cfg.handoff.timeout);
-        if tokio::time::timeout(bound, self.let_every_seat_go())
-            .await
-            .is_err()
-        {
-            let left = self.host.held().len() + self.host.undead().len();
-            tracing::warn!(
-                seats = left,
-                bound_ms = bound.as_millis() as u64,
-                "the drain reached its bound: the seats not handed over or released are abandoned; their leases lapse at the TTL and a peer claims them then"
-            );
+        let handoff = self.cfg.handoff.timeout;
+        let bound = drain_bound(self.store.lease_ttl(), handoff);
+        let stop_starting = AtomicBool::new(false);
+        let work = self.let_every_seat_go(&stop_starting);
+        tokio::pin!(work);
+        if tokio::time::timeout(bound, &mut work).await.is_ok() {
             self.tasks.shutdown().await;
-            self.host.abandon().await;
             return;
         }
+        // Past the bound no seat starts being let go; the hand-offs and
+        // releases under way get one hand-off's time to end, since one cut
+        // in its teardown flushes no memory for its successor (chaos ci
+        // profile under load: a release cut by the bound lost an episode).
+        stop_starting.store(true, Ordering::SeqCst);
+        let _ = tokio::time::timeout(handoff, &mut work).await;
+        let left = self.host.held().len() + self.host.undead().len();
+        tracing::warn!(
+            seats = left,
+            bound_ms = bound.as_millis() as u64,
+            "the drain reached its bound: the seats not handed over or released are abandoned; their leases lapse at the TTL and a peer claims them then"
+        );
         self.tasks.shutdown().await;
+        self.host.let_go_at_bound(handoff).await;
     }
 
     /// The drain's work: give up presence, then offer or release every
     /// seat.
-    async fn let_every_seat_go(&self) {
+    /// Once `stop_starting` is set, no further seat is begun.
+    async fn let_every_seat_go(&self, stop_starting: &AtomicBool) {
         // One renewal of every seat first, carrying the draining mark, so
         // the seats read as a draining node's once the presence is gone.
         self.host.heartbeat(self.store.lease_ttl()).await;
@@ -84,6 +96,9 @@ impl SeatEngine {
         let offers_until = Instant::now() + drain_offers_for(self.cfg.handoff.timeout);
         futures::stream::iter(self.host.held())
             .for_each_concurrent(DRAIN_HANDOFFS, |handle| async move {
+                if stop_starting.load(Ordering::SeqCst) {
+                    return;
+                }
                 match snap {
                     Some(snap) if Instant::now() < offers_until => {
                         self.give_back(snap, &handle, DetachReason::Drain, offered, &|| {})

@@ -1570,6 +1570,37 @@ impl SeatHooks for TurnAndFlush {
     }
 }
 
+/// A bare host holding s0 with a turn of `turn` ([`TurnAndFlush`]) in
+/// flight: the host, its queue, and what the turn and the flush log.
+async fn a_turn_in_flight_on_s0(
+    f: &Fleet,
+    turn: Duration,
+) -> (
+    Arc<crewlet::seat::host::SeatHost>,
+    Arc<dyn Queue>,
+    Arc<Mutex<Vec<String>>>,
+) {
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let hooks = Arc::new(TurnAndFlush {
+        turn,
+        log: log.clone(),
+        fenced: Default::default(),
+    });
+    let (host, queue) = bare_host(f, hooks).await;
+    host.claim("s0").await.unwrap();
+    queue
+        .publish(
+            "crewlet.agent.s0.inbox",
+            None,
+            bytes::Bytes::from_static(b"work"),
+        )
+        .await
+        .unwrap();
+    let started = || log.lock().unwrap().iter().any(|l| l == "turn_start");
+    f.until("the turn to start", TTL, started).await;
+    (host, queue, log)
+}
+
 /// How seat s0 is given up in [`give_up_with_a_turn_in_flight`].
 enum GivenUp {
     /// Offered to a node that never takes it (hand-off bound 1.5 s): the
@@ -1584,24 +1615,7 @@ enum GivenUp {
 async fn give_up_with_a_turn_in_flight(turn: Duration, how: GivenUp) -> Vec<String> {
     use crewlet::seat::host::HandOff;
     let f = Fleet::new(Kind::Twin).await;
-    let log = Arc::new(Mutex::new(Vec::new()));
-    let hooks = Arc::new(TurnAndFlush {
-        turn,
-        log: log.clone(),
-        fenced: Default::default(),
-    });
-    let (host, queue) = bare_host(&f, hooks).await;
-    host.claim("s0").await.unwrap();
-    queue
-        .publish(
-            "crewlet.agent.s0.inbox",
-            None,
-            bytes::Bytes::from_static(b"work"),
-        )
-        .await
-        .unwrap();
-    let started = || log.lock().unwrap().iter().any(|l| l == "turn_start");
-    f.until("the turn to start", TTL, started).await;
+    let (host, _, log) = a_turn_in_flight_on_s0(&f, turn).await;
     match how {
         GivenUp::HandedToNobody => {
             let handed = host
@@ -1647,24 +1661,7 @@ async fn a_turn_still_running_past_the_handoffs_bound_is_fenced_at_the_flush() {
 #[tokio::test(start_paused = true)]
 async fn a_drain_at_its_bound_lets_the_turn_in_flight_finish_before_it_drops_the_seat() {
     let f = Fleet::new(Kind::Twin).await;
-    let log = Arc::new(Mutex::new(Vec::new()));
-    let hooks = Arc::new(TurnAndFlush {
-        turn: Duration::from_millis(1200),
-        log: log.clone(),
-        fenced: Default::default(),
-    });
-    let (host, queue) = bare_host(&f, hooks).await;
-    host.claim("s0").await.unwrap();
-    queue
-        .publish(
-            "crewlet.agent.s0.inbox",
-            None,
-            bytes::Bytes::from_static(b"work"),
-        )
-        .await
-        .unwrap();
-    let started = || log.lock().unwrap().iter().any(|l| l == "turn_start");
-    f.until("the turn to start", TTL, started).await;
+    let (host, queue, log) = a_turn_in_flight_on_s0(&f, Duration::from_millis(1200)).await;
     host.let_go_at_bound(TTL).await;
     assert_eq!(
         *log.lock().unwrap(),

@@ -976,11 +976,16 @@ pub fn check(h: &History) -> Findings {
                             })
                         })
                         .collect();
-                    twice.push(p.id.as_str());
                     let which: Vec<String> = es
                         .iter()
                         .map(|e| format!("{}@{}:epoch {}", e.turn_id, e.node, e.epoch))
                         .collect();
+                    // The violations' stories are told first.
+                    if !died.is_empty() || !outlived.is_empty() {
+                        twice.push(p.id.as_str());
+                    } else {
+                        twice.insert(0, p.id.as_str());
+                    }
                     if !died.is_empty() && outlived.is_empty() {
                         f.stats.bounded_duplicates += 1;
                         f.bounded.push(format!(

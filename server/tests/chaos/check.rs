@@ -1594,6 +1594,63 @@ mod tests {
     }
 
     #[test]
+    fn the_story_of_a_duplicate_that_is_a_violation_is_told_before_the_bounded_ones() {
+        let (a, b) = (proc("a", 0), proc("b", 0));
+        let mut h = base();
+        let mut dead = running(&a);
+        dead.ended = Some(14 * SECOND);
+        dead.cause = Some(EndCause::Killed);
+        h.procs = vec![dead, running(&b)];
+        // m1 ran twice within the bound (its first holder was killed
+        // between the effect and the record); m2, published after it, ran
+        // twice on a live holder: a violation.
+        h.published = vec![published("m1"), published("m2")];
+        let started = |at, p: &ProcId, t: &str, e: u64| {
+            ev(
+                at,
+                p,
+                "turn_started",
+                json!({"seat": "s", "turn_id": t, "epoch": e}),
+            )
+        };
+        let completed = |at, p: &ProcId, t: &str, e: u64| {
+            ev(
+                at,
+                p,
+                "turn_completed",
+                json!({"seat": "s", "turn_id": t, "epoch": e}),
+            )
+        };
+        h.events = vec![
+            started(10, &a, "t1", 1),
+            started(20, &b, "t2", 2),
+            completed(21, &b, "t2", 2),
+            started(22, &b, "t3", 2),
+            completed(23, &b, "t3", 2),
+        ];
+        h.effects = vec![
+            effect(11, "t1", "a", 1, &["m1"]),
+            effect(21, "t2", "b", 2, &["m1", "m2"]),
+            effect(23, "t3", "b", 2, &["m2"]),
+        ];
+        let f = check(&h);
+        assert_eq!(f.stats.bounded_duplicates, 1, "{:?}", f.bounded);
+        assert!(
+            f.violations.iter().any(|v| v.contains("trigger m2")),
+            "{:?}",
+            f.violations
+        );
+        assert!(
+            f.stories[0].starts_with("ran twice m2"),
+            "{:?}",
+            f.stories
+                .iter()
+                .map(|s| s.lines().next())
+                .collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
     fn a_holder_killed_between_its_effect_and_its_completion_record_is_the_named_bound() {
         let (a, b) = (proc("a", 0), proc("b", 0));
         let mut h = base();

@@ -1593,14 +1593,20 @@ mod tests {
         );
     }
 
-    #[test]
-    fn the_story_of_a_duplicate_that_is_a_violation_is_told_before_the_bounded_ones() {
+    /// Two processes: a, killed at 14 s, and b, running.
+    fn a_killed_at_14_s_beside_b() -> (ProcId, ProcId, History) {
         let (a, b) = (proc("a", 0), proc("b", 0));
         let mut h = base();
         let mut dead = running(&a);
         dead.ended = Some(14 * SECOND);
         dead.cause = Some(EndCause::Killed);
         h.procs = vec![dead, running(&b)];
+        (a, b, h)
+    }
+
+    #[test]
+    fn the_story_of_a_duplicate_that_is_a_violation_is_told_before_the_bounded_ones() {
+        let (a, b, mut h) = a_killed_at_14_s_beside_b();
         // m1 ran twice within the bound (its first holder was killed
         // between the effect and the record); m2, published after it, ran
         // twice on a live holder: a violation.
@@ -1652,12 +1658,7 @@ mod tests {
 
     #[test]
     fn a_holder_killed_between_its_effect_and_its_completion_record_is_the_named_bound() {
-        let (a, b) = (proc("a", 0), proc("b", 0));
-        let mut h = base();
-        let mut dead = running(&a);
-        dead.ended = Some(14 * SECOND);
-        dead.cause = Some(EndCause::Killed);
-        h.procs = vec![dead, running(&b)];
+        let (a, b, mut h) = a_killed_at_14_s_beside_b();
         h.published = vec![published("m1")];
         h.events = vec![
             ev(

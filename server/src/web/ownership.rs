@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 
 use app::api::{FleetView, HeldSeatView, NodeStatus, NodeView};
 
+use crate::coord::lease::LeaseState;
 use crate::coord::{Lease, Store, StoreError};
 
 fn strings(l: &Lease, key: &str) -> Vec<String> {
@@ -29,21 +30,26 @@ fn flag(l: &Lease, key: &str) -> bool {
         .unwrap_or(false)
 }
 
-/// Pure: the fleet from the live presence and seat leases.
-pub fn fleet_from_leases(
-    answered_by: &str,
-    company: &str,
-    coordination: &str,
-    presence: &[Lease],
+/// Pure: the seats each incarnation holds (a committed tenure each), and
+/// the incarnations whose seat leases say they are draining (a draining
+/// node marks them before it gives its presence up).
+fn seats_by_owner(
     seats: &[Lease],
-) -> FleetView {
+) -> (
+    BTreeMap<&str, Vec<HeldSeatView>>,
+    std::collections::BTreeSet<&str>,
+) {
     let mut by_owner: BTreeMap<&str, Vec<HeldSeatView>> = BTreeMap::new();
-    // Incarnations whose seat leases say they are draining (a draining
-    // node marks them before it gives its presence up).
     let mut draining: std::collections::BTreeSet<&str> = Default::default();
     for s in seats {
         if flag(s, "draining") {
             draining.insert(s.owner.as_str());
+        }
+        // A claim's first write (no epoch minted yet) is no tenure: the
+        // seat is listed once its epoch is (the Nodes page showed a new
+        // seat "epoch 0" while its claim was in flight).
+        if s.state == LeaseState::Claiming {
+            continue;
         }
         if let Some(handle) = s.resource.strip_prefix("seat:") {
             by_owner
@@ -56,6 +62,18 @@ pub fn fleet_from_leases(
                 });
         }
     }
+    (by_owner, draining)
+}
+
+/// Pure: the fleet from the live presence and seat leases.
+pub fn fleet_from_leases(
+    answered_by: &str,
+    company: &str,
+    coordination: &str,
+    presence: &[Lease],
+    seats: &[Lease],
+) -> FleetView {
+    let (mut by_owner, draining) = seats_by_owner(seats);
     let mut nodes: Vec<NodeView> = presence
         .iter()
         .filter_map(|p| {
@@ -155,7 +173,6 @@ mod tests {
 
     use super::*;
     use crate::coord::StoreTime;
-    use crate::coord::lease::LeaseState;
 
     fn lease(resource: &str, owner: &str, flags: &[&str]) -> Lease {
         Lease {
@@ -225,6 +242,22 @@ mod tests {
         let a = fleet.nodes.iter().find(|n| n.node_id == "a").unwrap();
         assert_eq!(a.seats.len(), 1);
         assert_eq!(a.seats[0].epoch, 3);
+    }
+
+    #[test]
+    fn a_seat_whose_claim_has_not_minted_its_epoch_is_not_shown_held() {
+        let presence = [lease("node:a", "a:1", &[])];
+        let mut claiming = lease("seat:s2", "a:1", &[]);
+        claiming.state = LeaseState::Claiming;
+        claiming.epoch = 0;
+        let seats = [lease("seat:s1", "a:1", &[]), claiming];
+        let fleet = fleet_from_leases("a", "c", "embedded-kv", &presence, &seats);
+        let held: Vec<_> = fleet.nodes[0]
+            .seats
+            .iter()
+            .map(|s| (s.handle.as_str(), s.epoch))
+            .collect();
+        assert_eq!(held, [("s1", 3)]);
     }
 
     #[test]

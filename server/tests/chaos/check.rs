@@ -276,6 +276,17 @@ pub struct Findings {
     pub stories: Vec<String>,
 }
 
+/// The first ten of `messages` with their seats, "…" when there are more.
+fn sample_of(messages: &[&Published]) -> String {
+    let sample: Vec<String> = messages
+        .iter()
+        .take(10)
+        .map(|p| format!("{} (seat {})", p.id, p.seat))
+        .collect();
+    let more = if messages.len() > 10 { ", …" } else { "" };
+    format!("{}{more}", sample.join(", "))
+}
+
 /// How many stories of each kind (lost, ran twice) a run tells.
 const STORIES: usize = 5;
 
@@ -1039,29 +1050,17 @@ pub fn check(h: &History) -> Findings {
         f.stories.push(format!("ran twice {id}:\n{}", story(h, id)));
     }
     if !lost.is_empty() {
-        let sample: Vec<String> = lost
-            .iter()
-            .take(10)
-            .map(|p| format!("{} (seat {})", p.id, p.seat))
-            .collect();
         f.violations.push(format!(
-            "lost: {} acknowledged messages have no effect, were not dead-lettered and are gone from their inbox: {}{}",
+            "lost: {} acknowledged messages have no effect, were not dead-lettered and are gone from their inbox: {}",
             lost.len(),
-            sample.join(", "),
-            if lost.len() > 10 { ", …" } else { "" }
+            sample_of(&lost)
         ));
     }
     if !unanswered.is_empty() {
-        let sample: Vec<String> = unanswered
-            .iter()
-            .take(10)
-            .map(|p| format!("{} (seat {})", p.id, p.seat))
-            .collect();
         f.violations.push(format!(
-            "unanswered: {} acknowledged messages have no effect and are still stored in their inbox at the end (never run; nothing lost): {}{}",
+            "unanswered: {} acknowledged messages have no effect and are still stored in their inbox at the end (never run; nothing lost): {}",
             unanswered.len(),
-            sample.join(", "),
-            if unanswered.len() > 10 { ", …" } else { "" }
+            sample_of(&unanswered)
         ));
     }
 

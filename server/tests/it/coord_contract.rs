@@ -325,6 +325,7 @@ contract!(
     state_entries_and_watch_by_prefix,
     a_company_too_large_for_one_message_is_applied_in_parts_and_a_peer_reads_it_whole,
     a_company_revision_missing_a_part_is_unreadable_not_half_read,
+    a_company_revision_with_an_altered_part_is_unreadable,
     kv_trap_create_after_delete_has_exactly_one_winner,
     kv_trap_wrong_last_sequence_after_delete,
     kv_trap_create_after_expiry,
@@ -1445,9 +1446,8 @@ async fn a_company_too_large_for_one_message_is_applied_in_parts_and_a_peer_read
     assert_eq!((read.revision, read.roles.as_slice()), (m, small));
 }
 
-/// A revision in parts is read whole or not at all: with a part gone the
-/// read fails naming the part, and no node follows a company cut short.
-async fn a_company_revision_missing_a_part_is_unreadable_not_half_read<B: Backend>(fx: Fx<B>) {
+/// Apply the large company (kept in parts): its revision and its parts.
+async fn large_company_in_parts<B: Backend>(fx: &Fx<B>) -> (u64, Vec<crewlet::coord::Entry>) {
     let n = crewlet::company::apply(&fx.store, "Large", &large_company())
         .await
         .expect("apply");
@@ -1456,6 +1456,13 @@ async fn a_company_revision_missing_a_part_is_unreadable_not_half_read<B: Backen
         .entries(StateBucket::Config, "revision-part:")
         .await
         .expect("entries");
+    (n, parts)
+}
+
+/// A revision in parts is read whole or not at all: with a part gone the
+/// read fails naming the part, and no node follows a company cut short.
+async fn a_company_revision_missing_a_part_is_unreadable_not_half_read<B: Backend>(fx: Fx<B>) {
+    let (n, parts) = large_company_in_parts(&fx).await;
     let id = parts[0].key.split(':').nth(1).expect("an id").to_string();
     let second = crewlet::company::part_key(&id, 1);
     let gone = parts.iter().find(|e| e.key == second).expect("part 2");
@@ -1469,6 +1476,37 @@ async fn a_company_revision_missing_a_part_is_unreadable_not_half_read<B: Backen
     let said = err.to_string();
     assert!(
         said.contains(&format!("revision {n}")) && said.contains("part 2 of"),
+        "{said}"
+    );
+}
+
+/// A part rewritten in the store (the same length, other bytes: a
+/// corrupted or tampered write) fails the manifest's SHA-256, and the
+/// revision is not read: no node follows a company nobody applied.
+async fn a_company_revision_with_an_altered_part_is_unreadable<B: Backend>(fx: Fx<B>) {
+    let (n, parts) = large_company_in_parts(&fx).await;
+    let first = &parts[0];
+    let mut altered = first.value.to_vec();
+    let at = altered.len() / 2;
+    altered[at] = if altered[at] == b'a' { b'b' } else { b'a' };
+    fx.store
+        .update(
+            StateBucket::Config,
+            &first.key,
+            Bytes::from(altered),
+            first.revision,
+        )
+        .await
+        .expect("update");
+    let said = match crewlet::company::active(&fx.store).await {
+        Err(e) => e.to_string(),
+        Ok(read) => panic!(
+            "a revision with an altered part was read ({} roles)",
+            read.map_or(0, |c| c.roles.len())
+        ),
+    };
+    assert!(
+        said.contains(&format!("revision {n}")) && said.contains("do not match the manifest"),
         "{said}"
     );
 }

@@ -103,6 +103,8 @@ pub struct RunningNode {
     pub memread: Arc<MemRead>,
     tasks: Tasks,
     server: tokio::task::JoinHandle<Result<(), std::io::Error>>,
+    /// The node's database, closed last on a graceful stop.
+    pool: sqlx::SqlitePool,
 }
 
 impl RunningNode {
@@ -120,6 +122,7 @@ impl RunningNode {
         self.engine
             .events()
             .emit(crate::events::Event::NodeStopped {});
+        close_database(&self.pool, SERVE_DRAIN).await;
         served
     }
 
@@ -150,6 +153,21 @@ impl RunningNode {
 /// a client that holds a connection past it — an idle keep-alive, a request
 /// never finished — is cut off, so no client can hold a node's stop open.
 pub const SERVE_DRAIN: Duration = Duration::from_secs(5);
+
+/// Close the node's database once everything that wrote to it has
+/// stopped: each connection ended, the write-ahead log folded into the file
+/// and removed, so the next start, a backup or a person's `sqlite3` finds
+/// the file whole and no connection of this process still holding it. A
+/// connection still borrowed past `bound` is left to end with the process
+/// (said in a line), so nothing can hold a stop open.
+async fn close_database(pool: &sqlx::SqlitePool, bound: Duration) {
+    if tokio::time::timeout(bound, pool.close()).await.is_err() {
+        tracing::warn!(
+            after_ms = bound.as_millis() as u64,
+            "a database connection was still in use at stop; it ends with the process"
+        );
+    }
+}
 
 /// Wait for the HTTP server's graceful end (its stop was asked for with the
 /// node's token) up to `bound`, then close what is still open.

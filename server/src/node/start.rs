@@ -134,6 +134,7 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
         memread: reads.memread,
         tasks,
         server,
+        pool,
     })
 }
 

@@ -473,6 +473,29 @@ async fn first_start_with_nobody_configured_creates_admin_and_keeps_only_a_hash(
     assert_eq!(n, 1);
 }
 
+/// A node that has stopped has closed its database: every connection
+/// ended, the write-ahead log folded back and removed, so the next start
+/// (or a backup, or a person's sqlite3) finds the file whole and nobody
+/// still holding it.
+#[tokio::test]
+async fn a_stopped_node_has_closed_its_database() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = format!(
+        "[node]\nlisten = \"127.0.0.1:0\"\ndata_dir = \"{}\"\n",
+        dir.path().join("data").display()
+    );
+    let config = Config::parse("t.toml", &text, &BTreeMap::new()).unwrap();
+    let node = node::start(config).await.unwrap();
+    let wal = dir.path().join("data").join("crewlet.db-wal");
+    assert!(wal.exists(), "a running node writes through its log");
+    node.shutdown().await.unwrap();
+    assert!(
+        !wal.exists(),
+        "the database is still open after the node stopped: {} remains",
+        wal.display()
+    );
+}
+
 /// Run the `crewlet` binary with the operator token in CREWLET_TOKEN.
 async fn crewlet_cli(args: &[&str], file: Option<&std::path::Path>) -> std::process::Output {
     let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_crewlet"));

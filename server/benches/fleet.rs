@@ -17,6 +17,8 @@
 //! - cold convergence of N seats over M nodes started together on NATS:
 //!   until every node holds its share, against the claim-limit arithmetic
 //!   (⌈share ÷ claim limit⌉ sweeps), with the seats given back on the way;
+//! - a cold single node with 1,000 seats and the shipped settings: every
+//!   seat held (goal ≤ 15 s), against one claim limit a sweep;
 //! - kill -9 → the last of the dead node's seats attached when each seat's
 //!   acquire hook takes 500 ms (a long memory to replay), against
 //!   establishing them one after another;
@@ -449,6 +451,45 @@ async fn convergence(seats: usize, nodes: usize) -> Convergence {
     }
 }
 
+/// A cold single node with `seats` seats and the shipped settings (TTL
+/// 45 s, heartbeat 15 s, sweep 5 s, claim limit 4) on NATS: from its
+/// engine's start (its mailboxes made) to every seat held, and the passes
+/// that claimed.
+async fn cold_single(seats: usize) -> (Option<Duration>, usize) {
+    let server = support::nats::NatsServer::start().await;
+    let (ttl, beat, sweep) = (
+        Duration::from_secs(45),
+        Duration::from_secs(15),
+        Duration::from_secs(5),
+    );
+    let (s0, _) = nats(&server, "crewlet-apply", ttl).await;
+    company::apply(&*s0, "bench", &roles(seats)).await.unwrap();
+    let (s, q) = nats(&server, "crewlet-solo", ttl).await;
+    let bus = EventBus::new("solo", "solo:bench");
+    let mut rx = bus.subscribe();
+    let e = engine("solo", s, q, engine_cfg("solo", ttl, beat, sweep), bus).await;
+    let t0 = Instant::now();
+    e.start();
+    let deadline = t0 + Duration::from_secs(300);
+    let held = loop {
+        if e.host().held().len() == seats {
+            break Some(t0.elapsed());
+        }
+        if Instant::now() >= deadline {
+            break None;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let mut passes = 0;
+    while let Ok(ev) = rx.try_recv() {
+        if matches!(ev.event, Event::SeatSweep { claimed, .. } if claimed > 0) {
+            passes += 1;
+        }
+    }
+    e.crash().await;
+    (held, passes)
+}
+
 struct Convergence {
     seats: usize,
     nodes: usize,
@@ -698,6 +739,8 @@ async fn main() {
     let (two_rebalance, two_drain) = handoff_dark(true).await;
     let (rel_rebalance, rel_drain) = handoff_dark(false).await;
     let cold = convergence(120, 3).await;
+    let solo_seats = 1_000;
+    let (solo, solo_passes) = cold_single(solo_seats).await;
     let hook = Duration::from_millis(500);
     let (slow, one_by_one) = slow_acquire_recovery(16, hook).await;
     let runs = std::env::var("CREWLET_BENCH_STRANDED_RUNS")
@@ -760,6 +803,12 @@ async fn main() {
             .unwrap_or_else(|| "not converged within 300 s".into()),
         cold.given_back,
         ms(cold.arithmetic)
+    );
+    println!(
+        "| cold single node, {solo_seats} seats (NATS; shipped TTL 45 s, heartbeat 15 s, sweep 5 s, claim limit 4) | every seat held in {} ({solo_passes} passes claimed) | ⌈{solo_seats} ÷ 4⌉ sweeps × 5 s = {} s (one claim limit a sweep) | ≤ 15 s |",
+        solo.map(ms)
+            .unwrap_or_else(|| "not held within 300 s".into()),
+        solo_seats.div_ceil(4) * 5
     );
     println!(
         "| kill -9 → the last of the dead node's 8 seats attached, each acquire hook taking {} (two nodes, claim limit 8; TTL 3 s, sweep 1 s) | {} | one after another: TTL + sweep + 8 × {} = {} | — |",

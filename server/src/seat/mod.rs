@@ -4,6 +4,7 @@
 pub mod engine;
 pub mod host;
 pub mod moves;
+pub mod pace;
 pub mod pass;
 pub mod placement;
 pub mod ranking;

@@ -153,6 +153,9 @@ pub struct GroupView {
 pub struct Plan {
     /// Seats to try, in order, at most `claim_limit`.
     pub claims: Vec<String>,
+    /// The limit cut seats off `claims` that this node could have tried
+    /// (the claim pace, `seat::pace`, reads it).
+    pub cut: bool,
     /// Seats to give back, with why.
     pub releases: Vec<(String, ReleaseReason)>,
     /// Seats no live node may run.
@@ -227,6 +230,7 @@ pub fn plan(snap: &Snapshot) -> Plan {
                 claims.extend(group_claims(snap, &live, g, seats, &mut plan));
             }
         }
+        plan.cut = claims.len() > snap.claim_limit;
         claims.truncate(snap.claim_limit);
         plan.claims = claims;
     }

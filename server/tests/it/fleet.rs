@@ -1926,6 +1926,47 @@ async fn a_passs_claims_are_established_side_by_side_a_bounded_number_at_once() 
     a.engine.drain().await;
 }
 
+/// A cold node claims every seat its share allows within a few passes,
+/// whatever the seat count: a pass that won every claim it tried with free
+/// seats left is followed soon by one allowed twice as many (the claim
+/// pace, `seat::pace`) — not one `claim_limit` a sweep (⌈200 ÷ 4⌉ = 50
+/// sweeps before).
+#[tokio::test(start_paused = true)]
+async fn a_cold_node_holds_every_seat_in_passes_that_double_their_claims_not_one_limit_a_sweep() {
+    let f = Fleet::new(Kind::Twin).await;
+    let seats = 200;
+    let mut a = f.node("a", &[], &roles("s", seats)).await;
+    let deadline = tokio::time::Instant::now() + SWEEP * 60;
+    while a.count() < seats {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "a held {} of {seats} seats after 60 sweeps",
+            a.count()
+        );
+        a.events();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let claiming: Vec<usize> = a
+        .events()
+        .iter()
+        .filter_map(|e| match e.event {
+            Event::SeatSweep { claimed, .. } if claimed > 0 => Some(claimed),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(a.missed, 0, "every event was seen");
+    // 4, 8, 16, 32, 64 and the 76 left: six passes.
+    let mut want = Vec::new();
+    let (mut limit, mut left) = (4, seats);
+    while left > 0 {
+        want.push(limit.min(left));
+        left -= limit.min(left);
+        limit *= 2;
+    }
+    assert_eq!(claiming, want, "the passes that claimed, and how many each");
+    a.engine.drain().await;
+}
+
 /// Renewals of one lease that get no answer, from a switch the test flips.
 struct RenewsUnanswered {
     resource: &'static str,
@@ -2233,7 +2274,12 @@ async fn an_establishment_longer_than_the_ttl_loses_neither_its_seat_nor_any_oth
 #[tokio::test(start_paused = true)]
 async fn many_revisions_in_one_interval_bring_at_most_one_pass_forward() {
     let f = Fleet::new(Kind::Twin).await;
-    let mut a = f.node("a", &[], &roles("s", 1)).await;
+    // A limit the early pass's claims fit in: a pass cut by its limit
+    // brings its own follow-up forward (the claim pace), revisions or not.
+    let hooks = Arc::new(TestHooks::default());
+    let mut a = f
+        .node_built("a", &[], &roles("s", 1), hooks, 4, 8, |s| s)
+        .await;
     f.until("a holds s0", Duration::from_secs(10), || a.count() == 1)
         .await;
     // Mid-interval, five applies in a row, each adding a role.
@@ -2252,12 +2298,7 @@ async fn many_revisions_in_one_interval_bring_at_most_one_pass_forward() {
         .filter(|e| matches!(e.event, Event::SeatSweep { .. }))
         .count();
     assert_eq!(sweeps, 1, "one early pass, however many revisions arrived");
-    assert!(
-        a.count() >= 5,
-        "the early pass claimed the new seats (claim limit 4)"
-    );
-    f.until("every new seat held", SWEEP * 3, || a.count() == 6)
-        .await;
+    assert_eq!(a.count(), 6, "the early pass claimed the new seats");
     a.engine.drain().await;
 }
 

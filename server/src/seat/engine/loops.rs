@@ -48,7 +48,8 @@ impl SeatEngine {
                     std::thread::sleep(Duration::from_secs(u64::MAX / 4));
                 }
                 if self.sweep_pass(&|| beat.beat()).await {
-                    // Seats left for a recheck: one more pass shortly.
+                    // Seats left for a recheck, or free seats past the
+                    // claim pace: one more pass shortly.
                     next =
                         next.min(Instant::now() + placement::RECHECK_AFTER.min(self.cfg.heartbeat));
                 }

@@ -154,6 +154,8 @@ pub struct SeatEngine {
     roster_seen: Mutex<BTreeSet<String>>,
     /// Free seats the last pass left for a recheck (each gets one).
     rechecked: Mutex<BTreeSet<String>>,
+    /// How many seats the next pass may claim ([`crate::seat::pace`]).
+    claim_pace: std::sync::atomic::AtomicUsize,
     /// When an earlier incarnation's presence under this node id lapses:
     /// the heartbeat claims the row then rather than a beat later.
     presence_free_at: Mutex<Option<Instant>>,
@@ -290,6 +292,7 @@ impl SeatEngine {
         );
         let watchdog = Watchdog::new(store.lease_ttl());
         host.watch_dispatch(watchdog.clone());
+        let cfg_claim_limit = cfg.claim_limit;
         Ok(Arc::new(SeatEngine {
             cfg,
             store,
@@ -311,6 +314,7 @@ impl SeatEngine {
             refused: Mutex::new(BTreeMap::new()),
             roster_seen: Mutex::new(BTreeSet::new()),
             rechecked: Mutex::new(BTreeSet::new()),
+            claim_pace: cfg_claim_limit.into(),
             presence_free_at: Mutex::new(None),
             seen: Mutex::new(BTreeMap::new()),
             seen_kept: false.into(),

@@ -46,7 +46,7 @@ impl SeatEngine {
             draining: self.host.is_draining(),
             behind: self.behind.load(std::sync::atomic::Ordering::SeqCst),
             unserviceable: withdrawn,
-            claim_limit: self.cfg.claim_limit,
+            claim_limit: self.claim_pace.load(std::sync::atomic::Ordering::SeqCst),
             release_limit: self.cfg.release_limit,
             ranking: Vec::new(),
             deferred: self

@@ -12,10 +12,24 @@ use crate::seat::host::watched;
 use crate::seat::host::{Acquired, HandOff};
 use crate::seat::placement::matches_placement;
 use crate::seat::placement::{self, Snapshot, Withheld};
-use crate::seat::{moves, pass};
+use crate::seat::{moves, pace, pass};
 use crate::watchdog::{beat_while, stamp_interval};
 
 use super::{CLAIMS_AT_ONCE, Done, SeatEngine};
+
+/// What a pass's steps came to.
+#[derive(Default)]
+struct Tally {
+    claimed: usize,
+    released: usize,
+    /// The releases were advertised on the presence row before a claim.
+    advertised_releases: bool,
+    /// The protocol gate refused a claim, at this floor.
+    gated: Option<u32>,
+    /// Claims tried, and of those won and established ([`pace`]).
+    tried: usize,
+    won: usize,
+}
 
 impl SeatEngine {
     /// One placement pass, calling `progress` as each store call and each
@@ -23,7 +37,9 @@ impl SeatEngine {
     /// that gives back and claims several seats can outlast the TTL while
     /// every step of it returns).
     ///
-    /// True when the pass left seats for a recheck [`placement::RECHECK_AFTER`] later.
+    /// True when the next pass should run [`placement::RECHECK_AFTER`] later:
+    /// the pass left seats for a recheck, or free seats wait for this
+    /// node beyond its claim pace ([`pace`]).
     pub(super) async fn sweep_pass(&self, progress: &Progress<'_>) -> bool {
         let began = std::time::Instant::now();
         let Some((snap, plan, standing)) = self.plan_pass(progress).await else {
@@ -38,62 +54,17 @@ impl SeatEngine {
             })
             .collect();
         let steps = pass::steps(&snap, &plan, &standing, &refused);
-        let (mut claimed, mut released, mut advertised_releases) = (0, 0, false);
-        let mut gated = None;
-        let offered = Mutex::new(BTreeMap::new());
         if !steps.iter().any(|s| matches!(s, pass::Step::Claim { .. })) {
             self.set_claims_blocked_by(None);
         }
-        let mut next = 0;
-        while let Some(step) = steps.get(next) {
-            if matches!(step, pass::Step::AnnounceBehind | pass::Step::Claim { .. })
-                && released > 0
-                && !advertised_releases
-            {
-                // A seat given back is advertised in the release itself. The
-                // presence write (bounded store calls, maybe behind the
-                // heartbeat's on the presence lock) is waited on beating: a
-                // sweep waiting out a NATS election here was shot as wedged.
-                watched(progress, None, self.refresh_presence()).await;
-                progress();
-                advertised_releases = true;
-            }
-            // Claims side by side, a few at a time: a restarted node's
-            // seats are established together, not one after another.
-            let run: Vec<&pass::Step> = steps[next..]
-                .iter()
-                .take_while(|s| matches!(s, pass::Step::Claim { .. }))
-                .take(CLAIMS_AT_ONCE)
-                .collect();
-            let done = if run.is_empty() {
-                next += 1;
-                vec![self.execute(&snap, step, &offered, progress).await]
-            } else {
-                next += run.len();
-                futures::future::join_all(
-                    run.iter()
-                        .map(|s| self.execute(&snap, s, &offered, progress)),
-                )
-                .await
-            };
-            progress();
-            let mut stop = false;
-            for d in done {
-                match d {
-                    Done::Released => released += 1,
-                    Done::Claimed => claimed += 1,
-                    Done::Nothing => {}
-                    Done::StopClaims => stop = true,
-                    Done::Gated(floor) => {
-                        gated = Some(floor);
-                        stop = true;
-                    }
-                }
-            }
-            if stop {
-                break;
-            }
-        }
+        let Tally {
+            claimed,
+            released,
+            advertised_releases,
+            gated,
+            tried,
+            won,
+        } = self.run_steps(&snap, &steps, progress).await;
         match gated {
             // Once per pass, however many of its claims the gate refused.
             Some(floor) => self.report_gate(floor).await,
@@ -120,7 +91,85 @@ impl SeatEngine {
             fleet_full: plan.withheld == Some(Withheld::FleetFull),
             duration_ms: began.elapsed().as_millis() as u64,
         });
-        !plan.rechecks.is_empty()
+        let pace = pace::next(
+            self.cfg.claim_limit,
+            pace::PassClaims {
+                limit: snap.claim_limit,
+                cut: plan.cut,
+                tried,
+                won,
+            },
+        );
+        self.claim_pace
+            .store(pace.limit, std::sync::atomic::Ordering::SeqCst);
+        !plan.rechecks.is_empty() || pace.soon
+    }
+
+    /// Run a pass's steps in order — claims side by side, at most
+    /// [`CLAIMS_AT_ONCE`] at a time — until they end or one stops the
+    /// claims (a drain, the protocol gate).
+    async fn run_steps(
+        &self,
+        snap: &Snapshot,
+        steps: &[pass::Step],
+        progress: &Progress<'_>,
+    ) -> Tally {
+        let mut t = Tally::default();
+        let offered = Mutex::new(BTreeMap::new());
+        let mut next = 0;
+        while let Some(step) = steps.get(next) {
+            if matches!(step, pass::Step::AnnounceBehind | pass::Step::Claim { .. })
+                && t.released > 0
+                && !t.advertised_releases
+            {
+                // A seat given back is advertised in the release itself. The
+                // presence write (bounded store calls, maybe behind the
+                // heartbeat's on the presence lock) is waited on beating: a
+                // sweep waiting out a NATS election here was shot as wedged.
+                watched(progress, None, self.refresh_presence()).await;
+                progress();
+                t.advertised_releases = true;
+            }
+            // Claims side by side, a few at a time: a restarted node's
+            // seats are established together, not one after another.
+            let run: Vec<&pass::Step> = steps[next..]
+                .iter()
+                .take_while(|s| matches!(s, pass::Step::Claim { .. }))
+                .take(CLAIMS_AT_ONCE)
+                .collect();
+            let done = if run.is_empty() {
+                next += 1;
+                vec![self.execute(snap, step, &offered, progress).await]
+            } else {
+                next += run.len();
+                let done = futures::future::join_all(
+                    run.iter()
+                        .map(|s| self.execute(snap, s, &offered, progress)),
+                )
+                .await;
+                t.tried += run.len();
+                t.won += done.iter().filter(|d| matches!(d, Done::Claimed)).count();
+                done
+            };
+            progress();
+            let mut stop = false;
+            for d in done {
+                match d {
+                    Done::Released => t.released += 1,
+                    Done::Claimed => t.claimed += 1,
+                    Done::Nothing => {}
+                    Done::StopClaims => stop = true,
+                    Done::Gated(floor) => {
+                        t.gated = Some(floor);
+                        stop = true;
+                    }
+                }
+            }
+            if stop {
+                break;
+            }
+        }
+        t
     }
 
     /// Read what a pass decides on and plan it: the roster, this node as it

@@ -87,6 +87,22 @@ fn never_more_than_the_claim_limit_per_pass() {
     ));
     assert_eq!(p.capacity, 20);
     assert_eq!(p.claims.len(), 4, "claim_limit 4");
+    assert!(p.cut, "the limit left free seats of this node's share");
+}
+
+#[test]
+fn a_plan_is_cut_only_when_its_limit_left_seats_of_the_share_untried() {
+    let a = node("a", &[]);
+    let fleet = [a.clone(), node("b", &[])];
+    // 10 seats over two nodes: a share of 5; a limit of 5 tries them all.
+    let mut s = snap(&a, &fleet, seats("s", 10, &pl(&[], &[])));
+    s.claim_limit = 5;
+    let p = plan(&s);
+    assert_eq!((p.claims.len(), p.cut), (5, false));
+    // The share, not the free seats, is what the limit is held against.
+    s.claim_limit = 4;
+    let p = plan(&s);
+    assert_eq!((p.claims.len(), p.cut), (4, true));
 }
 
 #[test]

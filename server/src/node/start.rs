@@ -49,8 +49,7 @@ fn agent_policy(config: &Config) -> Result<crate::config::AgentPolicy, NodeError
 /// Start a node: database, incarnation, first person, coordination and
 /// queue, the company, every seat's mailbox, the seat engine, HTTP.
 pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
-    crate::web::auth::return_password_memory();
-    crate::engine::children::seal_node_process();
+    prepare_process();
     let pool = db::open(&config.node.data_dir, &db::MIGRATOR).await?;
     let incarnation = Incarnation::mint(&config.node.id);
     let info = NodeInfo::from_config(&config, incarnation);
@@ -136,6 +135,14 @@ pub async fn start(config: Config) -> Result<RunningNode, NodeError> {
         server,
         pool,
     })
+}
+
+/// What the node's process is made once, before anything starts: its
+/// memory for passwords given back when freed, and its process sealed from
+/// its children.
+fn prepare_process() {
+    crate::web::auth::return_password_memory();
+    crate::engine::children::seal_node_process();
 }
 
 /// The coordination store, the queue and the NATS client (none on the

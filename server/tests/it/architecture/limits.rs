@@ -62,7 +62,6 @@ const LONG_FUNCTIONS: &[(&str, &str, usize)] = &[
     ("server/src/node/start.rs", "start", 88),
     ("server/src/queue/attach.rs", "consume", 85),
     ("server/src/seat/engine/sweep.rs", "execute", 89),
-    ("server/src/seat/engine/sweep.rs", "sweep_pass", 98),
     ("server/src/seat/host/claim.rs", "claim_with", 88),
     ("server/src/seat/host/release.rs", "release_locked", 93),
     ("server/src/seat/host/renew.rs", "renew_one", 89),

@@ -45,13 +45,15 @@ use crewlet::seat::engine::{EngineConfig, SeatEngine};
 use crewlet::seat::host::{Fence, SeatContext, SeatHooks};
 use crewlet::tasks::Tasks;
 
-/// Lease TTL and heartbeat as shipped; a faster sweep and a larger claim
-/// limit so a node of a small fleet reaches its share of 10,000 seats in
-/// minutes, not hours.
+/// Lease TTL, heartbeat, sweep and claim limit as shipped (the claim pace
+/// takes a node to its share of 10,000 seats within a few passes); a
+/// larger release limit, the one setting not shipped, so a joining tenth
+/// reaches its share in minutes: giving back has no pace (2 a pass at 5 s
+/// is 24 seats a minute from each donor).
 const TTL: Duration = Duration::from_secs(45);
 const HEARTBEAT: Duration = Duration::from_secs(15);
-const SWEEP: Duration = Duration::from_secs(2);
-const CLAIM_LIMIT: u32 = 50;
+const SWEEP: Duration = Duration::from_secs(5);
+const CLAIM_LIMIT: u32 = 4;
 const RELEASE_LIMIT: u32 = 10;
 
 /// Seats attached and idle: each answers nothing.
@@ -492,7 +494,7 @@ async fn main() {
     let limit = Duration::from_secs(env_number("CREWLET_SCALE_LIMIT_S", 300));
     println!();
     println!(
-        "| scale (3-server cluster on loopback; TTL {} s, heartbeat {} s, sweep {} s, claim limit {CLAIM_LIMIT}) | measured | goal |",
+        "| scale (3-server cluster on loopback; TTL {} s, heartbeat {} s, sweep {} s, claim limit {CLAIM_LIMIT}, release limit {RELEASE_LIMIT}) | measured | goal |",
         TTL.as_secs(),
         HEARTBEAT.as_secs(),
         SWEEP.as_secs()

@@ -437,14 +437,19 @@ async fn sign_out_ends_the_session() {
     n.stop().await;
 }
 
+/// A node on `dir/data` with nobody configured and any free port.
+fn nobody_configured(dir: &std::path::Path) -> Config {
+    let text = format!(
+        "[node]\nlisten = \"127.0.0.1:0\"\ndata_dir = \"{}\"\n",
+        dir.join("data").display()
+    );
+    Config::parse("t.toml", &text, &BTreeMap::new()).unwrap()
+}
+
 #[tokio::test]
 async fn first_start_with_nobody_configured_creates_admin_and_keeps_only_a_hash() {
     let dir = tempfile::tempdir().unwrap();
-    let text = format!(
-        "[node]\nlisten = \"127.0.0.1:0\"\ndata_dir = \"{}\"\n",
-        dir.path().join("data").display()
-    );
-    let config = Config::parse("t.toml", &text, &BTreeMap::new()).unwrap();
+    let config = nobody_configured(dir.path());
     let node = node::start(config.clone()).await.unwrap();
     node.shutdown().await.unwrap();
     let pool = crewlet::db::open(&dir.path().join("data"), &crewlet::db::MIGRATOR)
@@ -480,12 +485,7 @@ async fn first_start_with_nobody_configured_creates_admin_and_keeps_only_a_hash(
 #[tokio::test]
 async fn a_stopped_node_has_closed_its_database() {
     let dir = tempfile::tempdir().unwrap();
-    let text = format!(
-        "[node]\nlisten = \"127.0.0.1:0\"\ndata_dir = \"{}\"\n",
-        dir.path().join("data").display()
-    );
-    let config = Config::parse("t.toml", &text, &BTreeMap::new()).unwrap();
-    let node = node::start(config).await.unwrap();
+    let node = node::start(nobody_configured(dir.path())).await.unwrap();
     let wal = dir.path().join("data").join("crewlet.db-wal");
     assert!(wal.exists(), "a running node writes through its log");
     node.shutdown().await.unwrap();

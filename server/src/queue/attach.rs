@@ -49,7 +49,9 @@ use super::{DeadLetterReason, Delivery, Disposition, EventSink, Handler, QueueEr
 use crate::watchdog::{Progress, Pulse};
 
 mod depth;
+mod looks;
 use depth::Depth;
+use looks::{due_with_reasons, fetch_wait, look_for_stranded};
 
 /// One fetched, unsettled message.
 pub struct Fetched {
@@ -195,6 +197,8 @@ pub const COALESCE_WAIT: Duration = Duration::from_millis(10);
 /// made it look (it also looks at attach and after a fetch error), unless
 /// its source says otherwise ([`Source::stranded_every`]).
 pub const STRANDED_EVERY: Duration = Duration::from_secs(30);
+/// The shortest wait a fetch is given, however soon a look is due.
+pub const MIN_FETCH_WAIT: Duration = Duration::from_millis(100);
 /// After a fetch error, how long the loop lets acknowledgements already
 /// on their way land before it looks for stranded mail.
 pub const STRANDED_AFTER_ERROR: Duration = Duration::from_secs(2);
@@ -414,58 +418,6 @@ async fn settled(what: &str, sub: &str, d: &Delivery, r: Result<(), QueueError>)
     settle_or_log(what, sub, r).await;
 }
 
-/// Look for stranded mail: what was found, and when the next look is due
-/// (soon when something was found: a consumer that strands mail may go on
-/// stranding what arrives).
-async fn look_for_stranded(
-    l: &Loop,
-    quiet_since: tokio::time::Instant,
-) -> (Vec<Fetched>, tokio::time::Instant) {
-    let now = tokio::time::Instant::now();
-    let idle = now.saturating_duration_since(quiet_since);
-    let beat = || l.pulse.beat();
-    match l.source.take_stranded(&*l.handler, idle, &beat).await {
-        Ok(Some(found)) => {
-            for f in &found {
-                trace("fetched", &l.subscription, &f.delivery, "stranded");
-                (l.events)(QueueEvent::Recovered {
-                    subscription: l.subscription.clone(),
-                    subject: f.delivery.subject.clone(),
-                    seq: f.delivery.seq,
-                });
-            }
-            let due = if found.is_empty() {
-                l.source.stranded_every()
-            } else {
-                STRANDED_AFTER_ERROR
-            };
-            (found, now + due)
-        }
-        Ok(None) => (Vec::new(), now + STRANDED_AFTER_ERROR),
-        Err(e) => {
-            tracing::warn!(subscription = %l.subscription, error = %e, "cannot look for stranded mail; looking again soon");
-            (Vec::new(), now + STRANDED_AFTER_ERROR)
-        }
-    }
-}
-
-/// When the next look for stranded mail is due, given it was due at `due`
-/// and the source's reasons (a reconnect, an election) were `reasons`: a
-/// new one makes it due once acknowledgements on their way have landed,
-/// at the loop's own offset ([`Source::look_offset`]).
-fn due_with_reasons(
-    source: &dyn Source,
-    reasons: &mut u64,
-    due: tokio::time::Instant,
-) -> tokio::time::Instant {
-    let seen = source.reasons();
-    if seen == *reasons {
-        return due;
-    }
-    *reasons = seen;
-    due.min(tokio::time::Instant::now() + STRANDED_AFTER_ERROR + source.look_offset())
-}
-
 async fn consume(l: Loop) {
     let _end = EndPulse(l.pulse.clone());
     let mut gate = l.gate.subscribe();
@@ -496,7 +448,7 @@ async fn consume(l: Loop) {
             Some(f) => Ok(Some(f)),
             None => tokio::select! {
                 _ = l.cancel.cancelled() => return,
-                r = l.pulse.waiting(l.depth.idle_while(l.source.next(l.source.fetch_wait()))) => {
+                r = l.pulse.waiting(l.depth.idle_while(l.source.next(fetch_wait(&*l.source, stranded_due)))) => {
                     if let Ok(Some(f)) = &r {
                         trace("fetched", &l.subscription, &f.delivery, "fetch");
                     }
@@ -1011,6 +963,58 @@ mod tests {
                 |(at, idle)| *at > handed_back + delay + STRANDED_AFTER_ERROR && !idle.is_zero()
             ),
             "once the retry was due, the loop counted as idle again: {looks:?}"
+        );
+    }
+
+    /// Nothing to fetch, a long pull (a minute), and every look for
+    /// stranded mail answered "not now" (a delivery awaits its
+    /// acknowledgement); each look's instant is recorded.
+    struct LongPullPending {
+        looks: Arc<Mutex<Vec<tokio::time::Instant>>>,
+    }
+
+    #[async_trait::async_trait]
+    impl Source for LongPullPending {
+        async fn next(&self, wait: Duration) -> Result<Option<Fetched>, QueueError> {
+            tokio::time::sleep(wait).await;
+            Ok(None)
+        }
+        fn fetch_wait(&self) -> Duration {
+            Duration::from_secs(60)
+        }
+        async fn take_stranded(
+            &self,
+            _judge: &dyn Handler,
+            _idle: Duration,
+            _beat: &Progress<'_>,
+        ) -> Result<Option<Vec<Fetched>>, QueueError> {
+            self.looks.lock().unwrap().push(tokio::time::Instant::now());
+            Ok(None)
+        }
+    }
+
+    /// A look that could not go ahead asks again in STRANDED_AFTER_ERROR,
+    /// and a long pull does not put it off until the pull comes back.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_look_put_off_by_a_pending_delivery_is_not_put_off_again_by_a_long_pull() {
+        let looks = Arc::new(Mutex::new(Vec::new()));
+        let source = Arc::new(LongPullPending {
+            looks: looks.clone(),
+        });
+        let handler = super::super::handler_fn(|_| async { Disposition::Ack });
+        let a = Attachment::start("agent-s".into(), 25, &[], source, handler, Arc::new(|_| {}));
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        a.detach().await;
+        let looks = looks.lock().unwrap();
+        assert!(
+            looks.len() >= 20,
+            "a look every {STRANDED_AFTER_ERROR:?} over a minute: {} looks",
+            looks.len()
+        );
+        let slack = STRANDED_AFTER_ERROR + MIN_FETCH_WAIT;
+        assert!(
+            looks.windows(2).all(|w| w[1] - w[0] <= slack),
+            "no look waited for the pull: {looks:?}"
         );
     }
 

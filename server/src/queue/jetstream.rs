@@ -543,6 +543,7 @@ impl Queue for JetStreamQueue {
             own: self.wakes.register(name),
             stored: self.stored.clone(),
             looked_at: std::sync::atomic::AtomicU64::new(u64::MAX),
+            pulled_at: std::sync::atomic::AtomicU64::new(u64::MAX),
         });
         Ok(Attachment::start(
             name.to_string(),

@@ -261,6 +261,12 @@ impl Source for MemorySource {
         TWIN_FETCH_WAIT
     }
 
+    /// Nothing strands here: the loop's looks (which find nothing) need
+    /// not cut its fetches shorter than their own wait.
+    fn stranded_every(&self) -> Duration {
+        TWIN_FETCH_WAIT
+    }
+
     async fn next(&self, wait: Duration) -> Result<Option<Fetched>, QueueError> {
         let give_up = Instant::now() + wait;
         loop {

@@ -1089,11 +1089,91 @@ async fn diagnose_unanswered(
             },
             Err(e) => format!("consumer agent-{seat}: not found ({e})"),
         };
+        let subject = format!("crewlet.agent.{seat}.inbox");
+        let at_leader = stored_at_leader(&stream, &subject, &id).await;
+        let by_read = stored_by_a_read(&stream, &subject, &id).await;
         out.push(format!(
-            "  unanswered {id} (seat {seat}): {stored}; {consumer}"
+            "  unanswered {id} (seat {seat}): {stored}; {consumer}; its inbox holds it, by the leader's reads: {at_leader}; by a consumer's read (as the end's read is made): {by_read}"
         ));
     }
     out
+}
+
+/// Where the stream leader keeps `id` on `subject`: its sequences, read
+/// one by one (as a stranded-mail look reads them).
+async fn stored_at_leader(stream: &jetstream::stream::Stream, subject: &str, id: &str) -> String {
+    let mut found = Vec::new();
+    let mut from = 1;
+    for _ in 0..5000 {
+        let next = stream
+            .raw_message_builder()
+            .sequence(from)
+            .next_by_subject(subject.to_string())
+            .send()
+            .await;
+        match next {
+            Ok(m) => {
+                from = m.sequence + 1;
+                if payload_id(&m.payload).as_deref() == Some(id) {
+                    found.push(m.sequence);
+                }
+            }
+            Err(e) if e.to_string().contains("no message found") => break,
+            Err(e) => return format!("cannot read ({e})"),
+        }
+    }
+    format!("{found:?}")
+}
+
+/// Where a consumer of its own reads `id` on `subject`: its sequences. On
+/// NATS 2.9 each replica decides on its own that a message has no more
+/// interest, so this can differ from [`stored_at_leader`].
+async fn stored_by_a_read(stream: &jetstream::stream::Stream, subject: &str, id: &str) -> String {
+    let c = match stream
+        .create_consumer(consumer::pull::Config {
+            ack_policy: consumer::AckPolicy::None,
+            deliver_policy: consumer::DeliverPolicy::All,
+            filter_subject: subject.to_string(),
+            inactive_threshold: Duration::from_secs(30),
+            ..Default::default()
+        })
+        .await
+    {
+        Ok(c) => c,
+        Err(e) => return format!("cannot read ({e})"),
+    };
+    let mut found = Vec::new();
+    loop {
+        let mut batch = match c
+            .fetch()
+            .max_messages(1000)
+            .expires(Duration::from_millis(500))
+            .messages()
+            .await
+        {
+            Ok(b) => b,
+            Err(e) => return format!("cannot read ({e})"),
+        };
+        let (mut got, mut left) = (0, 0);
+        while let Some(Ok(m)) = batch.next().await {
+            got += 1;
+            if let Ok(i) = m.info() {
+                left = i.pending;
+                if payload_id(&m.payload).as_deref() == Some(id) {
+                    found.push(i.stream_sequence);
+                }
+            }
+        }
+        if got == 0 || left == 0 {
+            break;
+        }
+    }
+    format!("{found:?}")
+}
+
+fn payload_id(payload: &[u8]) -> Option<String> {
+    let e = serde_json::from_slice::<serde_json::Value>(payload).ok()?;
+    e["id"].as_str().map(str::to_string)
 }
 
 /// Ask a live node's `/query/fleet` every second.

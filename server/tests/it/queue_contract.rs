@@ -736,12 +736,13 @@ async fn a_delivery_its_owner_keeps_extending_is_not_redelivered_and_comes_back_
     // A long turn on a live node: its deliveries outlive the window for as
     // long as the seat's renewals extend them.
     let q = &*b.queue;
+    let window = Duration::from_secs(2);
     let spec = SubscriptionSpec::new(
         "agent-long".into(),
         "crewlet.agent.long.inbox".into(),
         QueueSettings {
             max_deliveries: 25,
-            ack_wait: Duration::from_secs(1),
+            ack_wait: window,
         },
     );
     q.ensure_subscription(&spec).await.unwrap();
@@ -759,13 +760,22 @@ async fn a_delivery_its_owner_keeps_extending_is_not_redelivered_and_comes_back_
         tokio::time::timeout(WAIT, started.recv()).await.unwrap(),
         Some(1)
     );
+    // Three windows, extended four times a window (as renewals would): the
+    // delivery never comes back. Its successor attaches for the last half
+    // window, as a seat's next holder does once its owner lost the lease
+    // and is about to stop extending: a loop idle for two windows may take
+    // a delivery still awaiting its acknowledgement from the stream
+    // (`PENDING_WINDOWS`), which a renewing owner never leaves that long.
+    let every = window / 4;
+    let mut beat = tokio::time::interval(every);
+    for _ in 0..10 {
+        beat.tick().await;
+        owner.extend();
+    }
     let (h, mut rx) = recorder(|_| Disposition::Ack);
     let successor = q.attach(&spec.name, &[], h).await.unwrap();
-    // Three windows, extended four times a window (as renewals would):
-    // the delivery never comes back.
-    let mut beat = tokio::time::interval(Duration::from_millis(250));
     let extended = async {
-        for _ in 0..12 {
+        for _ in 0..2 {
             beat.tick().await;
             owner.extend();
         }

@@ -30,6 +30,9 @@ pub(super) struct PullSource {
     /// The reasons seen at this source's last stranded-mail look (`u64::MAX`
     /// before its first).
     pub(super) looked_at: std::sync::atomic::AtomicU64,
+    /// The reasons seen at this source's last long pull (`u64::MAX` before
+    /// its first): [`wakes::pull_wait_after`].
+    pub(super) pulled_at: std::sync::atomic::AtomicU64,
 }
 
 #[async_trait::async_trait]
@@ -40,6 +43,15 @@ impl Source for PullSource {
         let (mut every, mut own) = self.wakes.listen(&self.own);
         every.borrow_and_update();
         own.borrow_and_update();
+        let wait = if wait > crate::queue::attach::FETCH_WAIT {
+            let seen = Source::reasons(self);
+            let pulled = self
+                .pulled_at
+                .swap(seen, std::sync::atomic::Ordering::SeqCst);
+            wakes::pull_wait_after(wait, pulled, seen)
+        } else {
+            wait
+        };
         let mut batch = bounded(
             self.timeout,
             self.consumer

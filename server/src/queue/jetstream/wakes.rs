@@ -9,7 +9,8 @@
 //! one of its consumers (the new leader knows nothing of the old one's
 //! waiting requests; before 2.10.26 a consumer could also strand mail
 //! then). Each of those is a *reason*: the waiting pulls it concerns end
-//! and are sent again at once, and their loops look for stranded mail soon
+//! and are sent again at once, waiting short the first time
+//! ([`pull_wait_after`]), and their loops look for stranded mail soon
 //! after — every pull for a reconnect or the stream's election, one
 //! consumer's for that consumer's election ([`concerns`]).
 //!
@@ -52,6 +53,22 @@ pub fn look_offset(consumer: &str, n: usize) -> Duration {
         (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
     });
     Duration::from_millis(h % window_ms)
+}
+
+/// Pure: how long a pull asked to wait `asked` does wait, when the reasons
+/// seen at this consumer's last pull were `pulled` and are `seen` now. The
+/// first pull after a reason is sent as its leader settles in, and may be
+/// forgotten like the one the reason ended (a 3-server cluster's loaded
+/// test run: mail published after a consumer's election waited past half a
+/// long pull): it waits no longer than
+/// [`FETCH_WAIT`](crate::queue::attach::FETCH_WAIT), so a forgotten one is
+/// sent again within seconds; the pulls after it wait long again.
+pub fn pull_wait_after(asked: Duration, pulled: u64, seen: u64) -> Duration {
+    if pulled == seen {
+        asked
+    } else {
+        asked.min(crate::queue::attach::FETCH_WAIT)
+    }
 }
 
 /// The advisory subjects of an election for the agents stream and for its
@@ -359,6 +376,20 @@ mod tests {
             look_offset("agent-a", 150),
             look_offset("agent-a", 150),
             "the same place each time"
+        );
+    }
+
+    #[test]
+    fn the_first_pull_after_a_reason_waits_short_and_the_ones_after_it_long() {
+        let short = crate::queue::attach::FETCH_WAIT;
+        assert_eq!(pull_wait_after(PULL_WAIT, 3, 4), short, "after a reason");
+        assert_eq!(pull_wait_after(PULL_WAIT, u64::MAX, 0), short, "the first");
+        assert_eq!(pull_wait_after(PULL_WAIT, 4, 4), PULL_WAIT, "no new reason");
+        let coalescing = Duration::from_millis(10);
+        assert_eq!(
+            pull_wait_after(coalescing, 3, 4),
+            coalescing,
+            "never longer"
         );
     }
 

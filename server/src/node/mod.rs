@@ -259,16 +259,17 @@ async fn jetstream_queue(
     store: &dyn Store,
     c: &async_nats::Client,
 ) -> Result<JetStreamQueue, NodeError> {
+    // The same replica count the coordination buckets use.
+    let replicas = crate::coord::NatsOptions::from_config(
+        &config.stream,
+        &config.coordination,
+        &config.node.id,
+    )
+    .replicas;
     let q = JetStreamQueue::new(
         c.clone(),
         JetStreamSettings {
-            // The same replica count the coordination buckets use.
-            replicas: crate::coord::NatsOptions::from_config(
-                &config.stream,
-                &config.coordination,
-                &config.node.id,
-            )
-            .replicas,
+            replicas,
             timeout: Duration::from_millis(config.coordination.store_timeout_ms),
         },
         queue_sink(events),
@@ -285,6 +286,13 @@ async fn jetstream_queue(
         stranded_look_every_s = q.wakes().stranded_every(q.api_level()).as_secs(),
         "JetStream: newer features are gated on the server's API level"
     );
+    let version = &c.server_info().version;
+    if replicas > 1 && crate::queue::jetstream::loses_track_across_leader_changes(version) {
+        tracing::warn!(
+            nats_server = %version,
+            "this nats-server can lose mail when a mailbox consumer's leader changes with a delivery awaiting its acknowledgement (a node killed as it fetched, a server restarted): fixed in 2.10.26; run 2.10.26 or later for mail that is never lost (docs/nats.md § Client and server compatibility)"
+        );
+    }
     Ok(q)
 }
 

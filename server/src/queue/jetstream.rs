@@ -105,6 +105,32 @@ pub fn stranded_every(level: u32) -> Duration {
     }
 }
 
+/// The first nats-server release whose consumers keep track of a delivery
+/// awaiting its acknowledgement across a change of their leader
+/// (nats-server #6469, #6526, #6519).
+pub const LEADER_CHANGE_FIXED_IN: (u64, u64, u64) = (2, 10, 26);
+
+/// Pure: whether a nats-server of `version` (as its INFO says, "2.9.10")
+/// is one whose consumers can lose track of a delivery awaiting its
+/// acknowledgement when their leader changes — pass their acknowledgement
+/// floor over it, so the interest-retained stream removes mail nobody
+/// answered (chaos ci profile, seed 1, on 2.9.10: a message delivered to a
+/// node killed that instant was never delivered again, gone from the
+/// stream's leader, kept by one replica). A version that cannot be read
+/// says no.
+pub fn loses_track_across_leader_changes(version: &str) -> bool {
+    let mut parts = version
+        .trim_start_matches('v')
+        .split(['.', '-', '+'])
+        .map(|p| p.parse::<u64>());
+    match (parts.next(), parts.next(), parts.next()) {
+        (Some(Ok(major)), Some(Ok(minor)), Some(Ok(patch))) => {
+            (major, minor, patch) < LEADER_CHANGE_FIXED_IN
+        }
+        _ => false,
+    }
+}
+
 /// The agents stream as made by a node before its consumer limit was set
 /// (no limit: `max_consumers` not above zero), given the limit now: on
 /// nats-server 2.15 and later such a stream holds 1,000 consumers at most.
@@ -713,5 +739,28 @@ mod tests {
         assert_eq!(stranded_every(0), Duration::from_secs(30));
         assert_eq!(stranded_every(1), Duration::from_secs(300));
         assert_eq!(stranded_every(2), Duration::from_secs(300));
+    }
+
+    #[test]
+    fn servers_before_2_10_26_are_the_ones_that_lose_track_of_a_delivery_across_a_leader_change() {
+        for old in [
+            "2.9.10",
+            "v2.9.25",
+            "2.10.7",
+            "2.10.25",
+            "2.10.25-beta.1",
+            "1.4.0",
+        ] {
+            assert!(loses_track_across_leader_changes(old), "{old}");
+        }
+        for fixed in ["2.10.26", "2.10.27", "2.11.0", "2.12.8", "2.15.1", "3.0.0"] {
+            assert!(!loses_track_across_leader_changes(fixed), "{fixed}");
+        }
+        for unreadable in ["", "2", "2.x.1", "nightly"] {
+            assert!(
+                !loses_track_across_leader_changes(unreadable),
+                "{unreadable}"
+            );
+        }
     }
 }

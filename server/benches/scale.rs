@@ -400,9 +400,9 @@ async fn point(n: usize, seats: usize, limit: Duration) -> Point {
     let mut claims = std::mem::take(&mut seen.lock().unwrap_or_else(|e| e.into_inner()).claims);
     let claim = (pct(&mut claims, 0.5), pct(&mut claims, 0.99), claims.len());
 
-    // Steady state: once node 0's live view of the lease bucket has
-    // stopped (a minute after its last claim judged the gate: spec § Mixed-
-    // version fleets), three heartbeats.
+    // Steady state, once node 0's live view of the lease bucket has
+    // stopped (a minute after its last claim judged the gate, as
+    // spec § Mixed-version fleets has it): three heartbeats.
     let view_stopped = view_stopped(&nodes[0]).await;
     let own_renewals_per_sweep =
         nodes[0].engine.host().held().len() as f64 * SWEEP.as_secs_f64() / HEARTBEAT.as_secs_f64();

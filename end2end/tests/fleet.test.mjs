@@ -289,6 +289,30 @@ test("a reordering saved from node A's dashboard, by keyboard, shows on node B's
   const flipped = [before[1], before[0]];
   await until('the draft to show the new order', async () => JSON.stringify(await order(a.page)) === JSON.stringify(flipped));
   assert.equal(await a.page.evaluate(() => document.activeElement?.id), `order-up-${top}`);
+  // Every fleet event reads the order again; the focus stays on the same
+  // button through that (here: a move somebody asks for on node B).
+  await a.page.evaluate(() => (document.activeElement.dataset.focusMark = 'kept'));
+  const reread = a.page.waitForResponse((r) => r.url().endsWith('/api/node_order'), { timeout: 20000 });
+  const asked = await until('a move to node B to be accepted', async () => {
+    for (const handle of ROLES) {
+      const r = await b.page.evaluate(async (body) => {
+        const res = await fetch('/api/move_seat', {
+          method: 'POST',
+          headers: { 'content-type': 'application/x-www-form-urlencoded' },
+          body,
+        });
+        return res.status;
+      }, new URLSearchParams({ handle, node: 'node-b', reason: 'focus check' }).toString());
+      if (r === 200) return handle;
+    }
+    return false;
+  }, 20000);
+  await reread;
+  assert.equal(
+    await a.page.evaluate(() => document.activeElement?.dataset.focusMark),
+    'kept',
+    `focus left order-up-${top} when the order was read again after ${asked}'s move was asked for`,
+  );
   await a.page.getByText('Unsaved changes').waitFor();
   await a.page.locator('button[data-action="save-order"]').click();
   await a.page.locator('section.priority-order [data-order-set-by="olivia"]').waitFor();

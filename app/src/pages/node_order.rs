@@ -174,7 +174,9 @@ pub fn PriorityOrder(
                     .map(|e| view! { <ErrorNotice error=e /> })
             }}
             <ol class="node-order" aria-label="Node priority order, top first">
-                {move || order_rows(d, operator)}
+                <For each=move || order_rows(d) key=|r| r.clone() let:r>
+                    <OrderRow d operator i=r.i node=r.node len=r.len newcomer=r.newcomer />
+                </For>
             </ol>
             <ChangedSince d />
             {move || {
@@ -227,8 +229,21 @@ fn ChangedSince(d: OrderDraft) -> impl IntoView {
     }
 }
 
-/// The rows of the order shown, each with its rank.
-fn order_rows(d: OrderDraft, operator: Signal<bool>) -> impl IntoView {
+/// One row of the order shown: what it draws, and so what it is keyed by.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct RowKey {
+    i: usize,
+    node: String,
+    len: usize,
+    /// Not in the saved order.
+    newcomer: bool,
+}
+
+/// The rows of the order shown, each with its rank. Keyed by all they
+/// draw, so the order being read again without a change to what is shown
+/// (every fleet event reads it again) keeps every row's elements — and the
+/// focus on a row's button — where they are.
+fn order_rows(d: OrderDraft) -> Vec<RowKey> {
     let list = d.shown();
     let len = list.len();
     let saved = d.current().map(|o| o.saved).unwrap_or_default();
@@ -236,9 +251,14 @@ fn order_rows(d: OrderDraft, operator: Signal<bool>) -> impl IntoView {
         .enumerate()
         .map(|(i, node)| {
             let newcomer = !saved.is_empty() && !saved.contains(&node);
-            view! { <OrderRow d operator i node len newcomer /> }
+            RowKey {
+                i,
+                node,
+                len,
+                newcomer,
+            }
         })
-        .collect_view()
+        .collect()
 }
 
 /// One node of the order: draggable (for operators) onto another's place.

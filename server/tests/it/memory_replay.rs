@@ -21,6 +21,28 @@ async fn store(dir: &std::path::Path) -> MemoryStore {
     MemoryStore::new(pool)
 }
 
+/// The changelog read through `member` alone, once it answers for the
+/// stream: a member restarted into the cluster answers only after its
+/// routes are back (under load, seconds after it serves clients); its
+/// copy of the stream may still be catching up — what the replays race.
+async fn through_member(member: &support::nats::NatsServer) -> NatsChangelog {
+    let near = async_nats::connect(member.url()).await.unwrap();
+    support::wait_for(
+        "the restarted member to answer for CREWLET_MEMORY",
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        || {
+            let near = near.clone();
+            async move {
+                NatsChangelog::new(near, 3, Duration::from_secs(2))
+                    .await
+                    .ok()
+            }
+        },
+    )
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replay_read_from_a_member_behind_left_a_handoffs_rows_behind() {
     let mut cluster = support::nats::NatsCluster::start(3).await;
@@ -55,12 +77,7 @@ async fn a_replay_read_from_a_member_behind_left_a_handoffs_rows_behind() {
 
     // Replays right away, through the member that is catching up and
     // through the others: each has every row.
-    let near = async_nats::connect(cluster.servers[behind].url())
-        .await
-        .unwrap();
-    let near_log = NatsChangelog::new(near, 3, Duration::from_secs(2))
-        .await
-        .unwrap();
+    let near_log = through_member(&cluster.servers[behind]).await;
     for attempt in 0..10 {
         for (which, l) in [("the restarted member", &near_log), ("any member", &log)] {
             let rows = l.replay("s").await.unwrap();
@@ -103,12 +120,7 @@ async fn a_replay_through_a_member_catching_up_while_rows_keep_coming_has_every_
         }
         changelog::flush(&giver, &log, "s").await.unwrap();
         cluster.servers[behind].restart().await;
-        let near = async_nats::connect(cluster.servers[behind].url())
-            .await
-            .unwrap();
-        let near_log = NatsChangelog::new(near, 3, Duration::from_secs(2))
-            .await
-            .unwrap();
+        let near_log = through_member(&cluster.servers[behind]).await;
         for i in 0..30 {
             giver
                 .diary_write("s", &format!("while catching up {round}.{i}"), None)

@@ -7,6 +7,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
+/// The JetStream API's subject prefix: the node's JetStream contexts are
+/// made with `jetstream::new` (no domain, no custom prefix).
+pub const API_PREFIX: &str = "$JS.API";
+
 /// Pure: the JetStream API level a `$JS.API.INFO` answer states
 /// (`api.level`; 0 when it states none, as servers before 2.11 do).
 pub fn api_level_in(info: &serde_json::Value) -> u32 {

@@ -222,23 +222,21 @@ impl Attachment {
         let drop_in_flight = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let pulse = Pulse::new();
         let depth = Depth::default();
-        let task = crate::tasks::spawn_held(
-            "dispatch",
-            consume(Loop {
-                pulse: pulse.clone(),
-                depth: depth.clone(),
-                subscription: subscription.clone(),
-                max_deliveries,
-                extensions: extend.subscribe(),
-                gate: gate.clone(),
-                busy: busy_tx,
-                cancel: cancel.clone(),
-                drop_in_flight: drop_in_flight.clone(),
-                source,
-                handler,
-                events,
-            }),
-        );
+        let fut = consume(Loop {
+            pulse: pulse.clone(),
+            depth: depth.clone(),
+            subscription: subscription.clone(),
+            max_deliveries,
+            extensions: extend.subscribe(),
+            gate: gate.clone(),
+            busy: busy_tx,
+            cancel: cancel.clone(),
+            drop_in_flight: drop_in_flight.clone(),
+            source,
+            handler,
+            events,
+        });
+        let task = crate::tasks::spawn_held("dispatch", fut);
         Attachment {
             subscription,
             gate,
@@ -439,7 +437,7 @@ async fn consume(l: Loop) {
         if recovered.is_empty() && tokio::time::Instant::now() >= stranded_due {
             let (found, due) = tokio::select! {
                 _ = l.cancel.cancelled() => return,
-                r = look_for_stranded(&l, quiet_since) => r,
+                r = Box::pin(look_for_stranded(&l, quiet_since)) => r,
             };
             recovered.extend(found);
             stranded_due = due;
@@ -476,17 +474,17 @@ async fn consume(l: Loop) {
                 continue;
             }
         };
-        let batch = coalesce(&l, (delivery, settle), &mut recovered).await;
+        let batch = Box::pin(coalesce(&l, (delivery, settle), &mut recovered)).await;
         // A hold or quiesce that arrived during the fetch: hand it back.
         if !l.gate.borrow().open() || l.cancel.is_cancelled() {
-            hand_back(&l, batch, "closed gate").await;
+            Box::pin(hand_back(&l, batch, "closed gate")).await;
             continue;
         }
         let mut live = Vec::with_capacity(batch.len());
         for (delivery, settle) in batch {
             if delivery.delivered > l.max_deliveries {
                 let reason = DeadLetterReason::MaxDeliveries(delivery.delivered - 1);
-                dead_letter(&l, &delivery, settle, reason).await;
+                Box::pin(dead_letter(&l, &delivery, settle, reason)).await;
                 l.pulse.beat();
             } else {
                 live.push((delivery, settle));
@@ -495,7 +493,7 @@ async fn consume(l: Loop) {
         if live.is_empty() {
             continue;
         }
-        match handle_batch(&l, live).await {
+        match Box::pin(handle_batch(&l, live)).await {
             Some(back_in) => quiet_since = tokio::time::Instant::now() + back_in,
             None => return,
         }

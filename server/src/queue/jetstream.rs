@@ -80,7 +80,8 @@ impl Default for JetStreamSettings {
 #[derive(Clone)]
 pub struct JetStreamQueue {
     js: js::Context,
-    agents: stream::Stream,
+    /// The agents stream, shared by every loop's pull ([`pulling`]).
+    agents: Arc<stream::Stream>,
     settings: JetStreamSettings,
     events: EventSink,
     /// The server's JetStream API level (`$JS.API.INFO`; 0 before 2.11).
@@ -227,7 +228,7 @@ impl JetStreamQueue {
         ));
         Ok(JetStreamQueue {
             js,
-            agents,
+            agents: Arc::new(agents),
             settings,
             events,
             api_level,
@@ -552,17 +553,12 @@ impl Queue for JetStreamQueue {
             .and_then(|d| d.strip_prefix(DESCRIPTION_PREFIX))
             .and_then(|n| n.parse().ok())
             .unwrap_or(super::DEFAULT_MAX_DELIVERIES);
-        let consumer = bounded(
-            self.settings.timeout,
-            self.agents.get_consumer::<pull::Config>(name),
-        )
-        .await?
-        .map_err(backend)?;
         let source = Arc::new(PullSource {
-            consumer,
             stream: self.agents.clone(),
             js: self.js.clone(),
             name: name.to_string(),
+            filter: existing.filter_subject,
+            next_subject: pulling::next_subject(AGENTS_STREAM, name),
             timeout: self.settings.timeout,
             level: self.api_level,
             wakes: self.wakes.clone(),
@@ -570,6 +566,7 @@ impl Queue for JetStreamQueue {
             stored: self.stored.clone(),
             looked_at: std::sync::atomic::AtomicU64::new(u64::MAX),
             pulled_at: std::sync::atomic::AtomicU64::new(u64::MAX),
+            inbox: std::sync::Mutex::new(None),
         });
         Ok(Attachment::start(
             name.to_string(),

@@ -908,6 +908,80 @@ mod broker {
         stream
     }
 
+    /// The pull inboxes the connection named `name` listens on, as the
+    /// server lists them (`/connz`): single-subject `_INBOX.` subscriptions
+    /// (the client's request inbox is the wildcard `_INBOX.….*`).
+    async fn pull_inboxes(server: &support::nats::NatsServer, name: &str) -> Vec<String> {
+        let url = format!("{}/connz?subs=1", server.monitor_url());
+        let connz: serde_json::Value = reqwest::get(url).await.unwrap().json().await.unwrap();
+        let mut inboxes: Vec<String> = connz["connections"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|c| c["name"] == name)
+            .flat_map(|c| {
+                c["subscriptions_list"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default()
+            })
+            .filter_map(|s| s.as_str().map(str::to_string))
+            .filter(|s| s.starts_with("_INBOX.") && !s.ends_with(".*"))
+            .collect();
+        inboxes.sort();
+        inboxes
+    }
+
+    /// A pull answered — by a message, or by the server's own expiry — is
+    /// sent again on the same inbox: an idle mailbox costs the broker one
+    /// request a wait, not a subscription made and dropped with each pull.
+    /// A detached loop's inbox goes with it (the server then discards any
+    /// request still waiting for it).
+    #[tokio::test]
+    async fn a_loop_whose_pulls_are_answered_keeps_pulling_on_one_inbox_and_detach_drops_it() {
+        let server = support::nats::NatsServer::start().await;
+        let client = async_nats::ConnectOptions::new()
+            .name("pulls")
+            .connect(server.url())
+            .await
+            .unwrap();
+        let q = JetStreamQueue::new(client, JetStreamSettings::default(), sink().0)
+            .await
+            .unwrap();
+        let spec = ensure_seat(&q, "reused").await;
+        let (h, mut rx) = recorder(|_| Disposition::Ack);
+        let a = q.attach(&spec.name, &[], h).await.unwrap();
+        let poll = Duration::from_millis(50);
+        let first = support::wait_for("the loop's first pull inbox", WAIT, poll, || async {
+            let now = pull_inboxes(&server, "pulls").await;
+            (now.len() == 1).then_some(now)
+        })
+        .await;
+        for i in 0..3 {
+            publish(&q, &spec.subject, &format!("m{i}")).await;
+            recv(&mut rx, "a delivery").await;
+        }
+        let after = support::wait_for(
+            "a pull waiting after the deliveries",
+            WAIT,
+            poll,
+            || async {
+                let now = pull_inboxes(&server, "pulls").await;
+                (now.len() == 1).then_some(now)
+            },
+        )
+        .await;
+        assert_eq!(after, first, "the answered pulls' inbox is the next pull's");
+        a.detach().await;
+        support::wait_for("the detached loop's inbox gone", WAIT, poll, || async {
+            pull_inboxes(&server, "pulls")
+                .await
+                .is_empty()
+                .then_some(())
+        })
+        .await;
+    }
+
     /// The mailboxes' stream, through a client of the test's own.
     /// More seats than 1,000 consumers hold (three mailboxes a seat): the
     /// default limit nats-server 2.15 gives a stream that sets none.

@@ -2,11 +2,23 @@
 //! message at a time, waiting as long as the queue's wakes allow) and how a
 //! delivery it fetched is settled ([`PullSettle`]: acknowledged, handed
 //! back, extended, dropped).
+//!
+//! A pull is a request to the consumer's `MSG.NEXT` subject answered on
+//! the loop's inbox. The inbox is kept from one pull to the next while
+//! every pull sent to it was answered — a message, or the server's own
+//! "request timeout" — so an idle mailbox costs one request a wait, not a
+//! subscription made and dropped with each. A pull that ends any other way
+//! (a wake, the loop's own deadline, its future dropped at detach, an
+//! error) drops its inbox with it: the request it sent may still be
+//! waiting at the consumer, and the server discards a waiting request
+//! whose inbox nobody listens to, so mail is never sent where no pull
+//! waits for it.
 
 use std::time::Duration;
 
-use async_nats::jetstream::consumer::pull;
+use async_nats::jetstream::consumer::pull::BatchConfig;
 use async_nats::jetstream::{self as js, AckKind, stream};
+use async_nats::{StatusCode, Subject};
 use futures::StreamExt;
 
 use super::{backend, bounded, dead_letter_headers, listing, wakes};
@@ -15,10 +27,14 @@ use crate::queue::{DeadLetterReason, Delivery, Handler, QueueError};
 use crate::watchdog::Progress;
 
 pub(super) struct PullSource {
-    pub(super) consumer: js::consumer::Consumer<pull::Config>,
-    pub(super) stream: stream::Stream,
+    /// The agents stream, shared by every loop of the queue.
+    pub(super) stream: std::sync::Arc<stream::Stream>,
     pub(super) js: js::Context,
     pub(super) name: String,
+    /// The consumer's filter subject (its mailbox).
+    pub(super) filter: String,
+    /// Where this consumer's pull requests go ([`next_subject`]).
+    pub(super) next_subject: Subject,
     pub(super) timeout: Duration,
     /// The server's JetStream API level.
     pub(super) level: u32,
@@ -33,6 +49,142 @@ pub(super) struct PullSource {
     /// The reasons seen at this source's last long pull (`u64::MAX` before
     /// its first): [`wakes::pull_wait_after`].
     pub(super) pulled_at: std::sync::atomic::AtomicU64,
+    /// The inbox whose every pull was answered, kept for the next pull.
+    pub(super) inbox: std::sync::Mutex<Option<Inbox>>,
+}
+
+/// Pure: the subject a pull request for `consumer` of `stream` goes to.
+pub(super) fn next_subject(stream: &str, consumer: &str) -> Subject {
+    Subject::from(format!(
+        "{}.CONSUMER.MSG.NEXT.{stream}.{consumer}",
+        crate::jetstream_api::API_PREFIX
+    ))
+}
+
+/// A loop's pull inbox: the subscription its pulls are answered on.
+pub(super) struct Inbox {
+    subject: Subject,
+    answers: async_nats::Subscriber,
+}
+
+/// What one answer on an inbox means for the pull that waits on it.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Answer {
+    /// A message: the pull is done and its inbox may be kept.
+    Mail,
+    /// The server ended the pull with nothing (its request expired, or
+    /// found nothing): the inbox may be kept.
+    Ended,
+    /// Not an end of the pull (an idle heartbeat): keep waiting.
+    NotYet,
+    /// The server refused or dropped the request (a 409, a 400, …): the
+    /// pull fails and its inbox goes.
+    Refused,
+}
+
+/// Pure: what an answer with `status` (none for a message) means.
+pub(super) fn answer_of(status: Option<StatusCode>) -> Answer {
+    match status.unwrap_or(StatusCode::OK) {
+        StatusCode::OK => Answer::Mail,
+        StatusCode::TIMEOUT | StatusCode::NOT_FOUND => Answer::Ended,
+        StatusCode::IDLE_HEARTBEAT => Answer::NotYet,
+        _ => Answer::Refused,
+    }
+}
+
+impl PullSource {
+    /// The kept inbox, or a new one.
+    async fn inbox(&self) -> Result<Inbox, QueueError> {
+        let kept = self.inbox.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(inbox) = kept {
+            return Ok(inbox);
+        }
+        let client = self.js.client();
+        let subject = Subject::from(client.new_inbox());
+        let answers = bounded(self.timeout, client.subscribe(subject.clone()))
+            .await?
+            .map_err(backend)?;
+        Ok(Inbox { subject, answers })
+    }
+
+    /// Keep `inbox` for the next pull: every pull sent to it was answered.
+    fn keep(&self, inbox: Inbox) {
+        *self.inbox.lock().unwrap_or_else(|p| p.into_inner()) = Some(inbox);
+    }
+
+    /// Send one pull request for a single message, waiting up to `wait` at
+    /// the consumer, answered on `inbox`.
+    async fn request(&self, inbox: &Inbox, wait: Duration) -> Result<(), QueueError> {
+        let ask = BatchConfig {
+            batch: 1,
+            expires: Some(wait),
+            ..Default::default()
+        };
+        let payload = serde_json::to_vec(&ask).map_err(backend)?;
+        bounded(
+            self.timeout,
+            self.js.client().publish_with_reply(
+                self.next_subject.clone(),
+                inbox.subject.clone(),
+                payload.into(),
+            ),
+        )
+        .await?
+        .map_err(backend)
+    }
+
+    /// The answer to the pull sent to `inbox`, waiting at most `limit`:
+    /// `None` when none came in time (the inbox is then not to be kept).
+    async fn answer(
+        inbox: &mut Inbox,
+        limit: Duration,
+    ) -> Result<Option<async_nats::Message>, QueueError> {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let Ok(Some(m)) = tokio::time::timeout_at(deadline, inbox.answers.next()).await else {
+                return Ok(None);
+            };
+            match answer_of(m.status) {
+                Answer::NotYet => continue,
+                _ => return Ok(Some(m)),
+            }
+        }
+    }
+
+    /// The delivery a pull's answer carries, settled through `self`'s
+    /// context.
+    fn fetched(&self, answer: async_nats::Message) -> Result<Fetched, QueueError> {
+        let msg = js::Message {
+            message: answer,
+            context: self.js.clone(),
+        };
+        let (delivered, seq) = match msg.info() {
+            Ok(i) => (i.delivered.max(1) as u64, i.stream_sequence),
+            Err(e) => return Err(backend(e)),
+        };
+        let msg_id = msg
+            .headers
+            .as_ref()
+            .and_then(|h| h.get(async_nats::header::NATS_MESSAGE_ID))
+            .map(|v| v.to_string());
+        let delivery = Delivery {
+            subscription: self.name.clone(),
+            subject: msg.subject.to_string(),
+            payload: msg.payload.clone(),
+            delivered,
+            msg_id,
+            seq,
+        };
+        Ok(Fetched {
+            delivery,
+            settle: Box::new(PullSettle {
+                msg,
+                js: self.js.clone(),
+                name: self.name.clone(),
+                timeout: self.timeout,
+            }),
+        })
+    }
 }
 
 #[async_trait::async_trait]
@@ -52,51 +204,32 @@ impl Source for PullSource {
         } else {
             wait
         };
-        let mut batch = bounded(
-            self.timeout,
-            self.consumer
-                .fetch()
-                .max_messages(1)
-                .expires(wait)
-                .messages(),
-        )
-        .await?
-        .map_err(backend)?;
-        let msg = tokio::select! {
-            r = tokio::time::timeout(wait + self.timeout, batch.next()) => match r {
-                Err(_) | Ok(None) => return Ok(None),
-                Ok(Some(Err(e))) => return Err(backend(e)),
-                Ok(Some(Ok(m))) => m,
-            },
+        let mut inbox = self.inbox().await?;
+        self.request(&inbox, wait).await?;
+        let answered = tokio::select! {
+            r = Self::answer(&mut inbox, wait + self.timeout) => r?,
             _ = every.changed() => return Ok(None),
             _ = own.changed() => return Ok(None),
         };
-        let (delivered, seq) = match msg.info() {
-            Ok(i) => (i.delivered.max(1) as u64, i.stream_sequence),
-            Err(e) => return Err(backend(e)),
+        let Some(answer) = answered else {
+            return Ok(None);
         };
-        let msg_id = msg
-            .headers
-            .as_ref()
-            .and_then(|h| h.get(async_nats::header::NATS_MESSAGE_ID))
-            .map(|v| v.to_string());
-        let delivery = Delivery {
-            subscription: self.name.clone(),
-            subject: msg.subject.to_string(),
-            payload: msg.payload.clone(),
-            delivered,
-            msg_id,
-            seq,
-        };
-        Ok(Some(Fetched {
-            delivery,
-            settle: Box::new(PullSettle {
-                msg,
-                js: self.js.clone(),
-                name: self.name.clone(),
-                timeout: self.timeout,
-            }),
-        }))
+        match answer_of(answer.status) {
+            Answer::Mail => self.keep(inbox),
+            Answer::Ended | Answer::NotYet => {
+                self.keep(inbox);
+                return Ok(None);
+            }
+            Answer::Refused => {
+                return Err(QueueError::Backend(format!(
+                    "pull for {} refused: {} {}",
+                    self.name,
+                    answer.status.map_or(0, |s| s.as_u16()),
+                    answer.description.as_deref().unwrap_or("")
+                )));
+            }
+        }
+        self.fetched(answer).map(Some)
     }
 
     fn stranded_every(&self) -> Duration {
@@ -198,5 +331,31 @@ impl Settle for PullSettle {
                 Err(e)
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_answered_pull_keeps_its_inbox_and_a_refused_one_drops_it() {
+        assert_eq!(answer_of(None), Answer::Mail);
+        assert_eq!(answer_of(Some(StatusCode::OK)), Answer::Mail);
+        assert_eq!(answer_of(Some(StatusCode::TIMEOUT)), Answer::Ended);
+        assert_eq!(answer_of(Some(StatusCode::NOT_FOUND)), Answer::Ended);
+        assert_eq!(answer_of(Some(StatusCode::IDLE_HEARTBEAT)), Answer::NotYet);
+        for refused in [409u16, 400, 503] {
+            let status = StatusCode::from_u16(refused).unwrap();
+            assert_eq!(answer_of(Some(status)), Answer::Refused, "{refused}");
+        }
+    }
+
+    #[test]
+    fn a_pull_request_goes_to_its_consumers_next_subject() {
+        assert_eq!(
+            next_subject("CREWLET_AGENTS", "seat-a-mail").as_str(),
+            "$JS.API.CONSUMER.MSG.NEXT.CREWLET_AGENTS.seat-a-mail"
+        );
     }
 }

@@ -196,8 +196,7 @@ impl PullSource {
             let half = crate::queue::attach::Source::stranded_every(self) / 2;
             now.checked_sub(half).unwrap_or(now)
         };
-        let subject = &self.consumer.cached_info().config.filter_subject;
-        self.stored.may_hold(subject, not_before, beat).await
+        self.stored.may_hold(&self.filter, not_before, beat).await
     }
 
     /// The consumer's (ack floor, delivered, filter subject) when no
@@ -208,7 +207,7 @@ impl PullSource {
         beat: &Progress<'_>,
     ) -> Result<Option<(u64, u64, String)>, QueueError> {
         beat();
-        let info = bounded(self.timeout, self.consumer.get_info())
+        let info = bounded(self.timeout, self.stream.consumer_info(&self.name))
             .await?
             .map_err(backend)?;
         if !may_look_past_pending(info.num_ack_pending, info.config.ack_wait, idle) {
@@ -249,7 +248,7 @@ pub fn may_look_past_pending(ack_pending: usize, ack_wait: Duration, idle: Durat
 /// is removed; handed back, it stays stored (the next look takes it
 /// again); dead-lettered, it is copied to `CREWLET_DEAD`, then removed.
 pub(super) struct StoredSettle {
-    stream: stream::Stream,
+    stream: std::sync::Arc<stream::Stream>,
     js: js::Context,
     name: String,
     subject: String,

@@ -350,6 +350,14 @@ impl SeatEngine {
         self.company.borrow().clone()
     }
 
+    /// `f` of the company as it is now, without a copy of it: what a
+    /// sweep or a heartbeat reads of it (a copy of a 1,000-role company
+    /// each time was most of an idle node's allocations). `f` must not
+    /// wait on anything.
+    pub(super) fn with_company<R>(&self, f: impl FnOnce(&Company) -> R) -> R {
+        f(&self.company.borrow())
+    }
+
     pub fn config(&self) -> &EngineConfig {
         &self.cfg
     }

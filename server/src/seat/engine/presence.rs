@@ -16,12 +16,12 @@ use super::{PRESENCE_LAPSE_MARGIN, SeatEngine, first_seen};
 
 impl SeatEngine {
     pub(super) fn presence_metadata(&self) -> Metadata {
-        let company = self.company();
-        let held = self.seats_held_count(&company);
+        let (held, roles) =
+            self.with_company(|c| (self.seats_held_count(c.handles()), self.roles_i_may_run(c)));
         let mut m = Metadata::new();
         m.insert("labels".into(), json!(self.cfg.labels));
         m.insert("version".into(), json!(crate::VERSION));
-        m.insert("roles".into(), json!(self.roles_i_may_run(&company)));
+        m.insert("roles".into(), json!(roles));
         m.insert("seats_held".into(), json!(held));
         m.insert(
             "seats_withdrawn".into(),

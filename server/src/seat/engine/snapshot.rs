@@ -20,7 +20,7 @@ impl SeatEngine {
         presence_leases: &[Lease],
         progress: &Progress<'_>,
     ) -> Snapshot {
-        let company = self.company();
+        let seats = self.with_company(seat_specs);
         let fading = self.fading(presence_leases).await;
         progress();
         let mut presence: Vec<Presence> = presence_leases.iter().filter_map(presence_of).collect();
@@ -32,13 +32,15 @@ impl SeatEngine {
                 node_id: self.cfg.node_id.clone(),
                 labels: self.cfg.labels.clone(),
                 withdrawn,
-                seats_held: Some(self.seats_held_count(&company) as u32),
+                seats_held: Some(
+                    self.seats_held_count(seats.iter().map(|s| s.handle.as_str())) as u32,
+                ),
             });
         }
         let mut snap = Snapshot {
             node_id: self.cfg.node_id.clone(),
             labels: self.cfg.labels.clone(),
-            seats: seat_specs(&company),
+            seats,
             presence,
             held: self.host.held().into_iter().collect(),
             undead: self.host.undead().into_iter().collect(),

@@ -378,8 +378,8 @@ impl SeatEngine {
     /// Seat leases held here (run or undead), counting only seats of the
     /// active revision: a lease on a seat whose role is gone stands in for
     /// no free one, or every node would read the fleet as full.
-    pub(super) fn seats_held_count(&self, company: &Company) -> usize {
-        let seats: BTreeSet<&str> = company.handles().collect();
+    pub(super) fn seats_held_count<'a>(&self, seats: impl IntoIterator<Item = &'a str>) -> usize {
+        let seats: BTreeSet<&str> = seats.into_iter().collect();
         self.host
             .held()
             .into_iter()

@@ -45,16 +45,14 @@ use crewlet::seat::engine::{EngineConfig, SeatEngine};
 use crewlet::seat::host::{Fence, SeatContext, SeatHooks};
 use crewlet::tasks::Tasks;
 
-/// Lease TTL, heartbeat, sweep and claim limit as shipped (the claim pace
-/// takes a node to its share of 10,000 seats within a few passes); a
-/// larger release limit, the one setting not shipped, so a joining tenth
-/// reaches its share in minutes: giving back has no pace (2 a pass at 5 s
-/// is 24 seats a minute from each donor).
+/// Lease TTL, heartbeat, sweep, claim limit and release limit as shipped
+/// (the claim pace takes a node to its share of 10,000 seats within a few
+/// passes, the give-back pace a joining tenth to its share).
 const TTL: Duration = Duration::from_secs(45);
 const HEARTBEAT: Duration = Duration::from_secs(15);
 const SWEEP: Duration = Duration::from_secs(5);
 const CLAIM_LIMIT: u32 = 4;
-const RELEASE_LIMIT: u32 = 10;
+const RELEASE_LIMIT: u32 = 2;
 
 /// Seats attached and idle: each answers nothing.
 struct Idle;

@@ -13,13 +13,27 @@
 //! shrinks the share before the next pass claims more. Any claim lost to
 //! a peer, refused, or handed back returns the pace to the configured
 //! limit. Pure: the sweep keeps the current limit and asks here.
+//!
+//! Giving back has the same pace ([`next_release`]): a pass that handed
+//! over every seat it gave back while `coordination.release_limit` cut
+//! more of its excess off is followed soon by one allowed twice as many,
+//! up to [`RELEASE_PACE_MAX`], so a node joining a fleet of 1,000-seat
+//! nodes reaches its share in a few passes instead of one sweep for every
+//! two seats. A seat the peer did not take (the offer withdrawn) returns
+//! the pace to the configured limit.
 
 /// The most seats one pass claims however long a node has been winning:
 /// a peer starting while a pass is under way sees at most this many seats
 /// claimed past its share, to be given back.
 pub const CLAIM_PACE_MAX: usize = 256;
 
-/// What one pass did with its claims.
+/// The most seats one pass gives back however long its handoffs have
+/// been taken: a pass gives its seats back one after another, each a
+/// handoff the taker answers, so this bounds how long one pass runs.
+pub const RELEASE_PACE_MAX: usize = 64;
+
+/// What one pass did with its claims (or, for [`next_release`], its
+/// releases: `tried` given back, `won` handed over or let go).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PassClaims {
     /// The limit the pass was planned with.
@@ -43,12 +57,23 @@ pub struct Pace {
 
 /// The pace after a pass, `configured` being `coordination.claim_limit`.
 pub fn next(configured: usize, pass: PassClaims) -> Pace {
+    paced(configured, CLAIM_PACE_MAX, pass)
+}
+
+/// The next pass's release limit, `configured` being
+/// `coordination.release_limit`; `pass.cut` says the limit left excess
+/// seats held.
+pub fn next_release(configured: usize, pass: PassClaims) -> Pace {
+    paced(configured, RELEASE_PACE_MAX, pass)
+}
+
+fn paced(configured: usize, max: usize, pass: PassClaims) -> Pace {
     let more_waiting = pass.cut && pass.won > 0;
     let all_won = pass.tried > 0 && pass.won == pass.tried;
     let limit = if more_waiting && all_won {
         pass.limit
             .saturating_mul(2)
-            .clamp(configured, CLAIM_PACE_MAX.max(configured))
+            .clamp(configured, max.max(configured))
     } else {
         configured
     };
@@ -81,6 +106,38 @@ mod tests {
             }
         );
         assert_eq!(next(4, pass(64, true, 64, 64)).limit, 128);
+    }
+
+    #[test]
+    fn a_pass_that_handed_over_every_seat_it_gave_back_with_excess_left_doubles_the_release_limit()
+    {
+        assert_eq!(
+            next_release(2, pass(2, true, 2, 2)),
+            Pace {
+                limit: 4,
+                soon: true
+            }
+        );
+        assert_eq!(
+            next_release(2, pass(64, true, 64, 64)).limit,
+            RELEASE_PACE_MAX
+        );
+        // A withdrawn offer: back to the configured limit, excess tried soon.
+        assert_eq!(
+            next_release(2, pass(16, true, 16, 15)),
+            Pace {
+                limit: 2,
+                soon: true
+            }
+        );
+        // Nothing cut: the excess is gone, the next pass at the sweep.
+        assert_eq!(
+            next_release(2, pass(8, false, 3, 3)),
+            Pace {
+                limit: 2,
+                soon: false
+            }
+        );
     }
 
     #[test]

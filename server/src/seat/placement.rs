@@ -156,8 +156,11 @@ pub struct Plan {
     /// The limit cut seats off `claims` that this node could have tried
     /// (the claim pace, `seat::pace`, reads it).
     pub cut: bool,
-    /// Seats to give back, with why.
+    /// Seats to give back, with why, at most `release_limit`.
     pub releases: Vec<(String, ReleaseReason)>,
+    /// The limit cut seats off `releases` that this node would have given
+    /// back (the give-back pace, `seat::pace::next_release`, reads it).
+    pub releases_cut: bool,
     /// Seats no live node may run.
     pub unplaceable: Vec<String>,
     pub withheld: Option<Withheld>,
@@ -221,7 +224,7 @@ pub fn plan(snap: &Snapshot) -> Plan {
     }
     plan.capacity = capacity;
     plan.holding = snap.held.len() + snap.undead.len();
-    plan.releases = releases(snap, &views, forced, &forced_set);
+    (plan.releases, plan.releases_cut) = releases(snap, &views, forced, &forced_set);
     plan.withheld = withheld(snap);
     if plan.withheld.is_none() {
         let mut claims = Vec::new();
@@ -325,13 +328,13 @@ fn group_views<'a>(
 
 /// The forced releases first, then each group's excess over its allowance,
 /// least constrained groups first; the whole list bounded by the release
-/// limit.
+/// limit, and whether that bound cut any off.
 fn releases(
     snap: &Snapshot,
     views: &[(GroupView, Vec<&SeatSpec>)],
     forced: Vec<(String, ReleaseReason)>,
     forced_set: &BTreeSet<String>,
-) -> Vec<(String, ReleaseReason)> {
+) -> (Vec<(String, ReleaseReason)>, bool) {
     let me = snap.node_id.as_str();
     let mut releases = forced;
     for (g, seats) in views.iter().rev() {
@@ -361,8 +364,10 @@ fn releases(
             releases.push((s.handle.clone(), ReleaseReason::Rebalance));
         }
     }
-    releases.truncate(snap.release_limit.max(1));
-    releases
+    let limit = snap.release_limit.max(1);
+    let cut = releases.len() > limit;
+    releases.truncate(limit);
+    (releases, cut)
 }
 
 /// Why this node claims nothing this pass, if it does not.

@@ -1926,6 +1926,39 @@ async fn a_passs_claims_are_established_side_by_side_a_bounded_number_at_once() 
     a.engine.drain().await;
 }
 
+/// The passes a pace that starts at `first` and doubles each pass takes
+/// to move `total` seats: `first`, twice that, … and what is left.
+fn doubling(first: usize, total: usize) -> Vec<usize> {
+    let mut want = Vec::new();
+    let (mut limit, mut left) = (first, total);
+    while left > 0 {
+        want.push(limit.min(left));
+        left -= limit.min(left);
+        limit *= 2;
+    }
+    want
+}
+
+/// Of `events`, each sweep's count that `of` reads, where it is not zero.
+fn per_pass(events: &[FleetEvent], of: impl Fn(&Event) -> Option<usize>) -> Vec<usize> {
+    events
+        .iter()
+        .filter_map(|e| of(&e.event).filter(|n| *n > 0))
+        .collect()
+}
+
+/// Node `a`, started alone with `seats` seats, once it holds every one —
+/// its events taken in as it waits (the bus keeps only so many).
+async fn alone_holding_every_seat(f: &Fleet, seats: usize) -> TestNode {
+    let mut a = f.node("a", &[], &roles("s", seats)).await;
+    f.until("a holds every seat", SWEEP * 60, || {
+        a.events();
+        a.count() == seats
+    })
+    .await;
+    a
+}
+
 /// A cold node claims every seat its share allows within a few passes,
 /// whatever the seat count: a pass that won every claim it tried with free
 /// seats left is followed soon by one allowed twice as many (the claim
@@ -1935,31 +1968,50 @@ async fn a_passs_claims_are_established_side_by_side_a_bounded_number_at_once() 
 async fn a_cold_node_holds_every_seat_in_passes_that_double_their_claims_not_one_limit_a_sweep() {
     let f = Fleet::new(Kind::Twin).await;
     let seats = 200;
-    let mut a = f.node("a", &[], &roles("s", seats)).await;
-    // Events are taken in as it waits: the bus keeps only so many.
-    f.until("a holds every seat", SWEEP * 60, || {
-        a.events();
-        a.count() == seats
-    })
-    .await;
-    let claiming: Vec<usize> = a
-        .events()
-        .iter()
-        .filter_map(|e| match e.event {
-            Event::SeatSweep { claimed, .. } if claimed > 0 => Some(claimed),
-            _ => None,
-        })
-        .collect();
+    let mut a = alone_holding_every_seat(&f, seats).await;
+    let claiming = per_pass(a.events(), |e| match e {
+        Event::SeatSweep { claimed, .. } => Some(*claimed),
+        _ => None,
+    });
     assert_eq!(a.missed, 0, "every event was seen");
     // 4, 8, 16, 32, 64 and the 76 left: six passes.
-    let mut want = Vec::new();
-    let (mut limit, mut left) = (4, seats);
-    while left > 0 {
-        want.push(limit.min(left));
-        left -= limit.min(left);
-        limit *= 2;
-    }
-    assert_eq!(claiming, want, "the passes that claimed, and how many each");
+    assert_eq!(
+        claiming,
+        doubling(4, seats),
+        "the passes that claimed, and how many each"
+    );
+    a.engine.drain().await;
+}
+
+/// A node joining a fleet whose one node holds every seat reaches its
+/// share in a few passes whatever the count: the holder's pass that handed
+/// over every seat it gave back, with excess left, is followed soon by one
+/// allowed twice as many (the give-back pace, `seat::pace::next_release`)
+/// — not two a sweep (⌈100 ÷ 2⌉ = 50 sweeps before).
+#[tokio::test(start_paused = true)]
+async fn a_joining_node_gets_its_share_in_passes_that_double_the_give_back_not_two_a_sweep() {
+    let f = Fleet::new(Kind::Twin).await;
+    let seats = 200;
+    let mut a = alone_holding_every_seat(&f, seats).await;
+    let before = a.events().len();
+    let b = f.node("b", &[], &roles("s", seats)).await;
+    f.until("a and b hold half each", SWEEP * 60, || {
+        a.events();
+        a.count() == seats / 2 && b.count() == seats / 2
+    })
+    .await;
+    let giving = per_pass(&a.events()[before..], |e| match e {
+        Event::SeatSweep { released, .. } => Some(*released),
+        _ => None,
+    });
+    assert_eq!(a.missed, 0, "every event was seen");
+    // 2, 4, 8, 16, 32 and the 38 left: six passes.
+    assert_eq!(
+        giving,
+        doubling(2, seats / 2),
+        "the passes that gave back, and how many each"
+    );
+    b.engine.drain().await;
     a.engine.drain().await;
 }
 

@@ -156,6 +156,8 @@ pub struct SeatEngine {
     rechecked: Mutex<BTreeSet<String>>,
     /// How many seats the next pass may claim ([`crate::seat::pace`]).
     claim_pace: std::sync::atomic::AtomicUsize,
+    /// The next pass's release limit (`seat::pace::next_release`).
+    release_pace: std::sync::atomic::AtomicUsize,
     /// When an earlier incarnation's presence under this node id lapses:
     /// the heartbeat claims the row then rather than a beat later.
     presence_free_at: Mutex<Option<Instant>>,
@@ -293,6 +295,7 @@ impl SeatEngine {
         let watchdog = Watchdog::new(store.lease_ttl());
         host.watch_dispatch(watchdog.clone());
         let cfg_claim_limit = cfg.claim_limit;
+        let cfg_release_limit = cfg.release_limit;
         Ok(Arc::new(SeatEngine {
             cfg,
             store,
@@ -315,6 +318,7 @@ impl SeatEngine {
             roster_seen: Mutex::new(BTreeSet::new()),
             rechecked: Mutex::new(BTreeSet::new()),
             claim_pace: cfg_claim_limit.into(),
+            release_pace: cfg_release_limit.into(),
             presence_free_at: Mutex::new(None),
             seen: Mutex::new(BTreeMap::new()),
             seen_kept: false.into(),

@@ -1,11 +1,13 @@
 //! What a sweep pass reads before it plans: this node as it is now, what
-//! it holds, the fleet's priority order over the nodes present, and the
-//! nodes whose presence is fading.
+//! it holds, the fleet's priority order over the nodes present, the
+//! nodes whose presence is fading, and its claim and give-back paces (set
+//! for the next pass from what this one did).
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::coord::Lease;
-use crate::seat::placement::{Presence, Snapshot};
+use crate::seat::pace;
+use crate::seat::placement::{self, Presence, Snapshot};
 use crate::seat::ranking;
 use crate::watchdog::{Progress, beat_while, stamp_interval};
 
@@ -49,7 +51,7 @@ impl SeatEngine {
             behind: self.behind.load(std::sync::atomic::Ordering::SeqCst),
             unserviceable: withdrawn,
             claim_limit: self.claim_pace.load(std::sync::atomic::Ordering::SeqCst),
-            release_limit: self.cfg.release_limit,
+            release_limit: self.release_pace.load(std::sync::atomic::Ordering::SeqCst),
             ranking: Vec::new(),
             deferred: self
                 .deferred
@@ -130,5 +132,39 @@ impl SeatEngine {
             }
         }
         fading
+    }
+
+    /// Set the next pass's claim and give-back paces from what this one
+    /// did (`claims`: tried and won; `releases`: given back and handed
+    /// over); true when either wants the next pass soon ([`pace`]).
+    pub(super) fn next_paces(
+        &self,
+        snap: &Snapshot,
+        plan: &placement::Plan,
+        claims: (usize, usize),
+        releases: (usize, usize),
+    ) -> bool {
+        use std::sync::atomic::Ordering::SeqCst;
+        let pace = pace::next(
+            self.cfg.claim_limit,
+            pace::PassClaims {
+                limit: snap.claim_limit,
+                cut: plan.cut,
+                tried: claims.0,
+                won: claims.1,
+            },
+        );
+        self.claim_pace.store(pace.limit, SeqCst);
+        let give = pace::next_release(
+            self.cfg.release_limit,
+            pace::PassClaims {
+                limit: snap.release_limit,
+                cut: plan.releases_cut,
+                tried: releases.0,
+                won: releases.1,
+            },
+        );
+        self.release_pace.store(give.limit, SeqCst);
+        pace.soon || give.soon
     }
 }

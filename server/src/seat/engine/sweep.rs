@@ -12,7 +12,7 @@ use crate::seat::host::watched;
 use crate::seat::host::{Acquired, HandOff};
 use crate::seat::placement::matches_placement;
 use crate::seat::placement::{self, Snapshot, Withheld};
-use crate::seat::{moves, pace, pass};
+use crate::seat::{moves, pass};
 use crate::watchdog::{beat_while, stamp_interval};
 
 use super::{CLAIMS_AT_ONCE, Done, SeatEngine};
@@ -26,9 +26,12 @@ struct Tally {
     advertised_releases: bool,
     /// The protocol gate refused a claim, at this floor.
     gated: Option<u32>,
-    /// Claims tried, and of those won and established ([`pace`]).
+    /// Claims tried, and of those won and established ([`crate::seat::pace`]).
     tried: usize,
     won: usize,
+    /// Seats the plan gave back, and of those handed over or let go.
+    gave: usize,
+    handed: usize,
 }
 
 impl SeatEngine {
@@ -39,7 +42,7 @@ impl SeatEngine {
     ///
     /// True when the next pass should run [`placement::RECHECK_AFTER`] later:
     /// the pass left seats for a recheck, or free seats wait for this
-    /// node beyond its claim pace ([`pace`]).
+    /// node beyond its claim pace ([`crate::seat::pace`]).
     pub(super) async fn sweep_pass(&self, progress: &Progress<'_>) -> bool {
         let began = std::time::Instant::now();
         let Some((snap, plan, standing)) = self.plan_pass(progress).await else {
@@ -64,6 +67,8 @@ impl SeatEngine {
             gated,
             tried,
             won,
+            gave,
+            handed,
         } = self.run_steps(&snap, &steps, progress).await;
         match gated {
             // Once per pass, however many of its claims the gate refused.
@@ -91,18 +96,8 @@ impl SeatEngine {
             fleet_full: plan.withheld == Some(Withheld::FleetFull),
             duration_ms: began.elapsed().as_millis() as u64,
         });
-        let pace = pace::next(
-            self.cfg.claim_limit,
-            pace::PassClaims {
-                limit: snap.claim_limit,
-                cut: plan.cut,
-                tried,
-                won,
-            },
-        );
-        self.claim_pace
-            .store(pace.limit, std::sync::atomic::Ordering::SeqCst);
-        !plan.rechecks.is_empty() || pace.soon
+        let soon = self.next_paces(&snap, &plan, (tried, won), (gave, handed));
+        !plan.rechecks.is_empty() || soon
     }
 
     /// Run a pass's steps in order — claims side by side, at most
@@ -139,7 +134,12 @@ impl SeatEngine {
                 .collect();
             let done = if run.is_empty() {
                 next += 1;
-                vec![self.execute(snap, step, &offered, progress).await]
+                let done = self.execute(snap, step, &offered, progress).await;
+                if matches!(step, pass::Step::Release { .. }) {
+                    t.gave += 1;
+                    t.handed += usize::from(matches!(done, Done::Released));
+                }
+                vec![done]
             } else {
                 next += run.len();
                 let done = futures::future::join_all(

@@ -106,6 +106,22 @@ fn a_plan_is_cut_only_when_its_limit_left_seats_of_the_share_untried() {
 }
 
 #[test]
+fn a_plan_says_its_release_limit_cut_excess_off_only_when_it_did() {
+    let a = node("a", &[]);
+    let fleet = [a.clone(), node("b", &[])];
+    // a holds all 10 seats of a fleet of two: 5 over its share.
+    let ss = seats("s", 10, &pl(&[], &[]));
+    let mut s = snap(&a, &fleet, ss.clone());
+    s.held = ss.iter().map(|x| x.handle.clone()).collect();
+    s.release_limit = 5;
+    let p = plan(&s);
+    assert_eq!((p.releases.len(), p.releases_cut), (5, false));
+    s.release_limit = 2;
+    let p = plan(&s);
+    assert_eq!((p.releases.len(), p.releases_cut), (2, true));
+}
+
+#[test]
 fn the_fleet_size_comes_from_presence_not_from_seat_ownership() {
     // Nobody has claimed anything yet: three live nodes still divide the seats.
     let a = node("a", &[]);

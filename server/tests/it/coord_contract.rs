@@ -167,12 +167,7 @@ impl<B: Backend> Fx<B> {
 
     /// Until the store's clock reads at least `t`.
     async fn until(&self, t: StoreTime) {
-        let s = self.store.clone();
-        eventually("the store clock to pass a lease's expiry", || {
-            let s = s.clone();
-            async move { s.now().await.is_ok_and(|n| n >= t) }
-        })
-        .await;
+        until_on(&self.store, t).await
     }
 
     /// Until `lease` has lapsed on the store's clock — by the store's own
@@ -180,20 +175,7 @@ impl<B: Backend> Fx<B> {
     /// bound on its write's stamp, so the store's expiry may come a little
     /// after the one the holder was told (never before).
     async fn lapse(&self, lease: &Lease) {
-        self.until(lease.expires_at).await;
-        let s = self.store.clone();
-        let (resource, owner, epoch) = (lease.resource.clone(), lease.owner.clone(), lease.epoch);
-        eventually("the store's record of the tenure to lapse", || {
-            let (s, resource, owner) = (s.clone(), resource.clone(), owner.clone());
-            async move {
-                match s.lease(&resource).await {
-                    Ok(Some(cur)) => !(cur.owner == owner && cur.epoch == epoch),
-                    Ok(None) => true,
-                    Err(_) => false,
-                }
-            }
-        })
-        .await;
+        lapse_on(&self.store, lease).await
     }
 
     /// Until the key `resource` has aged out of the leases bucket.
@@ -235,6 +217,39 @@ where
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// Until `store`'s clock reads at least `t`.
+async fn until_on<B: Backend>(store: &Coordinator<B>, t: StoreTime) {
+    let s = store.clone();
+    eventually("the store clock to pass a lease's expiry", || {
+        let s = s.clone();
+        async move { s.now().await.is_ok_and(|n| n >= t) }
+    })
+    .await;
+}
+
+/// Until `lease` has lapsed for `store`, the node about to claim it: on
+/// its own clock and by its read of the tenure. Each node's clock is a
+/// lower bound on the server's, as close as the quickest answer it has had
+/// allows, so one node can see a lease lapsed while another, whose answers
+/// came slower, still reads it held (a loaded `./dev test`: a peer claimed the moment the test's own
+/// store saw the lapse, and found the lease held).
+async fn lapse_on<B: Backend>(store: &Coordinator<B>, lease: &Lease) {
+    until_on(store, lease.expires_at).await;
+    let s = store.clone();
+    let (resource, owner, epoch) = (lease.resource.clone(), lease.owner.clone(), lease.epoch);
+    eventually("the store's record of the tenure to lapse", || {
+        let (s, resource, owner) = (s.clone(), resource.clone(), owner.clone());
+        async move {
+            match s.lease(&resource).await {
+                Ok(Some(cur)) => !(cur.owner == owner && cur.epoch == epoch),
+                Ok(None) => true,
+                Err(_) => false,
+            }
+        }
+    })
+    .await;
 }
 
 fn req(resource: &str, owner: &str) -> ClaimRequest {
@@ -898,7 +913,7 @@ async fn release_is_only_by_the_owner_of_that_tenure<B: Backend>(fx: Fx<B>) {
         Release::NotHeld,
         "not B's tenure"
     );
-    fx.lapse(&l).await;
+    lapse_on(&peer, &l).await;
     let lb = won(&peer, req("seat:alice", B)).await;
     assert_eq!(
         fx.store.release(&l, A).await.expect("release"),
@@ -1090,7 +1105,7 @@ async fn refused_give_back_leaves_the_record_to_lapse<B: Backend>(fx: Fx<B>) {
         (A, LeaseState::Claiming),
         "read as a sibling claim until it lapses"
     );
-    fx.lapse(&h).await;
+    lapse_on(&peer, &h).await;
     let l = won(&peer, req("seat:alice", B)).await;
     assert_eq!(l.epoch, 2);
 }

@@ -32,10 +32,11 @@ pub const CLAIM_PACE_MAX: usize = 256;
 /// handoff the taker answers, so this bounds how long one pass runs.
 pub const RELEASE_PACE_MAX: usize = 64;
 
-/// What one pass did with its claims (or, for [`next_release`], its
-/// releases: `tried` given back, `won` handed over or let go).
+/// What one pass did with the seats it moved: for [`next`] its claims
+/// (`tried`, and `won` and established), for [`next_release`] its
+/// give-backs (`tried`, and `won`: handed over or let go).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PassClaims {
+pub struct PassTally {
     /// The limit the pass was planned with.
     pub limit: usize,
     /// The plan had more free seats for this node than the limit let it try.
@@ -56,18 +57,18 @@ pub struct Pace {
 }
 
 /// The pace after a pass, `configured` being `coordination.claim_limit`.
-pub fn next(configured: usize, pass: PassClaims) -> Pace {
+pub fn next(configured: usize, pass: PassTally) -> Pace {
     paced(configured, CLAIM_PACE_MAX, pass)
 }
 
 /// The next pass's release limit, `configured` being
 /// `coordination.release_limit`; `pass.cut` says the limit left excess
 /// seats held.
-pub fn next_release(configured: usize, pass: PassClaims) -> Pace {
+pub fn next_release(configured: usize, pass: PassTally) -> Pace {
     paced(configured, RELEASE_PACE_MAX, pass)
 }
 
-fn paced(configured: usize, max: usize, pass: PassClaims) -> Pace {
+fn paced(configured: usize, max: usize, pass: PassTally) -> Pace {
     let more_waiting = pass.cut && pass.won > 0;
     let all_won = pass.tried > 0 && pass.won == pass.tried;
     let limit = if more_waiting && all_won {
@@ -87,8 +88,8 @@ fn paced(configured: usize, max: usize, pass: PassClaims) -> Pace {
 mod tests {
     use super::*;
 
-    fn pass(limit: usize, cut: bool, tried: usize, won: usize) -> PassClaims {
-        PassClaims {
+    fn pass(limit: usize, cut: bool, tried: usize, won: usize) -> PassTally {
+        PassTally {
             limit,
             cut,
             tried,

@@ -147,7 +147,7 @@ impl SeatEngine {
         use std::sync::atomic::Ordering::SeqCst;
         let pace = pace::next(
             self.cfg.claim_limit,
-            pace::PassClaims {
+            pace::PassTally {
                 limit: snap.claim_limit,
                 cut: plan.cut,
                 tried: claims.0,
@@ -157,7 +157,7 @@ impl SeatEngine {
         self.claim_pace.store(pace.limit, SeqCst);
         let give = pace::next_release(
             self.cfg.release_limit,
-            pace::PassClaims {
+            pace::PassTally {
                 limit: snap.release_limit,
                 cut: plan.releases_cut,
                 tried: releases.0,
